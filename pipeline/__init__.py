@@ -1,0 +1,1 @@
+"""modelwheel's build pipeline: export -> compile -> verify -> package a PyTorch model as a wheel."""

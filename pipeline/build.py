@@ -1,0 +1,109 @@
+"""The whole build, top to bottom: spec -> load -> export -> compile -> verify -> package -> dist/."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .compile import compile_model
+from .export import export_model
+from .loader import load_model
+from .manifest import build_manifest
+from .outdir import claim_output_dir, output_path
+from .package import Wheel, package_wheel
+from .progress import Progress
+from .spec import SpecFile
+from .verify import Verified, verify_model
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    wheel: Path
+    report_path: Path
+    report: dict[str, Any]
+
+
+def build(spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress) -> list[BuildResult]:
+    return [
+        build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir, progress=progress)
+        for target in spec_file.spec.build.targets
+    ]
+
+
+def build_target(
+    spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress
+) -> BuildResult:
+    spec = spec_file.spec
+    work_dir = build_dir / spec.model.name / target
+    progress.timings.clear()
+    with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
+        loaded = load_model(spec_file)
+    with progress.stage("export"):
+        exported = export_model(spec_file, loaded)
+    out_dir = output_path(root, spec.model.name, spec.model.version, target)
+    with claim_output_dir(out_dir):
+        with progress.stage("compile", str(out_dir)):
+            compiled = compile_model(exported, out_dir, work_dir)
+        with progress.stage("verify"):
+            verified = verify_model(exported, compiled)
+        manifest = build_manifest(exported, compiled, verified)
+        with progress.stage("package"):
+            wheel = package_wheel(manifest, list(compiled.artifacts), work_dir)
+    report = make_report(manifest, verified, wheel, progress.timings, work_dir)
+    return move_to_dist(wheel, report, dist_dir, manifest)
+
+
+def make_report(
+    manifest: dict[str, Any], verified: Verified, wheel: Wheel, timings: dict[str, float], work_dir: Path
+) -> dict[str, Any]:
+    return {
+        "model": manifest["name"],
+        "version": manifest["full_version"],
+        "target": manifest["target"],
+        "wheel": {"name": wheel.path.name, "sha256": wheel.sha256, "size": wheel.size, "platform_tag": wheel.platform_tag},
+        "artifacts": manifest["artifacts"],
+        "opt_path": manifest["opt_path"],
+        "stages_s": dict(timings),
+        "verification": {
+            "worst": verified.worst(),
+            "tolerances": {name: {"rtol": r, "atol": a} for name, (r, a) in verified.tolerances.items()},
+            "cases": [
+                {
+                    "case": case.case,
+                    "sizes": case.sizes,
+                    "outputs": {d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs},
+                }
+                for case in verified.cases
+            ],
+        },
+        "trace_dir": str(work_dir.parent / "trace"),
+        "sources_dir": str(work_dir / "sources"),
+        "content_hash": manifest["content_hash"],
+    }
+
+
+def _place(dist_dir: Path, name: str, write) -> Path:
+    """Write into a hidden temp file in dist/, then rename: dist/ never holds a partial file."""
+    final = dist_dir / name
+    staged = dist_dir / f".{name}.partial-{os.getpid()}"
+    try:
+        write(staged)
+        os.replace(staged, final)
+    finally:
+        staged.unlink(missing_ok=True)
+    return final
+
+
+def move_to_dist(wheel: Wheel, report: dict[str, Any], dist_dir: Path, manifest: dict[str, Any]) -> BuildResult:
+    """The report goes into dist/ first and the wheel last, so a wheel in dist/ always has its report."""
+    dist_dir.mkdir(parents=True, exist_ok=True)
+    report_text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    report_path = _place(
+        dist_dir, f"{manifest['import_name']}-{manifest['full_version']}.report.json", lambda p: p.write_text(report_text)
+    )
+    final = _place(dist_dir, wheel.path.name, lambda p: shutil.copyfile(wheel.path, p))
+    return BuildResult(wheel=final, report_path=report_path, report=report)

@@ -1,0 +1,107 @@
+"""`python -m pipeline build --spec PATH`: parse arguments, run the build, turn errors into exit codes.
+
+This is the only place that catches PipelineError; tracebacks are shown only with --verbose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+from .errors import BuildInterrupted, PipelineError, UsageError
+from .progress import Progress
+from .spec import load_spec
+
+DEFAULT_ROOT = "/opt/modelwheel"
+ROOT_ENV = "MODELWHEEL_ROOT"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description="Build compiled PyTorch models into wheels.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log subprocess commands and show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="export, compile, verify and package one model spec")
+    build.add_argument("--spec", required=True, help="path to a model's spec.toml (or its folder)")
+    build.add_argument(
+        "--root",
+        default=None,
+        help=f"absolute artifact root the .so is compiled under (default: ${ROOT_ENV} or {DEFAULT_ROOT})",
+    )
+    build.add_argument("--dist", default="dist", help="where the wheel and its report go (default: dist)")
+    build.add_argument("--build-dir", default="build", help="work folder: traces, generated sources (default: build)")
+    return parser
+
+
+def _artifact_root(flag: str | None) -> Path:
+    value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
+    root = Path(value)
+    if not root.is_absolute():
+        raise UsageError(f"artifact root {value!r} is not an absolute path", f"give --root or {ROOT_ENV} an absolute path")
+    return root
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise BuildInterrupted(f"build stopped by {signal.Signals(signum).name}; everything it wrote has been removed")
+
+
+def _print_summary(progress: Progress, result) -> None:
+    report = result.report
+    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
+    stages = " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stages_s"].items())
+    progress.say(f"\nbuilt {report['wheel']['name']}")
+    progress.say(f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…")
+    for name, artifact in report["artifacts"].items():
+        progress.say(f"  artifact  {name}  {mb(artifact['size'])}")
+    progress.say(f"  stages    {stages}")
+    cases = len(report["verification"]["cases"])
+    for name, worst in report["verification"]["worst"].items():
+        tol = report["verification"]["tolerances"][name]
+        progress.say(
+            f"  verified  {name}: {cases} cases, max abs diff {worst['max_abs']:.2e}, max rel diff {worst['max_rel']:.2e} "
+            f"(rtol {tol['rtol']:g}, atol {tol['atol']:g})"
+        )
+    progress.say(f"  report    {result.report_path}")
+
+
+def _build(args: argparse.Namespace, progress: Progress) -> int:
+    spec_file = load_spec(args.spec)
+    root = _artifact_root(args.root)
+    build_dir = Path(args.build_dir).resolve()
+    # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
+    trace_dir = build_dir / spec_file.spec.model.name / "trace"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    os.environ.setdefault("TORCH_TRACE", str(trace_dir))
+    from .build import build  # imports torch
+
+    for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress):
+        _print_summary(progress, result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not args.verbose:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    progress = Progress()
+    try:
+        return _build(args, progress)
+    except KeyboardInterrupt:
+        error: PipelineError = BuildInterrupted("build stopped by SIGINT; everything it wrote has been removed")
+    except PipelineError as exc:
+        error = exc
+    if args.verbose and error.__traceback__ is not None:
+        traceback.print_exception(error)
+    print(f"error: {error.message}", file=sys.stderr)
+    if error.hint:
+        print(f"hint: {error.hint}", file=sys.stderr)
+    return error.exit_code

@@ -1,0 +1,113 @@
+"""Stage 2: AOTInductor compiles the exported program into a .so at its absolute output path."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import proc
+from .errors import CompileError, SpecError, ToolchainError
+from .export import Exported
+
+LIBRARY_NAME = "model.so"
+SHIPPED_SUFFIXES = {".so", ".cubin"}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    target: str
+    output_dir: Path
+    library: Path
+    artifacts: tuple[Path, ...]
+    sources_dir: Path
+    options: dict[str, object] = field(hash=False)
+    machine: str
+    cpu_capability: str
+    vec_isa: str
+
+
+def find_cxx() -> str:
+    """The C++ compiler Inductor will use (``CXX`` or g++), checked to run."""
+    compiler = os.environ.get("CXX", "g++")
+    proc.run(
+        [compiler, "--version"],
+        error=ToolchainError,
+        what=f"C++ compiler check ({compiler})",
+        hint="AOTInductor needs a C++ compiler: install g++ (apt-get install g++) or set CXX to one",
+    )
+    return compiler
+
+
+def inductor_options(exported: Exported, library: Path) -> dict[str, object]:
+    spec_file = exported.spec_file
+    compile_spec = spec_file.spec.compile
+    options: dict[str, object] = {"freezing": compile_spec.freezing, "max_autotune": compile_spec.max_autotune}
+    known = torch._inductor.config.get_config_copy()
+    for key, value in compile_spec.inductor.items():
+        if key not in known:
+            raise SpecError(
+                f"{spec_file.path}: key 'compile.inductor.{key}': not an option of torch._inductor.config",
+                "see torch/_inductor/config.py for the option names",
+            )
+        options[key] = value
+    options["aot_inductor.output_path"] = str(library)
+    return options
+
+
+def _vec_isa() -> str:
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return str(pick_vec_isa()) or "none"
+
+
+def _move_sources(output_dir: Path, sources_dir: Path) -> tuple[Path, ...]:
+    """Keep only what ships (the .so, kernels) in the output folder; move generated sources aside."""
+    shutil.rmtree(sources_dir, ignore_errors=True)
+    sources_dir.mkdir(parents=True)
+    shipped = []
+    for entry in sorted(output_dir.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_file() and entry.suffix in SHIPPED_SUFFIXES:
+            shipped.append(entry)
+        else:
+            shutil.move(str(entry), sources_dir / entry.name)
+    return tuple(shipped)
+
+
+def compile_model(exported: Exported, output_dir: Path, work_dir: Path) -> Compiled:
+    find_cxx()
+    library = output_dir / LIBRARY_NAME
+    options = inductor_options(exported, library)
+    try:
+        with torch.no_grad():
+            produced = torch._inductor.aot_compile(exported.program.module(), exported.example_inputs, options=options)
+    except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
+        if type(exc).__name__ == "InvalidCxxCompiler":
+            raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc
+        lines = str(exc).strip().splitlines()
+        raise CompileError(
+            f"AOTInductor failed: {type(exc).__name__}: " + "\n".join(lines[-15:]),
+            f"generated sources are in {output_dir} until the build exits; the compile trace is in "
+            f"{work_dir / 'trace'}; run with --verbose for the full traceback",
+        ) from exc
+    if Path(produced) != library or not library.is_file():
+        raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")
+    sources_dir = work_dir / "sources"
+    artifacts = _move_sources(output_dir, sources_dir)
+    return Compiled(
+        target="cpu",
+        output_dir=output_dir,
+        library=library,
+        artifacts=artifacts,
+        sources_dir=sources_dir,
+        options={k: v for k, v in options.items() if k != "aot_inductor.output_path"},
+        machine=platform.machine(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        vec_isa=_vec_isa(),
+    )

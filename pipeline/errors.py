@@ -1,0 +1,86 @@
+"""Every failure the pipeline reports to a user: one class per kind, each with its exit code.
+
+Only the CLI catches these; it prints ``error: <message>`` and ``hint: <hint>``.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class: a message saying what is wrong and where, plus a hint saying how to fix it."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(PipelineError):
+    exit_code = 2
+    kind = "usage"
+
+
+class SpecError(PipelineError):
+    """The model spec (TOML) is missing, malformed or names something that does not exist."""
+
+    exit_code = 3
+    kind = "spec"
+
+
+class ModelLoadError(PipelineError):
+    """The module factory or weights named by a valid spec could not be loaded."""
+
+    exit_code = 4
+    kind = "model"
+
+
+class ExportError(PipelineError):
+    """torch.export could not capture the module's forward."""
+
+    exit_code = 5
+    kind = "export"
+
+
+class ToolchainError(PipelineError):
+    """A tool the compile stage needs (a C++ compiler) is missing or broken."""
+
+    exit_code = 6
+    kind = "toolchain"
+
+
+class CompileError(PipelineError):
+    """AOTInductor failed to compile the exported program."""
+
+    exit_code = 7
+    kind = "compile"
+
+
+class VerificationError(PipelineError):
+    """The compiled model's outputs are outside tolerance of eager PyTorch."""
+
+    exit_code = 8
+    kind = "verify"
+
+
+class PackageError(PipelineError):
+    """The wheel could not be built."""
+
+    exit_code = 9
+    kind = "package"
+
+
+class OutputDirError(PipelineError):
+    """The versioned output folder under the artifact root cannot be created or is in use."""
+
+    exit_code = 10
+    kind = "output"
+
+
+class BuildInterrupted(PipelineError):
+    """The build was stopped by SIGINT or SIGTERM; everything it wrote has been removed."""
+
+    exit_code = 130
+    kind = "interrupted"

@@ -1,0 +1,153 @@
+"""Stage 1: capture the module's forward with torch.export, turning its errors into line-level advice."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ExportError, SpecError
+from .loader import LoadedModel
+from .spec import SpecFile
+from .templates import wheel_inputs
+
+EXAMPLE_SEED = 0
+
+
+@dataclass(frozen=True)
+class Exported:
+    spec_file: SpecFile
+    module: torch.nn.Module
+    program: torch.export.ExportedProgram
+    example_inputs: tuple[torch.Tensor, ...]
+    returns_tuple: bool
+    output_dtypes: tuple[str, ...]
+    content_hash: str
+
+
+def export_sizes(spec_file: SpecFile) -> dict[str, int]:
+    return {name: dim.export_size for name, dim in spec_file.spec.dims.items()}
+
+
+def spec_inputs(spec_file: SpecFile) -> list[dict]:
+    return [i.model_dump(exclude_none=True) for i in spec_file.spec.inputs]
+
+
+def _where(obj) -> str:
+    try:
+        lines, start = inspect.getsourcelines(obj)
+        return f"{inspect.getsourcefile(obj)}:{start}"
+    except (TypeError, OSError):
+        return repr(obj)
+
+
+def check_signature(spec_file: SpecFile, module: torch.nn.Module) -> None:
+    """Tensors in only: no *args/**kwargs, no optional arguments, one parameter per spec input."""
+    forward = type(module).forward
+    where = _where(forward)
+    params = list(inspect.signature(module.forward).parameters.values())
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ExportError(
+                f"{where}: forward takes {'*' if param.kind == param.VAR_POSITIONAL else '**'}{param.name}",
+                "give forward one named tensor parameter per input; variadic arguments cannot be exported as a fixed signature",
+            )
+        if param.default is not param.empty:
+            raise ExportError(
+                f"{where}: forward parameter {param.name!r} is optional (default {param.default!r})",
+                "remove the default: decide optional behaviour in __init__ and build one module per variant",
+            )
+    names = [p.name for p in params]
+    if len(names) != len(spec_file.spec.inputs):
+        raise SpecError(
+            f"{spec_file.path}: key 'inputs': {len(spec_file.spec.inputs)} inputs declared, but forward at {where} "
+            f"takes {len(names)} ({', '.join(names)})",
+            "declare one [[inputs]] table per forward parameter, in order",
+        )
+
+
+def _user_frame(exc: BaseException, source_files: tuple[Path, ...]) -> str | None:
+    """file:line and code of the innermost traceback frame in the user's model code."""
+    wanted = {str(f) for f in source_files}
+    found = None
+    while exc is not None:
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if str(Path(frame.filename).resolve()) in wanted:
+                found = f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _export_hint(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if "DataDependent" in text or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
+        return (
+            "the code branches on tensor values (data-dependent control flow): replace the Python `if` with "
+            "torch.where, or torch.cond for whole branches; see docs/writing-models.md"
+        )
+    if "Constraints violated" in text or "specialized" in text:
+        return (
+            "a dimension declared dynamic in [dims] is treated as a constant by the code (e.g. a view with a fixed "
+            "size): use x.shape[...] instead of constants, or narrow the dim's min/max in the spec"
+        )
+    if "Unsupported" in type(exc).__name__ or "graph break" in text.lower():
+        return "the forward calls something torch.export cannot trace: move it to __init__ or replace it with tensor ops"
+    return "see docs/writing-models.md for the patterns that export; run with --verbose for the full traceback"
+
+
+def _content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
+    digest = hashlib.sha256()
+    digest.update(spec_file.spec.model_dump_json().encode())
+    digest.update(loaded.weights_sha256.encode())
+    for path in loaded.source_files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
+    spec = spec_file.spec
+    module = loaded.module
+    check_signature(spec_file, module)
+    example = tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
+    dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in spec.dims.items()}
+    dynamic_shapes = tuple(
+        {axis: dims[size] for axis, size in enumerate(i.shape) if isinstance(size, str)} or None for i in spec.inputs
+    )
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:  # torch.export raises many unrelated types; all mean "did not export"
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = _user_frame(exc, loaded.source_files) or _where(type(module).forward)
+        raise ExportError(
+            f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}", _export_hint(exc)
+        ) from exc
+    out_spec = program.call_spec.out_spec
+    returns_tuple = not out_spec.is_leaf()
+    leaves = out_spec.children() if returns_tuple else [out_spec]
+    if returns_tuple and (out_spec.type not in (tuple, list) or any(not c.is_leaf() for c in leaves)):
+        raise ExportError(
+            f"{_where(type(module).forward)}: forward returns a {out_spec.type.__name__} with nested values",
+            "return a tensor or a flat tuple of tensors",
+        )
+    if len(leaves) != len(spec.outputs):
+        raise SpecError(
+            f"{spec_file.path}: key 'outputs': {len(spec.outputs)} outputs declared, but forward returns {len(leaves)}",
+            "declare one [[outputs]] table per returned tensor, in order",
+        )
+    with torch.no_grad():
+        eager = module(*example)
+    eager_outputs = eager if returns_tuple else (eager,)
+    return Exported(
+        spec_file=spec_file,
+        module=module,
+        program=program,
+        example_inputs=example,
+        returns_tuple=returns_tuple,
+        output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in eager_outputs),
+        content_hash=_content_hash(spec_file, loaded),
+    )

@@ -1,0 +1,116 @@
+"""Turn a spec into an eager nn.Module: import the factory, apply seeded init or load weights."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ModelLoadError
+from .spec import SpecFile
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    module: torch.nn.Module
+    source_files: tuple[Path, ...]
+    weights_sha256: str
+
+
+def _import_factory(spec_file: SpecFile):
+    module_name, _, attr = spec_file.spec.model.factory.partition(":")
+    # Specs that live anywhere can keep their code beside them.
+    spec_dir = str(spec_file.path.parent)
+    if spec_dir not in sys.path:
+        sys.path.insert(0, spec_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{spec_file.path}: key 'model.factory': cannot import module {module_name!r}: {exc}",
+            "make the module importable from the current directory or the spec's folder",
+        ) from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelLoadError(
+            f"{spec_file.path}: key 'model.factory': module {module_name!r} has no callable {attr!r}",
+            "name a function or nn.Module class that builds the model",
+        )
+    return factory
+
+
+def _load_weights(spec_file: SpecFile, module: torch.nn.Module) -> None:
+    from safetensors.torch import load_file
+
+    path = spec_file.weights_path
+    assert path is not None
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # safetensors raises several unrelated types for a bad file
+        raise ModelLoadError(f"{path}: cannot read weights: {exc}", "give a valid .safetensors file") from exc
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    wrong = sorted(
+        f"{name}: file {tuple(state[name].shape)} {state[name].dtype}, model {tuple(t.shape)} {t.dtype}"
+        for name, t in expected.items()
+        if name in state and (state[name].shape != t.shape or state[name].dtype != t.dtype)
+    )
+    if missing or extra or wrong:
+        lines = [f"missing: {n}" for n in missing] + [f"unexpected: {n}" for n in extra] + [f"mismatched {w}" for w in wrong]
+        raise ModelLoadError(
+            f"{path}: weights do not fit the model:\n  " + "\n  ".join(lines[:20]),
+            "the safetensors file must hold exactly the module's state_dict names, shapes and dtypes",
+        )
+    module.load_state_dict(state, strict=True)
+
+
+def _source_files(factory, module: torch.nn.Module) -> tuple[Path, ...]:
+    """The user's files that define the model: the factory's module and every non-torch submodule class."""
+    files = set()
+    for obj in [factory, *(type(m) for m in module.modules())]:
+        if getattr(obj, "__module__", "").startswith("torch."):
+            continue
+        try:
+            files.add(Path(inspect.getsourcefile(obj)).resolve())
+        except (TypeError, OSError):
+            continue
+    return tuple(sorted(files))
+
+
+def state_sha256(module: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        tensor = tensor.detach().contiguous().cpu()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def load_model(spec_file: SpecFile) -> LoadedModel:
+    spec = spec_file.spec
+    factory = _import_factory(spec_file)
+    if spec.weights.seed is not None:
+        torch.manual_seed(spec.weights.seed)
+    try:
+        module = factory(**spec.model.kwargs)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) raised "
+            f"{type(exc).__name__}: {exc}",
+            "check model.kwargs against the factory's parameters",
+        ) from exc
+    if not isinstance(module, torch.nn.Module):
+        raise ModelLoadError(
+            f"{spec_file.path}: key 'model.factory': {spec.model.factory} returned {type(module).__name__}, not an nn.Module",
+            "the factory must return a torch.nn.Module",
+        )
+    if spec.weights.file is not None:
+        _load_weights(spec_file, module)
+    module.eval()
+    return LoadedModel(module=module, source_files=_source_files(factory, module), weights_sha256=state_sha256(module))

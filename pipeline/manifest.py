@@ -1,0 +1,75 @@
+"""The manifest every wheel carries: what it was built with, what it expects, and its file hashes.
+
+Nothing in it depends on when or where the build ran (beyond the artifact root), so two builds
+of the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .compile import Compiled
+from .export import Exported, export_sizes, spec_inputs
+from .verify import Verified
+
+FORMAT = 1
+VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def local_label(target: str) -> str:
+    """Tells wheels of one model version apart by target and torch build: ``cpu.torch2.13.0``."""
+    return f"{target}.torch{torch.__version__.split('+')[0]}"
+
+
+def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -> dict[str, Any]:
+    spec = exported.spec_file.spec
+    example = export_sizes(exported.spec_file)
+    return {
+        "format": FORMAT,
+        "name": spec.model.name,
+        "dist_name": spec.dist_name,
+        "import_name": spec.import_name,
+        "version": spec.model.version,
+        "full_version": f"{spec.model.version}+{local_label(compiled.target)}",
+        "description": spec.model.description,
+        "target": compiled.target,
+        "torch": {"version": torch.__version__, "cuda": torch.version.cuda},
+        "platform": {
+            "machine": compiled.machine,
+            "vec_isa": compiled.vec_isa,
+            "cpu_capability": VEC_ISA_CAPABILITY.get(compiled.vec_isa, compiled.cpu_capability),
+            "glibc": platform.libc_ver()[1],
+        },
+        "opt_path": str(compiled.output_dir),
+        "library": compiled.library.name,
+        "artifacts": {
+            path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in compiled.artifacts
+        },
+        "inputs": spec_inputs(exported.spec_file),
+        "dims": {name: {"min": d.min, "max": d.max, "example": example[name]} for name, d in spec.dims.items()},
+        "outputs": [
+            {"name": o.name, "dtype": dtype, "rtol": verified.tolerances[o.name][0], "atol": verified.tolerances[o.name][1]}
+            for o, dtype in zip(spec.outputs, exported.output_dtypes)
+        ],
+        "returns_tuple": exported.returns_tuple,
+        "compile_options": compiled.options,
+        "content_hash": exported.content_hash,
+    }
+
+
+def dumps(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"

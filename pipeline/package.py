@@ -1,0 +1,88 @@
+"""Stage 4: render the wheel template around the verified artifacts and build a reproducible wheel."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import proc
+from .errors import PackageError
+from .manifest import dumps, sha256_file
+from .templates import RUNTIME_DIR, WHEEL_TEMPLATE
+
+# Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.
+SOURCE_DATE_EPOCH = "315532800"
+MANYLINUX_FLOOR = 28  # torch's own wheels need glibc 2.28
+GLIBC_SYMBOL = re.compile(rb"GLIBC_2\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    sha256: str
+    size: int
+    platform_tag: str
+
+
+def platform_tag(artifacts: list[Path], machine: str) -> str:
+    """manylinux_2_N where N is the newest glibc symbol version the artifacts reference."""
+    newest = MANYLINUX_FLOOR
+    for path in artifacts:
+        for match in GLIBC_SYMBOL.finditer(path.read_bytes()):
+            newest = max(newest, int(match.group(1)))
+    return f"manylinux_2_{newest}_{machine}"
+
+
+def _render(template: Path, destination: Path, values: dict[str, str]) -> None:
+    destination.write_text(string.Template(template.read_text()).substitute(values))
+
+
+def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], tag: str) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    package_dir = staging / manifest["import_name"]
+    (package_dir / "artifacts").mkdir(parents=True)
+    for source in sorted(RUNTIME_DIR.glob("*.py")):
+        shutil.copyfile(source, package_dir / source.name)
+    for artifact in artifacts:
+        shutil.copyfile(artifact, package_dir / "artifacts" / artifact.name)
+    (package_dir / "manifest.json").write_text(dumps(manifest))
+    values = {
+        "dist_name": manifest["dist_name"],
+        "import_name": manifest["import_name"],
+        "full_version": manifest["full_version"],
+        "torch_version": manifest["torch"]["version"],
+        "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
+        "platform_tag": tag,
+    }
+    _render(WHEEL_TEMPLATE / "pyproject.toml.in", staging / "pyproject.toml", values)
+    _render(WHEEL_TEMPLATE / "setup.py.in", staging / "setup.py", values)
+    # The zip stores file modes: make them independent of the umask and the compiler's choices.
+    for path in staging.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
+
+
+def package_wheel(manifest: dict[str, Any], artifacts: list[Path], work_dir: Path) -> Wheel:
+    """Build the wheel into ``work_dir/wheel``; the caller moves it into dist/ once all is done."""
+    staging = work_dir / "wheel-src"
+    out_dir = work_dir / "wheel"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tag = platform_tag(artifacts, manifest["platform"]["machine"])
+    _stage(staging, manifest, artifacts, tag)
+    proc.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check", "--outdir", out_dir, staging],
+        error=PackageError,
+        what="building the wheel",
+        hint="the wheel template under templates/wheel/ or setuptools is broken; the output above says where",
+        env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH},
+    )
+    wheels = sorted(out_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise PackageError(f"expected one wheel in {out_dir}, found {[w.name for w in wheels]}", "report this as a bug")
+    wheel = wheels[0]
+    return Wheel(path=wheel, sha256=sha256_file(wheel), size=wheel.stat().st_size, platform_tag=tag)

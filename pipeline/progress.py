@@ -1,0 +1,27 @@
+"""Stage progress on stderr: each stage's name when it starts and its elapsed time when it ends."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+
+class Progress:
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
+        self.stream = stream
+        self.timings: dict[str, float] = {}
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    @contextmanager
+    def stage(self, name: str, detail: str = "") -> Iterator[None]:
+        self.say(f"==> {name}" + (f": {detail}" if detail else ""))
+        start = time.perf_counter()
+        yield
+        elapsed = time.perf_counter() - start
+        self.timings[name] = round(elapsed, 3)
+        self.say(f"    {name} done in {elapsed:.1f}s")

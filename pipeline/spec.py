@@ -1,0 +1,218 @@
+"""The model spec: a TOML file validated by pydantic. A spec error names the file and the key."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+
+DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSection(_Frozen):
+    name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
+    version: str
+    factory: str = Field(description="importable 'package.module:callable' returning the nn.Module")
+    kwargs: dict[str, int | float | str | bool | list[int]] = {}
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError("must be lowercase letters, digits and '_', starting with a letter (e.g. 'unet')")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        try:
+            parsed = Version(value)
+        except InvalidVersion:
+            raise ValueError(f"{value!r} is not a PEP 440 version (e.g. '1.3')") from None
+        if parsed.local is not None:
+            raise ValueError("must not carry a local label ('+...'): the build adds target and torch to it")
+        return value
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, value: str) -> str:
+        if not FACTORY_RE.match(value):
+            raise ValueError("must look like 'package.module:callable' (e.g. 'models.unet.model:build_unet')")
+        return value
+
+
+class WeightsSection(_Frozen):
+    seed: int | None = Field(None, description="seeded init: torch.manual_seed(seed) before the factory runs")
+    file: str | None = Field(None, description="a .safetensors file, relative to the spec")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "WeightsSection":
+        if (self.seed is None) == (self.file is None):
+            raise ValueError("give exactly one of 'seed' (seeded init) or 'file' (a .safetensors file)")
+        if self.file is not None and not self.file.endswith(".safetensors"):
+            raise ValueError("'file' must be a .safetensors file")
+        return self
+
+
+class DimSpec(_Frozen):
+    min: Annotated[int, Field(ge=1)]
+    max: Annotated[int, Field(ge=1)]
+    example: int | None = Field(None, description="size used to export; defaults to a middle value")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "DimSpec":
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is smaller than min ({self.min})")
+        if self.example is not None and not self.min <= self.example <= self.max:
+            raise ValueError(f"example ({self.example}) is outside [min, max] = [{self.min}, {self.max}]")
+        return self
+
+    @property
+    def export_size(self) -> int:
+        """A size inside the range that avoids 0/1 specialisation when the range allows it."""
+        if self.example is not None:
+            return self.example
+        return min(max(self.min, 2), self.max)
+
+
+class InputSpec(_Frozen):
+    name: str
+    shape: list[Annotated[int, Field(ge=1)] | str]
+    dtype: DType = "float32"
+    low: float | None = Field(None, description="uniform values in [low, high) instead of a normal distribution")
+    high: float | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> "InputSpec":
+        if (self.low is None) != (self.high is None):
+            raise ValueError("give both 'low' and 'high', or neither")
+        if self.low is not None and self.high is not None and self.high <= self.low:
+            raise ValueError(f"'high' ({self.high}) must be greater than 'low' ({self.low})")
+        if self.dtype not in FLOAT_DTYPES and self.low is None:
+            raise ValueError(f"integer input ({self.dtype}) needs 'low' and 'high'")
+        return self
+
+
+class OutputSpec(_Frozen):
+    name: str
+    rtol: Annotated[float, Field(ge=0)] | None = None
+    atol: Annotated[float, Field(ge=0)] | None = None
+
+
+class BuildSection(_Frozen):
+    targets: list[Literal["cpu"]] = Field(["cpu"], min_length=1)
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _known_targets(cls, value: object) -> object:
+        if isinstance(value, list) and "cuda" in value:
+            raise ValueError("target 'cuda' is not supported yet; use ['cpu']")
+        return value
+
+
+class CompileSection(_Frozen):
+    freezing: bool = False
+    max_autotune: bool = False
+    inductor: dict[str, bool | int | float | str] = Field(
+        {}, description="extra torch._inductor.config options, passed through as-is"
+    )
+
+
+class Spec(_Frozen):
+    model: ModelSection
+    weights: WeightsSection
+    dims: dict[str, DimSpec] = {}
+    inputs: list[InputSpec] = Field(min_length=1)
+    outputs: list[OutputSpec] = Field(min_length=1)
+    build: BuildSection = BuildSection()
+    compile: CompileSection = CompileSection()
+
+    @model_validator(mode="after")
+    def _names(self) -> "Spec":
+        for index, spec_input in enumerate(self.inputs):
+            for axis, size in enumerate(spec_input.shape):
+                if isinstance(size, str) and size not in self.dims:
+                    raise ValueError(
+                        f"inputs[{index}].shape[{axis}] names dim {size!r}, which is not declared under [dims]"
+                    )
+        for label, names in (("inputs", [i.name for i in self.inputs]), ("outputs", [o.name for o in self.outputs])):
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise ValueError(f"{label} names repeat: {', '.join(duplicates)}")
+        return self
+
+    @property
+    def dist_name(self) -> str:
+        return f"model-{self.model.name.replace('_', '-')}"
+
+    @property
+    def import_name(self) -> str:
+        return f"model_{self.model.name}"
+
+
+class SpecFile(BaseModel):
+    """A validated spec and where it came from (relative paths in it resolve against ``path.parent``)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    path: Path
+    spec: Spec
+
+    @property
+    def weights_path(self) -> Path | None:
+        file = self.spec.weights.file
+        return None if file is None else (self.path.parent / file).resolve()
+
+
+def _key(loc: tuple[object, ...]) -> str:
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key += f".{part}" if key else str(part)
+    return key or "(top level)"
+
+
+def load_spec(path: str | Path) -> SpecFile:
+    """Read and validate a spec; every problem is a SpecError naming the file and the TOML key."""
+    spec_path = Path(path).resolve()
+    if spec_path.is_dir():
+        spec_path = spec_path / "spec.toml"
+    if not spec_path.is_file():
+        raise SpecError(f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml (e.g. models/unet/spec.toml)")
+    try:
+        raw = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{spec_path}: not valid TOML: {exc}", "fix the TOML syntax at the position given") from exc
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown key (check its spelling; see docs/quickstart.md for the spec keys)"
+            problems.append(f"  key '{_key(err['loc'])}': {message}")
+        raise SpecError(
+            f"{spec_path}: invalid spec\n" + "\n".join(problems),
+            "fix the keys listed above; docs/quickstart.md describes every spec key",
+        ) from exc
+    spec_file = SpecFile(path=spec_path, spec=spec)
+    weights = spec_file.weights_path
+    if weights is not None and not weights.is_file():
+        raise SpecError(f"{spec_path}: key 'weights.file': {weights} does not exist", "give a path relative to the spec file")
+    return spec_file

@@ -1,0 +1,74 @@
+"""Input specs from the manifest: make seeded example inputs and check call arguments.
+
+This file is shared: the build pipeline imports it to make export and verification inputs,
+and every wheel carries a copy, so both sides make the same tensors from the same seed.
+It imports nothing but torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+
+def resolve_shape(shape: Sequence[int | str], sizes: Mapping[str, int]) -> list[int]:
+    return [sizes[axis] if isinstance(axis, str) else int(axis) for axis in shape]
+
+
+def make_inputs(inputs: Sequence[Mapping[str, Any]], sizes: Mapping[str, int], seed: int) -> list[torch.Tensor]:
+    """One tensor per input spec, drawn from a generator seeded with ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = []
+    for spec in inputs:
+        shape = resolve_shape(spec["shape"], sizes)
+        dtype = getattr(torch, spec["dtype"])
+        low, high = spec.get("low"), spec.get("high")
+        if dtype.is_floating_point:
+            if low is None:
+                values = torch.randn(shape, generator=generator)
+            else:
+                values = torch.rand(shape, generator=generator) * (high - low) + low
+            tensors.append(values.to(dtype))
+        else:
+            tensors.append(torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype))
+    return tensors
+
+
+def check_inputs(
+    inputs: Sequence[Mapping[str, Any]],
+    dims: Mapping[str, Mapping[str, int]],
+    args: Sequence[object],
+    device: str = "cpu",
+) -> None:
+    """Raise ValueError naming the argument when ``args`` do not fit the input specs."""
+    if len(args) != len(inputs):
+        names = ", ".join(spec["name"] for spec in inputs)
+        raise ValueError(f"expected {len(inputs)} tensors ({names}), got {len(args)}")
+    seen: dict[str, tuple[int, str]] = {}
+    for spec, arg in zip(inputs, args):
+        name = spec["name"]
+        if not isinstance(arg, torch.Tensor):
+            raise ValueError(f"input {name!r}: expected a torch.Tensor, got {type(arg).__name__}")
+        if arg.device.type != device:
+            raise ValueError(f"input {name!r}: expected a tensor on {device}, got one on {arg.device}")
+        if arg.dtype != getattr(torch, spec["dtype"]):
+            raise ValueError(f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}")
+        if arg.dim() != len(spec["shape"]):
+            raise ValueError(f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, got shape {list(arg.shape)}")
+        for axis, (want, size) in enumerate(zip(spec["shape"], arg.shape)):
+            if isinstance(want, int):
+                if size != want:
+                    raise ValueError(f"input {name!r}: dim {axis} must be {want}, got {size}")
+                continue
+            bounds = dims[want]
+            if not bounds["min"] <= size <= bounds["max"]:
+                raise ValueError(
+                    f"input {name!r}: dim {axis} ({want}) is {size}, outside the built range "
+                    f"[{bounds['min']}, {bounds['max']}]"
+                )
+            if want in seen and seen[want][0] != size:
+                raise ValueError(
+                    f"input {name!r}: dim {axis} ({want}) is {size}, but input {seen[want][1]!r} has {want}={seen[want][0]}"
+                )
+            seen[want] = (size, name)

@@ -1,0 +1,44 @@
+"""The /opt symlink: ``<root>/<model>/<version>/<target>`` -> this package's artifacts folder.
+
+Created or repaired under a file lock, so processes starting at once all succeed. The link is
+swapped in with an atomic rename: a reader never sees a missing or half-made link.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+LOCK_TIMEOUT_S = 60
+
+
+def points_to(link: Path, target: Path) -> bool:
+    try:
+        return link.is_symlink() and link.resolve(strict=True) == target.resolve(strict=True)
+    except OSError:
+        return False
+
+
+def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
+    """Make ``link`` point at ``target``. Returns (ok, what happened or why it could not)."""
+    if points_to(link, target):
+        return True, f"{link} -> {target} (already in place)"
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S):
+            if points_to(link, target):
+                return True, f"{link} -> {target} (made by another process)"
+            if link.exists() and not link.is_symlink():
+                return False, f"{link} exists and is not a symlink (a build in progress, or files not ours)"
+            action = "repaired" if link.is_symlink() else "created"
+            staged = link.parent / f".{link.name}.tmp-{os.getpid()}"
+            staged.unlink(missing_ok=True)
+            os.symlink(target, staged, target_is_directory=True)
+            os.replace(staged, link)
+            return True, f"{link} -> {target} ({action})"
+    except Timeout:
+        return False, f"timed out after {LOCK_TIMEOUT_S}s waiting for the lock beside {link}"
+    except OSError as exc:
+        return False, f"cannot write {link}: {exc.strerror or exc}"

@@ -1,0 +1,119 @@
+"""Load the compiled model: check the machine against the manifest, then open the .so directly.
+
+Imports torch and nothing of its compiler stack (torch._inductor, torch._dynamo): opening the
+.so costs milliseconds, importing the compiler about 1.5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._inputs import check_inputs, make_inputs
+from ._link import ensure_link
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
+# Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
+CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
+
+_manifest: dict[str, Any] | None = None
+_warned = False
+
+
+class IncompatibleRuntime(RuntimeError):
+    """The running torch or machine differs from the one the model was built for."""
+
+
+class ArtifactLinkWarning(UserWarning):
+    """The /opt link could not be made; the model loads from the package directory instead."""
+
+
+def manifest() -> dict[str, Any]:
+    """The build manifest (torch version, target, inputs, tolerances, hashes). Treat as read-only."""
+    global _manifest
+    if _manifest is None:
+        _manifest = json.loads((PACKAGE_DIR / "manifest.json").read_text(encoding="utf-8"))
+    return _manifest
+
+
+def example_inputs(seed: int = 0, **sizes: int) -> tuple[torch.Tensor, ...]:
+    """Seeded inputs of the declared shapes; dynamic dims default to their example size."""
+    m = manifest()
+    unknown = sorted(set(sizes) - set(m["dims"]))
+    if unknown:
+        raise ValueError(f"unknown dims {unknown}; this model's dynamic dims are {sorted(m['dims'])}")
+    chosen = {name: dim["example"] for name, dim in m["dims"].items()} | sizes
+    tensors = make_inputs(m["inputs"], chosen, seed)
+    check_inputs(m["inputs"], m["dims"], tensors)
+    return tuple(tensors)
+
+
+def incompatibilities(m: dict[str, Any]) -> list[str]:
+    problems = []
+    if torch.__version__ != m["torch"]["version"]:
+        problems.append(f"torch is {torch.__version__}, the model was built with torch {m['torch']['version']}")
+    if platform.machine() != m["platform"]["machine"]:
+        problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}")
+    needed, have = m["platform"]["cpu_capability"], torch.backends.cpu.get_cpu_capability()
+    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
+        if CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed):
+            problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
+    elif needed != have:
+        problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
+    return problems
+
+
+def artifacts_dir() -> Path:
+    """Where to load from: the /opt link when it can be made, else this package (warning once)."""
+    global _warned
+    m = manifest()
+    ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
+    if ok:
+        return Path(m["opt_path"])
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"{m['dist_name']}: {detail}; loading from {ARTIFACTS_DIR} instead. "
+            f"Run `{m['dist_name']} link` with write access to {Path(m['opt_path']).parent} to fix this.",
+            ArtifactLinkWarning,
+            stacklevel=3,
+        )
+    return ARTIFACTS_DIR
+
+
+class CompiledModel:
+    """Call it like the original module: tensors in, a tensor (or tuple of tensors) out."""
+
+    def __init__(self, runner: Any, m: dict[str, Any], library: Path) -> None:
+        self._runner = runner
+        self._manifest = m
+        self.library = library
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        m = self._manifest
+        check_inputs(m["inputs"], m["dims"], args)
+        outputs = self._runner.run([arg.contiguous() for arg in args])
+        return tuple(outputs) if m["returns_tuple"] else outputs[0]
+
+    def __repr__(self) -> str:
+        return f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} from {self.library}>"
+
+
+def load(num_models: int = 1) -> CompiledModel:
+    """Open the compiled model. ``num_models`` is how many calls may run concurrently."""
+    m = manifest()
+    problems = incompatibilities(m)
+    if problems:
+        raise IncompatibleRuntime(
+            f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems)
+            + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['version']}`."
+        )
+    library = artifacts_dir() / m["library"]
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
+    return CompiledModel(runner, m, library)
