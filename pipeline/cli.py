@@ -47,8 +47,13 @@ def _artifact_root(flag: str | None) -> Path:
     return root
 
 
+_stopped_by = ["SIGINT"]
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise BuildInterrupted(f"build stopped by {signal.Signals(signum).name}; everything it wrote has been removed")
+    # KeyboardInterrupt, not an Exception: torch's own `except Exception` handlers must not swallow it.
+    _stopped_by[0] = signal.Signals(signum).name
+    raise KeyboardInterrupt
 
 
 def _print_summary(progress: Progress, result) -> None:
@@ -96,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _build(args, progress)
     except KeyboardInterrupt:
-        error: PipelineError = BuildInterrupted("build stopped by SIGINT; everything it wrote has been removed")
+        error: PipelineError = BuildInterrupted(
+            f"build stopped by {_stopped_by[0]}; everything it wrote has been removed", "run the build again"
+        )
     except PipelineError as exc:
         error = exc
     if args.verbose and error.__traceback__ is not None:

@@ -84,21 +84,22 @@ def compile_model(exported: Exported, output_dir: Path, work_dir: Path) -> Compi
     find_cxx()
     library = output_dir / LIBRARY_NAME
     options = inductor_options(exported, library)
+    sources_dir = work_dir / "sources"
     try:
         with torch.no_grad():
             produced = torch._inductor.aot_compile(exported.program.module(), exported.example_inputs, options=options)
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc
+        _move_sources(output_dir, sources_dir)
         lines = str(exc).strip().splitlines()
         raise CompileError(
             f"AOTInductor failed: {type(exc).__name__}: " + "\n".join(lines[-15:]),
-            f"generated sources are in {output_dir} until the build exits; the compile trace is in "
-            f"{work_dir / 'trace'}; run with --verbose for the full traceback",
+            f"the generated sources are kept in {sources_dir} and the compile trace in {work_dir.parent / 'trace'}; "
+            "run with --verbose for the full traceback",
         ) from exc
     if Path(produced) != library or not library.is_file():
         raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")
-    sources_dir = work_dir / "sources"
     artifacts = _move_sources(output_dir, sources_dir)
     return Compiled(
         target="cpu",

@@ -78,8 +78,8 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
         if displaced.is_symlink():
             displaced.rename(path)
         if lock.is_locked:
+            Path(lock.lock_file).unlink(missing_ok=True)
             lock.release()
-        Path(lock.lock_file).unlink(missing_ok=True)
         for parent in created:
             try:
                 parent.rmdir()

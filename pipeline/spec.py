@@ -15,6 +15,8 @@ from .errors import SpecError
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Cross-field checks run at the top level; their messages start with the key they concern.
+TOP_LEVEL_KEY = re.compile(r"^([\w.\[\]]+): (.*)$", re.S)
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -147,12 +149,12 @@ class Spec(_Frozen):
             for axis, size in enumerate(spec_input.shape):
                 if isinstance(size, str) and size not in self.dims:
                     raise ValueError(
-                        f"inputs[{index}].shape[{axis}] names dim {size!r}, which is not declared under [dims]"
+                        f"inputs[{index}].shape[{axis}]: names dim {size!r}, which is not declared under [dims]"
                     )
         for label, names in (("inputs", [i.name for i in self.inputs]), ("outputs", [o.name for o in self.outputs])):
             duplicates = sorted({n for n in names if names.count(n) > 1})
             if duplicates:
-                raise ValueError(f"{label} names repeat: {', '.join(duplicates)}")
+                raise ValueError(f"{label}: names repeat: {', '.join(duplicates)}")
         return self
 
     @property
@@ -204,9 +206,12 @@ def load_spec(path: str | Path) -> SpecFile:
         problems = []
         for err in exc.errors():
             message = err["msg"].removeprefix("Value error, ")
+            loc = err["loc"]
+            if not loc and (nested := TOP_LEVEL_KEY.match(message)):
+                loc, message = (nested.group(1),), nested.group(2)
             if err["type"] == "extra_forbidden":
                 message = "unknown key (check its spelling; see docs/quickstart.md for the spec keys)"
-            problems.append(f"  key '{_key(err['loc'])}': {message}")
+            problems.append(f"  key '{_key(loc)}': {message}")
         raise SpecError(
             f"{spec_path}: invalid spec\n" + "\n".join(problems),
             "fix the keys listed above; docs/quickstart.md describes every spec key",

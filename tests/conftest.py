@@ -1,0 +1,77 @@
+"""Shared fixtures: run the CLI as a user does, build the tiny model once, make fresh virtualenvs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_SPEC = REPO / "tests" / "models" / "tiny" / "spec.toml"
+BROKEN = REPO / "tests" / "models" / "broken"
+
+
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: int = 600) -> Ran:
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+@dataclass(frozen=True)
+class BuildDirs:
+    root: Path
+    dist: Path
+    build: Path
+
+    def args(self) -> list[str]:
+        return ["--root", str(self.root), "--dist", str(self.dist), "--build-dir", str(self.build)]
+
+    def leftovers(self) -> list[str]:
+        """Anything a build left in dist/ or under the artifact root (empty means clean)."""
+        found = [str(p) for p in self.dist.rglob("*")] if self.dist.exists() else []
+        if self.root.exists():
+            found += [str(p) for p in self.root.rglob("*")]
+        return found
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> BuildDirs:
+    return BuildDirs(root=tmp_path / "opt" / "models", dist=tmp_path / "dist", build=tmp_path / "build")
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory) -> tuple[BuildDirs, Ran]:
+    """The tiny model built once for the session, through the CLI."""
+    base = tmp_path_factory.mktemp("tiny")
+    build_dirs = BuildDirs(root=base / "opt", dist=base / "dist", build=base / "build")
+    ran = run_cli("build", "--spec", str(TINY_SPEC), *build_dirs.args())
+    assert ran.code == 0, ran.err
+    return build_dirs, ran
+
+
+def make_venv(path: Path) -> Path:
+    """A fresh virtualenv (no system site-packages); returns its python."""
+    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    return path / "bin" / "python"
+
+
+def pip_install(python: Path, *requirements: str) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements], check=True, capture_output=True)

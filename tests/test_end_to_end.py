@@ -1,0 +1,203 @@
+"""A real build of the tiny model, installed with pip into a fresh virtualenv and run in new processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.loader import load_model
+from pipeline.spec import load_spec
+
+from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
+
+RUNTIME_FORBIDDEN = ("torch._inductor", "torch._dynamo")
+
+
+@pytest.fixture(scope="session")
+def wheel(tiny_build) -> Path:
+    build_dirs, _ = tiny_build
+    wheels = sorted(build_dirs.dist.glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    public_torch = torch.__version__.split("+")[0]
+    assert wheels[0].name.startswith(f"model_tiny-0.1+cpu.torch{public_torch}-py3-none-manylinux_2_"), wheels[0].name
+    assert wheels[0].name.endswith("_x86_64.whl")
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory, wheel) -> Path:
+    """A fresh venv with the wheel installed by pip (torch comes in as its pinned dependency)."""
+    python = make_venv(tmp_path_factory.mktemp("venv") / "env")
+    pip_install(python, str(wheel))
+    return python
+
+
+def run_in(python: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(python), "-W", "default", "-c", code], capture_output=True, text=True, env={**os.environ, **env}, cwd="/"
+    )
+
+
+def manifest_of(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as archive:
+        return json.loads(archive.read("model_tiny/manifest.json"))
+
+
+def test_build_prints_stages_and_report(tiny_build, wheel):
+    build_dirs, ran = tiny_build
+    for stage in ("load", "export", "compile", "verify", "package"):
+        assert f"==> {stage}" in ran.err and f"    {stage} done in " in ran.err
+    assert f"built {wheel.name}" in ran.err and "verified  logits: 5 cases, max abs diff" in ran.err
+    report = json.loads((build_dirs.dist / "model_tiny-0.1+cpu.torch2.13.0.report.json").read_text())
+    assert report["wheel"]["name"] == wheel.name and report["wheel"]["size"] == wheel.stat().st_size
+    assert set(report["stages_s"]) == {"load", "export", "compile", "verify", "package"}
+    assert {c["case"] for c in report["verification"]["cases"]} == {"seed0", "seed1", "seed2", "batch=min(1)", "batch=max(4)"}
+    assert set(report["verification"]["worst"]) == {"features", "logits"}
+    assert any(Path(report["trace_dir"]).iterdir()), "TORCH_TRACE output is kept with the build"
+    assert sorted(p.name for p in build_dirs.dist.iterdir()) == sorted([wheel.name, "model_tiny-0.1+cpu.torch2.13.0.report.json"])
+    assert not build_dirs.root.exists(), "the build leaves the artifact root as it found it"
+
+
+def test_wheel_metadata_and_manifest(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/METADATA").decode()
+        wheel_info = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/WHEEL").decode()
+        so_bytes = archive.read("model_tiny/artifacts/model.so")
+        entry_points = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/entry_points.txt").decode()
+    assert f"Requires-Dist: torch=={torch.__version__}" in metadata
+    assert "Root-Is-Purelib: false" in wheel_info and "Tag: py3-none-manylinux_2_" in wheel_info
+    assert "model-tiny = model_tiny._cli:main" in entry_points
+    assert {"model_tiny/__init__.py", "model_tiny/_load.py", "model_tiny/_link.py", "model_tiny/manifest.json"} <= names
+    manifest = manifest_of(wheel)
+    assert manifest["torch"]["version"] == torch.__version__
+    assert manifest["target"] == "cpu" and manifest["platform"]["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512"}
+    assert manifest["artifacts"]["model.so"] == {"sha256": hashlib.sha256(so_bytes).hexdigest(), "size": len(so_bytes)}
+    assert manifest["content_hash"].startswith("sha256:")
+    assert [o["name"] for o in manifest["outputs"]] == ["features", "logits"]
+    assert manifest["outputs"][1]["rtol"] == 1e-4 and manifest["outputs"][1]["atol"] == 1e-5
+    assert manifest["dims"] == {"batch": {"min": 1, "max": 4, "example": 2}}
+    assert manifest["opt_path"].endswith("/tiny/0.1/cpu")
+
+
+def test_rebuild_gives_identical_wheel_bytes(tiny_build, wheel, tmp_path):
+    build_dirs, _ = tiny_build
+    first = wheel.read_bytes()
+    again = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist"),
+                    "--build-dir", str(tmp_path / "build"))
+    assert again.code == 0, again.err
+    assert (tmp_path / "dist" / wheel.name).read_bytes() == first
+
+
+def test_installed_wheel_matches_eager_in_a_new_process(installed, tmp_path, wheel):
+    out = tmp_path / "outputs.pt"
+    code = (
+        "import sys, torch, model_tiny\n"
+        "m = model_tiny.load()\n"
+        "results = {}\n"
+        "for batch in (1, 2, 4):\n"
+        "    args = model_tiny.example_inputs(seed=batch, batch=batch)\n"
+        "    results[batch] = (args, m(*args))\n"
+        f"torch.save(results, {str(out)!r})\n"
+        f"bad = [k for k in sys.modules if k.startswith({RUNTIME_FORBIDDEN!r})]\n"
+        "print('compiler modules:', bad)\n"
+    )
+    ran = run_in(installed, code)
+    assert ran.returncode == 0, ran.stderr
+    assert "compiler modules: []" in ran.stdout, "the runtime must not import the compiler stack"
+    assert "ArtifactLinkWarning" not in ran.stderr
+    eager = load_model(load_spec(TINY_SPEC)).module
+    tolerances = {o["name"]: o for o in manifest_of(wheel)["outputs"]}
+    for batch, (args, compiled) in torch.load(out).items():
+        with torch.no_grad():
+            expected = eager(*args)
+        for name, got, want in zip(("features", "logits"), compiled, expected):
+            assert got.shape[0] == batch
+            torch.testing.assert_close(got, want, rtol=tolerances[name]["rtol"], atol=tolerances[name]["atol"])
+
+
+def test_load_links_opt_path_to_the_installed_package(installed, wheel):
+    opt_path = Path(manifest_of(wheel)["opt_path"])
+    ran = run_in(installed, "import model_tiny; print(model_tiny.load().library)")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(opt_path / "model.so")
+    assert opt_path.is_symlink() and (opt_path / "model.so").is_file()
+    assert "site-packages/model_tiny/artifacts" in os.readlink(opt_path)
+
+
+def test_link_command_repairs_a_dangling_link(installed, wheel, tmp_path):
+    opt_path = Path(manifest_of(wheel)["opt_path"])
+    opt_path.parent.mkdir(parents=True, exist_ok=True)
+    if opt_path.is_symlink() or opt_path.exists():
+        opt_path.unlink()
+    opt_path.symlink_to(tmp_path / "gone")
+    script = installed.parent / "model-tiny"
+    ran = subprocess.run([str(script), "link"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "(repaired)" in ran.stdout and (opt_path / "model.so").is_file()
+
+
+def test_processes_starting_at_once_all_succeed(installed, wheel):
+    opt_path = Path(manifest_of(wheel)["opt_path"])
+    if opt_path.is_symlink():
+        opt_path.unlink()
+    code = "import model_tiny; m = model_tiny.load(); print(m(*model_tiny.example_inputs())[1].shape)"
+    procs = [
+        subprocess.Popen([str(installed), "-W", "default", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    for code_, out, err in results:
+        assert code_ == 0, err
+        assert "torch.Size([2, 4])" in out and "ArtifactLinkWarning" not in err
+    assert opt_path.is_symlink()
+
+
+def test_unwritable_root_falls_back_to_package_and_warns_once(installed, wheel):
+    opt_path = Path(manifest_of(wheel)["opt_path"])
+    top = opt_path.parents[2]  # the artifact root given to the build
+    aside = top.with_name(top.name + ".aside")
+    shutil.move(str(top), aside)
+    try:
+        top.write_text("a file where the root folder should be: nothing below it can be created")
+        ran = run_in(installed, "import model_tiny; a = model_tiny.load(); b = model_tiny.load(); print(a.library); "
+                     "print(a(*model_tiny.example_inputs())[1].shape)")
+        assert ran.returncode == 0, ran.stderr
+        assert "site-packages/model_tiny/artifacts/model.so" in ran.stdout and "torch.Size([2, 4])" in ran.stdout
+        assert ran.stderr.count("ArtifactLinkWarning") == 1
+        assert "model-tiny link" in ran.stderr
+    finally:
+        top.unlink()
+        shutil.move(str(aside), top)
+
+
+def test_torch_mismatch_is_refused_naming_both_versions(installed):
+    code = "import torch; torch.__version__ = '2.99.0+cpu'\nimport model_tiny\nmodel_tiny.load()"
+    ran = run_in(installed, code)
+    assert ran.returncode != 0
+    assert "IncompatibleRuntime" in ran.stderr
+    assert "torch is 2.99.0+cpu, the model was built with torch 2.13.0+cpu" in ran.stderr
+
+
+def test_bad_call_arguments_are_named(installed):
+    code = (
+        "import torch, model_tiny\nm = model_tiny.load()\nx, t = model_tiny.example_inputs()\n"
+        "for args in [(x,), (x[:, :2], t), (torch.randn(5, 3, 8, 8), torch.rand(5)), (x, t[:1]), (x.double(), t)]:\n"
+        "    try:\n        m(*args)\n    except ValueError as e:\n        print(e)\n"
+    )
+    ran = run_in(installed, code)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "expected 2 tensors (x, t), got 1"
+    assert lines[1] == "input 'x': dim 1 must be 3, got 2"
+    assert lines[2] == "input 'x': dim 0 (batch) is 5, outside the built range [1, 4]"
+    assert lines[3] == "input 't': dim 0 (batch) is 1, but input 'x' has batch=2"
+    assert lines[4] == "input 'x': expected dtype float32, got float64"

@@ -1,0 +1,93 @@
+"""Spec validation: every problem names the file and the TOML key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import SpecError
+from pipeline.spec import load_spec
+
+from .conftest import TINY_SPEC, run_cli
+
+GOOD = TINY_SPEC.read_text()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def spec_error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    return info.value.message
+
+
+def test_the_shipped_specs_are_valid():
+    for path in [TINY_SPEC, Path("models/unet/spec.toml")]:
+        spec = load_spec(path).spec
+        assert spec.model.version
+    unet = load_spec("models/unet").spec
+    assert (unet.model.name, unet.model.version, unet.dist_name, unet.import_name) == ("unet", "1.3", "model-unet", "model_unet")
+    assert unet.dims["batch"].min == 1 and unet.dims["batch"].max >= 2
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        ('version = "0.1"', 'version = "one"', "model.version", "PEP 440"),
+        ('version = "0.1"', 'version = "0.1+cpu"', "model.version", "local label"),
+        ('name = "tiny"', 'name = "Tiny Model"', "model.name", "lowercase"),
+        ('factory = "tiny_model:build"', 'factory = "tiny_model"', "model.factory", "package.module:callable"),
+        ("seed = 0", "seed = 0\nfile = 'w.safetensors'", "weights", "exactly one"),
+        ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 8, 8]\ndtype = "float8"', "inputs[0].dtype", "float32"),
+        ('shape = ["batch", 3, 8, 8]', 'shape = ["frames", 3, 8, 8]', "inputs[0].shape[0]", "not declared under [dims]"),
+        ("max = 4", "max = 0", "dims.batch.max", "greater than or equal to 1"),
+        ("max = 4", "max = 4\nexample = 9", "dims.batch", "outside"),
+        ('name = "logits"\nrtol', 'name = "logits"\nrtl', "outputs[1].rtl", "unknown key"),
+    ],
+)
+def test_bad_spec_names_file_and_key(tmp_path, old, new, key, says):
+    assert old in GOOD
+    message = spec_error(tmp_path, GOOD.replace(old, new, 1))
+    assert str(tmp_path / "spec.toml") in message
+    assert f"key '{key}'" in message
+    assert says in message
+
+
+def test_repeated_names_are_refused(tmp_path):
+    message = spec_error(tmp_path, GOOD.replace('name = "logits"', 'name = "features"'))
+    assert "key 'outputs': names repeat: features" in message
+
+
+def test_cuda_target_is_refused_for_now(tmp_path):
+    message = spec_error(tmp_path, GOOD + '\n[build]\ntargets = ["cuda"]\n')
+    assert "key 'build.targets'" in message and "cuda" in message
+
+
+def test_toml_syntax_error_gives_position(tmp_path):
+    message = spec_error(tmp_path, GOOD.replace('name = "tiny"', 'name = "tiny'))
+    assert "not valid TOML" in message and "line" in message
+
+
+def test_missing_weights_file_is_named(tmp_path):
+    message = spec_error(tmp_path, GOOD.replace("seed = 0", 'file = "nope.safetensors"'))
+    assert "key 'weights.file'" in message and "nope.safetensors" in message
+
+
+def test_cli_reports_spec_error_with_hint_and_exit_code(tmp_path):
+    path = write(tmp_path, GOOD.replace('version = "0.1"', 'version = "x.y"'))
+    ran = run_cli("build", "--spec", str(path), "--root", str(tmp_path / "root"), "--dist", str(tmp_path / "dist"))
+    assert ran.code == SpecError.exit_code
+    assert ran.err.startswith("error: ") and "key 'model.version'" in ran.err
+    assert "\nhint: " in ran.err
+    assert "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "root").exists()
+
+
+def test_cli_missing_spec_file(tmp_path):
+    ran = run_cli("build", "--spec", str(tmp_path / "nope.toml"))
+    assert ran.code == SpecError.exit_code and "no such spec file" in ran.err
