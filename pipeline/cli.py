@@ -85,6 +85,12 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     from .build import build  # imports torch
 
+    if not args.verbose:
+        import torch._logging
+
+        # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
+        torch._logging.set_logs(all=logging.ERROR)
+
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress):
         _print_summary(progress, result)
     return 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
+import io
+import logging
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +19,7 @@ from .spec import SpecFile
 from .templates import wheel_inputs
 
 EXAMPLE_SEED = 0
+log = logging.getLogger("pipeline.export")
 
 
 @dataclass(frozen=True)
@@ -117,10 +121,13 @@ def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     dynamic_shapes = tuple(
         {axis: dims[size] for axis, size in enumerate(i.shape) if isinstance(size, str)} or None for i in spec.inputs
     )
+    # torch.export prints partial graphs to stderr on failure; keep them for --verbose only.
+    torch_stderr = io.StringIO()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), contextlib.redirect_stderr(torch_stderr):
             program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as exc:  # torch.export raises many unrelated types; all mean "did not export"
+    except Exception as exc:
+        log.info("%s", torch_stderr.getvalue())  # torch.export raises many unrelated types; all mean "did not export"
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = _user_frame(exc, loaded.source_files) or _where(type(module).forward)
         raise ExportError(
