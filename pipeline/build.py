@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .compile import compile_model
-from .export import export_model
+from .doctor import diagnose, raise_on_errors
+from .export import example_inputs, export_model
 from .loader import load_model
 from .manifest import build_manifest
 from .outdir import claim_output_dir, output_path
@@ -42,6 +43,13 @@ def build_target(
     progress.timings.clear()
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
+    with progress.stage("doctor"):
+        findings = diagnose(
+            loaded.module, example_inputs(spec_file), loaded.source_files, tuple(spec.doctor.allow)
+        )
+        for warning in (f for f in findings if f.severity == "warning"):
+            progress.say(warning.format())
+        raise_on_errors(findings, spec.model.name)
     with progress.stage("export"):
         exported = export_model(spec_file, loaded)
     out_dir = output_path(root, spec.model.name, spec.model.version, target)
@@ -49,11 +57,12 @@ def build_target(
         with progress.stage("compile", str(out_dir)):
             compiled = compile_model(exported, out_dir, work_dir)
         with progress.stage("verify"):
-            verified = verify_model(exported, compiled)
+            verified = verify_model(exported, compiled, work_dir)
         manifest = build_manifest(exported, compiled, verified)
         with progress.stage("package"):
-            wheel = package_wheel(manifest, list(compiled.artifacts), work_dir)
+            wheel = package_wheel(manifest, list(compiled.artifacts), verified.golden_file, work_dir)
     report = make_report(manifest, verified, wheel, progress.timings, work_dir)
+    report["doctor"] = [f.format() for f in findings]
     return move_to_dist(wheel, report, dist_dir, manifest)
 
 
@@ -69,6 +78,8 @@ def make_report(
         "opt_path": manifest["opt_path"],
         "stages_s": dict(timings),
         "verification": {
+            "reference": verified.reference,
+            "golden_cases": list(verified.golden_cases),
             "worst": verified.worst(),
             "tolerances": {name: {"rtol": r, "atol": a} for name, (r, a) in verified.tolerances.items()},
             "cases": [
@@ -76,6 +87,7 @@ def make_report(
                     "case": case.case,
                     "sizes": case.sizes,
                     "outputs": {d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs},
+                    **({"eager_vs_fp64_max_abs": case.eager_vs_fp64} if case.eager_vs_fp64 is not None else {}),
                 }
                 for case in verified.cases
             ],

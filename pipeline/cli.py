@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--dist", default="dist", help="where the wheel and its report go (default: dist)")
     build.add_argument("--build-dir", default="build", help="work folder: traces, generated sources (default: build)")
+    doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
+    doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
+    doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
     return parser
 
 
@@ -96,6 +99,29 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace, progress: Progress) -> int:
+    if bool(args.model) == bool(args.spec):
+        raise UsageError("give a model name or --spec PATH (one of them)", "e.g. python -m pipeline doctor unet")
+    spec_file = load_spec(args.spec or Path("models") / args.model / "spec.toml")
+    from .doctor import diagnose, raise_on_errors
+    from .export import _where, check_signature, example_inputs
+    from .loader import load_model
+    from .purity import check_purity
+
+    loaded = load_model(spec_file)
+    inputs = example_inputs(spec_file)
+    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow))
+    for finding in findings:
+        if finding.severity == "warning":
+            progress.say(finding.format())
+    raise_on_errors(findings, spec_file.spec.model.name)
+    check_signature(spec_file, loaded.module)
+    check_purity(loaded.module, inputs, _where(type(loaded.module).forward))
+    warnings_found = len(findings)
+    progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({warnings_found} warning(s))")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -105,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupted)
     progress = Progress()
     try:
-        return _build(args, progress)
+        return _build(args, progress) if args.command == "build" else _doctor(args, progress)
     except KeyboardInterrupt:
         error: PipelineError = BuildInterrupted(
             f"build stopped by {_stopped_by[0]}; everything it wrote has been removed", "run the build again"

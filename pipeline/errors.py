@@ -79,6 +79,36 @@ class OutputDirError(PipelineError):
     kind = "output"
 
 
+class DoctorError(PipelineError):
+    """The module breaks a practice that compilation depends on (found by `pipeline doctor`).
+
+    Each check has its own exit code; with several problems, the first one's code is used.
+    """
+
+    exit_code = 11
+    kind = "doctor"
+    CHECK_EXIT_CODES = {
+        "args-variadic": 20,
+        "args-optional": 21,
+        "args-non-tensor": 22,
+        "self-write": 23,
+        "data-dependent": 24,
+        "graph-break": 25,
+        "version-check": 26,
+    }
+
+    def __init__(self, message: str, hint: str = "", check: str = "") -> None:
+        super().__init__(message, hint)
+        self.exit_code = self.CHECK_EXIT_CODES.get(check, DoctorError.exit_code)
+
+
+class PurityError(PipelineError):
+    """forward wrote state or gave different outputs for the same input."""
+
+    exit_code = 12
+    kind = "purity"
+
+
 class BuildInterrupted(PipelineError):
     """The build was stopped by SIGINT or SIGTERM; everything it wrote has been removed."""
 

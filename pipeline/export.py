@@ -15,6 +15,7 @@ import torch
 
 from .errors import ExportError, SpecError
 from .loader import LoadedModel
+from .purity import check_purity
 from .spec import SpecFile
 from .templates import wheel_inputs
 
@@ -112,11 +113,16 @@ def _content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def example_inputs(spec_file: SpecFile) -> tuple[torch.Tensor, ...]:
+    return tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
+
+
 def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     spec = spec_file.spec
     module = loaded.module
     check_signature(spec_file, module)
-    example = tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
+    example = example_inputs(spec_file)
+    check_purity(module, example, _where(type(module).forward))
     dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in spec.dims.items()}
     dynamic_shapes = tuple(
         {axis: dims[size] for axis, size in enumerate(i.shape) if isinstance(size, str)} or None for i in spec.inputs

@@ -66,6 +66,13 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -
             for o, dtype in zip(spec.outputs, exported.output_dtypes)
         ],
         "returns_tuple": exported.returns_tuple,
+        "golden": {
+            "file": verified.golden_file.name,
+            "sha256": sha256_file(verified.golden_file),
+            "size": verified.golden_file.stat().st_size,
+            "cases": list(verified.golden_cases),
+        },
+        "verification_reference": verified.reference,
         "compile_options": compiled.options,
         "content_hash": exported.content_hash,
     }

@@ -43,7 +43,7 @@ def _render(template: Path, destination: Path, values: dict[str, str]) -> None:
     destination.write_text(string.Template(template.read_text()).substitute(values))
 
 
-def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], tag: str) -> None:
+def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golden: Path, tag: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     package_dir = staging / manifest["import_name"]
     (package_dir / "artifacts").mkdir(parents=True)
@@ -51,6 +51,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], tag: 
         shutil.copyfile(source, package_dir / source.name)
     for artifact in artifacts:
         shutil.copyfile(artifact, package_dir / "artifacts" / artifact.name)
+    shutil.copyfile(golden, package_dir / manifest["golden"]["file"])
     (package_dir / "manifest.json").write_text(dumps(manifest))
     values = {
         "dist_name": manifest["dist_name"],
@@ -59,6 +60,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], tag: 
         "torch_version": manifest["torch"]["version"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
+        "golden_file": manifest["golden"]["file"],
     }
     _render(WHEEL_TEMPLATE / "pyproject.toml.in", staging / "pyproject.toml", values)
     _render(WHEEL_TEMPLATE / "setup.py.in", staging / "setup.py", values)
@@ -67,13 +69,13 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], tag: 
         os.chmod(path, 0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
 
 
-def package_wheel(manifest: dict[str, Any], artifacts: list[Path], work_dir: Path) -> Wheel:
+def package_wheel(manifest: dict[str, Any], artifacts: list[Path], golden: Path, work_dir: Path) -> Wheel:
     """Build the wheel into ``work_dir/wheel``; the caller moves it into dist/ once all is done."""
     staging = work_dir / "wheel-src"
     out_dir = work_dir / "wheel"
     shutil.rmtree(out_dir, ignore_errors=True)
     tag = platform_tag(artifacts, manifest["platform"]["machine"])
-    _stage(staging, manifest, artifacts, tag)
+    _stage(staging, manifest, artifacts, golden, tag)
     proc.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check", "--outdir", out_dir, staging],
         error=PackageError,

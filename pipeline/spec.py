@@ -134,6 +134,22 @@ class CompileSection(_Frozen):
     )
 
 
+class VerifySection(_Frozen):
+    edge_cases: bool = Field(True, description="also check all-zero inputs and large magnitudes")
+    large_magnitude: Annotated[float, Field(gt=0)] = Field(100.0, description="scale of the large-magnitude case")
+    fp64_reference: bool = Field(False, description="compare with eager in float64, reporting eager's own error")
+    golden_cases: Annotated[int, Field(ge=1, le=8)] = Field(2, description="cases recorded in the wheel")
+
+
+DoctorCheck = Literal[
+    "args-variadic", "args-optional", "args-non-tensor", "self-write", "data-dependent", "graph-break", "version-check"
+]
+
+
+class DoctorSection(_Frozen):
+    allow: list[DoctorCheck] = Field([], description="doctor checks reported as warnings instead of stopping the build")
+
+
 class Spec(_Frozen):
     model: ModelSection
     weights: WeightsSection
@@ -142,6 +158,8 @@ class Spec(_Frozen):
     outputs: list[OutputSpec] = Field(min_length=1)
     build: BuildSection = BuildSection()
     compile: CompileSection = CompileSection()
+    verify: VerifySection = VerifySection()
+    doctor: DoctorSection = DoctorSection()
 
     @model_validator(mode="after")
     def _names(self) -> "Spec":

@@ -1,17 +1,26 @@
-"""Stage 3: compare the compiled .so with eager PyTorch on seeded inputs and at every dim bound."""
+"""Stage 3: compare the compiled .so with eager PyTorch.
+
+Cases: three seeded inputs, each dynamic dim at its min, middle and max, all-zero and
+large-magnitude inputs, and the golden cases the wheel will carry (their eager outputs are
+recorded so the installed wheel can re-check itself).
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .compile import Compiled
 from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
-from .templates import wheel_inputs
+from .templates import wheel_compare, wheel_inputs
 
+OutputDiff = wheel_compare.OutputDiff
 SEEDS = (0, 1, 2)
+GOLDEN_FILE = "golden.safetensors"
 # allclose-style defaults when the spec gives none: compiled kernels reorder float sums.
 DEFAULT_TOLERANCES = {
     "float64": (1e-7, 1e-7),
@@ -22,14 +31,11 @@ DEFAULT_TOLERANCES = {
 
 
 @dataclass(frozen=True)
-class OutputDiff:
+class Case:
     name: str
-    max_abs: float
-    max_rel: float
-    rtol: float
-    atol: float
-    passed: bool
-    problem: str = ""
+    sizes: dict[str, int]
+    inputs: tuple[torch.Tensor, ...]
+    golden: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class CaseResult:
     case: str
     sizes: dict[str, int]
     outputs: tuple[OutputDiff, ...]
+    eager_vs_fp64: dict[str, float] | None = None  # eager's own max abs error, with an fp64 reference
 
     @property
     def passed(self) -> bool:
@@ -47,6 +54,9 @@ class CaseResult:
 class Verified:
     cases: tuple[CaseResult, ...]
     tolerances: dict[str, tuple[float, float]]
+    golden_file: Path
+    golden_cases: tuple[str, ...]
+    reference: str
 
     def worst(self) -> dict[str, dict[str, float]]:
         """Per output, the largest abs and rel diff over all cases."""
@@ -69,61 +79,99 @@ def tolerances(exported: Exported) -> dict[str, tuple[float, float]]:
     return result
 
 
-def verification_cases(exported: Exported) -> list[tuple[str, dict[str, int], int]]:
-    """(case name, dim sizes, seed): seeded middles, then each dynamic dim at its min and max."""
+def _edge_inputs(inputs: list[dict], sizes: dict[str, int], kind: str, scale: float) -> tuple[torch.Tensor, ...]:
+    """All-zero ('zeros') or large ('large') inputs, kept inside each input's declared value range."""
+    tensors = []
+    for spec, seeded in zip(inputs, wheel_inputs.make_inputs(inputs, sizes, seed=7)):
+        low, high = spec.get("low"), spec.get("high")
+        if low is not None:  # a declared range: its two ends
+            value = low if kind == "zeros" else (high - 1 if not seeded.dtype.is_floating_point else high - (high - low) * 1e-3)
+            tensors.append(torch.full_like(seeded, value))
+        elif kind == "zeros":
+            tensors.append(torch.zeros_like(seeded))
+        else:
+            tensors.append(seeded * scale)
+    return tuple(tensors)
+
+
+def verification_cases(exported: Exported) -> list[Case]:
+    spec = exported.spec_file.spec
+    inputs = spec_inputs(exported.spec_file)
     middle = export_sizes(exported.spec_file)
-    cases = [(f"seed{seed}", middle, seed) for seed in SEEDS]
-    for name, dim in exported.spec_file.spec.dims.items():
-        for bound, size in (("min", dim.min), ("max", dim.max)):
-            cases.append((f"{name}={bound}({size})", {**middle, name: size}, 100 + len(cases)))
+    make = lambda sizes, seed: tuple(wheel_inputs.make_inputs(inputs, sizes, seed))  # noqa: E731
+    cases = [Case(f"seed{seed}", middle, make(middle, seed)) for seed in SEEDS]
+    for name, dim in spec.dims.items():
+        bounds = {"min": dim.min, "mid": (dim.min + dim.max) // 2, "max": dim.max}
+        for label, size in bounds.items():
+            sizes = {**middle, name: size}
+            cases.append(Case(f"{name}={label}({size})", sizes, make(sizes, 100 + len(cases))))
+    if spec.verify.edge_cases:
+        for kind in ("zeros", "large"):
+            cases.append(Case(kind, middle, _edge_inputs(inputs, middle, kind, spec.verify.large_magnitude)))
+    smallest = {name: dim.min for name, dim in spec.dims.items()}
+    for index in range(spec.verify.golden_cases):
+        cases.append(Case(f"golden{index}", smallest, make(smallest, 1000 + index), golden=True))
     return cases
 
 
-def compare(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> OutputDiff:
-    if got.shape != want.shape or got.dtype != want.dtype:
-        problem = f"compiled {tuple(got.shape)} {got.dtype}, eager {tuple(want.shape)} {want.dtype}"
-        return OutputDiff(name, float("inf"), float("inf"), rtol, atol, False, problem)
-    got64, want64 = got.double(), want.double()
-    diff = (got64 - want64).abs()
-    if diff.numel() == 0:
-        return OutputDiff(name, 0.0, 0.0, rtol, atol, True)
-    nan_mismatch = bool((got64.isnan() != want64.isnan()).any())
-    diff = torch.where(got64.isnan() & want64.isnan(), torch.zeros_like(diff), diff)
-    max_abs = float(diff.max())
-    # Relative error only where |eager| is above atol: near zero, the absolute bound governs.
-    significant = want64.abs() > atol
-    max_rel = float((diff[significant] / want64.abs()[significant]).max()) if significant.any() else 0.0
-    passed = not nan_mismatch and bool((diff <= atol + rtol * want64.abs()).all())
-    return OutputDiff(name, max_abs, max_rel, rtol, atol, passed, "NaN where eager has none" if nan_mismatch else "")
+def _as_tuple(outputs, returns_tuple: bool) -> tuple[torch.Tensor, ...]:
+    return tuple(outputs) if returns_tuple else (outputs,)
 
 
-def verify_model(exported: Exported, compiled: Compiled) -> Verified:
+def _fp64_module(exported: Exported) -> torch.nn.Module:
+    return copy.deepcopy(exported.module).double()
+
+
+def _to_fp64(tensors):
+    return [t.double() if t.dtype.is_floating_point else t for t in tensors]
+
+
+def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Verified:
+    spec = exported.spec_file.spec
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(compiled.library), 1)
     tols = tolerances(exported)
-    names = [o.name for o in exported.spec_file.spec.outputs]
-    inputs = spec_inputs(exported.spec_file)
-    results = []
-    for case, sizes, seed in verification_cases(exported):
-        args = wheel_inputs.make_inputs(inputs, sizes, seed)
+    names = [o.name for o in spec.outputs]
+    reference_module = _fp64_module(exported) if spec.verify.fp64_reference else None
+    results, golden = [], {}
+    for case in verification_cases(exported):
         with torch.no_grad():
-            eager = exported.module(*args)
-            got = runner.run(list(args))
-        want = eager if exported.returns_tuple else (eager,)
-        diffs = tuple(compare(n, g, w, *tols[n]) for n, g, w in zip(names, got, want))
-        results.append(CaseResult(case=case, sizes=dict(sizes), outputs=diffs))
-    verified = Verified(cases=tuple(results), tolerances=tols)
+            eager = _as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+            got = runner.run(list(case.inputs))
+            eager_error = None
+            if reference_module is not None:
+                ref64 = _as_tuple(reference_module(*_to_fp64(case.inputs)), exported.returns_tuple)
+                eager_error = {n: float((e.double() - r).abs().max()) for n, e, r in zip(names, eager, ref64)}
+                want = tuple(r.to(e.dtype) for r, e in zip(ref64, eager))
+            else:
+                want = eager
+        diffs = tuple(wheel_compare.compare(n, g, w, *tols[n]) for n, g, w in zip(names, got, want))
+        results.append(CaseResult(case.name, dict(case.sizes), diffs, eager_error))
+        if case.golden:
+            golden.update({f"{case.name}/inputs/{i.name}": t for i, t in zip(spec.inputs, case.inputs)})
+            golden.update({f"{case.name}/outputs/{n}": t.contiguous() for n, t in zip(names, eager)})
+    _raise_on_failures(exported, results, work_dir)
+    golden_file = work_dir / GOLDEN_FILE
+    from safetensors.torch import save_file
+
+    save_file(golden, str(golden_file))
+    return Verified(
+        cases=tuple(results),
+        tolerances=tols,
+        golden_file=golden_file,
+        golden_cases=tuple(r.case for r in results if r.case.startswith("golden")),
+        reference="eager float64" if reference_module is not None else "eager",
+    )
+
+
+def _raise_on_failures(exported: Exported, results: list[CaseResult], work_dir: Path) -> None:
     failures = [(c, d) for c in results for d in c.outputs if not d.passed]
-    if failures:
-        lines = [
-            f"  case {c.case}: output {d.name!r}: max abs diff {d.max_abs:.3g}, max rel diff {d.max_rel:.3g} "
-            f"(rtol {d.rtol:g}, atol {d.atol:g}){' ' + d.problem if d.problem else ''}"
-            for c, d in failures
-        ]
-        spec_path = exported.spec_file.path
-        raise VerificationError(
-            f"compiled model differs from eager in {len(failures)} of {len(results) * len(names)} checks:\n"
-            + "\n".join(lines),
-            f"if the forward is deterministic and these diffs are acceptable, raise rtol/atol under [[outputs]] in "
-            f"{spec_path}; a random or stateful forward can never verify",
-        )
-    return verified
+    if not failures:
+        return
+    lines = [f"  case {c.case}: {d.describe()}" for c, d in failures]
+    checks = sum(len(c.outputs) for c in results)
+    raise VerificationError(
+        f"compiled model differs from eager in {len(failures)} of {checks} checks:\n" + "\n".join(lines),
+        f"if the forward is deterministic and these diffs are acceptable, raise rtol/atol under [[outputs]] in "
+        f"{exported.spec_file.path}; else read the generated sources in {work_dir / 'sources'} and the compile "
+        f"trace in {work_dir.parent / 'trace'}",
+    )

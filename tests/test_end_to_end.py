@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -46,6 +47,21 @@ def run_in(python: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def installed_package(python: Path) -> Path:
+    return next(python.parent.parent.glob("lib/python*/site-packages/model_tiny"))
+
+
+@contextlib.contextmanager
+def altered(path: Path, change):
+    """Apply ``change`` to an installed file, restoring the original bytes afterwards."""
+    original = path.read_bytes()
+    try:
+        change(path, original)
+        yield
+    finally:
+        path.write_bytes(original)
+
+
 def manifest_of(wheel: Path) -> dict:
     with zipfile.ZipFile(wheel) as archive:
         return json.loads(archive.read("model_tiny/manifest.json"))
@@ -53,13 +69,18 @@ def manifest_of(wheel: Path) -> dict:
 
 def test_build_prints_stages_and_report(tiny_build, wheel):
     build_dirs, ran = tiny_build
-    for stage in ("load", "export", "compile", "verify", "package"):
+    for stage in ("load", "doctor", "export", "compile", "verify", "package"):
         assert f"==> {stage}" in ran.err and f"    {stage} done in " in ran.err
-    assert f"built {wheel.name}" in ran.err and "verified  logits: 5 cases, max abs diff" in ran.err
+    assert f"built {wheel.name}" in ran.err and "verified  logits: 10 cases, max abs diff" in ran.err
     report = json.loads((build_dirs.dist / "model_tiny-0.1+cpu.torch2.13.0.report.json").read_text())
     assert report["wheel"]["name"] == wheel.name and report["wheel"]["size"] == wheel.stat().st_size
-    assert set(report["stages_s"]) == {"load", "export", "compile", "verify", "package"}
-    assert {c["case"] for c in report["verification"]["cases"]} == {"seed0", "seed1", "seed2", "batch=min(1)", "batch=max(4)"}
+    assert set(report["stages_s"]) == {"load", "doctor", "export", "compile", "verify", "package"}
+    assert [c["case"] for c in report["verification"]["cases"]] == [
+        "seed0", "seed1", "seed2", "batch=min(1)", "batch=mid(2)", "batch=max(4)", "zeros", "large", "golden0", "golden1"
+    ]
+    for case in report["verification"]["cases"]:
+        assert set(case["outputs"]) == {"features", "logits"}
+        assert all({"max_abs", "max_rel", "passed"} <= set(diff) for diff in case["outputs"].values())
     assert set(report["verification"]["worst"]) == {"features", "logits"}
     assert any(Path(report["trace_dir"]).iterdir()), "TORCH_TRACE output is kept with the build"
     assert sorted(p.name for p in build_dirs.dist.iterdir()) == sorted([wheel.name, "model_tiny-0.1+cpu.torch2.13.0.report.json"])
@@ -201,3 +222,75 @@ def test_bad_call_arguments_are_named(installed):
     assert lines[2] == "input 'x': dim 0 (batch) is 5, outside the built range [1, 4]"
     assert lines[3] == "input 't': dim 0 (batch) is 1, but input 'x' has batch=2"
     assert lines[4] == "input 'x': expected dtype float32, got float64"
+
+
+def test_golden_cases_pass_on_the_installed_wheel(installed):
+    ran = subprocess.run([str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "ok  case golden0: output 'features'" in ran.stdout and "2 golden cases match" in ran.stdout
+    api = run_in(installed, "import model_tiny; print(len(model_tiny.verify()))")
+    assert api.returncode == 0 and api.stdout.strip() == "2", api.stderr
+
+
+def test_altered_golden_output_fails_verify_naming_the_output(installed, tmp_path):
+    golden = installed_package(installed) / "golden.safetensors"
+
+    def bump_logits(path, original):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(path))
+        tensors["golden1/outputs/logits"] = tensors["golden1/outputs/logits"] + 0.5
+        save_file(tensors, str(path))
+        # the manifest records the golden file's hash too: re-hash so this tests the numbers, not integrity
+        manifest_path = path.parent / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest["golden"].update(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=path.stat().st_size)
+        manifest_path.write_text(json.dumps(manifest))
+
+    manifest_path = golden.parent / "manifest.json"
+    with altered(manifest_path, lambda p, o: None), altered(golden, bump_logits):
+        ran = subprocess.run([str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "error: model-tiny 0.1+cpu.torch" in ran.stderr and "differs from its golden outputs" in ran.stderr
+    assert "case golden1: output 'logits': max abs diff 0.5" in ran.stderr
+    assert "golden0" not in ran.stderr
+
+
+@pytest.mark.parametrize("damage", ["flip-byte", "truncate"])
+def test_altered_so_is_refused_naming_the_file(installed, tmp_path, damage):
+    so = installed_package(installed) / "artifacts" / "model.so"
+
+    def change(path, original):
+        if damage == "truncate":
+            path.write_bytes(original[: len(original) // 2])
+        else:
+            middle = len(original) // 2
+            path.write_bytes(original[:middle] + bytes([original[middle] ^ 0xFF]) + original[middle + 1 :])
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert run_in(installed, "import model_tiny; model_tiny.load()", **env).returncode == 0
+    with altered(so, change):
+        ran = run_in(installed, "import model_tiny; model_tiny.load()", **env)
+        cli = subprocess.run([str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True, env={**os.environ, **env})
+    assert ran.returncode != 0 and "IntegrityError" in ran.stderr
+    assert "model_tiny/artifacts/model.so" in ran.stderr or "/cpu/model.so" in ran.stderr
+    assert ("the manifest says" in ran.stderr) and ("reinstall the wheel" in ran.stderr)
+    assert ("bytes, the manifest says" in ran.stderr) == (damage == "truncate")
+    assert cli.returncode == 4 and "error: artifact" in cli.stderr
+    assert run_in(installed, "import model_tiny; model_tiny.load()", **env).returncode == 0, "restored file loads again"
+
+
+def test_fp64_reference_reports_eager_own_error(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text() + "\n[verify]\nfp64_reference = true\nedge_cases = false\ngolden_cases = 1\n")
+    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == 0, ran.err
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    verification = report["verification"]
+    assert verification["reference"] == "eager float64" and verification["golden_cases"] == ["golden0"]
+    assert [c["case"] for c in verification["cases"]][-1] == "golden0" and "zeros" not in str(verification["cases"])
+    for case in verification["cases"]:
+        errors = case["eager_vs_fp64_max_abs"]
+        assert set(errors) == {"features", "logits"} and all(0 <= e < 1e-3 for e in errors.values())

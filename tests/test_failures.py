@@ -10,43 +10,13 @@ import time
 
 import pytest
 
-from pipeline.errors import BuildInterrupted, ExportError, OutputDirError, ToolchainError, VerificationError
+from pipeline.errors import BuildInterrupted, OutputDirError, ToolchainError
 
-from .conftest import BROKEN, REPO, TINY_SPEC, run_cli
+from .conftest import REPO, TINY_SPEC, run_cli
 
 
 def build(spec, dirs, env=None):
     return run_cli("build", "--spec", str(spec), *dirs.args(), env=env)
-
-
-def test_data_dependent_branch_names_the_line(dirs):
-    ran = build(BROKEN / "data_dependent.toml", dirs)
-    assert ran.code == ExportError.exit_code, ran.err
-    source = (BROKEN / "broken_models.py").read_text().splitlines()
-    line = next(i for i, text in enumerate(source, 1) if "if x.sum() > 0" in text)
-    assert f"broken_models.py:{line}: if x.sum() > 0:" in ran.err
-    assert "hint: the code branches on tensor values" in ran.err and "torch.cond" in ran.err
-    assert dirs.leftovers() == []
-
-
-@pytest.mark.parametrize(
-    ("spec", "says"),
-    [("optional_argument.toml", "parameter 'scale' is optional"), ("variadic.toml", "forward takes *xs")],
-)
-def test_forward_signature_problems(dirs, spec, says):
-    ran = build(BROKEN / spec, dirs)
-    assert ran.code == ExportError.exit_code, ran.err
-    assert "broken_models.py:" in ran.err and says in ran.err and "hint: " in ran.err
-    assert dirs.leftovers() == []
-
-
-def test_numerics_failure_reports_diffs_and_leaves_nothing(dirs):
-    ran = build(BROKEN / "random_forward.toml", dirs)
-    assert ran.code == VerificationError.exit_code, ran.err
-    assert "error: compiled model differs from eager" in ran.err
-    assert "output 'y': max abs diff" in ran.err and "case seed0" in ran.err
-    assert "hint: " in ran.err and "rtol/atol" in ran.err
-    assert dirs.leftovers() == []
 
 
 def test_missing_compiler(dirs):

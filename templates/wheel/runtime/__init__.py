@@ -3,9 +3,22 @@
     model = load()                       # opens the AOTInductor .so (through its /opt link)
     outputs = model(*example_inputs())   # tensors in, tensors out
     manifest()                           # torch version, target, input specs, tolerances, hashes
+    verify()                             # re-run the golden cases recorded at build time
 """
 
-from ._load import ArtifactLinkWarning, CompiledModel, IncompatibleRuntime, example_inputs, load, manifest
+from ._golden import GoldenMismatch
+from ._integrity import IntegrityError
+from ._load import ArtifactLinkWarning, CompiledModel, IncompatibleRuntime, example_inputs, load, manifest, verify
 
-__all__ = ["ArtifactLinkWarning", "CompiledModel", "IncompatibleRuntime", "example_inputs", "load", "manifest"]
+__all__ = [
+    "ArtifactLinkWarning",
+    "CompiledModel",
+    "GoldenMismatch",
+    "IncompatibleRuntime",
+    "IntegrityError",
+    "example_inputs",
+    "load",
+    "manifest",
+    "verify",
+]
 __version__ = manifest()["full_version"]

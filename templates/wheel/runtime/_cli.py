@@ -1,4 +1,8 @@
-"""The wheel's console script: ``model-<name> link`` and ``model-<name> info``."""
+"""The wheel's console script: ``model-<name> link | verify | info``.
+
+Exit codes: 0 ok, 1 golden outputs differ, 2 usage, 3 incompatible torch or machine,
+4 an artifact differs from the manifest, 5 the /opt link cannot be made.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +11,50 @@ import json
 import sys
 from pathlib import Path
 
+from ._golden import GoldenMismatch
+from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link
-from ._load import ARTIFACTS_DIR, manifest
+from ._load import ARTIFACTS_DIR, IncompatibleRuntime, manifest, verify
+
+EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4}
 
 
-def main(argv: list[str] | None = None) -> int:
-    m = manifest()
-    parser = argparse.ArgumentParser(prog=m["dist_name"], description=f"{m['dist_name']} {m['full_version']}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("link", help=f"create or repair the link {m['opt_path']} -> the installed artifacts")
-    commands.add_parser("info", help="print the build manifest as JSON")
-    args = parser.parse_args(argv)
-    if args.command == "info":
-        print(json.dumps(m, indent=2, sort_keys=True))
-        return 0
+def _link(m: dict) -> int:
+    check_artifacts(ARTIFACTS_DIR, m, full=True)
     ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
     if ok:
         print(detail)
         return 0
     print(f"error: {detail}", file=sys.stderr)
     print(f"hint: run with write access to {Path(m['opt_path']).parent}; load() still works from the package directory", file=sys.stderr)
-    return 1
+    return 5
+
+
+def _verify(m: dict) -> int:
+    results = verify()
+    for result in results:
+        for diff in result.outputs:
+            print(f"ok  case {result.case}: {diff.describe()}")
+    print(f"{m['dist_name']} {m['full_version']}: {len(results)} golden cases match")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    m = manifest()
+    parser = argparse.ArgumentParser(prog=m["dist_name"], description=f"{m['dist_name']} {m['full_version']}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("link", help=f"check the artifacts, then create or repair {m['opt_path']}")
+    commands.add_parser("verify", help="re-run the golden cases recorded at build time on this machine")
+    commands.add_parser("info", help="print the build manifest as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "info":
+            print(json.dumps(m, indent=2, sort_keys=True))
+            return 0
+        return _link(m) if args.command == "link" else _verify(m)
+    except tuple(EXIT_CODES) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CODES[type(exc)]
 
 
 if __name__ == "__main__":

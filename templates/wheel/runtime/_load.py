@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
+from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
+from ._integrity import check_artifacts
 from ._link import ensure_link
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -114,6 +116,19 @@ def load(num_models: int = 1) -> CompiledModel:
             f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems)
             + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['version']}`."
         )
-    library = artifacts_dir() / m["library"]
+    directory = artifacts_dir()
+    check_artifacts(directory, m)
+    library = directory / m["library"]
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
     return CompiledModel(runner, m, library)
+
+
+def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
+    """Re-run the golden cases recorded at build time; raise GoldenMismatch naming any output off."""
+    m = manifest()
+    check_artifacts(PACKAGE_DIR, {"artifacts": {m["golden"]["file"]: m["golden"]}}, full=True)
+    results = run_golden(model or load(), m, PACKAGE_DIR / m["golden"]["file"])
+    failures = describe_failures(results)
+    if failures:
+        raise GoldenMismatch(f"{m['dist_name']} {m['full_version']} differs from its golden outputs:\n{failures}")
+    return results

@@ -1,0 +1,251 @@
+"""`pipeline doctor`: check a module against the practices that make compilation work.
+
+Static checks read the source of every user-defined forward (file:line for each problem);
+dynamic checks run torch._dynamo.explain for graph breaks and data-dependent branches.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+VALUE_READS = {"item", "tolist", "numpy"}
+SHAPE_ATTRS = {"shape", "ndim", "dtype", "device", "is_floating_point"}
+SHAPE_CALLS = {"size", "dim", "numel", "isinstance", "len"}
+# Python calls in forward run once, at export, and are frozen into the graph (or break torch.compile).
+FROZEN_MODULES = {"re": "a regex", "inspect": "inspect", "time": "the clock", "platform": "the platform", "sys": "sys"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    severity: str  # "error" stops a build; "warning" does not
+    check: str
+    message: str
+    fix: str
+
+    def format(self) -> str:
+        return f"{self.path}:{self.line}: {self.severity} [{self.check}] {self.message}\n    fix: {self.fix}"
+
+
+def _user_classes(module: torch.nn.Module) -> list[type]:
+    seen: dict[type, None] = {}
+    for sub in module.modules():
+        cls = type(sub)
+        if not cls.__module__.startswith("torch.") and "forward" in vars(cls):
+            seen.setdefault(cls, None)
+    return list(seen)
+
+
+def _parse_forward(cls: type) -> tuple[ast.FunctionDef, str, int] | None:
+    try:
+        lines, start = inspect.getsourcelines(cls.forward)
+        path = inspect.getsourcefile(cls.forward) or "?"
+    except (OSError, TypeError):
+        return None
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    node = tree.body[0]
+    return (node, path, start - 1) if isinstance(node, ast.FunctionDef) else None
+
+
+class _ForwardVisitor(ast.NodeVisitor):
+    def __init__(self, path: str, offset: int, params: set[str]) -> None:
+        self.path, self.offset, self.params = path, offset, params
+        self.findings: list[Finding] = []
+
+    def add(self, node: ast.AST, severity: str, check: str, message: str, fix: str) -> None:
+        self.findings.append(Finding(self.path, node.lineno + self.offset, severity, check, message, fix))
+
+    def _self_target(self, target: ast.AST) -> str | None:
+        while isinstance(target, (ast.Subscript, ast.Attribute)):
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                return target.attr
+            target = target.value
+        return None
+
+    def _check_write(self, node: ast.AST, targets: list[ast.AST]) -> None:
+        for target in targets:
+            name = self._self_target(target)
+            if name:
+                self.add(node, "error", "self-write", f"forward writes self.{name}",
+                         "keep state outside the model: return the value and let the caller keep it")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self._check_write(node, node.targets)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_write(node, [node.target])
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_write(node, [node.target])
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "setattr" and node.args and isinstance(node.args[0], ast.Name) \
+                and node.args[0].id == "self":
+            self.add(node, "error", "self-write", "forward calls setattr(self, ...)", "set attributes in __init__ only")
+        if isinstance(func, ast.Attribute):
+            owner = self._self_target(func.value) if isinstance(func.value, (ast.Attribute, ast.Subscript)) else None
+            if owner and func.attr.endswith("_") and not func.attr.startswith("_"):
+                self.add(node, "error", "self-write", f"forward changes self.{owner} in place ({func.attr}())",
+                         "compute a new tensor instead of updating a parameter or buffer")
+            if func.attr in VALUE_READS:
+                self.add(node, "error", "data-dependent", f".{func.attr}() reads a tensor's value into Python",
+                         "keep values as tensors; a Python number from a tensor is frozen at export or fails it")
+            root = func.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in FROZEN_MODULES:
+                self.add(node, "error", "graph-break", f"{root.id}.{func.attr}() uses {FROZEN_MODULES[root.id]} in forward",
+                         "do it in __init__: it breaks torch.compile graphs and is evaluated only once at export")
+            if isinstance(root, ast.Name) and root.id in {"logging", "log", "logger"}:
+                self.add(node, "warning", "side-effect", "logging in forward",
+                         "remove it: it runs once at export, never in the compiled model")
+        if isinstance(func, ast.Name) and func.id == "print":
+            self.add(node, "warning", "side-effect", "print() in forward",
+                     "remove it: it runs once at export, never in the compiled model")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in {"__version__", "version_info"}:
+            self.add(node, "error", "version-check", f"forward reads {ast.unparse(node)}",
+                     "decide version-dependent behaviour in __init__")
+        self.generic_visit(node)
+
+    def _reads_value(self, test: ast.AST) -> bool:
+        """Whether a condition uses a forward argument other than through its shape or type."""
+        if isinstance(test, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in test.ops):
+            return False
+        static: set[int] = set()
+        for node in ast.walk(test):
+            called = node.func if isinstance(node, ast.Call) else None
+            call_name = called.id if isinstance(called, ast.Name) else getattr(called, "attr", None)
+            if (isinstance(node, ast.Attribute) and node.attr in SHAPE_ATTRS) or call_name in SHAPE_CALLS:
+                static.update(id(inner) for inner in ast.walk(node))
+        return any(
+            isinstance(n, ast.Name) and n.id in self.params and id(n) not in static for n in ast.walk(test)
+        )
+
+    def _check_branch(self, node: ast.If | ast.While | ast.IfExp) -> None:
+        if self._reads_value(node.test):
+            self.add(node, "error", "data-dependent", f"`{ast.unparse(node.test)}` branches on a tensor value",
+                     "use torch.where(cond, a, b), or torch.cond for whole branches")
+
+    def visit_If(self, node: ast.If) -> None:
+        self._check_branch(node)
+        self.generic_visit(node)
+
+    visit_While = visit_If
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self._check_branch(node)
+        self.generic_visit(node)
+
+
+def _signature_findings(func: ast.FunctionDef, path: str, offset: int) -> list[Finding]:
+    findings = []
+    line = func.lineno + offset
+    args = func.args
+    if args.vararg or args.kwarg:
+        star = f"*{args.vararg.arg}" if args.vararg else f"**{args.kwarg.arg}"
+        findings.append(Finding(path, line, "error", "args-variadic", f"forward takes {star}",
+                                "give forward one named tensor parameter per input"))
+    with_defaults = args.args[len(args.args) - len(args.defaults):] if args.defaults else []
+    for arg in with_defaults + [a for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]:
+        findings.append(Finding(path, line, "error", "args-optional", f"forward parameter {arg.arg!r} is optional",
+                                "remove the default; decide optional behaviour in __init__"))
+    for arg in args.args[1:] + args.kwonlyargs:
+        if arg.annotation is not None and "Tensor" not in ast.unparse(arg.annotation):
+            findings.append(Finding(path, line, "error", "args-non-tensor",
+                                    f"forward parameter {arg.arg!r} is annotated {ast.unparse(arg.annotation)}, not a tensor",
+                                    "pass tensors only; make other settings constructor arguments"))
+    return findings
+
+
+def static_findings(module: torch.nn.Module) -> list[Finding]:
+    findings = []
+    for index, cls in enumerate(_user_classes(module)):
+        parsed = _parse_forward(cls)
+        if parsed is None:
+            continue
+        func, path, offset = parsed
+        if index == 0 and cls is type(module):  # the top-level signature is the compiled model's signature
+            findings += _signature_findings(func, path, offset)
+        params = {a.arg for a in func.args.args[1:] + func.args.kwonlyargs}
+        visitor = _ForwardVisitor(path, offset, params)
+        for statement in func.body:
+            visitor.visit(statement)
+        findings += visitor.findings
+    return findings
+
+
+def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...]) -> list[Finding]:
+    """Graph breaks found by torch._dynamo.explain, each placed at the user's line."""
+    import torch._dynamo
+
+    wanted = {str(p) for p in source_files}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(module)(*inputs)
+    findings = []
+    for reason in explained.break_reasons:
+        frames = [f for f in reason.user_stack if str(Path(f.filename).resolve()) in wanted]
+        frame = frames[-1] if frames else (reason.user_stack[-1] if reason.user_stack else None)
+        text = " ".join(str(reason.reason).split())[:200]
+        data_dependent = "data-dependent" in text.lower() or "generic_jump" in text or "jump" in text.lower()
+        findings.append(Finding(
+            frame.filename if frame else "?", frame.lineno if frame else 0,
+            "error",
+            "data-dependent" if data_dependent else "graph-break",
+            f"torch._dynamo graph break: {text}",
+            "use torch.where/torch.cond instead of a Python branch on a tensor" if data_dependent
+            else "move this call to __init__ or replace it with tensor operations",
+        ))
+    return findings
+
+
+def unique(findings: list[Finding]) -> list[Finding]:
+    """Drop repeats of the same check on the same line (a block used twice is reported once)."""
+    seen, result = set(), []
+    for finding in sorted(findings, key=lambda f: (f.path, f.line, f.check)):
+        key = (finding.path, finding.line, finding.check)
+        if key not in seen:
+            seen.add(key)
+            result.append(finding)
+    return result
+
+
+def diagnose(
+    module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...], allow: tuple[str, ...] = ()
+) -> list[Finding]:
+    """Static findings, then (when those hold no error) dynamic ones: one report, repeats dropped.
+
+    Checks named in ``allow`` (the spec's [doctor] allow) are reported as warnings only.
+    """
+    findings = static_findings(module)
+    if not any(f.severity == "error" for f in findings):
+        findings += dynamic_findings(module, inputs, source_files)
+    return [dataclasses.replace(f, severity="warning") if f.check in allow else f for f in unique(findings)]
+
+
+def raise_on_errors(findings: list[Finding], model: str) -> None:
+    from .errors import DoctorError
+
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise DoctorError(
+            f"{model}: {len(errors)} problem(s) that stop compilation:\n" + "\n".join(f.format() for f in errors),
+            "fix each line above (docs/writing-models.md explains every check); "
+            "`python -m pipeline doctor --spec SPEC` re-checks without building",
+            check=errors[0].check,
+        )

@@ -1,0 +1,64 @@
+"""Artifact integrity: every file must match the sha256 and size in the manifest.
+
+Hashing a large .so costs tens of milliseconds, so a full check runs once per installed file
+state: a stamp in the user's cache records (path, size, mtime, expected hash) once verified,
+and later loads only stat the files. Any change to size or mtime forces a new full check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+
+class IntegrityError(RuntimeError):
+    """An artifact differs from what the manifest recorded at build time."""
+
+
+def _stamp_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "modelwheel" / "verified"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{expected}"
+    return _stamp_dir() / hashlib.sha256(key.encode()).hexdigest()
+
+
+def check_artifacts(directory: Path, manifest: dict[str, Any], *, full: bool = False) -> None:
+    """Raise IntegrityError naming the first file that is missing, resized or altered."""
+    for name, record in sorted(manifest["artifacts"].items()):
+        path = directory / name
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise IntegrityError(f"artifact {path} is missing ({exc.strerror}): reinstall the wheel") from None
+        if stat.st_size != record["size"]:
+            raise IntegrityError(
+                f"artifact {path} is {stat.st_size} bytes, the manifest says {record['size']}: "
+                "the file was truncated or replaced; reinstall the wheel (pip install --force-reinstall)"
+            )
+        stamp = _stamp(path, stat, record["sha256"])
+        if not full and stamp.exists():
+            continue
+        actual = sha256_file(path)
+        if actual != record["sha256"]:
+            raise IntegrityError(
+                f"artifact {path} has sha256 {actual}, the manifest says {record['sha256']}: "
+                "the file was altered; reinstall the wheel (pip install --force-reinstall)"
+            )
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.touch()
+        except OSError:
+            pass  # no writable cache: the next load hashes again, which is slower but still safe
