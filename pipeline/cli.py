@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from .errors import BuildInterrupted, PipelineError, UsageError
-from .progress import Progress
+from .progress import Progress, stop_requested
 from .spec import load_spec
 
 DEFAULT_ROOT = "/opt/modelwheel"
@@ -39,6 +39,20 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
     doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
+    index = commands.add_parser("index", help="the embedded package index (pypiserver on 127.0.0.1)")
+    index.add_argument("action", choices=["start", "stop", "serve"])
+    index.add_argument("--port", type=int, default=None, help="default: 8765; 0 picks a free port")
+    index.add_argument("--data", default="build/index/data", help="where the index keeps its files")
+    publish = commands.add_parser("publish", help="check and upload wheels (building first if needed)")
+    publish.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
+    publish.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
+    publish.add_argument("--wheel", nargs="+", help="upload these wheels instead of building")
+    publish.add_argument("--index", help=f"index URL (may hold {{target}}); default ${'{'}MODELWHEEL_INDEX_URL{'}'} or the local index")
+    publish.add_argument("--repository", help="a ~/.pypirc section to upload to (may hold {target})")
+    publish.add_argument("--dist", default="dist")
+    publish.add_argument("--root", default=None)
+    publish.add_argument("--build-dir", default="build")
+    commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON")
     return parser
 
 
@@ -50,12 +64,9 @@ def _artifact_root(flag: str | None) -> Path:
     return root
 
 
-_stopped_by = ["SIGINT"]
-
-
 def _raise_interrupted(signum: int, _frame: object) -> None:
     # KeyboardInterrupt, not an Exception: torch's own `except Exception` handlers must not swallow it.
-    _stopped_by[0] = signal.Signals(signum).name
+    stop_requested.append(signal.Signals(signum).name)
     raise KeyboardInterrupt
 
 
@@ -76,6 +87,11 @@ def _print_summary(progress: Progress, result) -> None:
             f"(rtol {tol['rtol']:g}, atol {tol['atol']:g})"
         )
     progress.say(f"  report    {result.report_path}")
+
+
+def _interrupted() -> BuildInterrupted:
+    name = stop_requested[0] if stop_requested else "SIGINT"
+    return BuildInterrupted(f"build stopped by {name}; everything it wrote has been removed", "run the build again")
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
@@ -122,6 +138,70 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace, progress: Progress) -> int:
+    from . import index
+
+    if args.action == "stop":
+        progress.say("local index stopped" if index.stop() else "no local index was running")
+        return 0
+    port = index.DEFAULT_PORT if args.port is None else args.port
+    if args.action == "serve":
+        index.serve(Path(args.data), port)
+        return 0
+    state = index.start(Path(args.data), port)
+    progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
+    progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<target>/simple  (target: cpu)")
+    return 0
+
+
+def _spec_from(args: argparse.Namespace):
+    if bool(args.model) == bool(args.spec):
+        raise UsageError("give a model name or --spec PATH (one of them)", "e.g. python -m pipeline publish unet")
+    return load_spec(args.spec or Path("models") / args.model / "spec.toml")
+
+
+def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
+    """The spec's wheels in dist/, built first when one is missing."""
+    spec_file = _spec_from(args)
+    from .manifest import local_label  # imports torch: the label names its version
+
+    spec = spec_file.spec
+    dist = Path(args.dist)
+    wanted = {t: f"{spec.import_name}-{spec.model.version}+{local_label(t)}-" for t in spec.build.targets}
+    found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
+    if not all(found.values()):
+        progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
+        _build(argparse.Namespace(**{**vars(args), "spec": str(spec_file.path)}), progress)
+        found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
+    return [wheels[-1] for wheels in found.values()]
+
+
+def _publish(args: argparse.Namespace, progress: Progress) -> int:
+    from .publish import publish, resolve_index
+
+    index = resolve_index(args.index, args.repository, dict(os.environ))
+    wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
+    missing = [str(w) for w in wheels if not w.is_file()]
+    if missing:
+        raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
+    with progress.stage("publish", ", ".join(w.name for w in wheels)):
+        result = publish(wheels, index, progress.say)
+    progress.say(f"published {len(result.uploaded)} wheel(s); {len(result.existing)} already on the index")
+    return 0
+
+
+def _matrix(args: argparse.Namespace, progress: Progress) -> int:
+    import json
+
+    from .matrix import build_matrix
+
+    print(json.dumps(build_matrix(Path("models")), separators=(",", ":")))
+    return 0
+
+
+COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _publish, "matrix": _matrix}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -129,15 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    signal.signal(signal.SIGINT, _raise_interrupted)
     progress = Progress()
     try:
-        return _build(args, progress) if args.command == "build" else _doctor(args, progress)
+        return COMMANDS[args.command](args, progress)
     except KeyboardInterrupt:
-        error: PipelineError = BuildInterrupted(
-            f"build stopped by {_stopped_by[0]}; everything it wrote has been removed", "run the build again"
-        )
+        error: PipelineError = _interrupted()
     except PipelineError as exc:
-        error = exc
+        # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
+        error = _interrupted() if stop_requested else exc
     if args.verbose and error.__traceback__ is not None:
         traceback.print_exception(error)
     print(f"error: {error.message}", file=sys.stderr)

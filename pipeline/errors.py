@@ -109,6 +109,34 @@ class PurityError(PipelineError):
     kind = "purity"
 
 
+class IndexServerError(PipelineError):
+    """The package index cannot be started, found or reached."""
+
+    exit_code = 13
+    kind = "index"
+
+
+class AlreadyPublishedError(PipelineError):
+    """Every wheel asked for is already on the index; nothing was uploaded."""
+
+    exit_code = 14
+    kind = "exists"
+
+
+class UnverifiedWheelError(PipelineError):
+    """A wheel lacks a passed verification, or its files differ from its manifest."""
+
+    exit_code = 15
+    kind = "unverified"
+
+
+class UploadError(PipelineError):
+    """twine check or twine upload failed."""
+
+    exit_code = 16
+    kind = "upload"
+
+
 class BuildInterrupted(PipelineError):
     """The build was stopped by SIGINT or SIGTERM; everything it wrote has been removed."""
 

@@ -72,7 +72,8 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -
             "size": verified.golden_file.stat().st_size,
             "cases": list(verified.golden_cases),
         },
-        "verification_reference": verified.reference,
+        # Only a verified build reaches packaging; publish refuses a wheel without this record.
+        "verification": {"passed": True, "reference": verified.reference, "cases": [c.case for c in verified.cases]},
         "compile_options": compiled.options,
         "content_hash": exported.content_hash,
     }

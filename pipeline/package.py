@@ -61,9 +61,14 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golde
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
         "golden_file": manifest["golden"]["file"],
+        "target": manifest["target"],
+        "opt_path": manifest["opt_path"],
+        "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),
+        "outputs_summary": ", ".join(f"`{o['name']}` {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in manifest["outputs"]),
     }
     _render(WHEEL_TEMPLATE / "pyproject.toml.in", staging / "pyproject.toml", values)
     _render(WHEEL_TEMPLATE / "setup.py.in", staging / "setup.py", values)
+    _render(WHEEL_TEMPLATE / "README.md.in", staging / "README.md", values)
     # The zip stores file modes: make them independent of the umask and the compiler's choices.
     for path in staging.rglob("*"):
         os.chmod(path, 0o755 if path.is_dir() or path.suffix == ".so" else 0o644)

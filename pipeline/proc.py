@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,18 @@ from .errors import PipelineError
 log = logging.getLogger("pipeline.proc")
 
 _TAIL_LINES = 40
+SECRET_ENV = ("TWINE_PASSWORD", "MODELWHEEL_INDEX_PASSWORD")
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact(text: str) -> str:
+    """Credentials never reach output, logs or reports: URL userinfo and secret env values become ***."""
+    text = _USERINFO.sub("***@", text)
+    for name in SECRET_ENV:
+        value = os.environ.get(name)
+        if value and len(value) >= 3:
+            text = text.replace(value, "***")
+    return text
 
 
 def run(
@@ -26,7 +39,8 @@ def run(
     env: Mapping[str, str] | None = None,
 ) -> str:
     """Run ``cmd`` and return its combined output; raise ``error`` with the output's tail on failure."""
-    log.info("$ %s", shlex.join(str(c) for c in cmd))
+    shown = redact(shlex.join(str(c) for c in cmd))
+    log.info("$ %s", shown)
     full_env = {**os.environ, **(env or {})}
     try:
         done = subprocess.run(
@@ -40,11 +54,9 @@ def run(
         )
     except FileNotFoundError as exc:
         raise error(f"{what}: cannot run {cmd[0]!r}: {exc.strerror}", hint) from exc
-    log.debug("%s", done.stdout)
+    output = redact(done.stdout)
+    log.debug("%s", output)
     if done.returncode != 0:
-        tail = "\n".join(done.stdout.splitlines()[-_TAIL_LINES:])
-        raise error(
-            f"{what} failed (exit {done.returncode}): {shlex.join(str(c) for c in cmd)}\n{tail}",
-            hint,
-        )
-    return done.stdout
+        tail = "\n".join(output.splitlines()[-_TAIL_LINES:])
+        raise error(f"{what} failed (exit {done.returncode}): {shown}\n{tail}", hint)
+    return output

@@ -1,0 +1,122 @@
+"""The embedded package index: pypiserver, one index per target under /<target>/ (as PyTorch's /cpu, /cu130).
+
+    python -m pipeline index start     # in the background; state in build/index/state.json
+    python -m pipeline index stop
+    python -m pipeline index serve     # in the foreground
+
+Uploads need no credentials (it listens on 127.0.0.1 only) and never overwrite: pypiserver
+answers 409 for a file it already has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .errors import IndexServerError
+
+TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
+DEFAULT_PORT = 8765
+STATE_DIR = Path("build") / "index"
+
+
+def make_app(data_dir: Path):
+    """A WSGI app dispatching /<target>/... to a pypiserver app rooted at data_dir/<target>."""
+    import pypiserver
+
+    apps: dict[str, object] = {}
+
+    def dispatch(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        target, _, rest = path.lstrip("/").partition("/")
+        if not TARGET_RE.match(target):
+            body = b"modelwheel index: one index per target, e.g. /cpu/simple/\n"
+            start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            return [body]
+        if target not in apps:
+            root = data_dir / target
+            root.mkdir(parents=True, exist_ok=True)
+            apps[target] = pypiserver.app(
+                roots=[str(root)], authenticate=[], password_file=".", overwrite=False, disable_fallback=True
+            )
+        environ = {**environ, "SCRIPT_NAME": environ.get("SCRIPT_NAME", "") + f"/{target}", "PATH_INFO": "/" + rest}
+        return apps[target](environ, start_response)
+
+    return dispatch
+
+
+def serve(data_dir: Path, port: int) -> None:
+    import waitress
+
+    waitress.serve(make_app(data_dir), host="127.0.0.1", port=port, threads=4, _quiet=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "cpu/simple/", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def read_state(state_dir: Path = STATE_DIR) -> dict | None:
+    """The running local index ({url, pid, data}), or None when none is running."""
+    state_file = state_dir / "state.json"
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    try:
+        os.kill(state["pid"], 0)
+    except OSError:
+        return None
+    return state
+
+
+def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR) -> dict:
+    running = read_state(state_dir)
+    if running:
+        return running
+    port = port or _free_port()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = (state_dir / "server.log").open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "index", "serve", "--port", str(port), "--data", str(data_dir)],
+        stdout=log, stderr=log, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 30
+    while not _answers(url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise IndexServerError(
+                f"the local index did not start on port {port} (see {state_dir / 'server.log'})",
+                "another program may hold the port: choose another with --port",
+            )
+        time.sleep(0.2)
+    state = {"url": url, "pid": process.pid, "data": str(data_dir.resolve()), "port": port}
+    (state_dir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    return state
+
+
+def stop(state_dir: Path = STATE_DIR) -> bool:
+    state = read_state(state_dir)
+    (state_dir / "state.json").unlink(missing_ok=True)
+    if not state:
+        return False
+    os.kill(state["pid"], signal.SIGTERM)
+    return True

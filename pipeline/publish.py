@@ -1,0 +1,161 @@
+"""Stage 5: check wheels and upload them with twine, one index per target, never overwriting.
+
+The index is, in order: --index URL, $MODELWHEEL_INDEX_URL, the running local index
+(`make index`). A URL may hold `{target}`; otherwise `/<target>/` is appended, as the local
+index and PyTorch's own indexes are laid out. Credentials come from the environment
+(TWINE_USERNAME / TWINE_PASSWORD) or ~/.pypirc (--repository NAME), the way twine reads them,
+and never appear in output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import proc
+from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError
+from .index import read_state
+
+INDEX_ENV = "MODELWHEEL_INDEX_URL"
+SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
+# pypiserver's answer to a second upload of a file; other indexes say 400 "File already exists".
+EXISTS_RE = re.compile(r"409|already exists", re.I)
+HREF_RE = re.compile(r'href="([^"#]+)')
+
+
+@dataclass(frozen=True)
+class Index:
+    upload: str  # may contain {target}
+    simple: str | None  # base of the simple API (may contain {target}), for the existence check
+    repository: str | None = None  # a ~/.pypirc section instead of a URL
+    local: bool = False
+
+    def upload_url(self, target: str) -> str:
+        return _per_target(self.upload, target)
+
+    def simple_url(self, target: str) -> str | None:
+        return None if self.simple is None else _per_target(self.simple, target)
+
+
+@dataclass(frozen=True)
+class Published:
+    uploaded: tuple[str, ...]
+    existing: tuple[str, ...]
+
+
+def _per_target(url: str, target: str) -> str:
+    return url.format(target=target) if "{target}" in url else url.rstrip("/") + f"/{target}/"
+
+
+def resolve_index(url: str | None, repository: str | None, environ: dict[str, str]) -> Index:
+    if repository:
+        return Index(upload="", simple=environ.get(SIMPLE_ENV), repository=repository)
+    url = url or environ.get(INDEX_ENV)
+    if url:
+        return Index(upload=url, simple=environ.get(SIMPLE_ENV) or (url.rstrip("/") + "/{target}/simple/" if "{target}" not in url else None))
+    state = read_state()
+    if state is None:
+        raise IndexServerError(
+            "no package index: none given and no local index running",
+            f"start the local one with `make index`, or set {INDEX_ENV} (and TWINE_USERNAME/TWINE_PASSWORD) for another",
+        )
+    return Index(upload=state["url"], simple=state["url"] + "{target}/simple/", local=True)
+
+
+def read_manifest(wheel: Path) -> dict:
+    """The wheel's manifest, after checking that verification passed and every file matches its hash."""
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise UnverifiedWheelError(f"{wheel}: not a readable wheel: {exc}", "rebuild it") from exc
+    with archive:
+        names = [n for n in archive.namelist() if n.endswith("/manifest.json") and n.count("/") == 1]
+        if not names:
+            raise UnverifiedWheelError(f"{wheel}: no manifest.json: not a wheel built by this pipeline", "build it with `make build`")
+        package = names[0].split("/")[0]
+        manifest = json.loads(archive.read(names[0]))
+        verification = manifest.get("verification") or {}
+        if verification.get("passed") is not True:
+            raise UnverifiedWheelError(
+                f"{wheel}: its manifest does not record a passed verification", "build it with `make build`, which verifies"
+            )
+        files = {f"{package}/artifacts/{n}": r for n, r in manifest["artifacts"].items()}
+        files[f"{package}/{manifest['golden']['file']}"] = manifest["golden"]
+        for name, record in sorted(files.items()):
+            try:
+                data = archive.read(name)
+            except KeyError:
+                raise UnverifiedWheelError(f"{wheel}: {name} is missing", "rebuild the wheel") from None
+            if len(data) != record["size"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
+                raise UnverifiedWheelError(
+                    f"{wheel}: {name} does not match the sha256 in its manifest", "the wheel was altered after its build: rebuild it"
+                )
+    return manifest
+
+
+def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
+    """File names the index has for dist_name (None when the index gives no simple page to check)."""
+    base = index.simple_url(target)
+    if base is None:
+        return None
+    url = base.rstrip("/") + f"/{re.sub(r'[-_.]+', '-', dist_name).lower()}/"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            page = response.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return set()
+        raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
+    except OSError as exc:
+        raise IndexServerError(f"cannot reach {proc.redact(url)}: {exc}", "is the index running? (`make index`)") from exc
+    return {href.rsplit("/", 1)[-1] for href in HREF_RE.findall(page)}
+
+
+def _twine(*args: str, what: str, hint: str, env: dict[str, str] | None = None) -> str:
+    return proc.run([sys.executable, "-m", "twine", *args], error=UploadError, what=what, hint=hint,
+                    env={"NO_COLOR": "1", **(env or {})})
+
+
+def _upload(index: Index, wheel: Path, target: str) -> bool:
+    """Upload one wheel; False when the index says it already has it."""
+    where = ["--repository", index.repository.format(target=target)] if index.repository else ["--repository-url", index.upload_url(target)]
+    # The local index takes anonymous uploads; twine still wants some credentials to send.
+    env = {"TWINE_USERNAME": "local", "TWINE_PASSWORD": "no-auth"} if index.local else None
+    try:
+        _twine("upload", "--non-interactive", "--disable-progress-bar", *where, str(wheel), what=f"uploading {wheel.name}",
+               hint="the output above is the index's answer: check its URL and the credentials", env=env)
+    except UploadError as exc:
+        if EXISTS_RE.search(exc.message):
+            return False
+        raise
+    return True
+
+
+def publish(wheels: list[Path], index: Index, say) -> Published:
+    manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]
+    for wheel, _ in manifests:
+        _twine("check", "--strict", str(wheel), what=f"twine check of {wheel.name}",
+               hint="the wheel's metadata is incomplete: rebuild it with this pipeline")
+    uploaded, existing = [], []
+    for wheel, manifest in manifests:
+        target = manifest["target"]
+        known = on_index(index, target, manifest["dist_name"])
+        if (known is not None and wheel.name in known) or not _upload(index, wheel, target):
+            say(f"    {wheel.name}: already on the index ({target}), left as it is")
+            existing.append(wheel.name)
+        else:
+            say(f"    {wheel.name}: uploaded to the {target} index")
+            uploaded.append(wheel.name)
+    if existing and not uploaded:
+        raise AlreadyPublishedError(
+            f"{', '.join(existing)} already on the index; nothing uploaded",
+            "an index never replaces a published version: bump model.version in the spec to publish a change",
+        )
+    return Published(tuple(uploaded), tuple(existing))
