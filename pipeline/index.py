@@ -5,7 +5,9 @@
     python -m pipeline index serve     # in the foreground
 
 Uploads need no credentials (it listens on 127.0.0.1 only) and never overwrite: pypiserver
-answers 409 for a file it already has.
+answers 409 for a file it already has. A package it does not hold (a wheel's dependency such
+as safetensors) redirects to the public index, pypiserver's fallback, so
+`pip install model-x --index-url <index>/cpu/simple` resolves dependencies too.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def make_app(data_dir: Path):
             root = data_dir / target
             root.mkdir(parents=True, exist_ok=True)
             apps[target] = pypiserver.app(
-                roots=[str(root)], authenticate=[], password_file=".", overwrite=False, disable_fallback=True
+                roots=[str(root)], authenticate=[], password_file=".", overwrite=False, disable_fallback=False
             )
         environ = {**environ, "SCRIPT_NAME": environ.get("SCRIPT_NAME", "") + f"/{target}", "PATH_INFO": "/" + rest}
         return apps[target](environ, start_response)
