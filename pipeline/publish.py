@@ -110,15 +110,23 @@ def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
         return None
     url = base.rstrip("/") + f"/{re.sub(r'[-_.]+', '-', dist_name).lower()}/"
     try:
-        with urllib.request.urlopen(_authorized_request(url), timeout=30) as response:
+        with _NO_REDIRECTS.open(_authorized_request(url), timeout=30) as response:
             page = response.read().decode()
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+        if exc.code == 404 or 300 <= exc.code < 400:  # a redirect is the index's fallback: not held here
             return set()
         raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
     except OSError as exc:
         raise IndexServerError(f"cannot reach {proc.redact(url)}: {exc}", "is the index running? (`make index`)") from exc
     return {href.rsplit("/", 1)[-1] for href in HREF_RE.findall(page)}
+
+
+class _KeepRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # surfaces the 3xx as an HTTPError instead of following it
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
 
 
 def _authorized_request(url: str) -> urllib.request.Request:

@@ -26,3 +26,4 @@ def _load_runtime_module(name: str) -> ModuleType:
 # The same code makes the example inputs at build time and inside the installed wheel.
 wheel_inputs = _load_runtime_module("_inputs")
 wheel_compare = _load_runtime_module("_compare")
+wheel_integrity = _load_runtime_module("_integrity")
