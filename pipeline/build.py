@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .compile import compile_model
-from .doctor import diagnose, raise_on_errors
-from .export import example_inputs, export_model
+from .doctor import run_doctor
+from .export import export_model
 from .loader import load_model
 from .manifest import build_manifest
 from .outdir import claim_output_dir, output_path
@@ -44,12 +44,7 @@ def build_target(
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
     with progress.stage("doctor"):
-        findings = diagnose(
-            loaded.module, example_inputs(spec_file), loaded.source_files, tuple(spec.doctor.allow)
-        )
-        for warning in (f for f in findings if f.severity == "warning"):
-            progress.say(warning.format())
-        raise_on_errors(findings, spec.model.name)
+        findings = run_doctor(spec_file, loaded, progress.say)
     with progress.stage("export"):
         exported = export_model(spec_file, loaded)
     out_dir = output_path(root, spec.model.name, spec.model.version, target)

@@ -115,26 +115,21 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-def _doctor(args: argparse.Namespace, progress: Progress) -> int:
+def _spec_from(args: argparse.Namespace):
     if bool(args.model) == bool(args.spec):
-        raise UsageError("give a model name or --spec PATH (one of them)", "e.g. python -m pipeline doctor unet")
-    spec_file = load_spec(args.spec or Path("models") / args.model / "spec.toml")
-    from .doctor import diagnose, raise_on_errors
-    from .export import _where, check_signature, example_inputs
-    from .loader import load_model
-    from .purity import check_purity
+        raise UsageError(
+            "give a model name or --spec PATH (one of them)", f"e.g. python -m pipeline {args.command} unet"
+        )
+    return load_spec(args.spec or Path("models") / args.model / "spec.toml")
 
-    loaded = load_model(spec_file)
-    inputs = example_inputs(spec_file)
-    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow))
-    for finding in findings:
-        if finding.severity == "warning":
-            progress.say(finding.format())
-    raise_on_errors(findings, spec_file.spec.model.name)
-    check_signature(spec_file, loaded.module)
-    check_purity(loaded.module, inputs, _where(type(loaded.module).forward))
-    warnings_found = len(findings)
-    progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({warnings_found} warning(s))")
+
+def _doctor(args: argparse.Namespace, progress: Progress) -> int:
+    spec_file = _spec_from(args)
+    from .doctor import run_doctor
+    from .loader import load_model
+
+    findings = run_doctor(spec_file, load_model(spec_file), progress.say)
+    progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({len(findings)} warning(s))")
     return 0
 
 
@@ -152,12 +147,6 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
     progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<target>/simple  (target: cpu)")
     return 0
-
-
-def _spec_from(args: argparse.Namespace):
-    if bool(args.model) == bool(args.spec):
-        raise UsageError("give a model name or --spec PATH (one of them)", "e.g. python -m pipeline publish unet")
-    return load_spec(args.spec or Path("models") / args.model / "spec.toml")
 
 
 def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:

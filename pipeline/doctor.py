@@ -249,3 +249,20 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
             "`python -m pipeline doctor --spec SPEC` re-checks without building",
             check=errors[0].check,
         )
+
+
+def run_doctor(spec_file, loaded, say) -> list[Finding]:
+    """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
+    source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
+    from .export import check_signature, example_inputs, where_defined
+    from .purity import check_purity
+
+    inputs = example_inputs(spec_file)
+    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow))
+    for finding in findings:
+        if finding.severity == "warning":
+            say(finding.format())
+    raise_on_errors(findings, spec_file.spec.model.name)
+    check_signature(spec_file, loaded.module)
+    check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward))
+    return findings

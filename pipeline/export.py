@@ -15,7 +15,6 @@ import torch
 
 from .errors import ExportError, SpecError
 from .loader import LoadedModel
-from .purity import check_purity
 from .spec import SpecFile
 from .templates import wheel_inputs
 
@@ -42,7 +41,7 @@ def spec_inputs(spec_file: SpecFile) -> list[dict]:
     return [i.model_dump(exclude_none=True) for i in spec_file.spec.inputs]
 
 
-def _where(obj) -> str:
+def where_defined(obj) -> str:
     try:
         lines, start = inspect.getsourcelines(obj)
         return f"{inspect.getsourcefile(obj)}:{start}"
@@ -53,7 +52,7 @@ def _where(obj) -> str:
 def check_signature(spec_file: SpecFile, module: torch.nn.Module) -> None:
     """Tensors in only: no *args/**kwargs, no optional arguments, one parameter per spec input."""
     forward = type(module).forward
-    where = _where(forward)
+    where = where_defined(forward)
     params = list(inspect.signature(module.forward).parameters.values())
     for param in params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -120,9 +119,7 @@ def example_inputs(spec_file: SpecFile) -> tuple[torch.Tensor, ...]:
 def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     spec = spec_file.spec
     module = loaded.module
-    check_signature(spec_file, module)
     example = example_inputs(spec_file)
-    check_purity(module, example, _where(type(module).forward))
     dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in spec.dims.items()}
     dynamic_shapes = tuple(
         {axis: dims[size] for axis, size in enumerate(i.shape) if isinstance(size, str)} or None for i in spec.inputs
@@ -135,7 +132,7 @@ def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     except Exception as exc:
         log.info("%s", torch_stderr.getvalue())  # torch.export raises many unrelated types; all mean "did not export"
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = _user_frame(exc, loaded.source_files) or _where(type(module).forward)
+        where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
         raise ExportError(
             f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}", _export_hint(exc)
         ) from exc
@@ -144,7 +141,7 @@ def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     leaves = out_spec.children() if returns_tuple else [out_spec]
     if returns_tuple and (out_spec.type not in (tuple, list) or any(not c.is_leaf() for c in leaves)):
         raise ExportError(
-            f"{_where(type(module).forward)}: forward returns a {out_spec.type.__name__} with nested values",
+            f"{where_defined(type(module).forward)}: forward returns a {out_spec.type.__name__} with nested values",
             "return a tensor or a flat tuple of tensors",
         )
     if len(leaves) != len(spec.outputs):
