@@ -6,6 +6,7 @@ of the same inputs give the same bytes.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 from pathlib import Path
@@ -43,7 +44,9 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -
         "full_version": f"{spec.model.version}+{local_label(compiled.target)}",
         "description": spec.model.description,
         "target": compiled.target,
-        "torch": {"version": torch.__version__, "cuda": torch.version.cuda},
+        # torch.__version__ can carry a label its distribution lacks (PyPI's CUDA builds report
+        # 2.14.1+cu130 for the distribution 2.14.1): the runtime checks the first, pip pins the second.
+        "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch"), "cuda": torch.version.cuda},
         "platform": {
             "machine": compiled.machine,
             "vec_isa": compiled.vec_isa,

@@ -57,7 +57,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golde
         "dist_name": manifest["dist_name"],
         "import_name": manifest["import_name"],
         "full_version": manifest["full_version"],
-        "torch_version": manifest["torch"]["version"],
+        "torch_version": manifest["torch"]["distribution"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
         "golden_file": manifest["golden"]["file"],

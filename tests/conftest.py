@@ -74,4 +74,5 @@ def make_venv(path: Path) -> Path:
 
 
 def pip_install(python: Path, *requirements: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements], check=True, capture_output=True)
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements], capture_output=True, text=True)
+    assert done.returncode == 0, f"pip install {' '.join(requirements)} failed:\n{done.stdout}{done.stderr}"

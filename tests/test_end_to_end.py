@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -94,7 +95,7 @@ def test_wheel_metadata_and_manifest(wheel):
         wheel_info = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/WHEEL").decode()
         so_bytes = archive.read("model_tiny/artifacts/model.so")
         entry_points = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/entry_points.txt").decode()
-    assert f"Requires-Dist: torch=={torch.__version__}" in metadata
+    assert f"Requires-Dist: torch=={importlib.metadata.version('torch')}" in metadata
     assert "Root-Is-Purelib: false" in wheel_info and "Tag: py3-none-manylinux_2_" in wheel_info
     assert "model-tiny = model_tiny._cli:main" in entry_points
     assert {"model_tiny/__init__.py", "model_tiny/_load.py", "model_tiny/_link.py", "model_tiny/manifest.json"} <= names

@@ -1,0 +1,66 @@
+"""Two builds of one model version for two torch versions on one index: pip gets the one for its torch.
+
+Slow (installs a second torch, about 5 GB): `make test-slow` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO, TINY_SPEC, make_venv, pip_install, run_cli
+
+pytestmark = pytest.mark.slow
+OTHER_TORCH = "2.14.1"
+DIST_VERSION = "import importlib.metadata as m; print(m.version('torch'))"
+
+
+def tool_requirements() -> list[str]:
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    return [line for line in lines if line and not line.startswith(("#", "torch=="))]
+
+
+def run(python: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def other_torch_env(tmp_path_factory) -> Path:
+    python = make_venv(tmp_path_factory.mktemp("torch-other") / "env")
+    pip_install(python, f"torch=={OTHER_TORCH}", *tool_requirements())
+    pip_install(python, "--no-deps", "--no-build-isolation", "-e", str(REPO))
+    return python
+
+
+def test_pip_picks_the_wheel_built_for_its_torch(tmp_path, tiny_build, other_torch_env):
+    first = next(tiny_build[0].dist.glob("*.whl"))
+    build = run(other_torch_env, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), "--root", str(tiny_build[0].root),
+                "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"))
+    assert build.returncode == 0, build.stderr
+    second = next((tmp_path / "dist").glob("*.whl"))
+    assert f"+cpu.torch{OTHER_TORCH}-" in second.name and first.name != second.name
+
+    home = tmp_path / "index"
+    home.mkdir()
+    assert run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home).code == 0
+    try:
+        url = json.loads((home / "build" / "index" / "state.json").read_text())["url"] + "cpu/simple"
+        published = run_cli("publish", "--wheel", str(first), str(second), cwd=home)
+        assert published.code == 0 and "published 2 wheel(s)" in published.err, published.err
+
+        this = make_venv(tmp_path / "this-torch")
+        pip_install(this, f"torch=={torch.__version__}")
+        for python, wheel in ((this, first), (other_torch_env, second)):
+            # pip may prefer the highest label and swap torch; pinning the installed torch in the
+            # same command keeps it and selects the matching build (docs/publishing.md).
+            installed = run(python, "-c", DIST_VERSION).stdout.strip()
+            pip_install(python, "model-tiny==0.1", f"torch=={installed}", "--index-url", url)
+            ran = run(python, "-c", DIST_VERSION + "; import model_tiny; model_tiny.load(); print(model_tiny.__version__)", cwd=Path("/"))
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.split() == [installed, wheel.name.split("-")[1]]
+    finally:
+        run_cli("index", "stop", cwd=home)
