@@ -50,19 +50,23 @@ def build_target(
     out_dir = output_path(root, spec.model.name, spec.model.version, target)
     with claim_output_dir(out_dir):
         with progress.stage("compile", str(out_dir)):
-            compiled = compile_model(exported, out_dir, work_dir)
+            compiled = compile_model(exported, out_dir, work_dir, build_dir / "cache")
+            if compiled.from_cache:
+                progress.say(f"    reused the compiled model from build cache {compiled.cache_key} (no recompile)")
         with progress.stage("verify"):
             verified = verify_model(exported, compiled, work_dir)
         manifest = build_manifest(exported, compiled, verified)
         with progress.stage("package"):
-            wheel = package_wheel(manifest, list(compiled.artifacts), verified.golden_file, work_dir)
-    report = make_report(manifest, verified, wheel, progress.timings, work_dir)
+            extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])
+            wheel = package_wheel(manifest, list(compiled.artifacts), extras, work_dir)
+    report = make_report(manifest, verified, wheel, progress.timings, work_dir, compiled.from_cache)
     report["doctor"] = [f.format() for f in findings]
     return move_to_dist(wheel, report, dist_dir, manifest)
 
 
 def make_report(
-    manifest: dict[str, Any], verified: Verified, wheel: Wheel, timings: dict[str, float], work_dir: Path
+    manifest: dict[str, Any], verified: Verified, wheel: Wheel, timings: dict[str, float], work_dir: Path,
+    reused_compile: bool,
 ) -> dict[str, Any]:
     return {
         "model": manifest["name"],
@@ -90,6 +94,8 @@ def make_report(
         "trace_dir": str(work_dir.parent / "trace"),
         "sources_dir": str(work_dir / "sources"),
         "content_hash": manifest["content_hash"],
+        "weights": {k: v for k, v in manifest["weights"].items() if k != "tensors"},
+        "compile_cache": {"key": manifest["compile_cache_key"], "reused": reused_compile},
     }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import BuildInterrupted, PipelineError, UsageError
 from .progress import Progress, stop_requested
-from .spec import load_spec
+from .spec import load_spec, with_overrides
 
 DEFAULT_ROOT = "/opt/modelwheel"
 ROOT_ENV = "MODELWHEEL_ROOT"
@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--dist", default="dist", help="where the wheel and its report go (default: dist)")
     build.add_argument("--build-dir", default="build", help="work folder: traces, generated sources (default: build)")
+    build.add_argument("--weights", help="build with this .safetensors file instead of the spec's weights (needs --version)")
+    build.add_argument("--version", help="build as this version instead of the spec's model.version")
     doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
     doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
@@ -96,6 +98,14 @@ def _interrupted() -> BuildInterrupted:
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
     spec_file = load_spec(args.spec)
+    weights, version = getattr(args, "weights", None), getattr(args, "version", None)
+    if weights and not version:
+        raise UsageError(
+            "--weights makes a new wheel, so it needs a new version: add --version",
+            f"e.g. --version {spec_file.spec.model.version}.1",
+        )
+    if weights or version:
+        spec_file = with_overrides(spec_file, version=version, weights=weights)
     root = _artifact_root(args.root)
     build_dir = Path(args.build_dir).resolve()
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import torch
 
-from . import proc
+from . import cache, proc
 from .errors import CompileError, SpecError, ToolchainError
 from .export import Exported
+from .loader import weight_tensors
+from .templates import wheel_weights
 
 LIBRARY_NAME = "model.so"
 SHIPPED_SUFFIXES = {".so", ".cubin"}
@@ -29,24 +32,31 @@ class Compiled:
     machine: str
     cpu_capability: str
     vec_isa: str
+    cache_key: str
+    from_cache: bool
 
 
 def find_cxx() -> str:
-    """The C++ compiler Inductor will use (``CXX`` or g++), checked to run."""
+    """The C++ compiler Inductor will use (``CXX`` or g++), checked to run; returns its version line."""
     compiler = os.environ.get("CXX", "g++")
-    proc.run(
+    version = proc.run(
         [compiler, "--version"],
         error=ToolchainError,
         what=f"C++ compiler check ({compiler})",
         hint="AOTInductor needs a C++ compiler: install g++ (apt-get install g++) or set CXX to one",
     )
-    return compiler
+    return (version.splitlines() or [compiler])[0]
 
 
 def inductor_options(exported: Exported, library: Path) -> dict[str, object]:
     spec_file = exported.spec_file
     compile_spec = spec_file.spec.compile
     options: dict[str, object] = {"freezing": compile_spec.freezing, "max_autotune": compile_spec.max_autotune}
+    if spec_file.spec.weights.external:
+        # Weights stay out of the .so and every parameter stays a swappable constant: what
+        # compile would fold from them is folded again at run time from the loaded weights.
+        options["aot_inductor.package_constants_in_so"] = False
+        options["aot_inductor.use_runtime_constant_folding"] = True
     known = torch._inductor.config.get_config_copy()
     for key, value in compile_spec.inductor.items():
         if key not in known:
@@ -80,10 +90,45 @@ def _move_sources(output_dir: Path, sources_dir: Path) -> tuple[Path, ...]:
     return tuple(shipped)
 
 
-def compile_model(exported: Exported, output_dir: Path, work_dir: Path) -> Compiled:
-    find_cxx()
+def _cache_key(exported: Exported, options: dict, cxx_version: str, vec_isa: str) -> str:
+    spec = exported.spec_file.spec
+    external = spec.weights.external
+    weights_key = json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if external else exported.weights_sha256
+    return cache.compile_key(
+        spec_json=spec.model_dump_json(include={"model": {"factory", "kwargs"}, "dims": True, "inputs": True, "outputs": True,
+                                                 "compile": True}),
+        sources_sha256=exported.sources_sha256, weights_key=weights_key,
+        options={k: v for k, v in options.items() if k != "aot_inductor.output_path"},
+        target="cpu", cxx_version=cxx_version, vec_isa=vec_isa,
+    )
+
+
+def compile_model(exported: Exported, output_dir: Path, work_dir: Path, cache_dir: Path) -> Compiled:
+    cxx_version = find_cxx()
     library = output_dir / LIBRARY_NAME
     options = inductor_options(exported, library)
+    vec_isa = _vec_isa()
+    key = _cache_key(exported, options, cxx_version, vec_isa)
+    restored = cache.restore(cache_dir, key, output_dir)
+    if restored is None:
+        artifacts = _aot_compile(exported, options, output_dir, work_dir, library)
+        cache.store(cache_dir, key, artifacts)
+    return Compiled(
+        target="cpu",
+        output_dir=output_dir,
+        library=library,
+        artifacts=restored or artifacts,
+        sources_dir=work_dir / "sources",
+        options={k: v for k, v in options.items() if k != "aot_inductor.output_path"},
+        machine=platform.machine(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        vec_isa=vec_isa,
+        cache_key=key,
+        from_cache=restored is not None,
+    )
+
+
+def _aot_compile(exported: Exported, options: dict, output_dir: Path, work_dir: Path, library: Path) -> tuple[Path, ...]:
     sources_dir = work_dir / "sources"
     try:
         with torch.no_grad():
@@ -100,15 +145,4 @@ def compile_model(exported: Exported, output_dir: Path, work_dir: Path) -> Compi
         ) from exc
     if Path(produced) != library or not library.is_file():
         raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")
-    artifacts = _move_sources(output_dir, sources_dir)
-    return Compiled(
-        target="cpu",
-        output_dir=output_dir,
-        library=library,
-        artifacts=artifacts,
-        sources_dir=sources_dir,
-        options={k: v for k, v in options.items() if k != "aot_inductor.output_path"},
-        machine=platform.machine(),
-        cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        vec_isa=_vec_isa(),
-    )
+    return _move_sources(output_dir, sources_dir)

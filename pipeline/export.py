@@ -31,6 +31,8 @@ class Exported:
     returns_tuple: bool
     output_dtypes: tuple[str, ...]
     content_hash: str
+    sources_sha256: str
+    weights_sha256: str
 
 
 def export_sizes(spec_file: SpecFile) -> dict[str, int]:
@@ -103,12 +105,18 @@ def _export_hint(exc: BaseException) -> str:
     return "see docs/writing-models.md for the patterns that export; run with --verbose for the full traceback"
 
 
+def _sources_sha256(loaded: LoadedModel) -> str:
+    digest = hashlib.sha256()
+    for path in loaded.source_files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
     digest = hashlib.sha256()
     digest.update(spec_file.spec.model_dump_json().encode())
     digest.update(loaded.weights_sha256.encode())
-    for path in loaded.source_files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(_sources_sha256(loaded).encode())
     return "sha256:" + digest.hexdigest()
 
 
@@ -160,4 +168,6 @@ def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
         returns_tuple=returns_tuple,
         output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in eager_outputs),
         content_hash=_content_hash(spec_file, loaded),
+        sources_sha256=_sources_sha256(loaded),
+        weights_sha256=loaded.weights_sha256,
     )

@@ -83,9 +83,14 @@ def _source_files(factory, module: torch.nn.Module) -> tuple[Path, ...]:
     return tuple(sorted(files))
 
 
+def weight_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by name: what the compiled model takes as constants."""
+    return {name: t.detach() for name, t in [*module.named_parameters(), *module.named_buffers()]}
+
+
 def state_sha256(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    for name, tensor in sorted(weight_tensors(module).items()):
         tensor = tensor.detach().contiguous().cpu()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")

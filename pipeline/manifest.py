@@ -16,7 +16,8 @@ import torch
 
 from .compile import Compiled
 from .export import Exported, export_sizes, spec_inputs
-from .templates import wheel_integrity
+from .loader import weight_tensors
+from .templates import wheel_integrity, wheel_weights
 from .verify import Verified
 
 FORMAT = 1
@@ -65,6 +66,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -
             for o, dtype in zip(spec.outputs, exported.output_dtypes)
         ],
         "returns_tuple": exported.returns_tuple,
+        "weights": _weights_record(exported, verified),
         "golden": {
             "file": verified.golden_file.name,
             "sha256": sha256_file(verified.golden_file),
@@ -74,8 +76,21 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -
         # Only a verified build reaches packaging; publish refuses a wheel without this record.
         "verification": {"passed": True, "reference": verified.reference, "cases": [c.case for c in verified.cases]},
         "compile_options": compiled.options,
+        "compile_cache_key": compiled.cache_key,
         "content_hash": exported.content_hash,
     }
+
+
+def _weights_record(exported: Exported, verified: Verified) -> dict[str, Any]:
+    record: dict[str, Any] = {"external": verified.weights_file is not None, "sha256": exported.weights_sha256}
+    if verified.weights_file is not None:
+        record.update(
+            file=verified.weights_file.name,
+            file_sha256=sha256_file(verified.weights_file),
+            size=verified.weights_file.stat().st_size,
+            tensors=wheel_weights.describe(weight_tensors(exported.module)),
+        )
+    return record
 
 
 def dumps(manifest: dict[str, Any]) -> str:

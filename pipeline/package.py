@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -43,7 +44,7 @@ def _render(template: Path, destination: Path, values: dict[str, str]) -> None:
     destination.write_text(string.Template(template.read_text()).substitute(values))
 
 
-def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golden: Path, tag: str) -> None:
+def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extras: list[Path], tag: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     package_dir = staging / manifest["import_name"]
     (package_dir / "artifacts").mkdir(parents=True)
@@ -51,7 +52,8 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golde
         shutil.copyfile(source, package_dir / source.name)
     for artifact in artifacts:
         shutil.copyfile(artifact, package_dir / "artifacts" / artifact.name)
-    shutil.copyfile(golden, package_dir / manifest["golden"]["file"])
+    for extra in extras:  # golden cases, external weights
+        shutil.copyfile(extra, package_dir / extra.name)
     (package_dir / "manifest.json").write_text(dumps(manifest))
     values = {
         "dist_name": manifest["dist_name"],
@@ -60,7 +62,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golde
         "torch_version": manifest["torch"]["distribution"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
-        "golden_file": manifest["golden"]["file"],
+        "package_data": json.dumps(["manifest.json", "artifacts/*", *sorted(extra.name for extra in extras)]),
         "target": manifest["target"],
         "opt_path": manifest["opt_path"],
         "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),
@@ -74,13 +76,13 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], golde
         os.chmod(path, 0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
 
 
-def package_wheel(manifest: dict[str, Any], artifacts: list[Path], golden: Path, work_dir: Path) -> Wheel:
+def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[Path], work_dir: Path) -> Wheel:
     """Build the wheel into ``work_dir/wheel``; the caller moves it into dist/ once all is done."""
     staging = work_dir / "wheel-src"
     out_dir = work_dir / "wheel"
     shutil.rmtree(out_dir, ignore_errors=True)
     tag = platform_tag(artifacts, manifest["platform"]["machine"])
-    _stage(staging, manifest, artifacts, golden, tag)
+    _stage(staging, manifest, artifacts, extras, tag)
     proc.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check", "--outdir", out_dir, staging],
         error=PackageError,

@@ -60,6 +60,9 @@ class ModelSection(_Frozen):
 class WeightsSection(_Frozen):
     seed: int | None = Field(None, description="seeded init: torch.manual_seed(seed) before the factory runs")
     file: str | None = Field(None, description="a .safetensors file, relative to the spec")
+    external: bool = Field(
+        False, description="keep weights outside the .so (a safetensors file in the wheel) so they can be swapped"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "WeightsSection":
@@ -239,3 +242,21 @@ def load_spec(path: str | Path) -> SpecFile:
     if weights is not None and not weights.is_file():
         raise SpecError(f"{spec_path}: key 'weights.file': {weights} does not exist", "give a path relative to the spec file")
     return spec_file
+
+
+def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: str | None = None) -> SpecFile:
+    """The spec with a new version and/or weights file (from the command line), validated again."""
+    raw = spec_file.spec.model_dump(exclude_none=True)
+    if version is not None:
+        raw["model"]["version"] = version
+    if weights is not None:
+        raw["weights"] = {"file": str(Path(weights).resolve()), "external": spec_file.spec.weights.external}
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_key(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise SpecError(f"--version/--weights: {problems}", "give a PEP 440 version and a .safetensors file") from exc
+    overridden = SpecFile(path=spec_file.path, spec=spec)
+    if overridden.weights_path is not None and not overridden.weights_path.is_file():
+        raise SpecError(f"--weights: {weights} does not exist", "give the path of a .safetensors file")
+    return overridden

@@ -27,3 +27,4 @@ def _load_runtime_module(name: str) -> ModuleType:
 wheel_inputs = _load_runtime_module("_inputs")
 wheel_compare = _load_runtime_module("_compare")
 wheel_integrity = _load_runtime_module("_integrity")
+wheel_weights = _load_runtime_module("_weights")

@@ -16,11 +16,13 @@ import torch
 from .compile import Compiled
 from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
-from .templates import wheel_compare, wheel_inputs
+from .loader import weight_tensors
+from .templates import wheel_compare, wheel_inputs, wheel_weights
 
 OutputDiff = wheel_compare.OutputDiff
 SEEDS = (0, 1, 2)
 GOLDEN_FILE = "golden.safetensors"
+WEIGHTS_FILE = "weights.safetensors"
 # allclose-style defaults when the spec gives none: compiled kernels reorder float sums.
 DEFAULT_TOLERANCES = {
     "float64": (1e-7, 1e-7),
@@ -57,6 +59,7 @@ class Verified:
     golden_file: Path
     golden_cases: tuple[str, ...]
     reference: str
+    weights_file: Path | None  # external weights, exactly as verified
 
     def worst(self) -> dict[str, dict[str, float]]:
         """Per output, the largest abs and rel diff over all cases."""
@@ -129,6 +132,10 @@ def _to_fp64(tensors):
 def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Verified:
     spec = exported.spec_file.spec
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(compiled.library), 1)
+    weights_file = _write_weights(exported, work_dir) if spec.weights.external else None
+    if weights_file is not None:
+        # The wheel's own loading path: the file, memory-mapped, into the runner's constants.
+        wheel_weights.load_into(runner, wheel_weights.read_weights(weights_file), inactive=False)
     tols = tolerances(exported)
     names = [o.name for o in spec.outputs]
     reference_module = _fp64_module(exported) if spec.verify.fp64_reference else None
@@ -160,7 +167,20 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Veri
         golden_file=golden_file,
         golden_cases=tuple(r.case for r in results if r.case.startswith("golden")),
         reference="eager float64" if reference_module is not None else "eager",
+        weights_file=weights_file,
     )
+
+
+def _write_weights(exported: Exported, work_dir: Path) -> Path:
+    from safetensors.torch import save_file
+
+    path = work_dir / WEIGHTS_FILE
+    tensors = {name: t.contiguous() for name, t in weight_tensors(exported.module).items()}
+    try:
+        save_file(tensors, str(path))
+    except RuntimeError:  # tensors sharing storage (tied weights) must be saved as copies
+        save_file({name: t.clone() for name, t in tensors.items()}, str(path))
+    return path
 
 
 def _raise_on_failures(exported: Exported, results: list[CaseResult], work_dir: Path) -> None:

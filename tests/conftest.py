@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_SPEC = REPO / "tests" / "models" / "tiny" / "spec.toml"
@@ -65,6 +66,25 @@ def tiny_build(tmp_path_factory) -> tuple[BuildDirs, Ran]:
     ran = run_cli("build", "--spec", str(TINY_SPEC), *build_dirs.args())
     assert ran.code == 0, ran.err
     return build_dirs, ran
+
+
+@pytest.fixture(scope="session")
+def wheel(tiny_build) -> Path:
+    build_dirs, _ = tiny_build
+    wheels = sorted(build_dirs.dist.glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    public_torch = torch.__version__.split("+")[0]
+    assert wheels[0].name.startswith(f"model_tiny-0.1+cpu.torch{public_torch}-py3-none-manylinux_2_"), wheels[0].name
+    assert wheels[0].name.endswith("_x86_64.whl")
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory, wheel) -> Path:
+    """A fresh venv with the wheel installed by pip (torch comes in as its pinned dependency)."""
+    python = make_venv(tmp_path_factory.mktemp("venv") / "env")
+    pip_install(python, str(wheel))
+    return python
 
 
 def make_venv(path: Path) -> Path:

@@ -18,28 +18,9 @@ import torch
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
 
-from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
+from .conftest import TINY_SPEC, run_cli
 
 RUNTIME_FORBIDDEN = ("torch._inductor", "torch._dynamo")
-
-
-@pytest.fixture(scope="session")
-def wheel(tiny_build) -> Path:
-    build_dirs, _ = tiny_build
-    wheels = sorted(build_dirs.dist.glob("*.whl"))
-    assert len(wheels) == 1, wheels
-    public_torch = torch.__version__.split("+")[0]
-    assert wheels[0].name.startswith(f"model_tiny-0.1+cpu.torch{public_torch}-py3-none-manylinux_2_"), wheels[0].name
-    assert wheels[0].name.endswith("_x86_64.whl")
-    return wheels[0]
-
-
-@pytest.fixture(scope="session")
-def installed(tmp_path_factory, wheel) -> Path:
-    """A fresh venv with the wheel installed by pip (torch comes in as its pinned dependency)."""
-    python = make_venv(tmp_path_factory.mktemp("venv") / "env")
-    pip_install(python, str(wheel))
-    return python
 
 
 def run_in(python: Path, code: str, **env: str) -> subprocess.CompletedProcess:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import platform
+import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -18,6 +19,7 @@ from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts
 from ._link import ensure_link
+from ._weights import WeightsMismatch, check_weights, load_into, read_weights
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
@@ -89,6 +91,16 @@ def artifacts_dir() -> Path:
     return ARTIFACTS_DIR
 
 
+def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Read (memory-mapped) and check a weights file or mapping against the manifest's tensors."""
+    if isinstance(source, Mapping):
+        tensors, name = {k: v.detach().contiguous() for k, v in source.items()}, "the weights given"
+    else:
+        tensors, name = read_weights(source), str(source)
+    check_weights(tensors, m["weights"]["tensors"], name)
+    return tensors
+
+
 class CompiledModel:
     """Call it like the original module: tensors in, a tensor (or tuple of tensors) out."""
 
@@ -96,6 +108,24 @@ class CompiledModel:
         self._runner = runner
         self._manifest = m
         self.library = library
+        self._swap_lock = threading.Lock()
+        # The runner reads external weights straight from these tensors (user-managed, memory-mapped
+        # from the file): keep the active and the previous set alive.
+        self._held: tuple[dict[str, torch.Tensor], ...] = ()
+
+    def _install(self, tensors: dict[str, torch.Tensor], *, inactive: bool) -> None:
+        load_into(self._runner, tensors, inactive=inactive)
+        self._held = (tensors, *self._held[:1])
+
+    def swap_weights(self, weights: str | Path | Mapping[str, torch.Tensor]) -> None:
+        """Switch to new weights without downtime: they are loaded into the second constant buffer,
+        then swapped in. Each call runs wholly on the old or wholly on the new weights."""
+        if not self._manifest["weights"]["external"]:
+            raise WeightsMismatch(_EMBEDDED.format(**self._manifest))
+        tensors = _weights_from(weights, self._manifest)
+        with self._swap_lock:
+            self._install(tensors, inactive=True)
+            self._runner.swap_constant_buffer()
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         m = self._manifest
@@ -107,9 +137,26 @@ class CompiledModel:
         return f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} from {self.library}>"
 
 
-def load(num_models: int = 1) -> CompiledModel:
-    """Open the compiled model. ``num_models`` is how many calls may run concurrently."""
+_EMBEDDED = (
+    "{dist_name} {full_version} has its weights compiled into the .so; build it with "
+    "[weights] external = true to load or swap other weights"
+)
+
+
+def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] | None = None) -> CompiledModel:
+    """Open the compiled model. ``num_models`` is how many calls may run concurrently; ``weights``
+    (a safetensors file or a name -> tensor mapping) replaces the packaged weights when they are external."""
     m = manifest()
+    external = m["weights"]["external"]
+    if weights is not None and not external:
+        raise WeightsMismatch(_EMBEDDED.format(**m))
+    tensors = None
+    if external:
+        if weights is None:
+            packaged = m["weights"]
+            check_artifacts(PACKAGE_DIR, {"artifacts": {packaged["file"]: {"sha256": packaged["file_sha256"], "size": packaged["size"]}}})
+            weights = PACKAGE_DIR / packaged["file"]
+        tensors = _weights_from(weights, m)  # checked before anything is loaded
     problems = incompatibilities(m)
     if problems:
         raise IncompatibleRuntime(
@@ -120,7 +167,10 @@ def load(num_models: int = 1) -> CompiledModel:
     check_artifacts(directory, m)
     library = directory / m["library"]
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
-    return CompiledModel(runner, m, library)
+    model = CompiledModel(runner, m, library)
+    if tensors is not None:
+        model._install(tensors, inactive=False)
+    return model
 
 
 def verify(model: CompiledModel | None = None) -> list[GoldenResult]:

@@ -1,0 +1,56 @@
+"""A content-addressed cache of compiled artifacts, so a build whose compile inputs did not change
+reuses the .so instead of recompiling (e.g. a new version with new external weights).
+
+The key covers everything the .so depends on: model source, the spec's model, inputs, dims,
+outputs and compile sections, the weights (their values when embedded; only names, shapes and
+dtypes when external), torch, the C++ compiler, the target and the CPU's vector ISA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+CACHE_VERSION = "1"
+
+
+def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, options: dict, target: str, cxx_version: str,
+                vec_isa: str) -> str:
+    digest = hashlib.sha256()
+    for part in (CACHE_VERSION, spec_json, sources_sha256, weights_key, json.dumps(options, sort_keys=True, default=str),
+                 target, torch.__version__, cxx_version, vec_isa):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+def restore(cache_dir: Path, key: str, output_dir: Path) -> tuple[Path, ...] | None:
+    """Copy cached artifacts into output_dir; None on a miss."""
+    entry = cache_dir / key
+    if not entry.is_dir():
+        return None
+    restored = []
+    for cached in sorted(entry.iterdir()):
+        shutil.copyfile(cached, output_dir / cached.name)
+        restored.append(output_dir / cached.name)
+    return tuple(restored)
+
+
+def store(cache_dir: Path, key: str, artifacts: tuple[Path, ...]) -> None:
+    """Save artifacts under key; written aside and renamed, so an entry is whole or absent."""
+    entry = cache_dir / key
+    if entry.exists():
+        return
+    staged = cache_dir / f".{key}.partial-{os.getpid()}"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    for artifact in artifacts:
+        shutil.copyfile(artifact, staged / artifact.name)
+    try:
+        staged.rename(entry)
+    except OSError:  # another build stored the same key first
+        shutil.rmtree(staged, ignore_errors=True)
