@@ -1,4 +1,9 @@
-"""The whole build, top to bottom: spec -> load -> export -> compile -> verify -> package -> dist/."""
+"""The whole build, top to bottom: spec -> load -> doctor -> export -> compile -> verify -> package -> dist/.
+
+Two caches under build/cache/ (skipped with --no-cache): an unchanged build copies its verified
+wheel from the last time; a build whose compile inputs are unchanged (e.g. only external weight
+values or the version changed) reuses the compiled .so and skips export and compile.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .compile import compile_model
+import torch
+
+from . import cache
+from .compile import compile_model, find_cxx, plan_compile
 from .doctor import run_doctor
-from .export import export_model
+from .export import content_hash, export_program, prepare
 from .loader import load_model
 from .manifest import build_manifest
 from .outdir import claim_output_dir, output_path
@@ -28,31 +36,42 @@ class BuildResult:
     report: dict[str, Any]
 
 
-def build(spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress) -> list[BuildResult]:
+def build(
+    spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress, use_cache: bool = True
+) -> list[BuildResult]:
     return [
-        build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir, progress=progress)
+        build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir, progress=progress,
+                     cache_dir=build_dir / "cache" if use_cache else None)
         for target in spec_file.spec.build.targets
     ]
 
 
 def build_target(
-    spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress
+    spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress,
+    cache_dir: Path | None,
 ) -> BuildResult:
     spec = spec_file.spec
     work_dir = build_dir / spec.model.name / target
+    out_dir = output_path(root, spec.model.name, spec.model.version, target)
     progress.timings.clear()
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
+    build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir), cxx_version=find_cxx(),
+                                cpu_capability=torch.backends.cpu.get_cpu_capability())
+    if cache.has(cache_dir, build_key):
+        return _reuse_build(cache_dir, build_key, work_dir, dist_dir, progress)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
-    with progress.stage("export"):
-        exported = export_model(spec_file, loaded)
-    out_dir = output_path(root, spec.model.name, spec.model.version, target)
+        exported = prepare(spec_file, loaded)
+    plan = plan_compile(exported)
+    if not cache.has(cache_dir, plan.key):
+        with progress.stage("export"):
+            exported = export_program(exported, loaded.source_files)
     with claim_output_dir(out_dir):
         with progress.stage("compile", str(out_dir)):
-            compiled = compile_model(exported, out_dir, work_dir, build_dir / "cache")
+            compiled = compile_model(exported, plan, out_dir, work_dir, cache_dir)
             if compiled.from_cache:
-                progress.say(f"    reused the compiled model from build cache {compiled.cache_key} (no recompile)")
+                progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
         with progress.stage("verify"):
             verified = verify_model(exported, compiled, work_dir)
         manifest = build_manifest(exported, compiled, verified)
@@ -61,7 +80,27 @@ def build_target(
             wheel = package_wheel(manifest, list(compiled.artifacts), extras, work_dir)
     report = make_report(manifest, verified, wheel, progress.timings, work_dir, compiled.from_cache)
     report["doctor"] = [f.format() for f in findings]
-    return move_to_dist(wheel, report, dist_dir, manifest)
+    report["build_cache"] = {"key": build_key, "reused": False}
+    result = move_to_dist(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"])
+    if cache_dir is not None:
+        cache.store(cache_dir, build_key, (result.wheel, result.report_path))
+    return result
+
+
+def _reuse_build(cache_dir: Path, key: str, work_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
+    """Nothing the wheel depends on changed since it was built and verified: copy it to dist/."""
+    restored_dir = work_dir / "from-cache"
+    shutil.rmtree(restored_dir, ignore_errors=True)
+    restored_dir.mkdir(parents=True)
+    files = cache.restore(cache_dir, key, restored_dir) or ()
+    wheel_path = next(p for p in files if p.suffix == ".whl")
+    report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())
+    progress.say(f"    unchanged since the build in cache {key}: reusing its verified wheel (--no-cache rebuilds)")
+    report["stages_s"] = dict(progress.timings)
+    report["build_cache"] = {"key": key, "reused": True}
+    wheel = Wheel(path=wheel_path, sha256=report["wheel"]["sha256"], size=report["wheel"]["size"],
+                  platform_tag=report["wheel"]["platform_tag"])
+    return move_to_dist(wheel, report, dist_dir, report["import_name"], report["version"])
 
 
 def make_report(
@@ -70,6 +109,7 @@ def make_report(
 ) -> dict[str, Any]:
     return {
         "model": manifest["name"],
+        "import_name": manifest["import_name"],
         "version": manifest["full_version"],
         "target": manifest["target"],
         "wheel": {"name": wheel.path.name, "sha256": wheel.sha256, "size": wheel.size, "platform_tag": wheel.platform_tag},
@@ -111,12 +151,10 @@ def _place(dist_dir: Path, name: str, write) -> Path:
     return final
 
 
-def move_to_dist(wheel: Wheel, report: dict[str, Any], dist_dir: Path, manifest: dict[str, Any]) -> BuildResult:
+def move_to_dist(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: str, full_version: str) -> BuildResult:
     """The report goes into dist/ first and the wheel last, so a wheel in dist/ always has its report."""
     dist_dir.mkdir(parents=True, exist_ok=True)
     report_text = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    report_path = _place(
-        dist_dir, f"{manifest['import_name']}-{manifest['full_version']}.report.json", lambda p: p.write_text(report_text)
-    )
+    report_path = _place(dist_dir, f"{import_name}-{full_version}.report.json", lambda p: p.write_text(report_text))
     final = _place(dist_dir, wheel.path.name, lambda p: shutil.copyfile(wheel.path, p))
     return BuildResult(wheel=final, report_path=report_path, report=report)

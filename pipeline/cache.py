@@ -28,6 +28,27 @@ def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, option
     return digest.hexdigest()[:32]
 
 
+def has(cache_dir: Path | None, key: str) -> bool:
+    return cache_dir is not None and (cache_dir / key).is_dir()
+
+
+def pipeline_sha256() -> str:
+    """The build's own code: a cached wheel is reused only if the code that made it is unchanged."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*here.glob("*.py"), *(here.parent / "templates" / "wheel").rglob("*")]):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, cpu_capability: str) -> str:
+    digest = hashlib.sha256()
+    for part in (CACHE_VERSION, content_hash, target, root, torch.__version__, cxx_version, cpu_capability, pipeline_sha256()):
+        digest.update(part.encode() + b"\0")
+    return "build-" + digest.hexdigest()[:32]
+
+
 def restore(cache_dir: Path, key: str, output_dir: Path) -> tuple[Path, ...] | None:
     """Copy cached artifacts into output_dir; None on a miss."""
     entry = cache_dir / key

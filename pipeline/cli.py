@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--build-dir", default="build", help="work folder: traces, generated sources (default: build)")
     build.add_argument("--weights", help="build with this .safetensors file instead of the spec's weights (needs --version)")
     build.add_argument("--version", help="build as this version instead of the spec's model.version")
+    build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
     doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
     doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
@@ -120,7 +121,9 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
         torch._logging.set_logs(all=logging.ERROR)
 
-    for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress):
+    use_cache = not getattr(args, "no_cache", False)
+    for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress,
+                        use_cache=use_cache):
         _print_summary(progress, result)
     return 0
 

@@ -90,40 +90,55 @@ def _move_sources(output_dir: Path, sources_dir: Path) -> tuple[Path, ...]:
     return tuple(shipped)
 
 
-def _cache_key(exported: Exported, options: dict, cxx_version: str, vec_isa: str) -> str:
+@dataclass(frozen=True)
+class CompilePlan:
+    """What a compile would use, known before exporting: its options and its cache key."""
+
+    options: dict[str, object] = field(hash=False)  # without the output path
+    key: str
+    vec_isa: str
+
+
+def plan_compile(exported: Exported) -> CompilePlan:
+    cxx_version = find_cxx()
+    options = inductor_options(exported, Path("model.so"))
+    del options["aot_inductor.output_path"]
     spec = exported.spec_file.spec
-    external = spec.weights.external
-    weights_key = json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if external else exported.weights_sha256
-    return cache.compile_key(
+    weights_key = (
+        json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if spec.weights.external else exported.weights_sha256
+    )
+    vec_isa = _vec_isa()
+    key = cache.compile_key(
         spec_json=spec.model_dump_json(include={"model": {"factory", "kwargs"}, "dims": True, "inputs": True, "outputs": True,
                                                  "compile": True}),
-        sources_sha256=exported.sources_sha256, weights_key=weights_key,
-        options={k: v for k, v in options.items() if k != "aot_inductor.output_path"},
+        sources_sha256=exported.sources_sha256, weights_key=weights_key, options=options,
         target="cpu", cxx_version=cxx_version, vec_isa=vec_isa,
     )
+    return CompilePlan(options=options, key=key, vec_isa=vec_isa)
 
 
-def compile_model(exported: Exported, output_dir: Path, work_dir: Path, cache_dir: Path) -> Compiled:
-    cxx_version = find_cxx()
+def compile_model(exported: Exported, plan: CompilePlan, output_dir: Path, work_dir: Path, cache_dir: Path | None) -> Compiled:
+    """The .so from the cache when ``cache_dir`` has the plan's key, else from AOTInductor (then cached)."""
     library = output_dir / LIBRARY_NAME
-    options = inductor_options(exported, library)
-    vec_isa = _vec_isa()
-    key = _cache_key(exported, options, cxx_version, vec_isa)
-    restored = cache.restore(cache_dir, key, output_dir)
+    restored = cache.restore(cache_dir, plan.key, output_dir) if cache_dir else None
     if restored is None:
+        if exported.program is None:
+            raise CompileError("no exported program to compile", "report this: export must run on a cache miss")
+        options = {**plan.options, "aot_inductor.output_path": str(library)}
         artifacts = _aot_compile(exported, options, output_dir, work_dir, library)
-        cache.store(cache_dir, key, artifacts)
+        if cache_dir:
+            cache.store(cache_dir, plan.key, artifacts)
     return Compiled(
         target="cpu",
         output_dir=output_dir,
         library=library,
         artifacts=restored or artifacts,
         sources_dir=work_dir / "sources",
-        options={k: v for k, v in options.items() if k != "aot_inductor.output_path"},
+        options=plan.options,
         machine=platform.machine(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        vec_isa=vec_isa,
-        cache_key=key,
+        vec_isa=plan.vec_isa,
+        cache_key=plan.key,
         from_cache=restored is not None,
     )
 

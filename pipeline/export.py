@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import io
@@ -26,7 +27,7 @@ log = logging.getLogger("pipeline.export")
 class Exported:
     spec_file: SpecFile
     module: torch.nn.Module
-    program: torch.export.ExportedProgram
+    program: torch.export.ExportedProgram | None  # None until export_program runs (not needed on a cache hit)
     example_inputs: tuple[torch.Tensor, ...]
     returns_tuple: bool
     output_dtypes: tuple[str, ...]
@@ -112,7 +113,7 @@ def _sources_sha256(loaded: LoadedModel) -> str:
     return digest.hexdigest()
 
 
-def _content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
+def content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
     digest = hashlib.sha256()
     digest.update(spec_file.spec.model_dump_json().encode())
     digest.update(loaded.weights_sha256.encode())
@@ -124,10 +125,53 @@ def example_inputs(spec_file: SpecFile) -> tuple[torch.Tensor, ...]:
     return tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
 
 
-def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
+def prepare(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
+    """Everything the later stages need but the exported program: inputs, output structure, hashes.
+
+    Cheap (one eager call), so a build can tell from it whether torch.export is needed at all.
+    """
     spec = spec_file.spec
     module = loaded.module
     example = example_inputs(spec_file)
+    try:
+        with torch.no_grad():
+            eager = module(*example)
+    except Exception as exc:  # the user's forward can raise anything
+        where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
+        raise ExportError(
+            f"{where}\n  forward raised {type(exc).__name__}: {exc} on the spec's example inputs",
+            "check the [[inputs]] shapes and dtypes against what forward expects",
+        ) from exc
+    returns_tuple = isinstance(eager, (tuple, list))
+    outputs = tuple(eager) if returns_tuple else (eager,)
+    if not all(isinstance(t, torch.Tensor) for t in outputs):
+        kinds = ", ".join(sorted({type(t).__name__ for t in outputs}))
+        raise ExportError(
+            f"{where_defined(type(module).forward)}: forward returns {type(eager).__name__} holding {kinds}",
+            "return a tensor or a flat tuple of tensors",
+        )
+    if len(outputs) != len(spec.outputs):
+        raise SpecError(
+            f"{spec_file.path}: key 'outputs': {len(spec.outputs)} outputs declared, but forward returns {len(outputs)}",
+            "declare one [[outputs]] table per returned tensor, in order",
+        )
+    return Exported(
+        spec_file=spec_file,
+        module=module,
+        program=None,
+        example_inputs=example,
+        returns_tuple=returns_tuple,
+        output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outputs),
+        content_hash=content_hash(spec_file, loaded),
+        sources_sha256=_sources_sha256(loaded),
+        weights_sha256=loaded.weights_sha256,
+    )
+
+
+def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Exported:
+    """Run torch.export with the spec's dynamic dims; errors name the user's line and a fix."""
+    spec = exported.spec_file.spec
+    module = exported.module
     dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in spec.dims.items()}
     dynamic_shapes = tuple(
         {axis: dims[size] for axis, size in enumerate(i.shape) if isinstance(size, str)} or None for i in spec.inputs
@@ -136,38 +180,10 @@ def export_model(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     torch_stderr = io.StringIO()
     try:
         with torch.no_grad(), contextlib.redirect_stderr(torch_stderr):
-            program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as exc:
-        log.info("%s", torch_stderr.getvalue())  # torch.export raises many unrelated types; all mean "did not export"
+            program = torch.export.export(module, exported.example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:  # torch.export raises many unrelated types; all mean "did not export"
+        log.info("%s", torch_stderr.getvalue())
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
-        raise ExportError(
-            f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}", _export_hint(exc)
-        ) from exc
-    out_spec = program.call_spec.out_spec
-    returns_tuple = not out_spec.is_leaf()
-    leaves = out_spec.children() if returns_tuple else [out_spec]
-    if returns_tuple and (out_spec.type not in (tuple, list) or any(not c.is_leaf() for c in leaves)):
-        raise ExportError(
-            f"{where_defined(type(module).forward)}: forward returns a {out_spec.type.__name__} with nested values",
-            "return a tensor or a flat tuple of tensors",
-        )
-    if len(leaves) != len(spec.outputs):
-        raise SpecError(
-            f"{spec_file.path}: key 'outputs': {len(spec.outputs)} outputs declared, but forward returns {len(leaves)}",
-            "declare one [[outputs]] table per returned tensor, in order",
-        )
-    with torch.no_grad():
-        eager = module(*example)
-    eager_outputs = eager if returns_tuple else (eager,)
-    return Exported(
-        spec_file=spec_file,
-        module=module,
-        program=program,
-        example_inputs=example,
-        returns_tuple=returns_tuple,
-        output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in eager_outputs),
-        content_hash=_content_hash(spec_file, loaded),
-        sources_sha256=_sources_sha256(loaded),
-        weights_sha256=loaded.weights_sha256,
-    )
+        where = _user_frame(exc, source_files) or where_defined(type(module).forward)
+        raise ExportError(f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}", _export_hint(exc)) from exc
+    return dataclasses.replace(exported, program=program)

@@ -276,3 +276,20 @@ def test_fp64_reference_reports_eager_own_error(tmp_path):
     for case in verification["cases"]:
         errors = case["eager_vs_fp64_max_abs"]
         assert set(errors) == {"features", "logits"} and all(0 <= e < 1e-3 for e in errors.values())
+
+
+def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path):
+    build_dirs, _ = tiny_build
+    again = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist"),
+                    "--build-dir", str(build_dirs.build))
+    assert again.code == 0, again.err
+    assert "unchanged since the build in cache build-" in again.err and "reusing its verified wheel" in again.err
+    for skipped in ("==> doctor", "==> export", "==> compile", "==> verify", "==> package"):
+        assert skipped not in again.err
+    assert (tmp_path / "dist" / wheel.name).read_bytes() == wheel.read_bytes()
+    report = json.loads((tmp_path / "dist" / "model_tiny-0.1+cpu.torch2.13.0.report.json").read_text())
+    assert report["build_cache"]["reused"] is True
+    forced = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist2"),
+                     "--build-dir", str(build_dirs.build), "--no-cache")
+    assert forced.code == 0 and "==> export" in forced.err and "==> compile" in forced.err, forced.err
+    assert "reused" not in forced.err
