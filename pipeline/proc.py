@@ -60,3 +60,11 @@ def run(
         tail = "\n".join(output.splitlines()[-_TAIL_LINES:])
         raise error(f"{what} failed (exit {done.returncode}): {shown}\n{tail}", hint)
     return output
+
+
+def start(cmd: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """Start ``cmd`` in the background with its output in ``log_path`` (for parallel builds)."""
+    shown = redact(shlex.join(str(c) for c in cmd))
+    log.info("$ %s  > %s", shown, log_path)
+    with log_path.open("w") as handle:
+        return subprocess.Popen([str(c) for c in cmd], stdout=handle, stderr=subprocess.STDOUT)
