@@ -7,6 +7,7 @@ values or the version changed) reuses the compiled .so and skips export and comp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 
 from . import cache
-from .compile import compile_model, find_cxx, plan_compile
+from . import tune
+from .compile import Compiled, find_cxx
+from .tune import Tuned
 from .doctor import run_doctor
 from .export import content_hash, export_program, prepare
 from .loader import load_model
@@ -63,22 +66,24 @@ def build_target(
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded)
-    plan = plan_compile(exported)
-    if not cache.has(cache_dir, plan.key):
+    planned = tune.plans(exported)
+    if not all(cache.has(cache_dir, plan.key) for _, plan in planned):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
     with claim_output_dir(out_dir):
-        with progress.stage("compile", str(out_dir)):
-            compiled = compile_model(exported, plan, out_dir, work_dir, cache_dir)
-            if compiled.from_cache:
+        with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
+            tuned = tune.tune(exported, planned, work_dir, cache_dir, progress.say)
+            compiled = tune.install(tuned, out_dir)
+            if all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
+            progress.say(f"    chose {tuned.chosen}")
         with progress.stage("verify"):
             verified = verify_model(exported, compiled, work_dir)
-        manifest = build_manifest(exported, compiled, verified)
+        manifest = build_manifest(exported, compiled, verified, tuned)
         with progress.stage("package"):
             extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])
             wheel = package_wheel(manifest, list(compiled.artifacts), extras, work_dir)
-    report = make_report(manifest, verified, wheel, progress.timings, work_dir, compiled.from_cache)
+    report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)
     report["doctor"] = [f.format() for f in findings]
     report["build_cache"] = {"key": build_key, "reused": False}
     result = move_to_dist(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"])
@@ -104,8 +109,7 @@ def _reuse_build(cache_dir: Path, key: str, work_dir: Path, dist_dir: Path, prog
 
 
 def make_report(
-    manifest: dict[str, Any], verified: Verified, wheel: Wheel, timings: dict[str, float], work_dir: Path,
-    reused_compile: bool,
+    manifest: dict[str, Any], verified: Verified, wheel: Wheel, timings: dict[str, float], compiled: Compiled, tuned: Tuned
 ) -> dict[str, Any]:
     return {
         "model": manifest["name"],
@@ -131,11 +135,15 @@ def make_report(
                 for case in verified.cases
             ],
         },
-        "trace_dir": str(work_dir.parent / "trace"),
-        "sources_dir": str(work_dir / "sources"),
+        "trace_dir": os.environ.get("TORCH_TRACE", ""),
+        "sources_dir": str(compiled.sources_dir),
         "content_hash": manifest["content_hash"],
         "weights": {k: v for k, v in manifest["weights"].items() if k != "tensors"},
-        "compile_cache": {"key": manifest["compile_cache_key"], "reused": reused_compile},
+        "compile_cache": {"key": manifest["compile_cache_key"], "reused": all(t.from_cache for t in tuned.trials)},
+        "compile_search": {
+            "chosen": tuned.chosen,
+            "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
+        },
     }
 
 

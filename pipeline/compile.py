@@ -99,9 +99,9 @@ class CompilePlan:
     vec_isa: str
 
 
-def plan_compile(exported: Exported) -> CompilePlan:
+def plan_compile(exported: Exported, overrides: dict[str, object] | None = None) -> CompilePlan:
     cxx_version = find_cxx()
-    options = inductor_options(exported, Path("model.so"))
+    options = {**inductor_options(exported, Path("model.so")), **(overrides or {})}
     del options["aot_inductor.output_path"]
     spec = exported.spec_file.spec
     weights_key = (
@@ -155,7 +155,7 @@ def _aot_compile(exported: Exported, options: dict, output_dir: Path, work_dir: 
         lines = str(exc).strip().splitlines()
         raise CompileError(
             f"AOTInductor failed: {type(exc).__name__}: " + "\n".join(lines[-15:]),
-            f"the generated sources are kept in {sources_dir} and the compile trace in {work_dir.parent / 'trace'}; "
+            f"the generated sources are kept in {sources_dir} and the compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; "
             "run with --verbose for the full traceback",
         ) from exc
     if Path(produced) != library or not library.is_file():

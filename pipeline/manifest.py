@@ -18,6 +18,7 @@ from .compile import Compiled
 from .export import Exported, export_sizes, spec_inputs
 from .loader import weight_tensors
 from .templates import wheel_integrity, wheel_weights
+from .tune import Tuned
 from .verify import Verified
 
 FORMAT = 1
@@ -33,7 +34,7 @@ def local_label(target: str) -> str:
     return f"{target}.torch{torch.__version__.split('+')[0]}"
 
 
-def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -> dict[str, Any]:
+def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned) -> dict[str, Any]:
     spec = exported.spec_file.spec
     example = export_sizes(exported.spec_file)
     return {
@@ -77,6 +78,11 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified) -
         "verification": {"passed": True, "reference": verified.reference, "cases": [c.case for c in verified.cases]},
         "compile_options": compiled.options,
         "compile_cache_key": compiled.cache_key,
+        # Timings stay in the report: in the manifest they would make every wheel's bytes differ.
+        "compile_search": {
+            "chosen": tuned.chosen,
+            "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in tuned.trials],
+        },
         "content_hash": exported.content_hash,
     }
 

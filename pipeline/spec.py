@@ -130,6 +130,7 @@ class BuildSection(_Frozen):
 
 
 class CompileSection(_Frozen):
+    search: bool = Field(True, description="try candidate options and keep the fastest that verifies")
     freezing: bool = False
     max_autotune: bool = False
     inductor: dict[str, bool | int | float | str] = Field(

@@ -8,6 +8,7 @@ recorded so the installed wheel can re-check itself).
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,7 @@ def _to_fp64(tensors):
 
 def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Verified:
     spec = exported.spec_file.spec
+    work_dir.mkdir(parents=True, exist_ok=True)
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(compiled.library), 1)
     weights_file = _write_weights(exported, work_dir) if spec.weights.external else None
     if weights_file is not None:
@@ -193,5 +195,5 @@ def _raise_on_failures(exported: Exported, results: list[CaseResult], work_dir: 
         f"compiled model differs from eager in {len(failures)} of {checks} checks:\n" + "\n".join(lines),
         f"if the forward is deterministic and these diffs are acceptable, raise rtol/atol under [[outputs]] in "
         f"{exported.spec_file.path}; else read the generated sources in {work_dir / 'sources'} and the compile "
-        f"trace in {work_dir.parent / 'trace'}",
+        f"trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}",
     )

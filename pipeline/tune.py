@@ -1,0 +1,124 @@
+"""Choosing compile options: compile each candidate, keep the fastest that passes verification.
+
+Candidates (with `[compile] search = true`, the default): the spec's own options, freezing
+(not with external weights: it folds weights into the code), freezing with channels-last
+convolutions, and max-autotune. Each is compiled (or taken from the compile cache), verified
+against eager on every case, and timed; a failing candidate is dropped. `search = false` pins
+the spec's options. Reduced precision is not a candidate yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .compile import CompilePlan, Compiled, compile_model, plan_compile
+from .errors import VerificationError
+from .export import Exported
+from .verify import verify_model
+
+MIN_RUNS, MIN_SECONDS = 5, 1.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    name: str
+    options: dict
+    passed: bool
+    median_ms: float | None
+    from_cache: bool
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class Tuned:
+    compiled: Compiled  # the chosen candidate, still in its trial folder
+    chosen: str
+    trials: tuple[Trial, ...]
+
+
+def candidates(exported: Exported) -> list[tuple[str, dict]]:
+    spec = exported.spec_file.spec
+    if not spec.compile.search:
+        return [("pinned", {})]
+    found = [("spec-options", {})]
+    if not spec.weights.external and not spec.compile.freezing:
+        found += [("freezing", {"freezing": True}),
+                  ("freezing+channels-last", {"freezing": True, "force_layout_optimization": True})]
+    if not spec.compile.max_autotune:
+        found.append(("max-autotune", {"max_autotune": True}))
+    return found
+
+
+def plans(exported: Exported) -> list[tuple[str, CompilePlan]]:
+    return [(name, plan_compile(exported, overrides)) for name, overrides in candidates(exported)]
+
+
+def median_ms(compiled: Compiled, inputs: tuple[torch.Tensor, ...]) -> float:
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(compiled.library), 1)
+    _load_weights_if_external(runner, compiled)
+    for _ in range(2):
+        runner.run(list(inputs))
+    times, started = [], time.perf_counter()
+    while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
+        t0 = time.perf_counter()
+        runner.run(list(inputs))
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _load_weights_if_external(runner, compiled: Compiled) -> None:
+    weights = compiled.output_dir / "weights.safetensors"
+    if weights.is_file():
+        from .templates import wheel_weights
+
+        wheel_weights.load_into(runner, wheel_weights.read_weights(weights), inactive=False)
+
+
+def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, cache_dir: Path | None, say) -> Tuned:
+    trials, best = [], None
+    for name, plan in planned:
+        trial_dir = work_dir / "candidates" / name
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        (trial_dir / "out").mkdir(parents=True)
+        compiled = compile_model(exported, plan, trial_dir / "out", trial_dir / "work", cache_dir)
+        try:
+            verified = verify_model(exported, compiled, trial_dir / "work")
+        except VerificationError as exc:
+            trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
+            say(f"    candidate {name}: fails verification, dropped")
+            continue
+        if verified.weights_file is not None:
+            shutil.copyfile(verified.weights_file, trial_dir / "out" / verified.weights_file.name)
+        latency = median_ms(compiled, exported.example_inputs)
+        trials.append(Trial(name, plan.options, True, round(latency, 3), compiled.from_cache))
+        say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
+        if best is None or latency < best[1]:
+            best = (name, latency, compiled)
+    if best is None:
+        raise VerificationError(
+            "no compile candidate passed verification: " + "; ".join(f"{t.name}: {t.problem}" for t in trials),
+            f"see the per-case diffs by building with [compile] search = false; the spec is {exported.spec_file.path}",
+        )
+    return Tuned(compiled=best[2], chosen=best[0], trials=tuple(trials))
+
+
+def install(tuned: Tuned, output_dir: Path) -> Compiled:
+    """Put the chosen candidate's artifacts at the output path the wheel records.
+
+    On CPU the .so does not depend on where it was compiled; CUDA kernels do, so a CUDA target
+    will need its chosen candidate compiled at this path instead.
+    """
+    artifacts = []
+    for artifact in tuned.compiled.artifacts:
+        shutil.copyfile(artifact, output_dir / artifact.name)
+        artifacts.append(output_dir / artifact.name)
+    return dataclasses.replace(
+        tuned.compiled, output_dir=output_dir, library=output_dir / tuned.compiled.library.name, artifacts=tuple(artifacts)
+    )
