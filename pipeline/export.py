@@ -168,19 +168,24 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
     )
 
 
-def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Exported:
-    """Run torch.export with the spec's dynamic dims; errors name the user's line and a fix."""
-    spec = exported.spec_file.spec
-    module = exported.module
+def dynamic_shapes(spec_file: SpecFile) -> tuple[dict | None, ...]:
+    """The spec's [dims] as torch.export dynamic shapes, one entry per input."""
+    spec = spec_file.spec
     dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in spec.dims.items()}
-    dynamic_shapes = tuple(
+    return tuple(
         {axis: dims[size] for axis, size in enumerate(i.shape) if isinstance(size, str)} or None for i in spec.inputs
     )
+
+
+def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Exported:
+    """Run torch.export with the spec's dynamic dims; errors name the user's line and a fix."""
+    module = exported.module
+    shapes = dynamic_shapes(exported.spec_file)
     # torch.export prints partial graphs to stderr on failure; keep them for --verbose only.
     torch_stderr = io.StringIO()
     try:
         with torch.no_grad(), contextlib.redirect_stderr(torch_stderr):
-            program = torch.export.export(module, exported.example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+            program = torch.export.export(module, exported.example_inputs, dynamic_shapes=shapes, strict=False)
     except Exception as exc:  # torch.export raises many unrelated types; all mean "did not export"
         log.info("%s", torch_stderr.getvalue())
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,130 @@
+"""One measurement of one way to run a model, in a fresh process (benchmarks/bench.py runs this).
+
+    python variants.py VARIANT --spec SPEC --mode latency --batch N [--artifact PATH]
+    python variants.py VARIANT --spec SPEC --mode cold --start EPOCH [--artifact PATH]
+
+VARIANT: eager | compile | pt2 | onnx | wheel. `wheel` runs in the virtualenv the wheel is
+installed in and imports only torch and the wheel (its --artifact is the import name);
+`onnx` in cold mode imports only onnxruntime and numpy. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIN_RUNS, MIN_SECONDS, WARMUP = 10, 2.0, 3
+
+
+def spec_inputs(spec_path: str, batch: int | None):
+    sys.path.insert(0, REPO)
+    from pipeline.export import export_sizes, spec_inputs as inputs_of
+    from pipeline.spec import load_spec
+    from pipeline.templates import wheel_inputs
+
+    spec_file = load_spec(spec_path)
+    sizes = export_sizes(spec_file)
+    if batch is not None:
+        sizes = {name: batch for name in sizes}
+    return spec_file, wheel_inputs.make_inputs(inputs_of(spec_file), sizes, seed=0)
+
+
+def eager_module(spec_file):
+    from pipeline.loader import load_model
+
+    return load_model(spec_file).module
+
+
+def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str | None):
+    """(callable taking no arguments, description) for the variant at this batch size."""
+    if variant == "wheel":
+        import importlib
+
+        package = importlib.import_module(artifact)
+        sizes = {name: batch for name in package.manifest()["dims"]} if batch else {}
+        model, args = package.load(), package.example_inputs(**sizes)
+        return lambda: model(*args)
+    if variant == "onnx":
+        import numpy as np
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = os.cpu_count() or 1
+        session = ort.InferenceSession(artifact, options, providers=["CPUExecutionProvider"])
+        if spec_path and batch is not None:
+            _, tensors = spec_inputs(spec_path, batch)
+            feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), tensors)}
+        else:  # cold start: no torch in this process, inputs of the right shape from numpy
+            feeds = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
+                     for i in session.get_inputs()}
+        return lambda: session.run(None, feeds)
+    import torch
+
+    spec_file, args = spec_inputs(spec_path, batch)
+    if variant == "pt2":
+        model = torch._inductor.aoti_load_package(artifact)
+    else:
+        model = eager_module(spec_file)
+        if variant == "compile":
+            model = torch.compile(model)
+
+    def call():
+        with torch.no_grad():
+            return model(*args)
+
+    return call
+
+
+def latency(call) -> dict:
+    first_started = time.perf_counter()
+    call()
+    first_s = time.perf_counter() - first_started
+    for _ in range(WARMUP - 1):
+        call()
+    times, started = [], time.perf_counter()
+    while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))], "runs": len(times),
+            "first_call_s": first_s}
+
+
+def profile(call, top: int = 12) -> list[dict]:
+    import torch
+
+    call()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            call()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    total = sum(e.self_cpu_time_total for e in prof.key_averages()) or 1
+    return [{"op": e.key, "self_ms_per_call": e.self_cpu_time_total / 3 / 1000, "share": e.self_cpu_time_total / total} for e in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("variant", choices=["eager", "compile", "pt2", "onnx", "wheel"])
+    parser.add_argument("--spec", default="")
+    parser.add_argument("--mode", choices=["latency", "cold", "profile"], required=True)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--artifact", default=None)
+    parser.add_argument("--start", type=float, default=None, help="time.time() when the parent started this process")
+    args = parser.parse_args()
+    if args.mode == "cold":
+        call = make_runner(args.variant, args.spec if args.variant != "onnx" else "", args.batch, args.artifact)
+        call()
+        print(json.dumps({"first_result_s": time.time() - args.start}))
+        return
+    call = make_runner(args.variant, args.spec, args.batch, args.artifact)
+    print(json.dumps(latency(call) if args.mode == "latency" else {"profile": profile(call)}))
+
+
+if __name__ == "__main__":
+    main()
