@@ -44,14 +44,14 @@ def build(
 ) -> list[BuildResult]:
     return [
         build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir, progress=progress,
-                     cache_dir=build_dir / "cache" if use_cache else None)
+                     store=cache.Cache(build_dir / "cache", reuse=use_cache))
         for target in spec_file.spec.build.targets
     ]
 
 
 def build_target(
     spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress,
-    cache_dir: Path | None,
+    store: cache.Cache,
 ) -> BuildResult:
     spec = spec_file.spec
     work_dir = build_dir / spec.model.name / target
@@ -61,18 +61,18 @@ def build_target(
         loaded = load_model(spec_file)
     build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir), cxx_version=find_cxx(),
                                 cpu_capability=torch.backends.cpu.get_cpu_capability())
-    if cache.has(cache_dir, build_key):
-        return _reuse_build(cache_dir, build_key, work_dir, dist_dir, progress)
+    if store.has(build_key):
+        return _reuse_build(store, build_key, work_dir, dist_dir, progress)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded)
     planned = tune.plans(exported)
-    if not all(cache.has(cache_dir, plan.key) for _, plan in planned):
+    if not all(store.has(plan.key) for _, plan in planned):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, work_dir, cache_dir, progress.say)
+            tuned = tune.tune(exported, planned, work_dir, store, progress.say)
             compiled = tune.install(tuned, out_dir)
             if all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
@@ -87,17 +87,16 @@ def build_target(
     report["doctor"] = [f.format() for f in findings]
     report["build_cache"] = {"key": build_key, "reused": False}
     result = move_to_dist(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"])
-    if cache_dir is not None:
-        cache.store(cache_dir, build_key, (result.wheel, result.report_path))
+    store.store(build_key, (result.wheel, result.report_path))
     return result
 
 
-def _reuse_build(cache_dir: Path, key: str, work_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
+def _reuse_build(store: cache.Cache, key: str, work_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
     """Nothing the wheel depends on changed since it was built and verified: copy it to dist/."""
     restored_dir = work_dir / "from-cache"
     shutil.rmtree(restored_dir, ignore_errors=True)
     restored_dir.mkdir(parents=True)
-    files = cache.restore(cache_dir, key, restored_dir) or ()
+    files = store.restore(key, restored_dir) or ()
     wheel_path = next(p for p in files if p.suffix == ".whl")
     report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())
     progress.say(f"    unchanged since the build in cache {key}: reusing its verified wheel (--no-cache rebuilds)")

@@ -28,10 +28,6 @@ def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, option
     return digest.hexdigest()[:32]
 
 
-def has(cache_dir: Path | None, key: str) -> bool:
-    return cache_dir is not None and (cache_dir / key).is_dir()
-
-
 def pipeline_sha256() -> str:
     """The build's own code: a cached wheel is reused only if the code that made it is unchanged."""
     here = Path(__file__).resolve().parent
@@ -49,29 +45,39 @@ def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, cp
     return "build-" + digest.hexdigest()[:32]
 
 
-def restore(cache_dir: Path, key: str, output_dir: Path) -> tuple[Path, ...] | None:
-    """Copy cached artifacts into output_dir; None on a miss."""
-    entry = cache_dir / key
-    if not entry.is_dir():
-        return None
-    restored = []
-    for cached in sorted(entry.iterdir()):
-        shutil.copyfile(cached, output_dir / cached.name)
-        restored.append(output_dir / cached.name)
-    return tuple(restored)
+class Cache:
+    """Entries under ``directory``. With ``reuse`` off (--no-cache) nothing is read, but every
+    build still stores what it made, replacing older entries, so the next build can reuse it."""
 
+    def __init__(self, directory: Path, reuse: bool = True) -> None:
+        self.directory = directory
+        self.reuse = reuse
 
-def store(cache_dir: Path, key: str, artifacts: tuple[Path, ...]) -> None:
-    """Save artifacts under key; written aside and renamed, so an entry is whole or absent."""
-    entry = cache_dir / key
-    if entry.exists():
-        return
-    staged = cache_dir / f".{key}.partial-{os.getpid()}"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
-    for artifact in artifacts:
-        shutil.copyfile(artifact, staged / artifact.name)
-    try:
-        staged.rename(entry)
-    except OSError:  # another build stored the same key first
+    def has(self, key: str) -> bool:
+        return self.reuse and (self.directory / key).is_dir()
+
+    def restore(self, key: str, output_dir: Path) -> tuple[Path, ...] | None:
+        """Copy the entry's files into output_dir; None on a miss."""
+        if not self.has(key):
+            return None
+        restored = []
+        for cached in sorted((self.directory / key).iterdir()):
+            shutil.copyfile(cached, output_dir / cached.name)
+            restored.append(output_dir / cached.name)
+        return tuple(restored)
+
+    def store(self, key: str, files: tuple[Path, ...]) -> None:
+        """Save files under key; written aside and renamed, so an entry is whole or absent."""
+        entry = self.directory / key
+        if entry.exists() and self.reuse:
+            return
+        staged = self.directory / f".{key}.partial-{os.getpid()}"
         shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        for path in files:
+            shutil.copyfile(path, staged / path.name)
+        shutil.rmtree(entry, ignore_errors=True)
+        try:
+            staged.rename(entry)
+        except OSError:  # another build stored the same key first
+            shutil.rmtree(staged, ignore_errors=True)

@@ -117,17 +117,16 @@ def plan_compile(exported: Exported, overrides: dict[str, object] | None = None)
     return CompilePlan(options=options, key=key, vec_isa=vec_isa)
 
 
-def compile_model(exported: Exported, plan: CompilePlan, output_dir: Path, work_dir: Path, cache_dir: Path | None) -> Compiled:
-    """The .so from the cache when ``cache_dir`` has the plan's key, else from AOTInductor (then cached)."""
+def compile_model(exported: Exported, plan: CompilePlan, output_dir: Path, work_dir: Path, store: cache.Cache) -> Compiled:
+    """The .so from the cache when it has the plan's key, else from AOTInductor (then cached)."""
     library = output_dir / LIBRARY_NAME
-    restored = cache.restore(cache_dir, plan.key, output_dir) if cache_dir else None
+    restored = store.restore(plan.key, output_dir)
     if restored is None:
         if exported.program is None:
             raise CompileError("no exported program to compile", "report this: export must run on a cache miss")
         options = {**plan.options, "aot_inductor.output_path": str(library)}
         artifacts = _aot_compile(exported, options, output_dir, work_dir, library)
-        if cache_dir:
-            cache.store(cache_dir, plan.key, artifacts)
+        store.store(plan.key, artifacts)
     return Compiled(
         target="cpu",
         output_dir=output_dir,

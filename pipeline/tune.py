@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile
 from .errors import VerificationError
 from .export import Exported
@@ -81,13 +82,13 @@ def _load_weights_if_external(runner, compiled: Compiled) -> None:
         wheel_weights.load_into(runner, wheel_weights.read_weights(weights), inactive=False)
 
 
-def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, cache_dir: Path | None, say) -> Tuned:
+def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, store: Cache, say) -> Tuned:
     trials, best = [], None
     for name, plan in planned:
         trial_dir = work_dir / "candidates" / name
         shutil.rmtree(trial_dir, ignore_errors=True)
         (trial_dir / "out").mkdir(parents=True)
-        compiled = compile_model(exported, plan, trial_dir / "out", trial_dir / "work", cache_dir)
+        compiled = compile_model(exported, plan, trial_dir / "out", trial_dir / "work", store)
         try:
             verified = verify_model(exported, compiled, trial_dir / "work")
         except VerificationError as exc:
