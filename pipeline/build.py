@@ -72,7 +72,7 @@ def build_target(
             exported = export_program(exported, loaded.source_files)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, work_dir, store, progress.say)
+            tuned = tune.tune(exported, planned, work_dir, out_dir, store, progress.say)
             compiled = tune.install(tuned, out_dir)
             if all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")

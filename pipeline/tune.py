@@ -82,31 +82,34 @@ def _load_weights_if_external(runner, compiled: Compiled) -> None:
         wheel_weights.load_into(runner, wheel_weights.read_weights(weights), inactive=False)
 
 
-def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, store: Cache, say) -> Tuned:
-    trials, best = [], None
+def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, output_dir: Path, store: Cache,
+         say) -> Tuned:
+    """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
+    build of this model version (the .so records where it was compiled, and wheels must be
+    reproducible) and different for every candidate (a process cannot load two .so at one path)."""
+    trials, best, first_failure = [], None, None
     for name, plan in planned:
-        trial_dir = work_dir / "candidates" / name
-        shutil.rmtree(trial_dir, ignore_errors=True)
-        (trial_dir / "out").mkdir(parents=True)
-        compiled = compile_model(exported, plan, trial_dir / "out", trial_dir / "work", store)
+        trial_out, trial_work = output_dir / ".candidates" / name, work_dir / "candidates" / name
+        shutil.rmtree(trial_work, ignore_errors=True)
+        trial_out.mkdir(parents=True)
+        compiled = compile_model(exported, plan, trial_out, trial_work, store)
         try:
-            verified = verify_model(exported, compiled, trial_dir / "work")
+            verified = verify_model(exported, compiled, trial_work)
         except VerificationError as exc:
+            first_failure = first_failure or exc
             trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
             say(f"    candidate {name}: fails verification, dropped")
             continue
         if verified.weights_file is not None:
-            shutil.copyfile(verified.weights_file, trial_dir / "out" / verified.weights_file.name)
+            shutil.copyfile(verified.weights_file, trial_out / verified.weights_file.name)
         latency = median_ms(compiled, exported.example_inputs)
         trials.append(Trial(name, plan.options, True, round(latency, 3), compiled.from_cache))
         say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
         if best is None or latency < best[1]:
             best = (name, latency, compiled)
-    if best is None:
-        raise VerificationError(
-            "no compile candidate passed verification: " + "; ".join(f"{t.name}: {t.problem}" for t in trials),
-            f"see the per-case diffs by building with [compile] search = false; the spec is {exported.spec_file.path}",
-        )
+    if best is None:  # the first candidate's own report, with every case's diffs
+        more = f"\n(all {len(trials)} compile candidates failed verification)" if len(trials) > 1 else ""
+        raise VerificationError(first_failure.message + more, first_failure.hint) from first_failure
     return Tuned(compiled=best[2], chosen=best[0], trials=tuple(trials))
 
 
