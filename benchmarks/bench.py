@@ -155,7 +155,7 @@ def markdown(results: dict) -> str:
                  for b in batches]
         lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + f" | {results['cold_start_s'][variant]:.2f} |")
     build = results["build"]
-    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (cold cache): "
+    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor cache): "
               f"{results['latency_ms']['compile']['1']['first_call_s']:.1f} s.",
               f"Build (compile-option search, {results['candidates']} candidates): cold (no pipeline cache, empty Inductor "
               f"cache) {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s.", "",
