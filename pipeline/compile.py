@@ -48,7 +48,8 @@ def find_cxx() -> str:
     return (version.splitlines() or [compiler])[0]
 
 
-def inductor_options(exported: Exported, library: Path) -> dict[str, object]:
+def inductor_options(exported: Exported) -> dict[str, object]:
+    """The spec's compile options as torch._inductor.config settings (the output path is added per compile)."""
     spec_file = exported.spec_file
     compile_spec = spec_file.spec.compile
     options: dict[str, object] = {"freezing": compile_spec.freezing, "max_autotune": compile_spec.max_autotune}
@@ -65,7 +66,6 @@ def inductor_options(exported: Exported, library: Path) -> dict[str, object]:
                 "see torch/_inductor/config.py for the option names",
             )
         options[key] = value
-    options["aot_inductor.output_path"] = str(library)
     return options
 
 
@@ -101,8 +101,7 @@ class CompilePlan:
 
 def plan_compile(exported: Exported, overrides: dict[str, object] | None = None) -> CompilePlan:
     cxx_version = find_cxx()
-    options = {**inductor_options(exported, Path("model.so")), **(overrides or {})}
-    del options["aot_inductor.output_path"]
+    options = {**inductor_options(exported), **(overrides or {})}
     spec = exported.spec_file.spec
     weights_key = (
         json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if spec.weights.external else exported.weights_sha256
