@@ -59,14 +59,15 @@ def build_target(
     progress.timings.clear()
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
-    build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir), cxx_version=find_cxx(),
+    cxx_version = find_cxx()
+    build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir), cxx_version=cxx_version,
                                 cpu_capability=torch.backends.cpu.get_cpu_capability())
     if store.has(build_key):
         return _reuse_build(store, build_key, work_dir, dist_dir, progress)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded)
-    planned = tune.plans(exported)
+    planned = tune.plans(exported, cxx_version)
     if not all(store.has(plan.key) for _, plan in planned):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)

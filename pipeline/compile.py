@@ -99,8 +99,8 @@ class CompilePlan:
     vec_isa: str
 
 
-def plan_compile(exported: Exported, overrides: dict[str, object] | None = None) -> CompilePlan:
-    cxx_version = find_cxx()
+def plan_compile(exported: Exported, cxx_version: str, overrides: dict[str, object] | None = None) -> CompilePlan:
+    """``cxx_version``: find_cxx()'s answer, part of the cache key (the compiler shapes the .so)."""
     options = {**inductor_options(exported), **(overrides or {})}
     spec = exported.spec_file.spec
     weights_key = (

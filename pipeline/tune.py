@@ -57,8 +57,8 @@ def candidates(exported: Exported) -> list[tuple[str, dict]]:
     return found
 
 
-def plans(exported: Exported) -> list[tuple[str, CompilePlan]]:
-    return [(name, plan_compile(exported, overrides)) for name, overrides in candidates(exported)]
+def plans(exported: Exported, cxx_version: str) -> list[tuple[str, CompilePlan]]:
+    return [(name, plan_compile(exported, cxx_version, overrides)) for name, overrides in candidates(exported)]
 
 
 def median_ms(compiled: Compiled, inputs: tuple[torch.Tensor, ...]) -> float:
