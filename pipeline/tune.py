@@ -22,7 +22,7 @@ from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile
 from .errors import VerificationError
 from .export import Exported
-from .verify import verify_model
+from .verify import open_runner, verify_model
 
 MIN_RUNS, MIN_SECONDS = 5, 1.0
 
@@ -61,9 +61,8 @@ def plans(exported: Exported, cxx_version: str) -> list[tuple[str, CompilePlan]]
     return [(name, plan_compile(exported, cxx_version, overrides)) for name, overrides in candidates(exported)]
 
 
-def median_ms(compiled: Compiled, inputs: tuple[torch.Tensor, ...]) -> float:
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(compiled.library), 1)
-    _load_weights_if_external(runner, compiled)
+def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> float:
+    runner = open_runner(compiled.library, weights_file)
     for _ in range(2):
         runner.run(list(inputs))
     times, started = [], time.perf_counter()
@@ -72,14 +71,6 @@ def median_ms(compiled: Compiled, inputs: tuple[torch.Tensor, ...]) -> float:
         runner.run(list(inputs))
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
-
-
-def _load_weights_if_external(runner, compiled: Compiled) -> None:
-    weights = compiled.output_dir / "weights.safetensors"
-    if weights.is_file():
-        from .templates import wheel_weights
-
-        wheel_weights.load_into(runner, wheel_weights.read_weights(weights), inactive=False)
 
 
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, output_dir: Path, store: Cache,
@@ -100,9 +91,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: P
             trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
             say(f"    candidate {name}: fails verification, dropped")
             continue
-        if verified.weights_file is not None:
-            shutil.copyfile(verified.weights_file, trial_out / verified.weights_file.name)
-        latency = median_ms(compiled, exported.example_inputs)
+        latency = median_ms(compiled, verified.weights_file, exported.example_inputs)
         trials.append(Trial(name, plan.options, True, round(latency, 3), compiled.from_cache))
         say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
         if best is None or latency < best[1]:
@@ -116,7 +105,8 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: P
 def install(tuned: Tuned, output_dir: Path) -> Compiled:
     """Put the chosen candidate's artifacts at the output path the wheel records.
 
-    On CPU the .so does not depend on where it was compiled; CUDA kernels do, so a CUDA target
+    On CPU the .so runs from any folder (its bytes record where it was compiled, which is why
+    candidates compile at a stable path); CUDA kernels are found by that path, so a CUDA target
     will need its chosen candidate compiled at this path instead.
     """
     artifacts = []

@@ -130,14 +130,19 @@ def _to_fp64(tensors):
     return [t.double() if t.dtype.is_floating_point else t for t in tensors]
 
 
+def open_runner(library: Path, weights_file: Path | None):
+    """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if any."""
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+    if weights_file is not None:
+        wheel_weights.load_into(runner, wheel_weights.read_weights(weights_file), inactive=False)
+    return runner
+
+
 def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Verified:
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(compiled.library), 1)
     weights_file = _write_weights(exported, work_dir) if spec.weights.external else None
-    if weights_file is not None:
-        # The wheel's own loading path: the file, memory-mapped, into the runner's constants.
-        wheel_weights.load_into(runner, wheel_weights.read_weights(weights_file), inactive=False)
+    runner = open_runner(compiled.library, weights_file)
     tols = tolerances(exported)
     names = [o.name for o in spec.outputs]
     reference_module = _fp64_module(exported) if spec.verify.fp64_reference else None
