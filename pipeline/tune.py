@@ -92,7 +92,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: P
             say(f"    candidate {name}: fails verification, dropped")
             continue
         latency = median_ms(compiled, verified.weights_file, exported.example_inputs)
-        trials.append(Trial(name, plan.options, True, round(latency, 3), compiled.from_cache))
+        trials.append(Trial(name, plan.options, True, latency, compiled.from_cache))  # unrounded: the choice is made on it
         say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
         if best is None or latency < best[1]:
             best = (name, latency, compiled)
