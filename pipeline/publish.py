@@ -72,6 +72,26 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
     return Index(upload=state["url"], simple=state["url"] + "{target}/simple/", local=True)
 
 
+def hashed_files(package: str, manifest: dict) -> dict[str, dict]:
+    """Every file the manifest records a sha256 and size for, by its path in the wheel."""
+    files = {f"{package}/artifacts/{name}": record for name, record in manifest["artifacts"].items()}
+    files[f"{package}/{manifest['golden']['file']}"] = manifest["golden"]
+    weights = manifest.get("weights", {})
+    if weights.get("external"):
+        files[f"{package}/{weights['file']}"] = {"sha256": weights["file_sha256"], "size": weights["size"]}
+    return files
+
+
+def _member_sha256(archive: zipfile.ZipFile, name: str) -> tuple[int, str]:
+    """Size and sha256 of a wheel member, read in blocks (external weights can be several GB)."""
+    digest, size = hashlib.sha256(), 0
+    with archive.open(name) as member:
+        for block in iter(lambda: member.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
 def read_manifest(wheel: Path) -> dict:
     """The wheel's manifest, after checking that verification passed and every file matches its hash."""
     try:
@@ -89,14 +109,12 @@ def read_manifest(wheel: Path) -> dict:
             raise UnverifiedWheelError(
                 f"{wheel}: its manifest does not record a passed verification", "build it with `make build`, which verifies"
             )
-        files = {f"{package}/artifacts/{n}": r for n, r in manifest["artifacts"].items()}
-        files[f"{package}/{manifest['golden']['file']}"] = manifest["golden"]
-        for name, record in sorted(files.items()):
+        for name, record in sorted(hashed_files(package, manifest).items()):
             try:
-                data = archive.read(name)
+                size, digest = _member_sha256(archive, name)
             except KeyError:
                 raise UnverifiedWheelError(f"{wheel}: {name} is missing", "rebuild the wheel") from None
-            if len(data) != record["size"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
+            if size != record["size"] or digest != record["sha256"]:
                 raise UnverifiedWheelError(
                     f"{wheel}: {name} does not match the sha256 in its manifest", "the wheel was altered after its build: rebuild it"
                 )

@@ -169,3 +169,19 @@ def test_new_weights_make_a_new_version_without_recompiling(external_build, weig
 def test_new_weights_need_a_new_version(weight_files):
     ran = run_cli("build", "--spec", str(EXTERNAL_SPEC), "--weights", str(weight_files["tuned"]))
     assert ran.code == 2 and "needs a new version: add --version" in ran.err
+
+
+def test_publish_refuses_a_wheel_whose_weights_were_altered(external_build, tmp_path):
+    from pipeline.errors import UnverifiedWheelError
+
+    wheel = next(external_build.dist.glob("*.whl"))
+    altered = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(altered, "w") as copy:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if info.filename.endswith("weights.safetensors"):
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            copy.writestr(info, data)
+    ran = run_cli("publish", "--wheel", str(altered), "--index", "http://127.0.0.1:9/", cwd=tmp_path)
+    assert ran.code == UnverifiedWheelError.exit_code, ran.err
+    assert "model_tiny_external/weights.safetensors does not match the sha256 in its manifest" in ran.err
