@@ -12,6 +12,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,6 +126,55 @@ def test_installed_wheel_matches_eager_in_a_new_process(installed, tmp_path, whe
         for name, got, want in zip(("features", "logits"), compiled, expected):
             assert got.shape[0] == batch
             torch.testing.assert_close(got, want, rtol=tolerances[name]["rtol"], atol=tolerances[name]["atol"])
+
+
+def test_load_numpy_matches_eager_without_importing_torch(installed, tmp_path):
+    out = tmp_path / "outputs.npz"
+    code = (
+        "import sys, numpy as np, model_tiny\n"
+        "m = model_tiny.load_numpy()\n"
+        "rng = np.random.default_rng(0)\n"
+        "x = rng.standard_normal((4, 3, 8, 8), dtype=np.float32)\n"
+        "t = (rng.random(4) * 1000).astype(np.float32)\n"
+        "features, logits = m(np.asfortranarray(x[:3]), t[:3])\n"  # a non-contiguous input is accepted
+        "again = m(x, t)[1]\n"
+        f"np.savez({str(out)!r}, x=x, t=t, features=features, logits=logits, again=again)\n"
+        "print('torch imported:', 'torch' in sys.modules, type(logits).__name__, logits.flags['OWNDATA'])\n"
+    )
+    ran = run_in(installed, code)
+    assert ran.returncode == 0, ran.stderr
+    assert "torch imported: False ndarray" in ran.stdout, "load_numpy() must not import torch"
+    saved = np.load(out)
+    eager = load_model(load_spec(TINY_SPEC)).module
+    with torch.no_grad():
+        features, logits = eager(torch.from_numpy(saved["x"][:3]), torch.from_numpy(saved["t"][:3]))
+        _, logits4 = eager(torch.from_numpy(saved["x"]), torch.from_numpy(saved["t"]))
+    torch.testing.assert_close(torch.from_numpy(saved["features"]), features, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(saved["logits"]), logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(saved["again"]), logits4, rtol=1e-4, atol=1e-5)
+
+
+def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
+    code = (
+        "import numpy as np, model_tiny\nm = model_tiny.load_numpy()\n"
+        "x, t = np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, np.float32)\n"
+        "for args in [(x,), (x[:, :2], t), (x, t[:1]), (x.astype(np.float64), t), (x.tolist(), t)]:\n"
+        "    try:\n        m(*args)\n    except ValueError as e:\n        print(e)\n"
+    )
+    ran = run_in(installed, code)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "expected 2 arrays (x, t), got 1",
+        "input 'x': dim 1 must be 3, got 2",
+        "input 't': dim 0 (batch) is 1, but input 'x' has batch=2",
+        "input 'x': expected dtype float32, got float64",
+        "input 'x': expected a numpy.ndarray, got list",
+    ]
+    needed = json.loads(run_in(installed, "import model_tiny, json; print(json.dumps(model_tiny.manifest()))").stdout)
+    if needed["platform"]["cpu_capability"] == "AVX512":  # ATen and load_numpy() both honour the variable
+        lower = run_in(installed, "import model_tiny; model_tiny.load_numpy()", ATEN_CPU_CAPABILITY="avx2")
+        assert lower.returncode != 0 and "IncompatibleRuntime" in lower.stderr
+        assert "this CPU supports AVX2, the model's kernels need AVX512" in lower.stderr
 
 
 def test_load_links_opt_path_to_the_installed_package(installed, wheel):
@@ -253,12 +303,14 @@ def test_altered_so_is_refused_naming_the_file(installed, tmp_path, damage):
     assert run_in(installed, "import model_tiny; model_tiny.load()", **env).returncode == 0
     with altered(so, change):
         ran = run_in(installed, "import model_tiny; model_tiny.load()", **env)
+        native = run_in(installed, "import model_tiny; model_tiny.load_numpy()", **env)
         cli = subprocess.run([str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True, env={**os.environ, **env})
     assert ran.returncode != 0 and "IntegrityError" in ran.stderr
     assert "model_tiny/artifacts/model.so" in ran.stderr or "/cpu/model.so" in ran.stderr
     assert ("the manifest says" in ran.stderr) and ("reinstall the wheel" in ran.stderr)
     assert ("bytes, the manifest says" in ran.stderr) == (damage == "truncate")
     assert cli.returncode == 4 and "error: artifact" in cli.stderr
+    assert native.returncode != 0 and "IntegrityError" in native.stderr
     assert run_in(installed, "import model_tiny; model_tiny.load()", **env).returncode == 0, "restored file loads again"
 
 

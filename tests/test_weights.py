@@ -105,6 +105,13 @@ def test_weights_that_do_not_fit_are_listed_and_nothing_loads(external_installed
     assert "mis-shaped conv.weight: float32[8, 3, 5, 5], the model needs float32[8, 3, 3, 3]" in ran.stdout
 
 
+def test_load_numpy_refuses_external_weights(external_installed):
+    code = "import model_tiny_external as m\ntry:\n    m.load_numpy()\nexcept m.NativeRuntimeError as e:\n    print(e)\n"
+    ran = run_in(external_installed, code)
+    assert ran.returncode == 0, ran.stderr
+    assert "keeps its weights outside the .so; load_numpy() runs models with embedded weights only: use load()" in ran.stdout
+
+
 def test_embedded_weights_cannot_be_replaced(installed, weight_files):
     code = f"import model_tiny\ntry:\n    model_tiny.load(weights={str(weight_files['tuned'])!r})\nexcept ValueError as e:\n    print(e)\n"
     ran = run_in(installed, code)

@@ -6,12 +6,24 @@
     verify()                             # re-run the golden cases recorded at build time
     load(weights="finetune.safetensors") # other weights, when built with [weights] external = true
     model.swap_weights("v2.safetensors") # switch weights in place, without downtime
+    fast = load_numpy()                  # numpy arrays in and out, without importing torch
+
+Importing this package does not import torch: ``load_numpy()`` users never pay for it, and
+``load()`` imports it on first use.
 """
 
-from ._golden import GoldenMismatch
+from importlib import import_module
+from typing import Any
+
 from ._integrity import IntegrityError
-from ._load import ArtifactLinkWarning, CompiledModel, IncompatibleRuntime, example_inputs, load, manifest, verify
-from ._weights import WeightsMismatch
+from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, manifest
+from ._native import NativeRuntimeError, NumpyModel, load_numpy
+
+# name -> the module defining it; these import torch, so they load when first asked for
+_TORCH_SIDE = {
+    "CompiledModel": "._load", "example_inputs": "._load", "load": "._load", "verify": "._load",
+    "GoldenMismatch": "._golden", "WeightsMismatch": "._weights",
+}
 
 __all__ = [
     "ArtifactLinkWarning",
@@ -19,10 +31,25 @@ __all__ = [
     "GoldenMismatch",
     "IncompatibleRuntime",
     "IntegrityError",
+    "NativeRuntimeError",
+    "NumpyModel",
     "WeightsMismatch",
     "example_inputs",
     "load",
+    "load_numpy",
     "manifest",
     "verify",
 ]
 __version__ = manifest()["full_version"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_SIDE:
+        value = getattr(import_module(_TORCH_SIDE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TORCH_SIDE))

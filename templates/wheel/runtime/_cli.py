@@ -14,7 +14,8 @@ from pathlib import Path
 from ._golden import GoldenMismatch
 from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link
-from ._load import ARTIFACTS_DIR, IncompatibleRuntime, manifest, verify
+from ._load import verify
+from ._manifest import ARTIFACTS_DIR, IncompatibleRuntime, manifest
 
 EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4}
 

@@ -2,14 +2,16 @@
 
 This file is shared: the build pipeline imports it to make export and verification inputs,
 and every wheel carries a copy, so both sides make the same tensors from the same seed.
-It imports nothing but torch.
+It imports torch only inside the functions that need it: ``check_sizes`` also serves
+``load_numpy()``, which must start without importing torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_shape(shape: Sequence[int | str], sizes: Mapping[str, int]) -> list[int]:
@@ -18,6 +20,8 @@ def resolve_shape(shape: Sequence[int | str], sizes: Mapping[str, int]) -> list[
 
 def make_inputs(inputs: Sequence[Mapping[str, Any]], sizes: Mapping[str, int], seed: int) -> list[torch.Tensor]:
     """One tensor per input spec, drawn from a generator seeded with ``seed``."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     tensors = []
     for spec in inputs:
@@ -42,10 +46,11 @@ def check_inputs(
     device: str = "cpu",
 ) -> None:
     """Raise ValueError naming the argument when ``args`` do not fit the input specs."""
+    import torch
+
     if len(args) != len(inputs):
         names = ", ".join(spec["name"] for spec in inputs)
         raise ValueError(f"expected {len(inputs)} tensors ({names}), got {len(args)}")
-    seen: dict[str, tuple[int, str]] = {}
     for spec, arg in zip(inputs, args):
         name = spec["name"]
         if not isinstance(arg, torch.Tensor):
@@ -54,9 +59,18 @@ def check_inputs(
             raise ValueError(f"input {name!r}: expected a tensor on {device}, got one on {arg.device}")
         if arg.dtype != getattr(torch, spec["dtype"]):
             raise ValueError(f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}")
-        if arg.dim() != len(spec["shape"]):
-            raise ValueError(f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, got shape {list(arg.shape)}")
-        for axis, (want, size) in enumerate(zip(spec["shape"], arg.shape)):
+    check_sizes(inputs, dims, [tuple(arg.shape) for arg in args])
+
+
+def check_sizes(inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[str, int]], shapes: Sequence[Sequence[int]]) -> None:
+    """Raise ValueError naming the argument when a shape has the wrong rank, a wrong fixed size,
+    a dynamic size outside its built range, or disagrees with another input on a shared dim."""
+    seen: dict[str, tuple[int, str]] = {}
+    for spec, shape in zip(inputs, shapes):
+        name = spec["name"]
+        if len(shape) != len(spec["shape"]):
+            raise ValueError(f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, got shape {list(shape)}")
+        for axis, (want, size) in enumerate(zip(spec["shape"], shape)):
             if isinstance(want, int):
                 if size != want:
                     raise ValueError(f"input {name!r}: dim {axis} must be {want}, got {size}")

@@ -6,10 +6,7 @@ Imports torch and nothing of its compiler stack (torch._inductor, torch._dynamo)
 
 from __future__ import annotations
 
-import json
-import platform
 import threading
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,32 +15,8 @@ import torch
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts
-from ._link import ensure_link
+from ._manifest import PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._weights import WeightsMismatch, check_weights, load_into, read_weights
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
-# Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
-CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
-
-_manifest: dict[str, Any] | None = None
-_warned = False
-
-
-class IncompatibleRuntime(RuntimeError):
-    """The running torch or machine differs from the one the model was built for."""
-
-
-class ArtifactLinkWarning(UserWarning):
-    """The /opt link could not be made; the model loads from the package directory instead."""
-
-
-def manifest() -> dict[str, Any]:
-    """The build manifest (torch version, target, inputs, tolerances, hashes). Treat as read-only."""
-    global _manifest
-    if _manifest is None:
-        _manifest = json.loads((PACKAGE_DIR / "manifest.json").read_text(encoding="utf-8"))
-    return _manifest
 
 
 def example_inputs(seed: int = 0, **sizes: int) -> tuple[torch.Tensor, ...]:
@@ -56,39 +29,6 @@ def example_inputs(seed: int = 0, **sizes: int) -> tuple[torch.Tensor, ...]:
     tensors = make_inputs(m["inputs"], chosen, seed)
     check_inputs(m["inputs"], m["dims"], tensors)
     return tuple(tensors)
-
-
-def incompatibilities(m: dict[str, Any]) -> list[str]:
-    problems = []
-    if torch.__version__ != m["torch"]["version"]:
-        problems.append(f"torch is {torch.__version__}, the model was built with torch {m['torch']['version']}")
-    if platform.machine() != m["platform"]["machine"]:
-        problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}")
-    needed, have = m["platform"]["cpu_capability"], torch.backends.cpu.get_cpu_capability()
-    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
-        if CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed):
-            problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
-    elif needed != have:
-        problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
-    return problems
-
-
-def artifacts_dir() -> Path:
-    """Where to load from: the /opt link when it can be made, else this package (warning once)."""
-    global _warned
-    m = manifest()
-    ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
-    if ok:
-        return Path(m["opt_path"])
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            f"{m['dist_name']}: {detail}; loading from {ARTIFACTS_DIR} instead. "
-            f"Run `{m['dist_name']} link` with write access to {Path(m['opt_path']).parent} to fix this.",
-            ArtifactLinkWarning,
-            stacklevel=3,
-        )
-    return ARTIFACTS_DIR
 
 
 def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -157,12 +97,7 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
             check_artifacts(PACKAGE_DIR, {"artifacts": {packaged["file"]: {"sha256": packaged["file_sha256"], "size": packaged["size"]}}})
             weights = PACKAGE_DIR / packaged["file"]
         tensors = _weights_from(weights, m)  # checked before anything is loaded
-    problems = incompatibilities(m)
-    if problems:
-        raise IncompatibleRuntime(
-            f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems)
-            + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['version']}`."
-        )
+    check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability())
     directory = artifacts_dir()
     check_artifacts(directory, m)
     library = directory / m["library"]

@@ -7,9 +7,10 @@ the file and handed to the runner as user-managed constants, so weights are not 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
+if TYPE_CHECKING:  # the wheel's package imports this module without importing torch
+    import torch
 
 # Constants AOTInductor folds from others at run time; they are computed, never supplied.
 FOLDED_PREFIX = "_FOLDED_CONST"

@@ -1,0 +1,81 @@
+"""The build manifest, the machine check and where the artifacts load from.
+
+Imports nothing heavy (no torch, no numpy): both loaders use it, and ``load_numpy()`` must start
+without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ._link import ensure_link
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
+# Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
+CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
+
+_manifest: dict[str, Any] | None = None
+_warned = False
+
+
+class IncompatibleRuntime(RuntimeError):
+    """The running torch or machine differs from the one the model was built for."""
+
+
+class ArtifactLinkWarning(UserWarning):
+    """The /opt link could not be made; the model loads from the package directory instead."""
+
+
+def manifest() -> dict[str, Any]:
+    """The build manifest (torch version, target, inputs, tolerances, hashes). Treat as read-only."""
+    global _manifest
+    if _manifest is None:
+        _manifest = json.loads((PACKAGE_DIR / "manifest.json").read_text(encoding="utf-8"))
+    return _manifest
+
+
+def incompatibilities(m: dict[str, Any], torch_version: str, cpu_capability: str) -> list[str]:
+    problems = []
+    if torch_version != m["torch"]["version"]:
+        problems.append(f"torch is {torch_version}, the model was built with torch {m['torch']['version']}")
+    if platform.machine() != m["platform"]["machine"]:
+        problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}")
+    needed, have = m["platform"]["cpu_capability"], cpu_capability
+    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
+        if CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed):
+            problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
+    elif needed != have:
+        problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
+    return problems
+
+
+def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str) -> None:
+    problems = incompatibilities(m, torch_version, cpu_capability)
+    if problems:
+        raise IncompatibleRuntime(
+            f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems)
+            + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['version']}`."
+        )
+
+
+def artifacts_dir() -> Path:
+    """Where to load from: the /opt link when it can be made, else this package (warning once)."""
+    global _warned
+    m = manifest()
+    ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
+    if ok:
+        return Path(m["opt_path"])
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"{m['dist_name']}: {detail}; loading from {ARTIFACTS_DIR} instead. "
+            f"Run `{m['dist_name']} link` with write access to {Path(m['opt_path']).parent} to fix this.",
+            ArtifactLinkWarning,
+            stacklevel=3,
+        )
+    return ARTIFACTS_DIR

@@ -1,0 +1,253 @@
+"""Run the compiled model without importing torch: numpy arrays in, numpy arrays out.
+
+``import torch`` costs about a second, nearly all of it Python modules the compiled model never
+uses. The .so needs only libtorch_cpu (its kernels call ATen through AOTInductor's C shim), so
+this loader opens that library and the model with ctypes and calls the model container's C ABI
+(torch/csrc/inductor/aoti_runtime/interface.h), the same entry points torch's own runner uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import platform
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._inputs import check_sizes
+from ._integrity import check_artifacts
+from ._manifest import artifacts_dir, check_runtime, manifest
+
+_handle = ctypes.c_void_p
+_NUMPY_DTYPES = {
+    "float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64, "int32": np.int32,
+    "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+}
+_libtorch: ctypes.CDLL | None = None
+_libtorch_lock = threading.Lock()
+
+
+class NativeRuntimeError(RuntimeError):
+    """The model's C interface reported an error, or torch's libraries could not be opened."""
+
+
+def _torch_dir() -> Path:
+    found = importlib.util.find_spec("torch")  # locates the package without importing it
+    if found is None or not found.submodule_search_locations:
+        raise NativeRuntimeError("torch is not installed: `pip install` this wheel again to get the torch it pins")
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def torch_version() -> str:
+    """torch.__version__, read from torch/version.py without importing torch."""
+    namespace: dict[str, Any] = {}
+    exec((_torch_dir() / "version.py").read_text(encoding="utf-8"), namespace)  # a generated file of constants
+    return str(namespace["__version__"])
+
+
+def cpu_capability() -> str:
+    """The vector ISA ATen would pick here (what torch.backends.cpu.get_cpu_capability() reports)."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        return "DEFAULT"
+    if platform.machine() != "x86_64":
+        return "DEFAULT"
+    best = "AVX512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags else (
+        "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT")
+    # ATen honours this variable to run a lower ISA; mirror it.
+    forced = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    order = ["DEFAULT", "AVX2", "AVX512"]
+    if forced in order and order.index(forced) < order.index(best):
+        return forced
+    return best
+
+
+def _open_libtorch() -> ctypes.CDLL:
+    global _libtorch
+    with _libtorch_lock:
+        if _libtorch is None:
+            path = _torch_dir() / "lib" / "libtorch_cpu.so"
+            try:
+                # RTLD_GLOBAL: the model's .so resolves ATen and the C shim from this copy.
+                lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                raise NativeRuntimeError(f"cannot open {path}: {exc}") from None
+            _declare_shim(lib)
+            _libtorch = lib
+        return _libtorch
+
+
+def _declare_shim(lib: ctypes.CDLL) -> None:
+    i32, i64, p_i64 = ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+    signatures = {
+        "aoti_torch_create_tensor_from_blob": [ctypes.c_void_p, i64, p_i64, p_i64, i64, i32, i32, i32, ctypes.POINTER(_handle)],
+        "aoti_torch_delete_tensor_object": [_handle],
+        "aoti_torch_get_data_ptr": [_handle, ctypes.POINTER(ctypes.c_void_p)],
+        "aoti_torch_get_dim": [_handle, p_i64],
+        "aoti_torch_get_sizes": [_handle, ctypes.POINTER(p_i64)],
+        "aoti_torch_get_strides": [_handle, ctypes.POINTER(p_i64)],
+        "aoti_torch_get_dtype": [_handle, ctypes.POINTER(i32)],
+    }
+    for name, argtypes in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, i32
+    lib.aoti_torch_device_type_cpu.restype = i32
+
+
+def _dtype_codes(lib: ctypes.CDLL) -> dict[str, int]:
+    """numpy dtype name -> torch's dtype code (aoti_torch_dtype_*)."""
+    codes = {}
+    for name in _NUMPY_DTYPES:
+        function = getattr(lib, f"aoti_torch_dtype_{name}")
+        function.restype = ctypes.c_int32
+        codes[name] = function()
+    return codes
+
+
+class _OutputTensor:
+    """Owns one output handle; a numpy array made from it keeps it (and its memory) alive."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int | None) -> None:
+        self._lib, self._handle = lib, handle
+
+    def view(self, dtypes_by_code: dict[int, np.dtype]) -> np.ndarray:
+        lib, handle = self._lib, self._handle
+        code, data, ndim = ctypes.c_int32(), ctypes.c_void_p(), ctypes.c_int64()
+        sizes, strides = ctypes.POINTER(ctypes.c_int64)(), ctypes.POINTER(ctypes.c_int64)()
+        _check(lib.aoti_torch_get_dtype(handle, ctypes.byref(code)), "reading an output")
+        _check(lib.aoti_torch_get_data_ptr(handle, ctypes.byref(data)), "reading an output")
+        _check(lib.aoti_torch_get_dim(handle, ctypes.byref(ndim)), "reading an output")
+        _check(lib.aoti_torch_get_sizes(handle, ctypes.byref(sizes)), "reading an output")
+        _check(lib.aoti_torch_get_strides(handle, ctypes.byref(strides)), "reading an output")
+        if code.value not in dtypes_by_code:
+            raise NativeRuntimeError("an output's dtype has no numpy type: use load()")
+        dtype = dtypes_by_code[code.value]
+        self.__array_interface__ = {
+            "version": 3, "typestr": dtype.str, "shape": tuple(sizes[i] for i in range(ndim.value)),
+            "strides": tuple(strides[i] * dtype.itemsize for i in range(ndim.value)),
+            "data": (data.value or 0, False),
+        }
+        return np.asarray(self)
+
+    def __del__(self) -> None:
+        if self._handle:
+            self._lib.aoti_torch_delete_tensor_object(self._handle)
+
+
+def _check(code: int, what: str) -> None:
+    if code != 0:
+        raise NativeRuntimeError(f"the model's C interface failed while {what} (error {code})")
+
+
+class NumpyModel:
+    """Call it like the original module, with numpy arrays: arrays in, an array (or tuple) out.
+
+    Outputs are the model's own buffers, handed over without a copy; each call returns new ones.
+    """
+
+    def __init__(self, m: dict[str, Any], library: Path, num_models: int) -> None:
+        self._manifest = m
+        self.library = library
+        self._lib = _open_libtorch()
+        self._codes = _dtype_codes(self._lib)
+        self._dtypes_by_code = {code: np.dtype(_NUMPY_DTYPES[name]) for name, code in self._codes.items()}
+        self._cpu = self._lib.aoti_torch_device_type_cpu()
+        try:
+            self._model = ctypes.CDLL(str(library))
+        except OSError as exc:
+            raise NativeRuntimeError(f"cannot open {library}: {exc}") from None
+        self._container = _handle()
+        self._call("AOTInductorModelContainerCreateWithDevice", "opening the model",
+                   ctypes.byref(self._container), ctypes.c_size_t(num_models), b"cpu", None)
+        count = ctypes.c_size_t()
+        self._call("AOTInductorModelContainerGetNumOutputs", "reading the model", self._container, ctypes.byref(count))
+        self._num_outputs = count.value
+
+    def _call(self, name: str, what: str, *args: Any) -> None:
+        code = getattr(self._model, name)(*args)
+        if code != 0:
+            message = ctypes.c_char_p()
+            self._model.AOTInductorGetLastError(ctypes.byref(message))
+            detail = (message.value or b"").decode(errors="replace").strip()
+            raise NativeRuntimeError(f"{self._manifest['dist_name']}: {what} failed: {detail or f'error {code}'}")
+
+    def _input_handle(self, array: np.ndarray) -> ctypes.c_void_p:
+        sizes = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        strides = (ctypes.c_int64 * max(array.ndim, 1))(*(s // array.itemsize for s in array.strides))
+        handle = _handle()
+        _check(self._lib.aoti_torch_create_tensor_from_blob(
+            array.ctypes.data, array.ndim, sizes, strides, 0, self._codes[array.dtype.name], self._cpu, 0,
+            ctypes.byref(handle)), "passing an input")
+        return handle
+
+    def _checked(self, args: tuple[Any, ...]) -> list[np.ndarray]:
+        inputs = self._manifest["inputs"]
+        if len(args) != len(inputs):
+            names = ", ".join(spec["name"] for spec in inputs)
+            raise ValueError(f"expected {len(inputs)} arrays ({names}), got {len(args)}")
+        arrays = []
+        for spec, arg in zip(inputs, args):
+            if not isinstance(arg, np.ndarray):
+                raise ValueError(f"input {spec['name']!r}: expected a numpy.ndarray, got {type(arg).__name__}")
+            if arg.dtype.name != spec["dtype"]:
+                raise ValueError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {arg.dtype.name}")
+            arrays.append(np.ascontiguousarray(arg))
+        check_sizes(inputs, self._manifest["dims"], [a.shape for a in arrays])
+        return arrays
+
+    def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        arrays = self._checked(args)  # kept alive until the call returns: the handles borrow their memory
+        handles = (_handle * len(arrays))(*(self._input_handle(a) for a in arrays))  # the run takes ownership
+        outputs = (_handle * self._num_outputs)()
+        self._call("AOTInductorModelContainerRun", "running the model", self._container, handles,
+                   ctypes.c_size_t(len(arrays)), outputs, ctypes.c_size_t(self._num_outputs), None, None)
+        owned = [_OutputTensor(self._lib, handle) for handle in outputs]  # freed with their arrays
+        results = tuple(self._own_copy_if_aliased(o.view(self._dtypes_by_code), arrays) for o in owned)
+        return results if self._manifest["returns_tuple"] else results[0]
+
+    @staticmethod
+    def _own_copy_if_aliased(result: np.ndarray, arrays: list[np.ndarray]) -> np.ndarray:
+        # An output the model passes through unchanged shares an input's memory, which may be a
+        # temporary contiguous copy made above: give the caller its own.
+        return result.copy() if any(np.shares_memory(result, a) for a in arrays) else result
+
+    def close(self) -> None:
+        """Free the model (also done when the object is collected)."""
+        if getattr(self, "_container", None):
+            self._model.AOTInductorModelContainerDelete(self._container)
+            self._container = _handle()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<NumpyModel {self._manifest['dist_name']} {self._manifest['full_version']} from {self.library}>"
+
+
+def load_numpy(num_models: int = 1) -> NumpyModel:
+    """Open the compiled model without importing torch; call it with numpy arrays.
+
+    For processes that do not otherwise use PyTorch: start-up skips ``import torch`` (about a
+    second). Models with external weights need ``load()``, which can hand the weights over."""
+    m = manifest()
+    if m["weights"]["external"]:
+        raise NativeRuntimeError(
+            f"{m['dist_name']} {m['full_version']} keeps its weights outside the .so; load_numpy() runs models "
+            "with embedded weights only: use load()"
+        )
+    unsupported = [spec["name"] for spec in m["inputs"] if spec["dtype"] not in _NUMPY_DTYPES]
+    if unsupported:
+        raise NativeRuntimeError(f"inputs {unsupported} have dtypes numpy has no type for: use load()")
+    check_runtime(m, torch_version(), cpu_capability())
+    directory = artifacts_dir()
+    check_artifacts(directory, m)
+    return NumpyModel(m, directory / m["library"], num_models)
