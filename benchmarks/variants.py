@@ -3,9 +3,13 @@
     python variants.py VARIANT --spec SPEC --mode latency --batch N [--artifact PATH]
     python variants.py VARIANT --spec SPEC --mode cold --start EPOCH [--artifact PATH]
 
-VARIANT: eager | compile | pt2 | onnx | wheel. `wheel` runs in the virtualenv the wheel is
-installed in and imports only torch and the wheel (its --artifact is the import name);
-`onnx` in cold mode imports only onnxruntime and numpy. Prints one JSON object.
+    python variants.py so --spec SPEC --mode kernels --batch N --artifact MODEL.so
+
+VARIANT: eager | compile | pt2 | onnx | wheel | wheel-numpy. `wheel` and `wheel-numpy` run in
+the virtualenv the wheel is installed in (their --artifact is the import name): `wheel` uses
+load() and torch tensors, `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
+`onnx` in cold mode imports only onnxruntime and numpy. `so` with `--mode kernels` profiles a
+.so compiled with cpp.enable_kernel_profile. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -40,8 +44,32 @@ def eager_module(spec_file):
     return load_model(spec_file).module
 
 
+def numpy_inputs(inputs: list[dict], sizes: dict[str, int]) -> list:
+    """Arrays of the declared shapes and dtypes, made without torch."""
+    import numpy as np
+
+    rng, arrays = np.random.default_rng(0), []
+    for spec in inputs:
+        shape = [sizes[axis] if isinstance(axis, str) else axis for axis in spec["shape"]]
+        low, high = spec.get("low"), spec.get("high")
+        if spec["dtype"].startswith("float"):
+            values = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
+        else:
+            values = rng.integers(int(low), int(high), shape)
+        arrays.append(values.astype(spec["dtype"]))
+    return arrays
+
+
 def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str | None):
-    """(callable taking no arguments, description) for the variant at this batch size."""
+    """A callable taking no arguments that runs the variant once at this batch size."""
+    if variant == "wheel-numpy":
+        import importlib
+
+        package = importlib.import_module(artifact)
+        m = package.manifest()
+        model = package.load_numpy()
+        args = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
+        return lambda: model(*args)
     if variant == "wheel":
         import importlib
 
@@ -66,6 +94,9 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
     import torch
 
     spec_file, args = spec_inputs(spec_path, batch)
+    if variant == "so":  # a bare .so, opened with torch's runner
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(artifact, 1)
+        return lambda: runner.run(list(args))
     if variant == "pt2":
         model = torch._inductor.aoti_load_package(artifact)
     else:
@@ -96,26 +127,50 @@ def latency(call) -> dict:
             "first_call_s": first_s}
 
 
-def profile(call, top: int = 10) -> dict:
-    """Where the time goes, by operator, in eager (the compiled .so's kernels are invisible to the
-    profiler: they do not go through the dispatcher), and the model's FLOPs against the CPU's peak."""
+def kernel_profile(so_path: str, spec_path: str, batch: int, top: int = 12) -> dict:
+    """Where the compiled model's time goes: a .so built with cpp.enable_kernel_profile records
+    each generated kernel and each library call (convolution, linear, attention) it makes."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    call()
+    spec_file, args = spec_inputs(spec_path, batch)
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(so_path, 1)
+    for _ in range(3):
+        runner.run(list(args))
+    calls = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(3):
-            call()
-    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
-    total = sum(e.self_cpu_time_total for e in events) or 1
-    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+        for _ in range(calls):
+            runner.run(list(args))
+    events = [e for e in prof.key_averages() if not e.key.startswith("aten::")]
+    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    groups: dict[str, float] = {}
+    for event in rows:
+        groups[kernel_group(event.key)] = groups.get(kernel_group(event.key), 0.0) + event.self_cpu_time_total / calls / 1000
     with FlopCounterMode(display=False) as counter:
-        call()
+        with torch.no_grad():
+            eager_module(spec_file)(*args)
+    flops = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
     return {
-        "ops": [{"op": e.key, "self_ms_per_call": e.self_cpu_time_total / 3 / 1000, "share": e.self_cpu_time_total / total} for e in rows],
+        "groups_ms": groups,
+        "group_gflop": {"convolution": flops.get("aten.convolution", 0) / 1e9,
+                        "linear / matmul": (flops.get("aten.addmm", 0) + flops.get("aten.mm", 0) + flops.get("aten.bmm", 0)) / 1e9},
+        "kernels": [{"kernel": e.key, "ms_per_call": e.self_cpu_time_total / calls / 1000, "calls": e.count // calls}
+                    for e in rows[:top]],
         "gflop": counter.get_total_flops() / 1e9,
         "matmul_peak_gflops": matmul_peak(),
     }
+
+
+def kernel_group(name: str) -> str:
+    if "convolution" in name:
+        return "convolution"
+    if any(part in name for part in ("linear", "_mm", "addmm", "bmm", "gemm")):
+        return "linear / matmul"
+    if "scaled_dot_product" in name:
+        return "attention"
+    if name.startswith("graph_"):
+        return "generated C++ kernels"
+    return "other library calls"
 
 
 def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
@@ -132,9 +187,9 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=["eager", "compile", "pt2", "onnx", "wheel"])
+    parser.add_argument("variant", choices=["eager", "compile", "pt2", "onnx", "wheel", "wheel-numpy", "so"])
     parser.add_argument("--spec", default="")
-    parser.add_argument("--mode", choices=["latency", "cold", "profile"], required=True)
+    parser.add_argument("--mode", choices=["latency", "cold", "kernels"], required=True)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--artifact", default=None)
     parser.add_argument("--start", type=float, default=None, help="time.time() when the parent started this process")
@@ -144,8 +199,10 @@ def main() -> None:
         call()
         print(json.dumps({"first_result_s": time.time() - args.start}))
         return
-    call = make_runner(args.variant, args.spec, args.batch, args.artifact)
-    print(json.dumps(latency(call) if args.mode == "latency" else profile(call)))
+    if args.mode == "kernels":
+        print(json.dumps(kernel_profile(args.artifact, args.spec, args.batch)))
+        return
+    print(json.dumps(latency(make_runner(args.variant, args.spec, args.batch, args.artifact))))
 
 
 if __name__ == "__main__":

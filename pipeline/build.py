@@ -67,13 +67,13 @@ def build_target(
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded)
-    planned = tune.plans(exported, cxx_version)
+    planned, skipped = tune.plans(exported, cxx_version)
     if not all(store.has(plan.key) for _, plan in planned):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, work_dir, out_dir, store, progress.say)
+            tuned = tune.tune(exported, planned, skipped, work_dir, out_dir, store, progress.say)
             compiled = tune.install(tuned, out_dir)
             if all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
@@ -143,6 +143,7 @@ def make_report(
         "compile_search": {
             "chosen": tuned.chosen,
             "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
+            "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
         },
     }
 

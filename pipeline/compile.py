@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from . import cache, proc
+from . import cache, precision, proc
 from .errors import CompileError, SpecError, ToolchainError
 from .export import Exported
 from .loader import weight_tensors
@@ -53,6 +53,8 @@ def inductor_options(exported: Exported) -> dict[str, object]:
     spec_file = exported.spec_file
     compile_spec = spec_file.spec.compile
     options: dict[str, object] = {"freezing": compile_spec.freezing, "max_autotune": compile_spec.max_autotune}
+    if compile_spec.autocast:
+        options[precision.AUTOCAST_OPTION] = compile_spec.autocast
     if spec_file.spec.weights.external:
         # Weights stay out of the .so and every parameter stays a swappable constant: what
         # compile would fold from them is folded again at run time from the loaded weights.
@@ -143,9 +145,11 @@ def compile_model(exported: Exported, plan: CompilePlan, output_dir: Path, work_
 
 def _aot_compile(exported: Exported, options: dict, output_dir: Path, work_dir: Path, library: Path) -> tuple[Path, ...]:
     sources_dir = work_dir / "sources"
+    autocast, options = precision.split_options(options)
+    program = precision.export_autocast(exported, autocast) if autocast else exported.program
     try:
         with torch.no_grad():
-            produced = torch._inductor.aot_compile(exported.program.module(), exported.example_inputs, options=options)
+            produced = torch._inductor.aot_compile(program.module(), exported.example_inputs, options=options)
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc

@@ -133,6 +133,9 @@ class CompileSection(_Frozen):
     search: bool = Field(True, description="try candidate options and keep the fastest that verifies")
     freezing: bool = False
     max_autotune: bool = False
+    autocast: Literal["bfloat16"] | None = Field(
+        None, description="run matmuls and convolutions under this autocast dtype (the tolerances must allow it)"
+    )
     inductor: dict[str, bool | int | float | str] = Field(
         {}, description="extra torch._inductor.config options, passed through as-is"
     )
@@ -177,6 +180,9 @@ class Spec(_Frozen):
             duplicates = sorted({n for n in names if names.count(n) > 1})
             if duplicates:
                 raise ValueError(f"{label}: names repeat: {', '.join(duplicates)}")
+        if self.compile.autocast and self.weights.external:
+            raise ValueError("compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
+                             "float32 weights the .so cannot pre-cast); remove one of them")
         return self
 
     @property

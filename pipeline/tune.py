@@ -2,9 +2,10 @@
 
 Candidates (with `[compile] search = true`, the default): the spec's own options, freezing
 (not with external weights: it folds weights into the code), freezing with channels-last
-convolutions, and max-autotune. Each is compiled (or taken from the compile cache), verified
-against eager on every case, and timed; a failing candidate is dropped. `search = false` pins
-the spec's options. Reduced precision is not a candidate yet.
+convolutions, max-autotune, and bfloat16 autocast with freezing where the spec's tolerances
+allow it (screened in eager first, so a model they refuse costs no compile). Each is compiled
+(or taken from the compile cache), verified against eager on every case, and timed; a failing
+candidate is dropped. `search = false` pins the spec's options.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from pathlib import Path
 
 import torch
 
+from . import precision
 from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile
-from .errors import VerificationError
+from .errors import CompileError, ExportError, VerificationError
 from .export import Exported
-from .verify import open_runner, verify_model
+from .templates import wheel_compare
+from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
 MIN_RUNS, MIN_SECONDS = 5, 1.0
 
@@ -38,27 +41,69 @@ class Trial:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tuned:
     compiled: Compiled  # the chosen candidate, still in its trial folder
     chosen: str
     trials: tuple[Trial, ...]
+    skipped: tuple[Skipped, ...] = ()
 
 
-def candidates(exported: Exported) -> list[tuple[str, dict]]:
+BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
+
+
+def candidates(exported: Exported) -> tuple[list[tuple[str, dict]], list[Skipped]]:
+    """The candidates to compile, and those ruled out beforehand (with why)."""
     spec = exported.spec_file.spec
     if not spec.compile.search:
-        return [("pinned", {})]
+        return [("pinned", {})], []
     found = [("spec-options", {})]
     if not spec.weights.external and not spec.compile.freezing:
         found += [("freezing", {"freezing": True}),
                   ("freezing+channels-last", {"freezing": True, "force_layout_optimization": True})]
     if not spec.compile.max_autotune:
         found.append(("max-autotune", {"max_autotune": True}))
-    return found
+    reason = reduced_precision_refusal(exported)
+    return (found + [BF16], []) if reason is None else (found, [Skipped(BF16[0], reason)])
 
 
-def plans(exported: Exported, cxx_version: str) -> list[tuple[str, CompilePlan]]:
-    return [(name, plan_compile(exported, cxx_version, overrides)) for name, overrides in candidates(exported)]
+def reduced_precision_refusal(exported: Exported) -> str | None:
+    """Why the bfloat16 candidate is not worth compiling here, or None when it is."""
+    if exported.spec_file.spec.compile.autocast:
+        return "the spec's own options already use autocast"
+    if exported.spec_file.spec.weights.external:
+        return "external weights stay float32 tensors the runtime supplies; reduced precision needs them folded into the .so"
+    if "float32" not in exported.output_dtypes:
+        return "the model has no float32 output"
+    if not precision.bf16_is_native():
+        return "this CPU has no native bfloat16 instructions (AVX512-BF16 or AMX): it would run slower"
+    return screen_autocast(exported)
+
+
+def screen_autocast(exported: Exported) -> str | None:
+    """Eager under autocast against eager in float32, on every verification case, with the spec's
+    tolerances: if eager already misses them, the compiled candidate would too."""
+    tols, names = tolerances(exported), [o.name for o in exported.spec_file.spec.outputs]
+    wrapped = precision.wrap(exported)
+    for case in verification_cases(exported):
+        with torch.no_grad():
+            want = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+            got = as_tuple(wrapped(*case.inputs), exported.returns_tuple)
+        for name, g, w in zip(names, got, want):
+            diff = wheel_compare.compare(name, g, w, *tols[name])
+            if not diff.passed:
+                return f"the spec's tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, case {case.name}: {diff.describe()}"
+    return None
+
+
+def plans(exported: Exported, cxx_version: str) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+    found, skipped = candidates(exported)
+    return [(name, plan_compile(exported, cxx_version, overrides)) for name, overrides in found], skipped
 
 
 def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> float:
@@ -73,17 +118,26 @@ def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch
     return statistics.median(times)
 
 
-def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: Path, output_dir: Path, store: Cache,
-         say) -> Tuned:
+def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], work_dir: Path,
+         output_dir: Path, store: Cache, say) -> Tuned:
     """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
     build of this model version (the .so records where it was compiled, and wheels must be
     reproducible) and different for every candidate (a process cannot load two .so at one path)."""
+    for skip in skipped:
+        say(f"    candidate {skip.name}: not tried: {skip.reason}")
     trials, best, first_failure = [], None, None
-    for name, plan in planned:
+    for index, (name, plan) in enumerate(planned):
         trial_out, trial_work = output_dir / ".candidates" / name, work_dir / "candidates" / name
         shutil.rmtree(trial_work, ignore_errors=True)
         trial_out.mkdir(parents=True)
-        compiled = compile_model(exported, plan, trial_out, trial_work, store)
+        try:
+            compiled = compile_model(exported, plan, trial_out, trial_work, store)
+        except (CompileError, ExportError) as exc:
+            if index == 0:  # the spec's own options: their failure is the build's
+                raise
+            trials.append(Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]))
+            say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
+            continue
         try:
             verified = verify_model(exported, compiled, trial_work)
         except VerificationError as exc:
@@ -99,7 +153,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], work_dir: P
     if best is None:  # the first candidate's own report, with every case's diffs
         more = f"\n(all {len(trials)} compile candidates failed verification)" if len(trials) > 1 else ""
         raise VerificationError(first_failure.message + more, first_failure.hint) from first_failure
-    return Tuned(compiled=best[2], chosen=best[0], trials=tuple(trials))
+    return Tuned(compiled=best[2], chosen=best[0], trials=tuple(trials), skipped=tuple(skipped))
 
 
 def install(tuned: Tuned, output_dir: Path) -> Compiled:

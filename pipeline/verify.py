@@ -118,7 +118,7 @@ def verification_cases(exported: Exported) -> list[Case]:
     return cases
 
 
-def _as_tuple(outputs, returns_tuple: bool) -> tuple[torch.Tensor, ...]:
+def as_tuple(outputs, returns_tuple: bool) -> tuple[torch.Tensor, ...]:
     return tuple(outputs) if returns_tuple else (outputs,)
 
 
@@ -149,11 +149,11 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Veri
     results, golden = [], {}
     for case in verification_cases(exported):
         with torch.no_grad():
-            eager = _as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+            eager = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
             got = runner.run(list(case.inputs))
             eager_error = None
             if reference_module is not None:
-                ref64 = _as_tuple(reference_module(*_to_fp64(case.inputs)), exported.returns_tuple)
+                ref64 = as_tuple(reference_module(*_to_fp64(case.inputs)), exported.returns_tuple)
                 eager_error = {n: float((e.double() - r).abs().max()) for n, e, r in zip(names, eager, ref64)}
                 want = tuple(r.to(e.dtype) for r, e in zip(ref64, eager))
             else:

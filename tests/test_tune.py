@@ -4,16 +4,39 @@ from __future__ import annotations
 
 import json
 import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline import precision, tune
+from pipeline.export import prepare
+from pipeline.loader import load_model
+from pipeline.spec import load_spec
 
 from .conftest import TINY_SPEC, run_cli
 
+needs_bf16 = pytest.mark.skipif(not precision.bf16_is_native(), reason="this CPU has no native bfloat16 instructions")
+
+
+def tiny_copy(folder: Path, *, search: bool, loose: bool = False, extra_compile: str = "") -> Path:
+    """The tiny model's spec in ``folder``; ``loose``: tolerances of 0.05 that bfloat16 meets."""
+    text = TINY_SPEC.read_text().replace("search = false", f"search = {str(search).lower()}{extra_compile}")
+    if loose:
+        text = text.replace("rtol = 1e-4\natol = 1e-5", "rtol = 0.05\natol = 0.05")
+        text = text.replace('name = "features"\n', 'name = "features"\nrtol = 0.05\natol = 0.05\n')
+    (folder / "spec.toml").write_text(text)
+    (folder / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    return folder / "spec.toml"
+
+
+def build_in(folder: Path, spec: Path, *extra: str):
+    return run_cli("build", "--spec", str(spec), "--root", str(folder / "opt"), "--dist", str(folder / "dist"),
+                   "--build-dir", str(folder / "build"), *extra)
+
 
 def test_search_tries_candidates_and_records_the_choice(tmp_path):
-    spec = tmp_path / "spec.toml"
-    spec.write_text(TINY_SPEC.read_text().replace("search = false", "search = true"))
-    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    spec = tiny_copy(tmp_path, search=True)
+    ran = build_in(tmp_path, spec)
     assert ran.code == 0, ran.err
     names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
     for name in names:
@@ -21,6 +44,11 @@ def test_search_tries_candidates_and_records_the_choice(tmp_path):
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     search = report["compile_search"]
     assert [c["name"] for c in search["candidates"]] == names
+    # the tiny spec's tolerances (1e-5 on logits) leave no room for bfloat16: screened out, not compiled
+    assert [c["name"] for c in search["not_tried"]] == ["bf16-autocast"]
+    assert "    candidate bf16-autocast: not tried: " in ran.err
+    if precision.bf16_is_native():
+        assert "the spec's tolerances refuse it: eager under bfloat16 autocast, case seed0: output" in ran.err
     passed = [c for c in search["candidates"] if c["passed"]]
     assert passed and all(c["median_ms"] > 0 for c in passed)
     assert search["chosen"] == min(passed, key=lambda c: c["median_ms"])["name"]
@@ -36,3 +64,43 @@ def test_search_tries_candidates_and_records_the_choice(tmp_path):
                     "--build-dir", str(tmp_path / "build"), "--version", "0.2")
     assert again.code == 0, again.err
     assert "(cached)" in again.err and "no export, no recompile" in again.err
+
+
+@needs_bf16
+def test_loose_tolerances_admit_the_bf16_candidate_and_tight_ones_refuse_it(tmp_path):
+    loose, tight = tmp_path / "loose", tmp_path / "tight"
+    loose.mkdir(), tight.mkdir()
+    found = {}
+    for folder, is_loose in ((loose, True), (tight, False)):
+        spec_file = load_spec(tiny_copy(folder, search=True, loose=is_loose))
+        found[folder] = tune.candidates(prepare(spec_file, load_model(spec_file)))
+    names, skipped = found[loose]
+    assert names[-1] == ("bf16-autocast", {"freezing": True, "autocast": "bfloat16"}) and skipped == []
+    names, skipped = found[tight]
+    assert "bf16-autocast" not in [n for n, _ in names]
+    assert skipped[0].name == "bf16-autocast" and "tolerances refuse it" in skipped[0].reason
+
+
+@needs_bf16
+def test_pinned_bf16_build_runs_in_reduced_precision_within_its_tolerances(tmp_path):
+    spec = tiny_copy(tmp_path, search=False, loose=True, extra_compile='\nfreezing = true\nautocast = "bfloat16"')
+    ran = build_in(tmp_path, spec)
+    assert ran.code == 0, ran.err
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    worst = report["verification"]["worst"]
+    # float32 kernels differ from eager by ~1e-6 here; bfloat16 by ~1e-2: the autocast took effect
+    assert max(w["max_abs"] for w in worst.values()) > 1e-3
+    with zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))) as archive:
+        manifest = json.loads(archive.read("model_tiny/manifest.json"))
+    assert manifest["compile_options"]["autocast"] == "bfloat16"
+    assert [o["dtype"] for o in manifest["outputs"]] == ["float32", "float32"], "the interface stays float32"
+
+
+def test_autocast_with_external_weights_is_a_spec_error(tmp_path):
+    spec = tiny_copy(tmp_path, search=False, extra_compile='\nautocast = "bfloat16"')
+    spec.write_text(spec.read_text().replace("[weights]\nseed = 0", "[weights]\nseed = 0\nexternal = true"))
+    ran = build_in(tmp_path, spec)
+    assert ran.code == 3, ran.err
+    assert f"error: {spec}: invalid spec" in ran.err
+    assert "key 'compile.autocast': cannot be used with [weights] external = true" in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
