@@ -220,8 +220,9 @@ def limits(results: dict) -> list[str]:
     floor_ms = prof["gflop"] / peak * 1000
     lines = [f"Batch 1 is {prof['gflop']:.2f} GFLOP; a large fp32 matmul runs at {peak:.0f} GFLOP/s here, so the "
              f"compute floor is about {floor_ms:.1f} ms: the wheel's {wheel1:.1f} ms is {floor_ms / wheel1:.0%} of that peak. "
-             f"`import torch` takes {results['import_torch_s']:.2f} s of `load()`'s {results['cold_start_s']['wheel']:.2f} s "
-             "fresh-process start; `load_numpy()` does not import it.", "",
+             f"`import torch` alone takes {results['import_torch_s']:.2f} s; a fresh process gets its first result in "
+             f"{results['cold_start_s']['wheel']:.2f} s through `load()`, which imports it, and in "
+             f"{results['cold_start_s']['wheel-numpy']:.2f} s through `load_numpy()`, which does not.", "",
              f"The wheel's model compiled again with `cpp.enable_kernel_profile` (same options), batch 1, "
              f"{sum(prof['groups_ms'].values()):.1f} ms per call in profiled kernels:", "",
              "| kernel group | ms per call | share | GFLOP | GFLOP/s | of peak |", "|---|---|---|---|---|---|"]
@@ -232,6 +233,16 @@ def limits(results: dict) -> list[str]:
         lines.append(f"| {group} | {ms:.2f} | {ms / total:.0%} | {rate} |")
     lines += ["", "Heaviest kernels:", "", "| kernel | ms per call | calls |", "|---|---|---|"]
     lines += [f"| `{k['kernel']}` | {k['ms_per_call']:.2f} | {k['calls']} |" for k in prof["kernels"]]
+    fixed = results.get("static_vs_dynamic")
+    if fixed:
+        sizes = ", ".join(f"{name}={size}" for name, size in fixed["sizes"].items())
+        lines += ["", f"Dynamic dims cost time: compiled with `freezing` and {sizes} fixed, the model runs at "
+                  f"{fixed['median_ms']['static']:.1f} ms against {fixed['median_ms']['dynamic']:.1f} ms with the spec's "
+                  f"dynamic dims, timed side by side ({fixed['static_over_dynamic']:.2f}x). With dynamic input sizes Inductor "
+                  "leaves convolution weights in their plain layout, so oneDNN reorders them on every call (it packs them at "
+                  "compile time only for static shapes: torch/_inductor/fx_passes/mkldnn_fusion.py), and its generated "
+                  "kernels work with symbolic sizes. A service that only ever runs one batch size can declare it fixed in "
+                  "the spec."]
     bf16 = results.get("bf16")
     if bf16:
         onnx1, eager1 = (results["latency_ms"][v]["1"]["median_ms"] for v in ("onnx", "eager"))
@@ -313,6 +324,9 @@ def main() -> None:
         results["profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec,
                                        "--mode", "kernels", "--batch", 1, "--artifact", profiled])
         results["bf16"] = bf16_comparison(spec_file, spec, manifest, out)
+        if spec_file.spec.dims:
+            say("==> compiling with every dim fixed at its minimum, for comparison (benchmarks/static_vs_dynamic.py)")
+            results["static_vs_dynamic"] = run_json([sys.executable, REPO / "benchmarks" / "static_vs_dynamic.py", "--spec", spec])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     chart(results, out / "chart.png")
