@@ -91,9 +91,18 @@ def screen_autocast(exported: Exported) -> str | None:
     tols, names = tolerances(exported), [o.name for o in exported.spec_file.spec.outputs]
     wrapped = precision.wrap(exported)
     for case in verification_cases(exported):
-        with torch.no_grad():
-            want = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
-            got = as_tuple(wrapped(*case.inputs), exported.returns_tuple)
+        # This runs before export: a model that fails on some case must fail in export or
+        # verification with their messages, not here.
+        try:
+            with torch.no_grad():
+                want = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+        except Exception as exc:  # the user's forward can raise anything
+            return f"eager raised {type(exc).__name__} on case {case.name}, so it could not be screened"
+        try:
+            with torch.no_grad():
+                got = as_tuple(wrapped(*case.inputs), exported.returns_tuple)
+        except Exception as exc:  # an op without a bfloat16 kernel, for instance
+            return f"eager under {precision.AUTOCAST_DTYPE} autocast raised {type(exc).__name__} on case {case.name}: {exc}"
         for name, g, w in zip(names, got, want):
             diff = wheel_compare.compare(name, g, w, *tols[name])
             if not diff.passed:
