@@ -48,9 +48,7 @@ def check_inputs(
     """Raise ValueError naming the argument when ``args`` do not fit the input specs."""
     import torch
 
-    if len(args) != len(inputs):
-        names = ", ".join(spec["name"] for spec in inputs)
-        raise ValueError(f"expected {len(inputs)} tensors ({names}), got {len(args)}")
+    check_count(inputs, len(args), "tensors")
     for spec, arg in zip(inputs, args):
         name = spec["name"]
         if not isinstance(arg, torch.Tensor):
@@ -60,6 +58,12 @@ def check_inputs(
         if arg.dtype != getattr(torch, spec["dtype"]):
             raise ValueError(f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}")
     check_sizes(inputs, dims, [tuple(arg.shape) for arg in args])
+
+
+def check_count(inputs: Sequence[Mapping[str, Any]], count: int, noun: str) -> None:
+    if count != len(inputs):
+        names = ", ".join(spec["name"] for spec in inputs)
+        raise ValueError(f"expected {len(inputs)} {noun} ({names}), got {count}")
 
 
 def check_sizes(inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[str, int]], shapes: Sequence[Sequence[int]]) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ._inputs import check_sizes
+from ._inputs import check_count, check_sizes
 from ._integrity import check_artifacts
-from ._manifest import artifacts_dir, check_runtime, manifest
+from ._manifest import CPU_CAPABILITY_ORDER, artifacts_dir, check_runtime, manifest
 
 _handle = ctypes.c_void_p
 _NUMPY_DTYPES = {
@@ -65,7 +65,7 @@ def cpu_capability() -> str:
         "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT")
     # ATen honours this variable to run a lower ISA; mirror it.
     forced = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
-    order = ["DEFAULT", "AVX2", "AVX512"]
+    order = CPU_CAPABILITY_ORDER
     if forced in order and order.index(forced) < order.index(best):
         return forced
     return best
@@ -191,9 +191,7 @@ class NumpyModel:
 
     def _checked(self, args: tuple[Any, ...]) -> list[np.ndarray]:
         inputs = self._manifest["inputs"]
-        if len(args) != len(inputs):
-            names = ", ".join(spec["name"] for spec in inputs)
-            raise ValueError(f"expected {len(inputs)} arrays ({names}), got {len(args)}")
+        check_count(inputs, len(args), "arrays")
         arrays = []
         for spec, arg in zip(inputs, args):
             if not isinstance(arg, np.ndarray):
