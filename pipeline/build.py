@@ -29,7 +29,7 @@ from .outdir import claim_output_dir, output_path
 from .package import Wheel, package_wheel
 from .progress import Progress
 from .spec import SpecFile
-from .verify import Verified, verify_model
+from .verify import Verified, verify_model, write_weights
 
 
 @dataclass(frozen=True)
@@ -71,15 +71,16 @@ def build_target(
     if not all(store.has(plan.key) for _, plan in planned):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
+    weights_file = write_weights(exported, work_dir)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, skipped, work_dir, out_dir, store, progress.say)
+            tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, out_dir, store, progress.say)
             compiled = tune.install(tuned, out_dir)
             if all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
             progress.say(f"    chose {tuned.chosen}")
         with progress.stage("verify"):
-            verified = verify_model(exported, compiled, work_dir)
+            verified = verify_model(exported, compiled, work_dir, weights_file)
         manifest = build_manifest(exported, compiled, verified, tuned)
         with progress.stage("package"):
             extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])

@@ -127,8 +127,8 @@ def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch
     return statistics.median(times)
 
 
-def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], work_dir: Path,
-         output_dir: Path, store: Cache, say) -> Tuned:
+def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
+         work_dir: Path, output_dir: Path, store: Cache, say) -> Tuned:
     """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
     build of this model version (the .so records where it was compiled, and wheels must be
     reproducible) and different for every candidate (a process cannot load two .so at one path)."""
@@ -148,13 +148,13 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
             continue
         try:
-            verified = verify_model(exported, compiled, trial_work)
+            verify_model(exported, compiled, trial_work, weights_file)
         except VerificationError as exc:
             first_failure = first_failure or exc
             trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
             say(f"    candidate {name}: fails verification, dropped")
             continue
-        latency = median_ms(compiled, verified.weights_file, exported.example_inputs)
+        latency = median_ms(compiled, weights_file, exported.example_inputs)
         trials.append(Trial(name, plan.options, True, latency, compiled.from_cache))  # unrounded: the choice is made on it
         say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
         if best is None or latency < best[1]:

@@ -138,10 +138,10 @@ def open_runner(library: Path, weights_file: Path | None):
     return runner
 
 
-def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Verified:
+def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights_file: Path | None) -> Verified:
+    """``weights_file``: write_weights()'s file for a model with external weights, else None."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
-    weights_file = _write_weights(exported, work_dir) if spec.weights.external else None
     runner = open_runner(compiled.library, weights_file)
     tols = tolerances(exported)
     names = [o.name for o in spec.outputs]
@@ -178,9 +178,14 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path) -> Veri
     )
 
 
-def _write_weights(exported: Exported, work_dir: Path) -> Path:
+def write_weights(exported: Exported, work_dir: Path) -> Path | None:
+    """The external weights file the wheel will ship, written once per build (None when the
+    weights are compiled into the .so); every verification loads this same file."""
+    if not exported.spec_file.spec.weights.external:
+        return None
     from safetensors.torch import save_file
 
+    work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / WEIGHTS_FILE
     tensors = {name: t.contiguous() for name, t in weight_tensors(exported.module).items()}
     try:
