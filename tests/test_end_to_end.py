@@ -67,7 +67,7 @@ def test_build_prints_stages_and_report(tiny_build, wheel):
     assert set(report["verification"]["worst"]) == {"features", "logits"}
     assert any(Path(report["trace_dir"]).iterdir()), "TORCH_TRACE output is kept with the build"
     assert sorted(p.name for p in build_dirs.dist.iterdir()) == sorted([wheel.name, "model_tiny-0.1+cpu.torch2.13.0.report.json"])
-    assert not build_dirs.root.exists(), "the build leaves the artifact root as it found it"
+    # that the build leaves the artifact root as it found it is checked in the tiny_build fixture
 
 
 def test_wheel_metadata_and_manifest(wheel):
