@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import proc
-from .errors import BuildInterrupted, PipelineError
+from .errors import PipelineError
 
 
 def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, say) -> int:

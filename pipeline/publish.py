@@ -25,6 +25,7 @@ from pathlib import Path
 from . import proc
 from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError
 from .index import read_state
+from .templates import wheel_integrity
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"
 SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
@@ -73,13 +74,9 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
 
 
 def hashed_files(package: str, manifest: dict) -> dict[str, dict]:
-    """Every file the manifest records a sha256 and size for, by its path in the wheel."""
-    files = {f"{package}/artifacts/{name}": record for name, record in manifest["artifacts"].items()}
-    files[f"{package}/{manifest['golden']['file']}"] = manifest["golden"]
-    weights = manifest.get("weights", {})
-    if weights.get("external"):
-        files[f"{package}/{weights['file']}"] = {"sha256": weights["file_sha256"], "size": weights["size"]}
-    return files
+    """Every file the manifest records a sha256 and size for, by its path in the wheel (the same
+    records the installed wheel checks itself against)."""
+    return {f"{package}/{path}": record for path, record in wheel_integrity.packaged_files(manifest).items()}
 
 
 def _member_sha256(archive: zipfile.ZipFile, name: str) -> tuple[int, str]:

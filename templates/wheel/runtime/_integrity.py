@@ -35,9 +35,28 @@ def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
     return _stamp_dir() / hashlib.sha256(key.encode()).hexdigest()
 
 
+def weights_record(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The external weights file's sha256 and size (the manifest keeps them as weights.file_sha256, .size)."""
+    return {"sha256": manifest["weights"]["file_sha256"], "size": manifest["weights"]["size"]}
+
+
+def packaged_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every file the manifest records a sha256 and size for, by its path inside the package."""
+    files = {f"artifacts/{name}": record for name, record in manifest["artifacts"].items()}
+    files[manifest["golden"]["file"]] = manifest["golden"]
+    if manifest.get("weights", {}).get("external"):
+        files[manifest["weights"]["file"]] = weights_record(manifest)
+    return files
+
+
 def check_artifacts(directory: Path, manifest: dict[str, Any], *, full: bool = False) -> None:
+    """check_files() on the compiled artifacts (the .so, kernels) in ``directory``."""
+    check_files(directory, manifest["artifacts"], full=full)
+
+
+def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bool = False) -> None:
     """Raise IntegrityError naming the first file that is missing, resized or altered."""
-    for name, record in sorted(manifest["artifacts"].items()):
+    for name, record in sorted(records.items()):
         path = directory / name
         try:
             stat = path.stat()

@@ -14,7 +14,7 @@ import torch
 
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
-from ._integrity import check_artifacts
+from ._integrity import check_artifacts, check_files, weights_record
 from ._manifest import PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._weights import WeightsMismatch, check_weights, load_into, read_weights
 
@@ -93,9 +93,8 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     tensors = None
     if external:
         if weights is None:
-            packaged = m["weights"]
-            check_artifacts(PACKAGE_DIR, {"artifacts": {packaged["file"]: {"sha256": packaged["file_sha256"], "size": packaged["size"]}}})
-            weights = PACKAGE_DIR / packaged["file"]
+            check_files(PACKAGE_DIR, {m["weights"]["file"]: weights_record(m)})
+            weights = PACKAGE_DIR / m["weights"]["file"]
         tensors = _weights_from(weights, m)  # checked before anything is loaded
     check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability())
     directory = artifacts_dir()
@@ -111,7 +110,7 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
 def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
     """Re-run the golden cases recorded at build time; raise GoldenMismatch naming any output off."""
     m = manifest()
-    check_artifacts(PACKAGE_DIR, {"artifacts": {m["golden"]["file"]: m["golden"]}}, full=True)
+    check_files(PACKAGE_DIR, {m["golden"]["file"]: m["golden"]}, full=True)
     results = run_golden(model or load(), m, PACKAGE_DIR / m["golden"]["file"])
     failures = describe_failures(results)
     if failures:
