@@ -26,7 +26,6 @@ sys.path.insert(0, str(REPO))
 
 from pipeline import precision  # noqa: E402
 from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs  # noqa: E402
-from pipeline.export import example_inputs as spec_example_inputs  # noqa: E402
 from pipeline.loader import load_model  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
 from pipeline.templates import wheel_inputs  # noqa: E402
@@ -83,62 +82,65 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def program_for(spec_file, compile_options: dict) -> tuple:
+def export_once(spec_file):
+    """The model exported as the build exports it: every compile below starts from this."""
+    loaded = load_model(spec_file)
+    return export_program(prepare(spec_file, loaded), loaded.source_files)
+
+
+def program_for(exported, compile_options: dict) -> tuple:
     """The exported program for these compile options (under autocast if they say so), and the
     Inductor options among them."""
-    loaded = load_model(spec_file)
-    exported = export_program(prepare(spec_file, loaded), loaded.source_files)
     autocast, options = precision.split_options(compile_options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
     return program, {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
 
 
-def make_pt2(spec_file, manifest: dict, out: Path) -> Path:
+def make_pt2(exported, manifest: dict, out: Path) -> Path:
     say("==> compiling the same model to a .pt2 (aoti_compile_and_package, the wheel's options)")
-    program, options = program_for(spec_file, manifest["compile_options"])
+    program, options = program_for(exported, manifest["compile_options"])
     path = out / "model.pt2"
     torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
     return path
 
 
-def compile_so(spec_file, compile_options: dict, path: Path) -> Path:
-    program, options = program_for(spec_file, compile_options)
+def compile_so(exported, compile_options: dict, path: Path) -> Path:
+    program, options = program_for(exported, compile_options)
     shutil.rmtree(path.parent, ignore_errors=True)
     path.parent.mkdir(parents=True)
     with torch.no_grad():
-        torch._inductor.aot_compile(program.module(), spec_example_inputs(spec_file),
+        torch._inductor.aot_compile(program.module(), exported.example_inputs,
                                     options={**options, "aot_inductor.output_path": str(path)})
     return path
 
 
-def bf16_comparison(spec_file, spec: Path, manifest: dict, out: Path) -> dict | None:
+def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | None:
     """What bfloat16 autocast would give this model (latency, difference from float32 eager), when
     the search did not ship it: the speed the spec's tolerances leave on the table."""
     if precision.AUTOCAST_OPTION in manifest["compile_options"] or not precision.bf16_is_native():
         return None
     say("==> compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)")
     options = {**manifest["compile_options"], "freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE}
-    library = compile_so(spec_file, options, out / "bf16" / "model.so")
+    library = compile_so(exported, options, out / "bf16" / "model.so")
     timing = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec, "--mode", "latency",
                        "--batch", 1, "--artifact", library])
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
-    module, diffs = load_model(spec_file).module, {}
+    spec_file, diffs = exported.spec_file, {}
     for seed in range(3):
         args = wheel_inputs.make_inputs(spec_inputs(spec_file), {n: 1 for n in spec_file.spec.dims}, seed)
         with torch.no_grad():
-            want = module(*args)
+            want = exported.module(*args)
         for output, got, expected in zip(manifest["outputs"], runner.run(args), want if isinstance(want, (tuple, list)) else [want]):
             diffs[output["name"]] = max(diffs.get(output["name"], 0.0), float((got - expected).abs().max()))
     return {"median_ms": timing["median_ms"], "max_abs_diff": diffs,
             "tolerances": {o["name"]: {"rtol": o["rtol"], "atol": o["atol"]} for o in manifest["outputs"]}}
 
 
-def make_onnx(spec_file, out: Path) -> Path:
+def make_onnx(exported, out: Path) -> Path:
     say("==> exporting to ONNX (torch.onnx.export, dynamo)")
-    loaded = load_model(spec_file)
     path = out / "model.onnx"
-    torch.onnx.export(loaded.module, spec_example_inputs(spec_file), dynamo=True,
-                      dynamic_shapes=dynamic_shapes(spec_file)).save(str(path))
+    torch.onnx.export(exported.module, exported.example_inputs, dynamo=True,
+                      dynamic_shapes=dynamic_shapes(exported.spec_file)).save(str(path))
     return path
 
 
@@ -303,7 +305,8 @@ def main() -> None:
     venv_python = wheel_venv(wheel, out)
     manifest = json.loads(subprocess.run([venv_python, "-c", f"import json, model_{name} as m; print(json.dumps(m.manifest()))"],
                                          capture_output=True, text=True, check=True).stdout)
-    artifacts = {"pt2": make_pt2(spec_file, manifest, out), "onnx": make_onnx(spec_file, out),
+    exported = export_once(spec_file)
+    artifacts = {"pt2": make_pt2(exported, manifest, out), "onnx": make_onnx(exported, out),
                  "wheel": f"model_{name}", "wheel-numpy": f"model_{name}"}
     batches = sorted({1, spec_file.spec.dims["batch"].max}) if "batch" in spec_file.spec.dims else [1]
     latency, cold = measure(spec, batches, artifacts, venv_python)
@@ -319,11 +322,11 @@ def main() -> None:
     if not all(t["met"] for t in results["targets"]):
         say("==> profiling the compiled kernels (a target was not met)")
         say("==> compiling the wheel's model again with kernel profiling on (cpp.enable_kernel_profile)")
-        profiled = compile_so(spec_file, {**manifest["compile_options"], "cpp.enable_kernel_profile": True},
+        profiled = compile_so(exported, {**manifest["compile_options"], "cpp.enable_kernel_profile": True},
                               out / "profile" / "model.so")
         results["profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec,
                                        "--mode", "kernels", "--batch", 1, "--artifact", profiled])
-        results["bf16"] = bf16_comparison(spec_file, spec, manifest, out)
+        results["bf16"] = bf16_comparison(exported, spec, manifest, out)
         if spec_file.spec.dims:
             say("==> compiling with every dim fixed at its minimum, for comparison (benchmarks/static_vs_dynamic.py)")
             results["static_vs_dynamic"] = run_json([sys.executable, REPO / "benchmarks" / "static_vs_dynamic.py", "--spec", spec])
