@@ -15,10 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from . import cache
-from . import tune
+from . import cache, targets, tune
 from .compile import Compiled, find_cxx
 from .tune import Tuned
 from .doctor import run_doctor
@@ -56,25 +53,26 @@ def build_target(
     spec = spec_file.spec
     work_dir = build_dir / spec.model.name / target
     out_dir = output_path(root, spec.model.name, spec.model.version, target)
+    facts = targets.get(target)
     progress.timings.clear()
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
     cxx_version = find_cxx()
-    build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir), cxx_version=cxx_version,
-                                cpu_capability=torch.backends.cpu.get_cpu_capability())
+    build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir),
+                                cxx_version=cxx_version, machine=facts.machine())
     if store.has(build_key):
         return _reuse_build(store, build_key, work_dir, dist_dir, progress)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded)
-    planned, skipped = tune.plans(exported, cxx_version)
+    planned, skipped = tune.plans(exported, cxx_version, target, out_dir)
     if not all(store.has(plan.key) for _, plan in planned):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
     weights_file = write_weights(exported, work_dir)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, out_dir, store, progress.say)
+            tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say)
             compiled = tune.install(tuned, out_dir)
             if all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")

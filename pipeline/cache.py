@@ -3,7 +3,8 @@ reuses the .so instead of recompiling (e.g. a new version with new external weig
 
 The key covers everything the .so depends on: model source, the spec's model, inputs, dims,
 outputs and compile sections, the weights (their values when embedded; only names, shapes and
-dtypes when external), torch, the C++ compiler, the target and the CPU's vector ISA.
+dtypes when external), torch, the C++ compiler, the target and its own facts (the CPU's vector
+ISA; the GPU architecture, CUDA version and compile folder).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ CACHE_VERSION = "1"
 
 
 def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, options: dict, target: str, cxx_version: str,
-                vec_isa: str) -> str:
+                target_facts: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for part in (CACHE_VERSION, spec_json, sources_sha256, weights_key, json.dumps(options, sort_keys=True, default=str),
-                 target, torch.__version__, cxx_version, vec_isa):
+                 target, torch.__version__, cxx_version, *target_facts):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:32]
 
@@ -32,15 +33,15 @@ def pipeline_sha256() -> str:
     """The build's own code: a cached wheel is reused only if the code that made it is unchanged."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted([*here.glob("*.py"), *(here.parent / "templates" / "wheel").rglob("*")]):
+    for path in sorted([*here.rglob("*.py"), *(here.parent / "templates" / "wheel").rglob("*")]):
         if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+            digest.update(str(path.relative_to(here.parent)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
-def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, cpu_capability: str) -> str:
+def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, machine: str) -> str:
     digest = hashlib.sha256()
-    for part in (CACHE_VERSION, content_hash, target, root, torch.__version__, cxx_version, cpu_capability, pipeline_sha256()):
+    for part in (CACHE_VERSION, content_hash, target, root, torch.__version__, cxx_version, machine, pipeline_sha256()):
         digest.update(part.encode() + b"\0")
     return "build-" + digest.hexdigest()[:32]
 

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import cache, precision, proc
+from . import cache, precision, proc, targets
 from .errors import CompileError, SpecError, ToolchainError
 from .export import Exported
 from .loader import weight_tensors
 from .templates import wheel_weights
 
 LIBRARY_NAME = "model.so"
-SHIPPED_SUFFIXES = {".so", ".cubin"}
 
 
 @dataclass(frozen=True)
@@ -29,9 +27,6 @@ class Compiled:
     artifacts: tuple[Path, ...]
     sources_dir: Path
     options: dict[str, object] = field(hash=False)
-    machine: str
-    cpu_capability: str
-    vec_isa: str
     cache_key: str
     from_cache: bool
 
@@ -48,11 +43,12 @@ def find_cxx() -> str:
     return (version.splitlines() or [compiler])[0]
 
 
-def inductor_options(exported: Exported) -> dict[str, object]:
+def inductor_options(exported: Exported, target: str) -> dict[str, object]:
     """The spec's compile options as torch._inductor.config settings (the output path is added per compile)."""
     spec_file = exported.spec_file
     compile_spec = spec_file.spec.compile
     options: dict[str, object] = {"freezing": compile_spec.freezing, "max_autotune": compile_spec.max_autotune}
+    options.update(targets.get(target).compile_options(spec_file.spec))
     if compile_spec.autocast:
         options[precision.AUTOCAST_OPTION] = compile_spec.autocast
     if spec_file.spec.weights.external:
@@ -71,13 +67,7 @@ def inductor_options(exported: Exported) -> dict[str, object]:
     return options
 
 
-def _vec_isa() -> str:
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    return str(pick_vec_isa()) or "none"
-
-
-def _move_sources(output_dir: Path, sources_dir: Path) -> tuple[Path, ...]:
+def _move_sources(output_dir: Path, sources_dir: Path, target: str, options: dict) -> tuple[Path, ...]:
     """Keep only what ships (the .so, kernels) in the output folder; move generated sources aside."""
     shutil.rmtree(sources_dir, ignore_errors=True)
     sources_dir.mkdir(parents=True)
@@ -85,7 +75,7 @@ def _move_sources(output_dir: Path, sources_dir: Path) -> tuple[Path, ...]:
     for entry in sorted(output_dir.iterdir()):
         if entry.name.startswith("."):
             continue
-        if entry.is_file() and entry.suffix in SHIPPED_SUFFIXES:
+        if entry.is_file() and targets.get(target).ships(entry, options):
             shipped.append(entry)
         else:
             shutil.move(str(entry), sources_dir / entry.name)
@@ -94,56 +84,57 @@ def _move_sources(output_dir: Path, sources_dir: Path) -> tuple[Path, ...]:
 
 @dataclass(frozen=True)
 class CompilePlan:
-    """What a compile would use, known before exporting: its options and its cache key."""
+    """What a compile would use, known before exporting: its options, folder and cache key."""
 
+    target: str
     options: dict[str, object] = field(hash=False)  # without the output path
+    compile_dir: Path  # where AOTInductor writes: the .so may record this path
     key: str
-    vec_isa: str
 
 
-def plan_compile(exported: Exported, cxx_version: str, overrides: dict[str, object] | None = None) -> CompilePlan:
+def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir: Path,
+                 overrides: dict[str, object] | None = None) -> CompilePlan:
     """``cxx_version``: find_cxx()'s answer, part of the cache key (the compiler shapes the .so)."""
-    options = {**inductor_options(exported), **(overrides or {})}
+    options = {**inductor_options(exported, target), **(overrides or {})}
     spec = exported.spec_file.spec
     weights_key = (
         json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if spec.weights.external else exported.weights_sha256
     )
-    vec_isa = _vec_isa()
     key = cache.compile_key(
         spec_json=spec.model_dump_json(include={"model": {"factory", "kwargs"}, "dims": True, "inputs": True, "outputs": True,
                                                  "compile": True}),
         sources_sha256=exported.sources_sha256, weights_key=weights_key, options=options,
-        target="cpu", cxx_version=cxx_version, vec_isa=vec_isa,
+        target=target, cxx_version=cxx_version, target_facts=targets.get(target).key_facts(compile_dir),
     )
-    return CompilePlan(options=options, key=key, vec_isa=vec_isa)
+    return CompilePlan(target=target, options=options, compile_dir=compile_dir, key=key)
 
 
-def compile_model(exported: Exported, plan: CompilePlan, output_dir: Path, work_dir: Path, store: cache.Cache) -> Compiled:
-    """The .so from the cache when it has the plan's key, else from AOTInductor (then cached)."""
+def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: cache.Cache) -> Compiled:
+    """The .so (in ``plan.compile_dir``) from the cache when it has the plan's key, else from
+    AOTInductor (then cached)."""
+    output_dir = plan.compile_dir
     library = output_dir / LIBRARY_NAME
     restored = store.restore(plan.key, output_dir)
     if restored is None:
         if exported.program is None:
             raise CompileError("no exported program to compile", "report this: export must run on a cache miss")
         options = {**plan.options, "aot_inductor.output_path": str(library)}
-        artifacts = _aot_compile(exported, options, output_dir, work_dir, library)
+        artifacts = _aot_compile(exported, plan.target, options, work_dir, library)
         store.store(plan.key, artifacts)
     return Compiled(
-        target="cpu",
+        target=plan.target,
         output_dir=output_dir,
         library=library,
         artifacts=restored or artifacts,
         sources_dir=work_dir / "sources",
         options=plan.options,
-        machine=platform.machine(),
-        cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        vec_isa=plan.vec_isa,
         cache_key=plan.key,
         from_cache=restored is not None,
     )
 
 
-def _aot_compile(exported: Exported, options: dict, output_dir: Path, work_dir: Path, library: Path) -> tuple[Path, ...]:
+def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path, library: Path) -> tuple[Path, ...]:
+    output_dir = library.parent
     sources_dir = work_dir / "sources"
     autocast, options = precision.split_options(options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
@@ -153,7 +144,7 @@ def _aot_compile(exported: Exported, options: dict, output_dir: Path, work_dir: 
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc
-        _move_sources(output_dir, sources_dir)
+        _move_sources(output_dir, sources_dir, target, options)
         lines = str(exc).strip().splitlines()
         raise CompileError(
             f"AOTInductor failed: {type(exc).__name__}: " + "\n".join(lines[-15:]),
@@ -162,4 +153,4 @@ def _aot_compile(exported: Exported, options: dict, output_dir: Path, work_dir: 
         ) from exc
     if Path(produced) != library or not library.is_file():
         raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")
-    return _move_sources(output_dir, sources_dir)
+    return _move_sources(output_dir, sources_dir, target, options)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import platform
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import targets
 from .compile import Compiled
 from .export import Exported, export_sizes, spec_inputs
 from .loader import weight_tensors
@@ -22,7 +21,6 @@ from .tune import Tuned
 from .verify import Verified
 
 FORMAT = 1
-VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
 
 
 # The wheel's own integrity check hashes files the same way.
@@ -30,8 +28,9 @@ sha256_file = wheel_integrity.sha256_file
 
 
 def local_label(target: str) -> str:
-    """Tells wheels of one model version apart by target and torch build: ``cpu.torch2.13.0``."""
-    return f"{target}.torch{torch.__version__.split('+')[0]}"
+    """Tells wheels of one model version apart by target and torch build: ``cpu.torch2.13.0``,
+    ``cu130.torch2.11.0``."""
+    return f"{targets.get(target).variant(torch.version.cuda)}.torch{torch.__version__.split('+')[0]}"
 
 
 def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned) -> dict[str, Any]:
@@ -49,12 +48,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         # torch.__version__ can carry a label its distribution lacks (PyPI's CUDA builds report
         # 2.14.1+cu130 for the distribution 2.14.1): the runtime checks the first, pip pins the second.
         "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch"), "cuda": torch.version.cuda},
-        "platform": {
-            "machine": compiled.machine,
-            "vec_isa": compiled.vec_isa,
-            "cpu_capability": VEC_ISA_CAPABILITY.get(compiled.vec_isa, compiled.cpu_capability),
-            "glibc": platform.libc_ver()[1],
-        },
+        **targets.get(compiled.target).manifest_facts(compiled),
         "opt_path": str(compiled.output_dir),
         "library": compiled.library.name,
         "artifacts": {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import precision
+from . import precision, targets
 from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile
 from .errors import CompileError, ExportError, VerificationError
@@ -110,37 +110,40 @@ def screen_autocast(exported: Exported) -> str | None:
     return None
 
 
-def plans(exported: Exported, cxx_version: str) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+def plans(exported: Exported, cxx_version: str, target: str, output_dir: Path) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+    """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
+    build of this model version (the .so records where it was compiled, and wheels must be
+    reproducible) and different for every candidate (a process cannot load two .so at one path)."""
     found, skipped = candidates(exported)
-    return [(name, plan_compile(exported, cxx_version, overrides)) for name, overrides in found], skipped
+    return [(name, plan_compile(exported, cxx_version, target, output_dir / ".candidates" / name, overrides))
+            for name, overrides in found], skipped
 
 
 def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> float:
-    runner = open_runner(compiled.library, weights_file)
+    runner, target = open_runner(compiled, weights_file), targets.get(compiled.target)
     for _ in range(2):
         runner.run(list(inputs))
     times, started = [], time.perf_counter()
     while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
+        target.synchronize()
         t0 = time.perf_counter()
         runner.run(list(inputs))
+        target.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
 
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
-         work_dir: Path, output_dir: Path, store: Cache, say) -> Tuned:
-    """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
-    build of this model version (the .so records where it was compiled, and wheels must be
-    reproducible) and different for every candidate (a process cannot load two .so at one path)."""
+         work_dir: Path, store: Cache, say) -> Tuned:
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     trials, best, first_failure = [], None, None
     for index, (name, plan) in enumerate(planned):
-        trial_out, trial_work = output_dir / ".candidates" / name, work_dir / "candidates" / name
+        trial_work = work_dir / "candidates" / name
         shutil.rmtree(trial_work, ignore_errors=True)
-        trial_out.mkdir(parents=True)
+        plan.compile_dir.mkdir(parents=True)
         try:
-            compiled = compile_model(exported, plan, trial_out, trial_work, store)
+            compiled = compile_model(exported, plan, trial_work, store)
         except (CompileError, ExportError) as exc:
             if index == 0:  # the spec's own options: their failure is the build's
                 raise

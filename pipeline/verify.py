@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from . import targets
 from .compile import Compiled
 from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
@@ -130,9 +131,9 @@ def _to_fp64(tensors):
     return [t.double() if t.dtype.is_floating_point else t for t in tensors]
 
 
-def open_runner(library: Path, weights_file: Path | None):
+def open_runner(compiled: Compiled, weights_file: Path | None):
     """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if any."""
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+    runner = targets.get(compiled.target).open_runner(compiled.library)
     if weights_file is not None:
         wheel_weights.load_into(runner, wheel_weights.read_weights(weights_file), inactive=False)
     return runner
@@ -142,13 +143,14 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     """``weights_file``: write_weights()'s file for a model with external weights, else None."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
-    runner = open_runner(compiled.library, weights_file)
+    runner = open_runner(compiled, weights_file)
+    target = targets.get(compiled.target)
     tols = tolerances(exported)
     names = [o.name for o in spec.outputs]
     reference_module = _fp64_module(exported) if spec.verify.fp64_reference else None
     results, golden = [], {}
     for case in verification_cases(exported):
-        with torch.no_grad():
+        with torch.no_grad(), target.reference():
             eager = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
             got = runner.run(list(case.inputs))
             eager_error = None

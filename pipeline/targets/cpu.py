@@ -1,0 +1,77 @@
+"""The CPU target: a .so of C++ kernels that runs from any folder on any machine with at least
+the vector ISA it was compiled for."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ..compile import Compiled
+    from ..spec import Spec
+
+NAME = "cpu"
+DEVICE = "cpu"
+RELOCATABLE = True
+# Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
+VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
+
+
+def unavailable() -> str | None:
+    return None
+
+
+def compile_options(spec: Spec) -> dict[str, object]:
+    return {}
+
+
+def ships(path: Path, options: Mapping[str, object]) -> bool:
+    return path.suffix == ".so"
+
+
+def vec_isa() -> str:
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return str(pick_vec_isa()) or "none"
+
+
+def key_facts(compile_dir: Path) -> tuple[str, ...]:
+    return (vec_isa(),)
+
+
+def machine() -> str:
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def variant(cuda_version: str | None) -> str:
+    return NAME
+
+
+def manifest_facts(compiled: Compiled) -> dict[str, Any]:
+    isa = vec_isa()
+    return {
+        "platform": {
+            "machine": platform.machine(),
+            "vec_isa": isa,
+            "cpu_capability": VEC_ISA_CAPABILITY.get(isa, torch.backends.cpu.get_cpu_capability()),
+            "glibc": platform.libc_ver()[1],
+        },
+    }
+
+
+def open_runner(library: Path, num_models: int = 1) -> Any:
+    return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
+
+
+@contextlib.contextmanager
+def reference() -> Iterator[None]:
+    yield
+
+
+def synchronize() -> None:
+    pass
