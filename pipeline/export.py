@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from . import targets
 from .errors import ExportError, SpecError
 from .loader import LoadedModel
 from .spec import SpecFile
@@ -26,7 +27,8 @@ log = logging.getLogger("pipeline.export")
 @dataclass(frozen=True)
 class Exported:
     spec_file: SpecFile
-    module: torch.nn.Module
+    target: str
+    module: torch.nn.Module  # on the target's device
     program: torch.export.ExportedProgram | None  # None until export_program runs (not needed on a cache hit)
     example_inputs: tuple[torch.Tensor, ...]
     returns_tuple: bool
@@ -34,6 +36,10 @@ class Exported:
     content_hash: str
     sources_sha256: str
     weights_sha256: str
+
+    @property
+    def device(self) -> str:
+        return targets.get(self.target).DEVICE
 
 
 def export_sizes(spec_file: SpecFile) -> dict[str, int]:
@@ -121,18 +127,20 @@ def content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def example_inputs(spec_file: SpecFile) -> tuple[torch.Tensor, ...]:
-    return tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
+def example_inputs(spec_file: SpecFile, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(device) for t in wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
 
 
-def prepare(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
-    """Everything the later stages need but the exported program: inputs, output structure, hashes.
+def prepare(spec_file: SpecFile, loaded: LoadedModel, target: str = "cpu") -> Exported:
+    """Everything the later stages need but the exported program: inputs, output structure, hashes,
+    with the module and inputs on the target's device (AOTInductor compiles for that device).
 
     Cheap (one eager call), so a build can tell from it whether torch.export is needed at all.
     """
     spec = spec_file.spec
-    module = loaded.module
-    example = example_inputs(spec_file)
+    device = targets.get(target).DEVICE
+    module = loaded.module.to(device)
+    example = example_inputs(spec_file, device)
     try:
         with torch.no_grad():
             eager = module(*example)
@@ -157,6 +165,7 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel) -> Exported:
         )
     return Exported(
         spec_file=spec_file,
+        target=target,
         module=module,
         program=None,
         example_inputs=example,

@@ -57,7 +57,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "inputs": spec_inputs(exported.spec_file),
         "dims": {name: {"min": d.min, "max": d.max, "example": example[name]} for name, d in spec.dims.items()},
         "outputs": [
-            {"name": o.name, "dtype": dtype, "rtol": verified.tolerances[o.name][0], "atol": verified.tolerances[o.name][1]}
+            {"name": o.name, "dtype": dtype, "rtol": verified.tolerances[o.name].rtol, "atol": verified.tolerances[o.name].atol}
             for o, dtype in zip(spec.outputs, exported.output_dtypes)
         ],
         "returns_tuple": exported.returns_tuple,

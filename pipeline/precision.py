@@ -24,17 +24,19 @@ AUTOCAST_DTYPE = "bfloat16"
 
 
 class Autocast(torch.nn.Module):
-    """``module`` under CPU autocast to ``dtype``, its floating outputs cast back to ``output_dtypes``."""
+    """``module`` under autocast to ``dtype``, its floating outputs cast back to ``output_dtypes``."""
 
-    def __init__(self, module: torch.nn.Module, dtype: torch.dtype, output_dtypes: tuple[str, ...], returns_tuple: bool):
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype, output_dtypes: tuple[str, ...], returns_tuple: bool,
+                 device_type: str):
         super().__init__()
         self.module = module
         self.dtype = dtype
+        self.device_type = device_type
         self.output_dtypes = tuple(getattr(torch, name) for name in output_dtypes)
         self.returns_tuple = returns_tuple
 
     def forward(self, *args: torch.Tensor):
-        with torch.autocast("cpu", dtype=self.dtype):
+        with torch.autocast(self.device_type, dtype=self.dtype):
             outputs = self.module(*args)
         outputs = tuple(outputs) if self.returns_tuple else (outputs,)
         cast = tuple(out.to(dtype) for out, dtype in zip(outputs, self.output_dtypes))
@@ -42,7 +44,8 @@ class Autocast(torch.nn.Module):
 
 
 def wrap(exported: Exported, dtype_name: str = AUTOCAST_DTYPE) -> Autocast:
-    return Autocast(exported.module, getattr(torch, dtype_name), exported.output_dtypes, exported.returns_tuple).eval()
+    return Autocast(exported.module, getattr(torch, dtype_name), exported.output_dtypes, exported.returns_tuple,
+                    exported.device).eval()
 
 
 def split_options(options: dict[str, object]) -> tuple[str | None, dict[str, object]]:
@@ -51,8 +54,16 @@ def split_options(options: dict[str, object]) -> tuple[str | None, dict[str, obj
     return inductor.pop(AUTOCAST_OPTION, None), inductor
 
 
-def bf16_is_native() -> bool:
+NOT_NATIVE = {
+    "cpu": "this CPU has no native bfloat16 instructions (AVX512-BF16 or AMX): it would run slower",
+    "cuda": "this GPU has no native bfloat16 support (compute capability below 8.0): it would run slower",
+}
+
+
+def bf16_is_native(device: str = "cpu") -> bool:
     """bfloat16 matmuls run on dedicated instructions here (else they are emulated and slower)."""
+    if device == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -1,8 +1,9 @@
-"""Stage 5: check wheels and upload them with twine, one index per target, never overwriting.
+"""Stage 5: check wheels and upload them with twine, one index per variant, never overwriting.
 
 The index is, in order: --index URL, $MODELWHEEL_INDEX_URL, the running local index
-(`make index`). A URL may hold `{target}`; otherwise `/<target>/` is appended, as the local
-index and PyTorch's own indexes are laid out. Credentials come from the environment
+(`make index`). Wheels go to one index per variant, as PyTorch lays out its own: `cpu`, and
+`cu130` (the CUDA version torch was built with) for CUDA wheels. A URL may hold `{target}`, which
+becomes the variant; otherwise `/<variant>/` is appended. Credentials come from the environment
 (TWINE_USERNAME / TWINE_PASSWORD) or ~/.pypirc (--repository NAME), the way twine reads them,
 and never appear in output.
 """
@@ -21,8 +22,9 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from . import proc
+from . import proc, targets
 from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError
 from .index import read_state
 from .templates import wheel_integrity
@@ -178,6 +180,11 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
     return True
 
 
+def index_variant(manifest: dict[str, Any]) -> str:
+    """The per-build index a wheel goes to, as PyTorch's are: ``cpu``, ``cu130``."""
+    return targets.get(manifest["target"]).variant(manifest["torch"]["cuda"])
+
+
 def publish(wheels: list[Path], index: Index, say) -> Published:
     manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]
     for wheel, _ in manifests:
@@ -185,7 +192,7 @@ def publish(wheels: list[Path], index: Index, say) -> Published:
                hint="the wheel's metadata is incomplete: rebuild it with this pipeline")
     uploaded, existing = [], []
     for wheel, manifest in manifests:
-        target = manifest["target"]
+        target = index_variant(manifest)
         known = on_index(index, target, manifest["dist_name"])
         if (known is not None and wheel.name in known) or not _upload(index, wheel, target):
             say(f"    {wheel.name}: already on the index ({target}), left as it is")

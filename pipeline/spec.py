@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from .errors import SpecError
 
@@ -22,6 +22,17 @@ FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+    # Keys added after specs were first hashed (content hash, cache keys, the manifest): left out
+    # of dumps while at their default, so a spec that does not use them hashes as before.
+    _LATE_KEYS: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_late_keys(self, handler: Any) -> Any:
+        data = handler(self)
+        for key in self._LATE_KEYS:
+            if isinstance(data, dict) and key in data and getattr(self, key) == type(self).model_fields[key].default:
+                del data[key]
+        return data
 
 
 class ModelSection(_Frozen):
@@ -112,20 +123,42 @@ class InputSpec(_Frozen):
         return self
 
 
-class OutputSpec(_Frozen):
-    name: str
+class Tolerance(_Frozen):
     rtol: Annotated[float, Field(ge=0)] | None = None
     atol: Annotated[float, Field(ge=0)] | None = None
 
 
-class BuildSection(_Frozen):
-    targets: list[Literal["cpu"]] = Field(["cpu"], min_length=1)
+class OutputSpec(_Frozen):
+    """``rtol``/``atol`` apply to every target; ``[outputs.cpu]`` / ``[outputs.cuda]`` override them
+    for one (GPU kernels reorder sums differently from CPU ones)."""
 
-    @field_validator("targets", mode="before")
+    _LATE_KEYS = ("cpu", "cuda")
+    name: str
+    rtol: Annotated[float, Field(ge=0)] | None = None
+    atol: Annotated[float, Field(ge=0)] | None = None
+    cpu: Tolerance | None = None
+    cuda: Tolerance | None = None
+
+
+Target = Literal["cpu", "cuda"]
+TARGET_NAMES = get_args(Target)
+
+
+class CudaBuild(_Frozen):
+    embed_kernels: bool = Field(False, description="put the kernel binaries inside the .so: one file to ship")
+    multi_arch: bool = Field(False, description="also ship PTX, which the driver compiles for GPUs newer than the build's")
+
+
+class BuildSection(_Frozen):
+    _LATE_KEYS = ("cuda",)
+    targets: list[Target] = Field(["cpu"], min_length=1)
+    cuda: CudaBuild = CudaBuild()
+
+    @field_validator("targets")
     @classmethod
-    def _known_targets(cls, value: object) -> object:
-        if isinstance(value, list) and "cuda" in value:
-            raise ValueError("target 'cuda' is not supported yet; use ['cpu']")
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"names a target twice: {value}")
         return value
 
 
@@ -157,6 +190,9 @@ class DoctorSection(_Frozen):
     allow: list[DoctorCheck] = Field([], description="doctor checks reported as warnings instead of stopping the build")
 
 
+RESERVED_DIM_NAMES = ("seed", "device")
+
+
 class Spec(_Frozen):
     model: ModelSection
     weights: WeightsSection
@@ -167,6 +203,17 @@ class Spec(_Frozen):
     compile: CompileSection = CompileSection()
     verify: VerifySection = VerifySection()
     doctor: DoctorSection = DoctorSection()
+
+    @field_validator("dims")
+    @classmethod
+    def _dim_names(cls, value: dict[str, DimSpec]) -> dict[str, DimSpec]:
+        # The wheel's example_inputs(seed, *, device, **sizes) takes dims as keyword arguments.
+        for name in value:
+            if not name.isidentifier() or name in RESERVED_DIM_NAMES:
+                raise ValueError(f"dim name {name!r} cannot be used: dims are keyword arguments of the wheel's "
+                                 f"example_inputs(), so a name must be a Python identifier other than "
+                                 f"{' or '.join(repr(n) for n in RESERVED_DIM_NAMES)}")
+        return value
 
     @model_validator(mode="after")
     def _names(self) -> "Spec":

@@ -21,7 +21,7 @@ import torch
 
 from . import precision, targets
 from .cache import Cache
-from .compile import CompilePlan, Compiled, compile_model, plan_compile
+from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from .errors import CompileError, ExportError, VerificationError
 from .export import Exported
 from .templates import wheel_compare
@@ -50,6 +50,7 @@ class Skipped:
 class Tuned:
     compiled: Compiled  # the chosen candidate, still in its trial folder
     chosen: str
+    plan: CompilePlan  # the chosen candidate's
     trials: tuple[Trial, ...]
     skipped: tuple[Skipped, ...] = ()
 
@@ -80,8 +81,8 @@ def reduced_precision_refusal(exported: Exported) -> str | None:
         return "external weights stay float32 tensors the runtime supplies; reduced precision needs them folded into the .so"
     if "float32" not in exported.output_dtypes:
         return "the model has no float32 output"
-    if not precision.bf16_is_native():
-        return "this CPU has no native bfloat16 instructions (AVX512-BF16 or AMX): it would run slower"
+    if not precision.bf16_is_native(exported.device):
+        return precision.NOT_NATIVE[exported.device]
     return screen_autocast(exported)
 
 
@@ -110,13 +111,24 @@ def screen_autocast(exported: Exported) -> str | None:
     return None
 
 
-def plans(exported: Exported, cxx_version: str, target: str, output_dir: Path) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+def plans(exported: Exported, cxx_version: str, output_dir: Path) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
     """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
     build of this model version (the .so records where it was compiled, and wheels must be
-    reproducible) and different for every candidate (a process cannot load two .so at one path)."""
+    reproducible) and different for every candidate (a process cannot load two .so at one path).
+    A lone candidate of a target whose .so must stay where it was compiled compiles in place."""
     found, skipped = candidates(exported)
-    return [(name, plan_compile(exported, cxx_version, target, output_dir / ".candidates" / name, overrides))
+    in_place = len(found) == 1 and not targets.get(exported.target).RELOCATABLE
+    where = lambda name: output_dir if in_place else output_dir / ".candidates" / name  # noqa: E731
+    return [(name, plan_compile(exported, cxx_version, exported.target, where(name), overrides))
             for name, overrides in found], skipped
+
+
+def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], output_dir: Path) -> list[CompilePlan]:
+    """The compiles install() may still need: on a target whose .so cannot move, the chosen
+    candidate is compiled again at the output path."""
+    if targets.get(exported.target).RELOCATABLE:
+        return []
+    return [plan_in(exported, plan, output_dir) for _, plan in planned if plan.compile_dir != output_dir]
 
 
 def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> float:
@@ -141,7 +153,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
     for index, (name, plan) in enumerate(planned):
         trial_work = work_dir / "candidates" / name
         shutil.rmtree(trial_work, ignore_errors=True)
-        plan.compile_dir.mkdir(parents=True)
+        plan.compile_dir.mkdir(parents=True, exist_ok=True)
         try:
             compiled = compile_model(exported, plan, trial_work, store)
         except (CompileError, ExportError) as exc:
@@ -161,20 +173,24 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
         trials.append(Trial(name, plan.options, True, latency, compiled.from_cache))  # unrounded: the choice is made on it
         say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
         if best is None or latency < best[1]:
-            best = (name, latency, compiled)
+            best = (name, latency, compiled, plan)
     if best is None:  # the first candidate's own report, with every case's diffs
         more = f"\n(all {len(trials)} compile candidates failed verification)" if len(trials) > 1 else ""
         raise VerificationError(first_failure.message + more, first_failure.hint) from first_failure
-    return Tuned(compiled=best[2], chosen=best[0], trials=tuple(trials), skipped=tuple(skipped))
+    return Tuned(compiled=best[2], chosen=best[0], plan=best[3], trials=tuple(trials), skipped=tuple(skipped))
 
 
-def install(tuned: Tuned, output_dir: Path) -> Compiled:
+def install(tuned: Tuned, exported: Exported, output_dir: Path, work_dir: Path, store: Cache) -> Compiled:
     """Put the chosen candidate's artifacts at the output path the wheel records.
 
-    On CPU the .so runs from any folder (its bytes record where it was compiled, which is why
-    candidates compile at a stable path); CUDA kernels are found by that path, so a CUDA target
-    will need its chosen candidate compiled at this path instead.
+    A CPU .so runs from any folder (its bytes record where it was compiled, which is why
+    candidates compile at a stable path): it is copied. A CUDA .so finds its kernels by the path
+    it was compiled at, so the chosen candidate is compiled again at the output path.
     """
+    if tuned.compiled.output_dir == output_dir:
+        return tuned.compiled
+    if not targets.get(tuned.compiled.target).RELOCATABLE:
+        return compile_model(exported, plan_in(exported, tuned.plan, output_dir), work_dir / "final", store)
     artifacts = []
     for artifact in tuned.compiled.artifacts:
         shutil.copyfile(artifact, output_dir / artifact.name)

@@ -19,6 +19,7 @@ from .compile import Compiled
 from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
 from .loader import weight_tensors
+from .spec import OutputSpec
 from .templates import wheel_compare, wheel_inputs, wheel_weights
 
 OutputDiff = wheel_compare.OutputDiff
@@ -55,9 +56,19 @@ class CaseResult:
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """The tolerance applied to one output, and which spec key (or default) gave each number."""
+
+    rtol: float
+    atol: float
+    rtol_from: str
+    atol_from: str
+
+
+@dataclass(frozen=True)
 class Verified:
     cases: tuple[CaseResult, ...]
-    tolerances: dict[str, tuple[float, float]]
+    tolerances: dict[str, Tolerance]
     golden_file: Path
     golden_cases: tuple[str, ...]
     reference: str
@@ -74,14 +85,26 @@ class Verified:
         return summary
 
 
-def tolerances(exported: Exported) -> dict[str, tuple[float, float]]:
+def applied_tolerances(outputs: list[OutputSpec], dtypes: tuple[str, ...], target: str) -> dict[str, Tolerance]:
+    """Per output and number: ``[outputs.<target>]``, else ``[[outputs]]``, else the dtype's default."""
     result = {}
-    for output, dtype in zip(exported.spec_file.spec.outputs, exported.output_dtypes):
-        default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
-        rtol = default_rtol if output.rtol is None else output.rtol
-        atol = default_atol if output.atol is None else output.atol
-        result[output.name] = (rtol, atol)
+    for index, (output, dtype) in enumerate(zip(outputs, dtypes)):
+        defaults = dict(zip(("rtol", "atol"), DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))))
+        layers = ((f"outputs[{index}].{target}", getattr(output, target, None)), (f"outputs[{index}]", output))
+        chosen = {}
+        for number in ("rtol", "atol"):
+            given = [(getattr(holder, number), key) for key, holder in layers if holder is not None and getattr(holder, number) is not None]
+            chosen[number] = given[0] if given else (defaults[number], f"default for {dtype}")
+        result[output.name] = Tolerance(chosen["rtol"][0], chosen["atol"][0], chosen["rtol"][1], chosen["atol"][1])
     return result
+
+
+def _applied(exported: Exported) -> dict[str, Tolerance]:
+    return applied_tolerances(exported.spec_file.spec.outputs, exported.output_dtypes, exported.target)
+
+
+def tolerances(exported: Exported) -> dict[str, tuple[float, float]]:
+    return {name: (t.rtol, t.atol) for name, t in _applied(exported).items()}
 
 
 def _edge_inputs(inputs: list[dict], sizes: dict[str, int], kind: str, scale: float) -> tuple[torch.Tensor, ...]:
@@ -100,10 +123,11 @@ def _edge_inputs(inputs: list[dict], sizes: dict[str, int], kind: str, scale: fl
 
 
 def verification_cases(exported: Exported) -> list[Case]:
+    """Every case's inputs, on the target's device."""
     spec = exported.spec_file.spec
     inputs = spec_inputs(exported.spec_file)
     middle = export_sizes(exported.spec_file)
-    make = lambda sizes, seed: tuple(wheel_inputs.make_inputs(inputs, sizes, seed))  # noqa: E731
+    make = lambda sizes, seed: tuple(t.to(exported.device) for t in wheel_inputs.make_inputs(inputs, sizes, seed))  # noqa: E731
     cases = [Case(f"seed{seed}", middle, make(middle, seed)) for seed in SEEDS]
     for name, dim in spec.dims.items():
         bounds = {"min": dim.min, "mid": (dim.min + dim.max) // 2, "max": dim.max}
@@ -112,7 +136,8 @@ def verification_cases(exported: Exported) -> list[Case]:
             cases.append(Case(f"{name}={label}({size})", sizes, make(sizes, 100 + len(cases))))
     if spec.verify.edge_cases:
         for kind in ("zeros", "large"):
-            cases.append(Case(kind, middle, _edge_inputs(inputs, middle, kind, spec.verify.large_magnitude)))
+            edge = _edge_inputs(inputs, middle, kind, spec.verify.large_magnitude)
+            cases.append(Case(kind, middle, tuple(t.to(exported.device) for t in edge)))
     smallest = {name: dim.min for name, dim in spec.dims.items()}
     for index in range(spec.verify.golden_cases):
         cases.append(Case(f"golden{index}", smallest, make(smallest, 1000 + index), golden=True))
@@ -133,9 +158,11 @@ def _to_fp64(tensors):
 
 def open_runner(compiled: Compiled, weights_file: Path | None):
     """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if any."""
-    runner = targets.get(compiled.target).open_runner(compiled.library)
+    target = targets.get(compiled.target)
+    runner = target.open_runner(compiled.library)
     if weights_file is not None:
-        wheel_weights.load_into(runner, wheel_weights.read_weights(weights_file), inactive=False)
+        tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
+        wheel_weights.load_into(runner, tensors, inactive=False)
     return runner
 
 
@@ -145,7 +172,8 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     work_dir.mkdir(parents=True, exist_ok=True)
     runner = open_runner(compiled, weights_file)
     target = targets.get(compiled.target)
-    tols = tolerances(exported)
+    applied = _applied(exported)
+    tols = {name: (t.rtol, t.atol) for name, t in applied.items()}
     names = [o.name for o in spec.outputs]
     reference_module = _fp64_module(exported) if spec.verify.fp64_reference else None
     results, golden = [], {}
@@ -163,8 +191,8 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
         diffs = tuple(wheel_compare.compare(n, g, w, *tols[n]) for n, g, w in zip(names, got, want))
         results.append(CaseResult(case.name, dict(case.sizes), diffs, eager_error))
         if case.golden:
-            golden.update({f"{case.name}/inputs/{i.name}": t for i, t in zip(spec.inputs, case.inputs)})
-            golden.update({f"{case.name}/outputs/{n}": t.contiguous() for n, t in zip(names, eager)})
+            golden.update({f"{case.name}/inputs/{i.name}": t.cpu() for i, t in zip(spec.inputs, case.inputs)})
+            golden.update({f"{case.name}/outputs/{n}": t.contiguous().cpu() for n, t in zip(names, eager)})
     _raise_on_failures(exported, results, work_dir)
     golden_file = work_dir / GOLDEN_FILE
     from safetensors.torch import save_file
@@ -172,10 +200,10 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     save_file(golden, str(golden_file))
     return Verified(
         cases=tuple(results),
-        tolerances=tols,
+        tolerances=applied,
         golden_file=golden_file,
         golden_cases=tuple(r.case for r in results if r.case.startswith("golden")),
-        reference="eager float64" if reference_module is not None else "eager",
+        reference="eager float64" if reference_module is not None else target.REFERENCE,
         weights_file=weights_file,
     )
 
@@ -189,7 +217,7 @@ def write_weights(exported: Exported, work_dir: Path) -> Path | None:
 
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / WEIGHTS_FILE
-    tensors = {name: t.contiguous() for name, t in weight_tensors(exported.module).items()}
+    tensors = {name: t.contiguous().cpu() for name, t in weight_tensors(exported.module).items()}
     try:
         save_file(tensors, str(path))
     except RuntimeError:  # tensors sharing storage (tied weights) must be saved as copies

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import SpecError
-from . import cpu
+from ..errors import SpecError, TargetUnavailableError
+from . import cpu, cuda
 
 if TYPE_CHECKING:
     from ..compile import Compiled
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 class Target(Protocol):
     NAME: str
     DEVICE: str  # where export, the eager reference and the compiled model run
+    REFERENCE: str  # what verification compares with, as the report and manifest name it
     # Whether a compiled folder still runs after it is copied elsewhere; CUDA kernels are found
     # by the absolute path they were compiled at, so a CUDA .so is compiled where it ships from.
     RELOCATABLE: bool
@@ -60,7 +61,7 @@ class Target(Protocol):
         """Wait for queued device work (around every timing)."""
 
 
-TARGETS: dict[str, ModuleType] = {"cpu": cpu}
+TARGETS: dict[str, ModuleType] = {"cpu": cpu, "cuda": cuda}
 
 
 def get(name: str) -> Target:
@@ -68,3 +69,15 @@ def get(name: str) -> Target:
         return TARGETS[name]  # type: ignore[return-value]  # a module satisfying the Protocol
     except KeyError:
         raise SpecError(f"unknown target {name!r}", f"choose from {', '.join(sorted(TARGETS))}") from None
+
+
+def require_available(names: list[str]) -> None:
+    """Refuse, before anything is written, a target this machine cannot build."""
+    for name in names:
+        reason = get(name).unavailable()
+        if reason:
+            others = [t for t in TARGETS if t != name and get(t).unavailable() is None]
+            raise TargetUnavailableError(
+                f"cannot build target {name!r} here: {reason}",
+                f"build it on a machine that has what is missing{f', or build {others[0]!r} here with --target {others[0]}' if others else ''}",
+            )

@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..templates import wheel_preload
+
 if TYPE_CHECKING:
     from ..compile import Compiled
     from ..spec import Spec
 
 NAME = "cpu"
 DEVICE = "cpu"
+REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 # Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
 VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
@@ -65,6 +68,7 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
 
 
 def open_runner(library: Path, num_models: int = 1) -> Any:
+    wheel_preload.load_cxx_runtime()
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
 
 

@@ -26,13 +26,13 @@ class GoldenMismatch(AssertionError):
     """The installed model's outputs differ from the recorded eager outputs beyond tolerance."""
 
 
-def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path) -> list[GoldenResult]:
+def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: str = "cpu") -> list[GoldenResult]:
     from safetensors.torch import load_file  # only verification needs it
 
     tensors = load_file(str(golden_file))
     results = []
     for case in manifest["golden"]["cases"]:
-        args = [tensors[f"{case}/inputs/{spec['name']}"] for spec in manifest["inputs"]]
+        args = [tensors[f"{case}/inputs/{spec['name']}"].to(device) for spec in manifest["inputs"]]
         got = model(*args)
         got = got if manifest["returns_tuple"] else (got,)
         diffs = tuple(

@@ -53,7 +53,8 @@ def check_inputs(
         name = spec["name"]
         if not isinstance(arg, torch.Tensor):
             raise ValueError(f"input {name!r}: expected a torch.Tensor, got {type(arg).__name__}")
-        if arg.device.type != device:
+        want = torch.device(device)
+        if arg.device.type != want.type or (want.index is not None and arg.device.index != want.index):
             raise ValueError(f"input {name!r}: expected a tensor on {device}, got one on {arg.device}")
         if arg.dtype != getattr(torch, spec["dtype"]):
             raise ValueError(f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}")

@@ -45,21 +45,26 @@ def incompatibilities(m: dict[str, Any], torch_version: str, cpu_capability: str
         problems.append(f"torch is {torch_version}, the model was built with torch {m['torch']['version']}")
     if platform.machine() != m["platform"]["machine"]:
         problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}")
-    needed, have = m["platform"]["cpu_capability"], cpu_capability
-    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
-        if CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed):
-            problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
-    elif needed != have:
-        problems.append(f"this CPU supports {have}, the model's kernels need {needed}")
+    needed = m["platform"].get("cpu_capability")  # CPU kernels only; a CUDA wheel's GPU is checked by _cuda.py
+    if needed is not None and _lacks(cpu_capability, needed):
+        problems.append(f"this CPU supports {cpu_capability}, the model's kernels need {needed}")
     return problems
 
 
-def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str) -> None:
-    problems = incompatibilities(m, torch_version, cpu_capability)
+def _lacks(have: str, needed: str) -> bool:
+    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
+        return CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed)
+    return have != needed
+
+
+def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
+    """Raise IncompatibleRuntime listing every problem (``gpu_problems``: a CUDA wheel's, from _cuda.py)."""
+    problems = incompatibilities(m, torch_version, cpu_capability) + list(gpu_problems)
     if problems:
         raise IncompatibleRuntime(
             f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems)
-            + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['version']}`."
+            + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['distribution']}`"
+            + (" from the index of its CUDA version" if m["target"] == "cuda" else "") + "."
         )
 
 

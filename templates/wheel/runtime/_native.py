@@ -21,6 +21,7 @@ import numpy as np
 from ._inputs import check_count, check_sizes
 from ._integrity import check_artifacts
 from ._manifest import CPU_CAPABILITY_ORDER, artifacts_dir, check_runtime, manifest
+from ._preload import load_cxx_runtime
 
 _handle = ctypes.c_void_p
 _NUMPY_DTYPES = {
@@ -161,6 +162,7 @@ class NumpyModel:
         self._codes = _dtype_codes(self._lib)
         self._dtypes_by_code = {code: np.dtype(_NUMPY_DTYPES[name]) for name, code in self._codes.items()}
         self._cpu = self._lib.aoti_torch_device_type_cpu()
+        load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
         try:
             self._model = ctypes.CDLL(str(library))
         except OSError as exc:
@@ -237,6 +239,10 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     For processes that do not otherwise use PyTorch: start-up skips ``import torch`` (about a
     second). Models with external weights need ``load()``, which can hand the weights over."""
     m = manifest()
+    if m["target"] != "cpu":
+        raise NativeRuntimeError(
+            f"{m['dist_name']} {m['full_version']} is a {m['target'].upper()} build; load_numpy() runs CPU builds only: use load()"
+        )
     if m["weights"]["external"]:
         raise NativeRuntimeError(
             f"{m['dist_name']} {m['full_version']} keeps its weights outside the .so; load_numpy() runs models "

@@ -1,0 +1,150 @@
+"""CUDA wheels: what the GPU, driver and torch must be for the kernels to run, and opening the .so.
+
+Shared, like _inputs.py, by the build (the cuda target records these facts in the manifest) and
+the wheel (load() checks them). Imports torch only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# The oldest Linux driver each CUDA major runs on, with minor version compatibility (NVIDIA's
+# "CUDA Toolkit and Minimum Required Driver Version" table); cuDriverGetVersion reports the
+# newest CUDA a driver supports, so a driver is new enough when it reports at least major.0.
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+KERNEL_SUFFIXES = (".cubin", ".fatbin", ".ptx")
+
+
+def variant(cuda_version: str | None) -> str:
+    """PyTorch's name for a CUDA build: ``13.0`` -> ``cu130`` (the wheel's label and its index)."""
+    if not cuda_version:
+        raise ValueError("no CUDA version: a CUDA wheel needs a CUDA build of torch")
+    return "cu" + cuda_version.replace(".", "")
+
+
+def driver_cuda_version() -> int | None:
+    """The newest CUDA the installed driver supports (cuDriverGetVersion: 13000 for 13.0), or None
+    when there is no driver library."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int()
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value
+
+
+def format_cuda(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def requirements(cuda_version: str, capability: tuple[int, int]) -> dict[str, Any]:
+    """The manifest's record of what the kernels need (without the build options and files)."""
+    major = int(cuda_version.split(".")[0])
+    return {
+        "version": cuda_version,
+        "capability": f"{capability[0]}.{capability[1]}",
+        "arch": f"sm_{capability[0]}{capability[1]}",
+        "min_driver": MIN_DRIVER.get(major, f"a driver for CUDA {major}.0"),
+        "min_driver_cuda": major * 1000,
+    }
+
+
+def _capability(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def runs_on(needs: dict[str, Any], capability: tuple[int, int]) -> bool:
+    """Triton compiles each kernel for the build GPU's exact architecture (sm_90a on an H100), so
+    a cubin runs on that compute capability only; PTX (multi_arch) is compiled by the driver for
+    the GPU at hand, so it also serves newer ones."""
+    built = _capability(needs["capability"])
+    return capability == built or (needs.get("multi_arch", False) and capability > built)
+
+
+def problems(m: dict[str, Any], *, torch_cuda: str | None, device: str, device_count: int, gpu: str,
+             capability: tuple[int, int] | None, driver_cuda: int | None) -> list[str]:
+    """Why this CUDA wheel cannot run on ``device`` here, each naming both sides; [] if it can."""
+    needs, torch_version = m["cuda"], m["torch"]["version"]
+    if torch_cuda is None:
+        return [f"the installed torch is a CPU-only build; the model needs torch {torch_version} with CUDA {needs['version']}"]
+    found = []
+    if torch_cuda != needs["version"]:
+        found.append(f"torch runs CUDA {torch_cuda}; the model's kernels were built with CUDA {needs['version']} "
+                     f"(torch {torch_version})")
+    if device_count == 0:
+        return found + ["no CUDA device is visible (torch.cuda.device_count() is 0; check the driver, nvidia-smi "
+                        "and CUDA_VISIBLE_DEVICES)"]
+    index = int(device.partition(":")[2] or 0)
+    if index >= device_count:
+        return found + [f"{device} does not exist: {device_count} CUDA device(s) visible (cuda:0 to cuda:{device_count - 1})"]
+    if driver_cuda is None or driver_cuda < needs["min_driver_cuda"]:
+        have = "no NVIDIA driver library (libcuda.so.1)" if driver_cuda is None else \
+            f"the NVIDIA driver supports CUDA {format_cuda(driver_cuda)}"
+        found.append(f"{have}; the model needs a driver for CUDA {needs['version'].split('.')[0]}.x "
+                     f"(>= {needs['min_driver']})")
+    if capability is not None and not runs_on(needs, capability):
+        ptx = "" if needs.get("multi_arch") else " (build with [build.cuda] multi_arch = true to ship PTX for newer GPUs)"
+        found.append(f"{device} ({gpu}) has compute capability {capability[0]}.{capability[1]}; the model's kernels "
+                     f"are for {needs['capability']} ({needs['arch']}, built on {needs['gpu']}){ptx}")
+    return found
+
+
+def device_facts(device: str) -> dict[str, Any]:
+    """What problems() needs, read from torch and the driver."""
+    import torch
+
+    facts: dict[str, Any] = {"torch_cuda": torch.version.cuda, "device_count": 0, "gpu": "?", "capability": None,
+                             "driver_cuda": driver_cuda_version()}
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return facts
+    facts["device_count"] = torch.cuda.device_count()
+    index = int(device.partition(":")[2] or 0)
+    if index < facts["device_count"]:
+        facts["gpu"] = torch.cuda.get_device_name(index)
+        facts["capability"] = tuple(torch.cuda.get_device_capability(index))
+    return facts
+
+
+def resolve_device(device: str | None) -> str:
+    """``None`` or ``"cuda"`` -> the current CUDA device as ``cuda:N``; ``"cuda:N"`` as given."""
+    import torch
+
+    text = "cuda" if device is None else str(device)
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"device {text!r}: this wheel runs on CUDA devices ('cuda' or 'cuda:N')")
+    if index:
+        return text
+    current = torch.cuda.current_device() if torch.version.cuda and torch.cuda.is_available() else 0
+    return f"cuda:{current}"
+
+
+def open_runner(library: Path, kernel_dir: Path, device: str, num_models: int) -> Any:
+    """The .so through torch's CUDA runner. ``kernel_dir`` is always passed as ``cubin_dir``: the
+    .so records the absolute path its kernels were compiled at, and this finds them wherever the
+    wheel is installed, with or without the /opt link (embedded kernels ignore it)."""
+    import torch
+
+    return torch._C._aoti.AOTIModelContainerRunnerCuda(str(library), num_models, device, str(kernel_dir))
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """TF32 off for cuDNN and cuBLAS while inside: eager's convolutions use TF32 by default, which
+    alone differed from the compiled UNet by 1e-3 on an H100 (2.4e-6 with it off). The build's
+    reference and the wheel's golden check both run under it, so they compare like with like."""
+    import torch
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
