@@ -79,9 +79,15 @@ matrix: $(SETUP)
 	@$(PY) -m pipeline matrix
 
 # Side by side: the wheel, eager, torch.compile, the .pt2 loader, ONNX Runtime (build/bench/<model>/).
+# TARGET=cuda: on the current GPU against eager and torch.compile (benchmarks/bench_cuda.py);
+# it installs nothing, as GPU images often have no network.
 bench: $(SETUP)
+ifeq ($(TARGET),cuda)
+	$(PY) benchmarks/bench_cuda.py --spec $(SPEC) $(ARGS)
+else
 	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt
-	$(PY) benchmarks/bench.py --spec $(SPEC) $(TARGET_ARGS) $(ARGS)
+	$(PY) benchmarks/bench.py --spec $(SPEC) $(ARGS)
+endif
 
 # Resident memory of a fresh process loading the built wheel, against its weights' size.
 bench-memory: $(SETUP)

@@ -61,8 +61,9 @@ def timed(cmd: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def build_times(spec: Path, out: Path, root: str | None) -> tuple[dict, Path]:
-    args = [sys.executable, "-m", "pipeline", "build", "--spec", spec, "--build-dir", out / "build", "--dist", out / "dist"]
+def build_times(spec: Path, out: Path, root: str | None, target: str = "cpu") -> tuple[dict, Path]:
+    args = [sys.executable, "-m", "pipeline", "build", "--spec", spec, "--build-dir", out / "build", "--dist", out / "dist",
+            "--target", target]
     args += ["--root", root] if root else []
     shutil.rmtree(out / "build", ignore_errors=True)
     say("==> build, cold (--no-cache)")
@@ -82,10 +83,10 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def export_once(spec_file):
+def export_once(spec_file, target: str = "cpu"):
     """The model exported as the build exports it: every compile below starts from this."""
     loaded = load_model(spec_file)
-    return export_program(prepare(spec_file, loaded), loaded.source_files)
+    return export_program(prepare(spec_file, loaded, target), loaded.source_files)
 
 
 def program_for(exported, compile_options: dict) -> tuple:

@@ -5,7 +5,9 @@
 
     python variants.py so --spec SPEC --mode kernels --batch N --artifact MODEL.so
 
-VARIANT: eager | compile | pt2 | onnx | wheel | wheel-numpy. `wheel` and `wheel-numpy` run in
+VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-numpy (compile-ro is
+torch.compile's ``reduce-overhead`` mode, CUDA graphs on a GPU). ``--device cuda`` runs the torch
+variants on the current GPU, synchronizing around every timed call. `wheel` and `wheel-numpy` run in
 the virtualenv the wheel is installed in (their --artifact is the import name): `wheel` uses
 load() and torch tensors, `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
 `onnx` in cold mode imports only onnxruntime and numpy. `so` with `--mode kernels` profiles a
@@ -25,6 +27,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIN_RUNS, MIN_SECONDS, WARMUP = 10, 2.0, 3
 
 
+DEVICE = "cpu"
+
+
+def synchronize() -> None:
+    if DEVICE != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def spec_inputs(spec_path: str, batch: int | None):
     sys.path.insert(0, REPO)
     from pipeline.export import export_sizes, spec_inputs as inputs_of
@@ -35,13 +47,14 @@ def spec_inputs(spec_path: str, batch: int | None):
     sizes = export_sizes(spec_file)
     if batch is not None:
         sizes = {name: batch for name in sizes}
-    return spec_file, wheel_inputs.make_inputs(inputs_of(spec_file), sizes, seed=0)
+    tensors = wheel_inputs.make_inputs(inputs_of(spec_file), sizes, seed=0)
+    return spec_file, [t.to(DEVICE) for t in tensors]
 
 
 def eager_module(spec_file):
     from pipeline.loader import load_model
 
-    return load_model(spec_file).module
+    return load_model(spec_file).module.to(DEVICE)
 
 
 def numpy_inputs(inputs: list[dict], sizes: dict[str, int]) -> list:
@@ -103,6 +116,8 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         model = eager_module(spec_file)
         if variant == "compile":
             model = torch.compile(model)
+        elif variant == "compile-ro":
+            model = torch.compile(model, mode="reduce-overhead")
 
     def call():
         with torch.no_grad():
@@ -112,15 +127,19 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
 
 
 def latency(call) -> dict:
+    synchronize()
     first_started = time.perf_counter()
     call()
+    synchronize()
     first_s = time.perf_counter() - first_started
     for _ in range(WARMUP - 1):
         call()
+    synchronize()
     times, started = [], time.perf_counter()
     while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
         t0 = time.perf_counter()
         call()
+        synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     times.sort()
     return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))], "runs": len(times),
@@ -161,6 +180,26 @@ def kernel_profile(so_path: str, spec_path: str, batch: int, top: int = 12) -> d
     }
 
 
+def gpu_busy(call, calls: int = 20) -> dict:
+    """How much of a call's wall time the GPU spends in kernels: well below 1, the time goes to
+    launching them from the CPU (what CUDA graphs remove)."""
+    import torch
+
+    for _ in range(WARMUP):
+        call()
+    synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        synchronize()
+        wall_ms = (time.perf_counter() - started) * 1000 / calls
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernel_ms = sum(e.time_range.elapsed_us() for e in events) / 1000 / calls
+    return {"wall_ms": wall_ms, "kernel_ms": kernel_ms, "kernels_per_call": len(events) / calls,
+            "busy": kernel_ms / wall_ms if wall_ms else 0.0}
+
+
 def kernel_group(name: str) -> str:
     if "convolution" in name:
         return "convolution"
@@ -187,17 +226,24 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=["eager", "compile", "pt2", "onnx", "wheel", "wheel-numpy", "so"])
+    parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-numpy", "so"])
     parser.add_argument("--spec", default="")
-    parser.add_argument("--mode", choices=["latency", "cold", "kernels"], required=True)
+    parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy"], required=True)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the current GPU")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--artifact", default=None)
     parser.add_argument("--start", type=float, default=None, help="time.time() when the parent started this process")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     if args.mode == "cold":
         call = make_runner(args.variant, args.spec if args.variant != "onnx" else "", args.batch, args.artifact)
         call()
+        synchronize()
         print(json.dumps({"first_result_s": time.time() - args.start}))
+        return
+    if args.mode == "gpu-busy":
+        print(json.dumps(gpu_busy(make_runner(args.variant, args.spec, args.batch, args.artifact))))
         return
     if args.mode == "kernels":
         print(json.dumps(kernel_profile(args.artifact, args.spec, args.batch)))

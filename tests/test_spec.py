@@ -63,9 +63,11 @@ def test_repeated_names_are_refused(tmp_path):
     assert "key 'outputs': names repeat: features" in message
 
 
-def test_cuda_target_is_refused_for_now(tmp_path):
-    message = spec_error(tmp_path, GOOD + '\n[build]\ntargets = ["cuda"]\n')
-    assert "key 'build.targets'" in message and "cuda" in message
+def test_unknown_or_repeated_targets_are_refused(tmp_path):
+    message = spec_error(tmp_path, GOOD + '\n[build]\ntargets = ["rocm"]\n')
+    assert "key 'build.targets" in message and "'cpu' or 'cuda'" in message
+    message = spec_error(tmp_path, GOOD + '\n[build]\ntargets = ["cuda", "cuda"]\n')
+    assert "key 'build.targets'" in message and "names a target twice" in message
 
 
 def test_toml_syntax_error_gives_position(tmp_path):
@@ -91,3 +93,11 @@ def test_cli_reports_spec_error_with_hint_and_exit_code(tmp_path):
 def test_cli_missing_spec_file(tmp_path):
     ran = run_cli("build", "--spec", str(tmp_path / "nope.toml"))
     assert ran.code == SpecError.exit_code and "no such spec file" in ran.err
+
+
+@pytest.mark.parametrize("name", ["seed", "device", "not-an-identifier"])
+def test_dim_names_that_cannot_be_keywords_are_refused(tmp_path, name):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text().replace("[dims.batch]", f'[dims."{name}"]').replace('"batch"', f'"{name}"'))
+    with pytest.raises(SpecError, match=rf"key 'dims': dim name '{name}' cannot be used: dims are keyword arguments"):
+        load_spec(spec)

@@ -1,0 +1,139 @@
+"""`make bench MODEL=unet TARGET=cuda`: the CUDA wheel against eager, torch.compile (default and
+reduce-overhead) and the .pt2 loader on the current GPU, measured side by side in one run.
+Writes results.json and results.md under build/bench/<model>-cuda/.
+
+Every measurement runs in a fresh process (benchmarks/variants.py --device cuda) and synchronizes
+the GPU around every timed call. Runs with the interpreter's own CUDA torch and no network: the
+wheel goes into a virtualenv that sees that torch (--system-site-packages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench import COLD_REPEATS, INDUCTOR_ENV, REPO, build_times, export_once, import_torch_s, make_pt2, run_json, say
+
+from pipeline.spec import load_spec  # noqa: E402  (bench put the repository on sys.path)
+
+VARIANTS = ["eager", "compile", "compile-ro", "pt2", "wheel"]
+LABELS = {"eager": "eager PyTorch", "compile": "torch.compile", "compile-ro": "torch.compile reduce-overhead",
+          "pt2": ".pt2 (aoti_load_package)", "wheel": "this wheel, load()"}
+
+
+def wheel_venv(wheel: Path, out: Path) -> Path:
+    """The wheel installed beside the interpreter's CUDA torch: GPU images have no network to
+    fetch another, and the wheel's torch pin is checked by pip against the one that is there."""
+    say("==> installing the wheel into a virtualenv that sees this interpreter's torch")
+    venv = out / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--clear", "--system-site-packages", venv], check=True)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", wheel],
+                   check=True, capture_output=True)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "check"], check=True, capture_output=True)
+    return venv / "bin" / "python"
+
+
+def variant_cmd(variant: str, spec: Path, artifacts: dict, venv_python: Path, *mode: object) -> list:
+    python = venv_python if variant == "wheel" else sys.executable
+    cmd = [python, REPO / "benchmarks" / "variants.py", variant, "--spec", spec, "--device", "cuda", *mode]
+    return cmd + (["--artifact", artifacts[variant]] if variant in artifacts else [])
+
+
+def measure(spec: Path, batches: list[int], artifacts: dict, venv_python: Path) -> dict:
+    results: dict = {"latency_ms": {v: {} for v in VARIANTS}, "cold_start_s": {}, "gpu_busy": {}}
+    for variant in VARIANTS:
+        for batch in batches:
+            say(f"==> latency: {LABELS[variant]}, batch {batch}")
+            results["latency_ms"][variant][str(batch)] = run_json(
+                variant_cmd(variant, spec, artifacts, venv_python, "--mode", "latency", "--batch", batch))
+    for variant in VARIANTS:
+        say(f"==> fresh process to first result: {LABELS[variant]}")
+        runs = [run_json(variant_cmd(variant, spec, artifacts, venv_python, "--mode", "cold", "--batch", 1,
+                                     "--start", time.time()))["first_result_s"] for _ in range(COLD_REPEATS)]
+        results["cold_start_s"][variant] = statistics.median(runs)
+    for variant in ("wheel", "compile-ro", "eager"):
+        say(f"==> GPU busy share at batch 1 (torch.profiler): {LABELS[variant]}")
+        results["gpu_busy"][variant] = run_json(
+            variant_cmd(variant, spec, artifacts, venv_python, "--mode", "gpu-busy", "--batch", 1))
+    return results
+
+
+def check_targets(results: dict) -> list[dict]:
+    lat = results["latency_ms"]
+    wheel1 = lat["wheel"]["1"]["median_ms"]
+    checks = [("wheel >= 3x faster than eager (batch 1)", wheel1 / lat["eager"]["1"]["median_ms"], round(1 / 3, 3)),
+              ("wheel within 1.2x of torch.compile reduce-overhead (batch 1)", wheel1 / lat["compile-ro"]["1"]["median_ms"], 1.2),
+              ("cold start, load(), >= 2x faster than the .pt2 loader",
+               results["cold_start_s"]["wheel"] / results["cold_start_s"]["pt2"], 0.5)]
+    return [{"target": name, "ratio": round(ratio, 3), "limit": limit, "met": ratio <= limit} for name, ratio, limit in checks]
+
+
+def markdown(results: dict) -> str:
+    batches = results["batches"]
+    lines = [f"# {results['model']} on {results['gpu']}", "",
+             f"torch {results['torch']} (CUDA {results['cuda']}); wheel compile options: {results['chosen']}", "",
+             "| | " + " | ".join(f"batch {b} median / p90 (ms)" for b in batches) + " | fresh process to first result (s) |",
+             "|---|" + "---|" * (len(batches) + 1)]
+    for variant in VARIANTS:
+        cells = [f"{results['latency_ms'][variant][str(b)]['median_ms']:.2f} / {results['latency_ms'][variant][str(b)]['p90_ms']:.2f}"
+                 for b in batches]
+        lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + f" | {results['cold_start_s'][variant]:.2f} |")
+    build = results["build"]
+    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor "
+              f"cache): {results['latency_ms']['compile']['1']['first_call_s']:.1f} s. Build: cold {build['cold_s']:.1f} s, "
+              f"unchanged rebuild {build['cached_s']:.1f} s.", "",
+              "| target | measured | limit | met |", "|---|---|---|---|"]
+    lines += [f"| {t['target']} | {t['ratio']:.3f} | {t['limit']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
+    lines += ["", "## What limits it", "",
+              "GPU time in kernels against wall time per call at batch 1 (torch.profiler): a share well below 1 means the "
+              "call waits on the CPU launching kernels one by one, which CUDA graphs (reduce-overhead) replay in one launch.", "",
+              "| | wall ms | kernel ms | kernels per call | GPU busy |", "|---|---|---|---|---|"]
+    for variant, busy in results["gpu_busy"].items():
+        lines.append(f"| {LABELS[variant]} | {busy['wall_ms']:.2f} | {busy['kernel_ms']:.2f} | {busy['kernels_per_call']:.0f} "
+                     f"| {busy['busy']:.0%} |")
+    lines += ["", "The wheel's runner cannot be captured in a CUDA graph as it is: see docs/cuda.md."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--root", default=None, help="artifact root for the build (default: the pipeline's)")
+    args = parser.parse_args()
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        raise SystemExit(f"bench: TARGET=cuda needs a CUDA torch and a GPU; torch {torch.__version__} here "
+                         f"(CUDA {torch.version.cuda}), GPU visible: {torch.cuda.is_available()}")
+    spec = Path(args.spec).resolve()
+    spec_file = load_spec(spec)
+    name = spec_file.spec.model.name
+    out = REPO / "build" / "bench" / f"{name}-cuda"
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "inductor-cache", ignore_errors=True)
+    INDUCTOR_ENV["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
+    build, wheel = build_times(spec, out, args.root, target="cuda")
+    venv_python = wheel_venv(wheel, out)
+    manifest = json.loads(subprocess.run([venv_python, "-c", f"import json, model_{name} as m; print(json.dumps(m.manifest()))"],
+                                         capture_output=True, text=True, check=True).stdout)
+    artifacts = {"pt2": make_pt2(export_once(spec_file, "cuda"), manifest, out), "wheel": f"model_{name}"}
+    batches = sorted({1, spec_file.spec.dims["batch"].max}) if "batch" in spec_file.spec.dims else [1]
+    results = {"model": f"{manifest['dist_name']} {manifest['full_version']}", "gpu": torch.cuda.get_device_name(),
+               "torch": torch.__version__, "cuda": torch.version.cuda, "chosen": manifest["compile_search"]["chosen"],
+               "batches": batches, "build": build, "import_torch_s": import_torch_s(venv_python),
+               **measure(spec, batches, artifacts, venv_python)}
+    results["targets"] = check_targets(results)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    print(markdown(results))
+    say(f"wrote {out / 'results.json'}, {out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()
