@@ -1,5 +1,5 @@
 """The CUDA target on a real GPU: build, install, load (rootless too), verify, pick a device,
-embedded kernels. `make test-gpu` runs these with the interpreter's CUDA torch; without a GPU
+embedded kernels, multi-arch PTX. `make test-gpu` runs these with the interpreter's CUDA torch; without a GPU
 (CI, this project's CPU machines) every one skips."""
 
 from __future__ import annotations
@@ -114,6 +114,16 @@ def test_embedded_kernels_ship_only_the_library(tmp_path):
     _, wheel = build_cuda(tmp_path, "\n[build.cuda]\nembed_kernels = true\n")
     m = manifest_of(wheel)
     assert m["cuda"]["embed_kernels"] and m["cuda"]["kernels"] == [] and list(m["artifacts"]) == [m["library"]]
+    python = installed_python(tmp_path / "env", wheel)
+    ran = run_in(python, "import model_tiny as t; print(all(r.passed for r in t.verify(t.load())))")
+    assert ran.returncode == 0 and ran.stdout.strip() == "True", ran.stderr
+
+
+def test_multi_arch_ships_ptx_and_fatbin(tmp_path):
+    _, wheel = build_cuda(tmp_path, "\n[build.cuda]\nmulti_arch = true\n")
+    m = manifest_of(wheel)
+    suffixes = {Path(k).suffix for k in m["cuda"]["kernels"]}
+    assert m["cuda"]["multi_arch"] and {".ptx", ".fatbin"} <= suffixes, m["cuda"]["kernels"]
     python = installed_python(tmp_path / "env", wheel)
     ran = run_in(python, "import model_tiny as t; print(all(r.passed for r in t.verify(t.load())))")
     assert ran.returncode == 0 and ran.stdout.strip() == "True", ran.stderr

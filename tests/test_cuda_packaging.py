@@ -1,0 +1,137 @@
+"""A CUDA wheel's packaging, link, runtime refusal, cubin_dir and index, without a GPU: the tiny
+model's real CPU .so stands in for the CUDA one, with fabricated .cubin kernel files beside it.
+What only a GPU can show (the kernels running) is in test_cuda_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.compile import _move_sources
+from pipeline.manifest import sha256_file
+from pipeline.package import package_wheel
+from pipeline.templates import wheel_cuda
+
+from .conftest import make_venv, pip_install, run_cli
+
+KERNELS = {"c1xq2kcz3.cubin": b"\x7fELF fabricated kernel one", "cv4hbb7z.cubin": b"\x7fELF fabricated kernel two"}
+
+
+def test_only_the_library_and_kernels_stay_in_the_output_folder(tmp_path):
+    output, sources = tmp_path / "out", tmp_path / "sources"
+    output.mkdir()
+    for name in ["model.so", *KERNELS, "k.ptx", "k.fatbin", "model.wrapper.cpp", "model_metadata.json", "model.kernel.cpp"]:
+        (output / name).write_bytes(b"x")
+    (output / "cxk2").mkdir()
+    shipped = _move_sources(output, sources, "cuda", {"aot_inductor.embed_kernel_binary": False})
+    assert [p.name for p in shipped] == sorted(["c1xq2kcz3.cubin", "cv4hbb7z.cubin", "k.fatbin", "k.ptx", "model.so"])
+    assert sorted(p.name for p in sources.iterdir()) == ["cxk2", "model.kernel.cpp", "model.wrapper.cpp", "model_metadata.json"]
+
+
+def cuda_manifest(cpu: dict, opt_path: Path, artifacts: list[Path]) -> dict:
+    """The CPU wheel's manifest as the cuda target writes it for an H100 build with torch's CUDA 13.0."""
+    public = cpu["torch"]["version"].split("+")[0]
+    return {**cpu, "target": "cuda", "full_version": f"{cpu['version']}+cu130.torch{public}",
+            "torch": {**cpu["torch"], "cuda": "13.0"},
+            "platform": {"machine": cpu["platform"]["machine"], "glibc": cpu["platform"]["glibc"]},
+            "cuda": {**wheel_cuda.requirements("13.0", (9, 0)), "gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0",
+                     "embed_kernels": False, "multi_arch": False, "kernels": sorted(KERNELS)},
+            "opt_path": str(opt_path),
+            "artifacts": {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in artifacts}}
+
+
+@pytest.fixture(scope="module")
+def cuda_wheel(tmp_path_factory, wheel) -> tuple[Path, dict, Path]:
+    base = tmp_path_factory.mktemp("cuda-packaging")
+    with zipfile.ZipFile(wheel) as archive:
+        cpu = json.loads(archive.read("model_tiny/manifest.json"))
+        archive.extract(f"model_tiny/artifacts/{cpu['library']}", base / "cpu")
+        archive.extract(f"model_tiny/{cpu['golden']['file']}", base / "cpu")
+    library = base / "cpu" / "model_tiny" / "artifacts" / cpu["library"]
+    kernels = []
+    for name, data in KERNELS.items():
+        (base / name).write_bytes(data)
+        kernels.append(base / name)
+    m = cuda_manifest(cpu, base / "opt" / "tiny" / "0.1" / "cuda", [library, *kernels])
+    built = package_wheel(m, [library, *kernels], [base / "cpu" / "model_tiny" / cpu["golden"]["file"]], base / "work")
+    return built.path, m, base
+
+
+def test_wheel_is_labelled_for_its_cuda_and_carries_every_kernel(cuda_wheel):
+    path, m, _ = cuda_wheel
+    assert path.name.startswith(f"model_tiny-0.1+cu130.torch{torch.__version__.split('+')[0]}-py3-none-manylinux_2_")
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        assert {f"model_tiny/artifacts/{k}" for k in KERNELS} <= names
+        for kernel, data in KERNELS.items():
+            assert archive.read(f"model_tiny/artifacts/{kernel}") == data
+        assert json.loads(archive.read("model_tiny/manifest.json"))["cuda"]["kernels"] == sorted(KERNELS)
+
+
+@pytest.fixture(scope="module")
+def cuda_installed(tmp_path_factory, cuda_wheel) -> Path:
+    python = make_venv(tmp_path_factory.mktemp("cuda-venv") / "env")
+    pip_install(python, str(cuda_wheel[0]))
+    return python
+
+
+def run_in(python: Path, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/")
+
+
+def test_installed_on_cpu_only_torch_load_refuses_naming_both_sides(cuda_installed):
+    ran = run_in(cuda_installed, "import model_tiny; model_tiny.load()")
+    assert ran.returncode != 0 and "IncompatibleRuntime" in ran.stderr
+    assert "the installed torch is a CPU-only build; the model needs torch" in ran.stderr and "with CUDA 13.0" in ran.stderr
+    numpy = run_in(cuda_installed, "import model_tiny; model_tiny.load_numpy()")
+    assert numpy.returncode != 0 and "load_numpy() runs CPU builds only: use load()" in numpy.stderr
+
+
+def test_link_exposes_the_kernels_at_the_recorded_path(cuda_installed, cuda_wheel):
+    _, m, _ = cuda_wheel
+    ran = subprocess.run([str(cuda_installed.parent / "model-tiny"), "link"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    opt_path = Path(m["opt_path"])
+    assert opt_path.is_symlink() and sorted(p.name for p in opt_path.iterdir()) == sorted([m["library"], *KERNELS])
+
+
+def test_runner_gets_the_installed_kernel_folder_as_cubin_dir(cuda_installed, cuda_wheel):
+    """Wherever the .so is opened from (the /opt link here), cubin_dir is the package's own
+    artifacts folder; libstdc++ is made global first. torch's CUDA runner cannot run without a
+    GPU, so it is replaced by a recorder of its arguments in that one process."""
+    _, m, _ = cuda_wheel
+    code = (
+        "import ctypes, pathlib, torch, model_tiny, model_tiny._load as load\n"
+        "torch._C._aoti.AOTIModelContainerRunnerCuda = lambda *args: print(*args)\n"
+        f"load._open_runner(model_tiny.manifest(), pathlib.Path({m['opt_path']!r}) / 'model.so', 'cuda:1', 2)\n"
+        "getattr(ctypes.CDLL(None), '_ZSt4cout'); print('libstdc++ global')\n"
+    )
+    ran = run_in(cuda_installed, code)
+    assert ran.returncode == 0, ran.stderr
+    library, count, device, cubin_dir = ran.stdout.splitlines()[0].split()
+    assert (library, count, device) == (f"{m['opt_path']}/model.so", "2", "cuda:1")
+    assert cubin_dir.endswith("site-packages/model_tiny/artifacts") and Path(cubin_dir, next(iter(KERNELS))).is_file()
+    assert ran.stdout.splitlines()[1] == "libstdc++ global"
+
+
+def test_publish_sends_it_to_the_per_cuda_index(cuda_wheel, tmp_path):
+    path, _, _ = cuda_wheel
+    home = tmp_path / "index"
+    home.mkdir()
+    assert run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home).code == 0
+    try:
+        ran = run_cli("publish", "--wheel", str(path), cwd=home)
+        assert ran.code == 0, ran.err
+        assert f"{path.name}: uploaded to the cu130 index" in ran.err
+        assert (home / "data" / "cu130" / path.name).is_file() and not list((home / "data").glob("cpu/*.whl"))
+        state = json.loads((home / "build" / "index" / "state.json").read_text())
+        page = urllib.request.urlopen(state["url"] + "cu130/simple/model-tiny/").read().decode()
+        assert path.name in page
+    finally:
+        assert run_cli("index", "stop", cwd=home).code == 0
