@@ -190,26 +190,41 @@ def targets(results: dict) -> list[dict]:
             (f"cold start, {loader}, >= 10x faster than torch.compile (warm cache)", cold[variant] / cold["compile"], 0.1),
         ]
     checks.append(("unchanged rebuild <= 5 s", results["build"]["cached_s"] / 5.0, 1.0))
+    return judged(checks)
+
+
+def judged(checks: list[tuple[str, float, float]]) -> list[dict]:
+    """(name, measured ratio, limit) -> the results' "targets" records."""
     return [{"target": name, "ratio": round(ratio, 3), "limit": limit, "met": ratio <= limit} for name, ratio, limit in checks]
 
 
-def markdown(results: dict) -> str:
+def latency_table(results: dict, variants: list[str], labels: dict[str, str], digits: int = 1) -> list[str]:
+    """Median / p90 per batch size and the fresh-process time, one row per variant."""
     batches = results["batches"]
+    lines = ["| | " + " | ".join(f"batch {b} median / p90 (ms)" for b in batches) + " | fresh process to first result (s) |",
+             "|---|" + "---|" * (len(batches) + 1)]
+    for variant in variants:
+        runs = results["latency_ms"][variant]
+        cells = [f"{runs[str(b)]['median_ms']:.{digits}f} / {runs[str(b)]['p90_ms']:.{digits}f}" for b in batches]
+        lines.append(f"| {labels[variant]} | " + " | ".join(cells) + f" | {results['cold_start_s'][variant]:.2f} |")
+    return lines
+
+
+def targets_table(results: dict) -> list[str]:
+    return ["| target | measured | limit | met |", "|---|---|---|---|"] + [
+        f"| {t['target']} | {t['ratio']:.3f} | {t['limit']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
+
+
+def markdown(results: dict) -> str:
     lines = [f"# {results['model']} on {results['machine']}", "",
              f"torch {results['torch']}, {results['cores']} cores; wheel compile options: {results['chosen']}", "",
-             "| | " + " | ".join(f"batch {b} median / p90 (ms)" for b in batches) + " | fresh process to first result (s) |",
-             "|---|" + "---|" * (len(batches) + 1)]
-    for variant in VARIANTS:
-        cells = [f"{results['latency_ms'][variant][str(b)]['median_ms']:.1f} / {results['latency_ms'][variant][str(b)]['p90_ms']:.1f}"
-                 for b in batches]
-        lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + f" | {results['cold_start_s'][variant]:.2f} |")
+             *latency_table(results, VARIANTS, LABELS)]
     build = results["build"]
     lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor cache): "
               f"{results['latency_ms']['compile']['1']['first_call_s']:.1f} s.",
               f"Build (compile-option search, {results['candidates']} candidates): cold (no pipeline cache, empty Inductor "
               f"cache) {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s.", "",
-              "| target | measured | limit | met |", "|---|---|---|---|"]
-    lines += [f"| {t['target']} | {t['ratio']:.3f} | {t['limit']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
+              *targets_table(results)]
     lines += search_table(results["search"])
     if results.get("profile"):
         lines += ["", "## What limits it", ""] + limits(results)

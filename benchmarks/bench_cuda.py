@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from bench import COLD_REPEATS, INDUCTOR_ENV, REPO, build_times, export_once, import_torch_s, make_pt2, run_json, say
+from bench import (COLD_REPEATS, INDUCTOR_ENV, REPO, build_times, export_once, import_torch_s, judged, latency_table,
+                   make_pt2, run_json, say, targets_table)
 
 from pipeline.spec import load_spec  # noqa: E402  (bench put the repository on sys.path)
 
@@ -73,25 +74,17 @@ def check_targets(results: dict) -> list[dict]:
               ("wheel within 1.2x of torch.compile reduce-overhead (batch 1)", wheel1 / lat["compile-ro"]["1"]["median_ms"], 1.2),
               ("cold start, load(), >= 2x faster than the .pt2 loader",
                results["cold_start_s"]["wheel"] / results["cold_start_s"]["pt2"], 0.5)]
-    return [{"target": name, "ratio": round(ratio, 3), "limit": limit, "met": ratio <= limit} for name, ratio, limit in checks]
+    return judged(checks)
 
 
 def markdown(results: dict) -> str:
-    batches = results["batches"]
     lines = [f"# {results['model']} on {results['gpu']}", "",
              f"torch {results['torch']} (CUDA {results['cuda']}); wheel compile options: {results['chosen']}", "",
-             "| | " + " | ".join(f"batch {b} median / p90 (ms)" for b in batches) + " | fresh process to first result (s) |",
-             "|---|" + "---|" * (len(batches) + 1)]
-    for variant in VARIANTS:
-        cells = [f"{results['latency_ms'][variant][str(b)]['median_ms']:.2f} / {results['latency_ms'][variant][str(b)]['p90_ms']:.2f}"
-                 for b in batches]
-        lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + f" | {results['cold_start_s'][variant]:.2f} |")
+             *latency_table(results, VARIANTS, LABELS, digits=2)]
     build = results["build"]
     lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor "
               f"cache): {results['latency_ms']['compile']['1']['first_call_s']:.1f} s. Build: cold {build['cold_s']:.1f} s, "
-              f"unchanged rebuild {build['cached_s']:.1f} s.", "",
-              "| target | measured | limit | met |", "|---|---|---|---|"]
-    lines += [f"| {t['target']} | {t['ratio']:.3f} | {t['limit']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
+              f"unchanged rebuild {build['cached_s']:.1f} s.", "", *targets_table(results)]
     lines += ["", "## What limits it", "",
               "GPU time in kernels against wall time per call at batch 1 (torch.profiler): a share well below 1 means the "
               "call waits on the CPU launching kernels one by one, which CUDA graphs (reduce-overhead) replay in one launch.", "",
