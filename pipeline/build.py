@@ -59,6 +59,7 @@ def build_target(
     out_dir = output_path(root, spec.model.name, spec.model.version, target)
     facts = targets.get(target)
     progress.timings.clear()
+    progress.expect(store.stage_times(spec.model.name, target))
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
     cxx_version = find_cxx()
@@ -76,7 +77,7 @@ def build_target(
     weights_file = write_weights(exported, work_dir)
     with claim_output_dir(out_dir):
         with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say)
+            tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say, progress.step)
             compiled = tune.install(tuned, exported, out_dir, work_dir, store)
             if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
                 progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")

@@ -67,6 +67,19 @@ class Cache:
             restored.append(output_dir / cached.name)
         return tuple(restored)
 
+    def stage_times(self, model: str, target: str) -> dict[str, float]:
+        """The stage times of the newest stored build of this model and target ({} if none): the
+        live progress's estimate of what is left. Read even with --no-cache: it is only advice."""
+        reports = sorted(self.directory.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in reports:
+            try:
+                report = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if report.get("model") == model and report.get("target") == target and not report.get("build_cache", {}).get("reused"):
+                return {name: float(seconds) for name, seconds in report.get("stages_s", {}).items()}
+        return {}
+
     def store(self, key: str, files: tuple[Path, ...]) -> None:
         """Save files under key; written aside and renamed, so an entry is whole or absent."""
         entry = self.directory / key

@@ -15,8 +15,9 @@ import traceback
 import warnings
 from pathlib import Path
 
+from . import record
 from .errors import BuildInterrupted, PipelineError, UsageError
-from .progress import Progress, stop_requested
+from .progress import Progress, QuietProgress, for_stream, stop_requested
 from .spec import TARGET_NAMES, load_spec, with_overrides
 
 DEFAULT_ROOT = "/opt/modelwheel"
@@ -43,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
     build.add_argument("--target", action="append", choices=TARGET_NAMES,
                        help="build this target instead of the spec's [build] targets (repeatable)")
+    build.add_argument("-q", "--quiet", action="store_true", help="print only the result (the wheel's path) or the error")
+    build.add_argument("--json", action="store_true",
+                       help="print one JSON record of the build on stdout (docs/how-a-build-works.md#the-json-record)")
+    build.add_argument("--json-out", help=argparse.SUPPRESS)  # where a parallel build's child writes its record
     doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
     doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
@@ -78,6 +83,13 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 
 def _print_summary(progress: Progress, result) -> None:
+    if isinstance(progress, QuietProgress):
+        progress.result(str(result.wheel))
+    else:
+        _print_report(progress, result)
+
+
+def _print_report(progress: Progress, result) -> None:
     report = result.report
     mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
     stages = " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stages_s"].items())
@@ -109,8 +121,13 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     passthrough = [a for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
                    if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
+    passthrough += ["--quiet"] if args.quiet else []
     jobs = args.jobs or default_jobs(len(args.spec))
-    return build_many(args.spec, passthrough, jobs, Path(args.build_dir) / "logs", progress.say)
+    logs: dict[str, Path] = {}
+    try:
+        return build_many(args.spec, passthrough, jobs, Path(args.build_dir) / "logs", progress, logs)
+    finally:
+        args.records.extend(record.children(args.spec, logs))
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
@@ -149,6 +166,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress,
                         use_cache=use_cache, target_names=target_names):
         _print_summary(progress, result)
+        args.records.append(record.of_build(result))
     return 0
 
 
@@ -237,17 +255,25 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
-    progress = Progress()
+    args.records = []  # what --json prints: one entry per wheel built
+    progress = for_stream(sys.stderr, quiet=getattr(args, "quiet", False), json=getattr(args, "json", False))
+    error: PipelineError | None = None
     try:
-        return COMMANDS[args.command](args, progress)
+        code = COMMANDS[args.command](args, progress)
     except KeyboardInterrupt:
-        error: PipelineError = _interrupted()
+        error = _interrupted()
     except PipelineError as exc:
         # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
         error = _interrupted() if stop_requested else exc
-    if args.verbose and error.__traceback__ is not None:
-        traceback.print_exception(error)
-    print(f"error: {error.message}", file=sys.stderr)
-    if error.hint:
-        print(f"hint: {error.hint}", file=sys.stderr)
-    return error.exit_code
+    finally:
+        progress.close()
+    if error is not None:
+        code = error.exit_code
+        if args.verbose and error.__traceback__ is not None:
+            traceback.print_exception(error)
+        print(f"error: {error.message}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+    if getattr(args, "json", False) or getattr(args, "json_out", None):
+        record.emit(record.of_command(args, code, error), args.json_out)
+    return code

@@ -1,5 +1,6 @@
 """Several specs built at once, each in its own process (torch and the compiler are per process),
-at most ``jobs`` at a time; each build's output goes to build/logs/<model>.log."""
+at most ``jobs`` at a time; each build's output goes to build/logs/<model>.log, its --json record
+beside it, and a live terminal shows one line per build, read from the end of its log."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from pathlib import Path
 
 from . import proc
 from .errors import PipelineError
+from .progress import Progress, duration
+from .record import record_path
 
 
-def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, say) -> int:
-    """Returns 0 when every build succeeded, else the exit code of the first that failed."""
+def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, progress: Progress,
+               logs: dict[str, Path]) -> int:
+    """Returns 0 when every build succeeded, else the exit code of the first that failed; ``logs``
+    gets each started build's log."""
+    say = progress.say
     log_dir.mkdir(parents=True, exist_ok=True)
     queue, running, failed = list(specs), {}, []
     started = time.perf_counter()
@@ -22,15 +28,19 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
         while queue or running:
             while queue and len(running) < jobs:
                 spec = queue.pop(0)
-                log = log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
-                cmd = [sys.executable, "-m", "pipeline", "build", "--spec", spec, *passthrough]
+                log = logs[spec] = log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
+                record_path(log).unlink(missing_ok=True)
+                cmd = [sys.executable, "-m", "pipeline", "build", "--spec", spec, *passthrough,
+                       "--json-out", str(record_path(log))]
                 running[spec] = (proc.start(cmd, log), log, time.perf_counter())
                 say(f"==> build {spec} (log: {log})")
             for spec, (child, log, began) in list(running.items()):
                 if child.poll() is None:
+                    progress.track(spec, f"{last_stage(log)} · {duration(time.perf_counter() - began)}")
                     continue
                 del running[spec]
                 seconds = time.perf_counter() - began
+                progress.track(spec, f"{'built' if child.returncode == 0 else 'FAILED'} in {duration(seconds)}")
                 if child.returncode == 0:
                     say(f"    {spec} built in {seconds:.1f}s")
                 else:
@@ -58,6 +68,19 @@ def _first_failure(spec: str, code: int) -> PipelineError:
     error = PipelineError(f"the build of {spec} failed (exit {code})", "its log is in build/logs/")
     error.exit_code = code
     return error
+
+
+def last_stage(log: Path) -> str:
+    """The stage a build's log last started, with the candidate it last finished."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - 8192))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "starting"
+    stage = next((line[4:].split(":")[0] for line in reversed(lines) if line.startswith("==> ")), "starting")
+    candidate = next((line.strip() for line in reversed(lines) if line.startswith("    candidate ")), "")
+    return f"{stage} ({candidate})" if stage == "compile" and candidate else stage
 
 
 def default_jobs(count: int) -> int:

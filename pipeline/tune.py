@@ -146,11 +146,14 @@ def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch
 
 
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
-         work_dir: Path, store: Cache, say) -> Tuned:
+         work_dir: Path, store: Cache, say, step=lambda text: None) -> Tuned:
+    """``say`` gets a line per candidate; ``step`` what is being done now (``2/4 freezing: timing``)."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     trials, best, first_failure = [], None, None
     for index, (name, plan) in enumerate(planned):
+        counter = f"{index + 1}/{len(planned)} {name}"
+        step(f"{counter}: compiling")
         trial_work = work_dir / "candidates" / name
         shutil.rmtree(trial_work, ignore_errors=True)
         plan.compile_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +165,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             trials.append(Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]))
             say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
             continue
+        step(f"{counter}: verifying")
         try:
             verify_model(exported, compiled, trial_work, weights_file)
         except VerificationError as exc:
@@ -169,6 +173,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
             say(f"    candidate {name}: fails verification, dropped")
             continue
+        step(f"{counter}: timing")
         latency = median_ms(compiled, weights_file, exported.example_inputs)
         trials.append(Trial(name, plan.options, True, latency, compiled.from_cache))  # unrounded: the choice is made on it
         say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")

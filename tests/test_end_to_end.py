@@ -359,4 +359,5 @@ def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build
     assert "1 of 2 builds succeeded" in ran.err and "(2 at a time)" in ran.err
     assert "data_dependent.toml FAILED (exit 24)" in ran.err and "branches on a tensor value" in ran.err
     assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [wheel.name for wheel in build_dirs.dist.glob("*.whl")]
-    assert sorted(p.name for p in (build_dirs.build / "logs").iterdir()) == ["broken-data_dependent.log", "tiny-spec.log"]
+    assert sorted(p.name for p in (build_dirs.build / "logs").iterdir()) == [
+        "broken-data_dependent.json", "broken-data_dependent.log", "tiny-spec.json", "tiny-spec.log"]  # log and --json record

@@ -1,0 +1,66 @@
+"""`build --json`: one machine-readable record of a build on stdout, for scripts and CI steps.
+
+Per wheel built, the report's key facts (path, sha256, version, target, stage times, the
+verification summary); per failed build of several, its spec, exit code and message; and the
+command's own exit code and error. docs/how-a-build-works.md#the-json-record describes it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+
+
+def of_build(result) -> dict[str, Any]:
+    report, verification = result.report, result.report["verification"]
+    return {
+        "model": report["model"], "version": report["version"], "target": report["target"],
+        "wheel": str(result.wheel), "sha256": report["wheel"]["sha256"], "size": report["wheel"]["size"],
+        "report": str(result.report_path), "stages_s": report["stages_s"], "reused": report["build_cache"]["reused"],
+        "verification": {"passed": True, "reference": verification["reference"], "cases": len(verification["cases"]),
+                         "worst": verification["worst"], "tolerances": verification["tolerances"]},
+    }
+
+
+def of_command(args, exit_code: int, error) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "exit_code": exit_code,
+        "builds": [r for r in args.records if "wheel" in r],
+        "failures": [r for r in args.records if "spec" in r],
+        "error": None if error is None else {"message": error.message, "hint": error.hint},
+    }
+
+
+def record_path(log: Path) -> Path:
+    return log.with_suffix(".json")
+
+
+def children(specs: list[str], logs: dict[str, Path]) -> list[dict[str, Any]]:
+    """The records parallel builds wrote (--json-out), as this command's builds and failures."""
+    found: list[dict[str, Any]] = []
+    for spec in specs:
+        log = logs.get(spec)
+        if log is None:  # never started (an earlier interrupt)
+            continue
+        try:
+            child = json.loads(record_path(log).read_text())
+        except (OSError, ValueError):
+            found.append({"spec": spec, "exit_code": None, "error": "the build left no record", "hint": f"see {log}"})
+            continue
+        found += child["builds"] + child["failures"]
+        if child["error"]:
+            found.append({"spec": spec, "exit_code": child["exit_code"], **child["error"]})
+    return found
+
+
+def emit(record: dict[str, Any], path: str | None) -> None:
+    text = json.dumps(record, sort_keys=True)
+    if path:
+        Path(path).write_text(text + "\n")
+    else:
+        print(text, file=sys.stdout, flush=True)

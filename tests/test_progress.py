@@ -1,0 +1,184 @@
+"""What a build shows: plain lines off a terminal, a live status on one, --quiet, --json."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.cache import Cache
+from pipeline.progress import Progress, is_live_terminal
+
+from .conftest import REPO, TINY_SPEC, run_cli
+
+# Every line a plain build of the tiny model prints, in order.
+PLAIN_LINES = [
+    r"==> load: tiny_model:build \(.*/tests/models/tiny/spec.toml\)",
+    r"    load done in \d+\.\ds",
+    r"==> doctor",
+    r"    doctor done in \d+\.\ds",
+    r"==> export",
+    r"    export done in \d+\.\ds",
+    r"==> compile: 1 candidate\(s\), chosen one to .*/tiny/0\.1/cpu",
+    r"    candidate pinned: \d+\.\d ms",
+    r"    chose pinned",
+    r"    compile done in \d+\.\ds",
+    r"==> verify",
+    r"    verify done in \d+\.\ds",
+    r"==> package",
+    r"    package done in \d+\.\ds",
+    r"",
+    r"built model_tiny-0\.1\+cpu\.torch[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl",
+    r"  wheel     .*\.whl  0\.\d MB  sha256 [0-9a-f]{16}…",
+    r"  artifact  model\.so  \d+\.\d MB",
+    r"  stages    load \d+\.\ds · doctor \d+\.\ds · export \d+\.\ds · compile \d+\.\ds · verify \d+\.\ds · package \d+\.\ds",
+    r"  verified  features: 10 cases, max abs diff .*",
+    r"  verified  logits: 10 cases, max abs diff .*",
+    r"  report    .*\.report\.json",
+]
+
+
+@pytest.fixture(scope="module")
+def json_build(tmp_path_factory):
+    base = tmp_path_factory.mktemp("progress")
+    args = ["--root", str(base / "opt"), "--dist", str(base / "dist"), "--build-dir", str(base / "build")]
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--json", *args)
+    assert ran.code == 0, ran.err
+    return base, args, ran
+
+
+def test_plain_lines_are_exactly_these_and_have_no_control_characters(json_build):
+    _, _, ran = json_build
+    lines = ran.err.splitlines()
+    assert len(lines) == len(PLAIN_LINES), ran.err
+    for line, pattern in zip(lines, PLAIN_LINES):
+        assert re.fullmatch(pattern, line), (pattern, line)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", ran.err)
+
+
+def test_json_record_parses_and_matches_the_report(json_build):
+    _, _, ran = json_build
+    record = json.loads(ran.out)
+    assert set(record) == {"format", "exit_code", "builds", "failures", "error"}
+    assert record["exit_code"] == 0 and record["error"] is None and record["failures"] == []
+    [built] = record["builds"]
+    report = json.loads(Path(built["report"]).read_text())
+    assert built["wheel"].endswith(report["wheel"]["name"]) and Path(built["wheel"]).is_file()
+    assert (built["sha256"], built["size"], built["version"], built["target"], built["model"]) == (
+        report["wheel"]["sha256"], report["wheel"]["size"], report["version"], report["target"], report["model"])
+    assert built["stages_s"] == report["stages_s"]
+    verification = built["verification"]
+    assert verification["passed"] and verification["cases"] == len(report["verification"]["cases"])
+    assert verification["worst"] == report["verification"]["worst"]
+
+
+def test_json_record_of_a_failed_build(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text().replace('version = "0.1"', 'version = "not a version"'))
+    ran = run_cli("build", "--spec", str(spec), "--json", "--dist", str(tmp_path / "dist"))
+    record = json.loads(ran.out)
+    assert ran.code == record["exit_code"] == 3 and record["builds"] == []
+    assert "model.version" in record["error"]["message"] and record["error"]["hint"]
+    assert "error: " in ran.err  # the message still goes to stderr
+
+
+def test_quiet_prints_only_the_result_or_the_error(json_build, tmp_path):
+    base, args, _ = json_build
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--quiet", *args)  # unchanged: reuses the verified wheel
+    assert ran.code == 0 and ran.err == "", ran.err
+    assert ran.out.strip().endswith(".whl") and Path(ran.out.strip()).is_file()
+    bad = run_cli("build", "--spec", str(tmp_path / "missing.toml"), "--quiet")
+    assert bad.code != 0 and bad.out == "" and bad.err.startswith("error: ")
+
+
+def on_terminal(args: list[str], **env: str) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as its stdout and stderr, as a user's shell would."""
+    master, slave = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k not in ("CI", "NO_COLOR")} | {"TERM": "xterm"} | env
+    child = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdin=slave, stdout=slave, stderr=slave,
+                             env=environ, cwd=REPO)
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed its side
+                break
+            if not data:
+                break
+            out += data
+        elif child.poll() is not None:
+            break
+    os.close(master)
+    return child.wait(), out.decode(errors="replace")
+
+
+def test_live_status_on_a_terminal_shows_the_candidate_and_the_time(tmp_path):
+    code, text = on_terminal(["build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist",
+                              str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build")])
+    assert code == 0, text
+    assert "\x1b[" in text and re.search(r"compile 1/1 pinned: (compiling|verifying|timing)", text)
+    seconds = set(re.findall(r"(\d+)s in all", text))
+    assert len(seconds) >= 3, seconds  # redrawn as time passes
+    assert "==> compile" in text and "built model_tiny-0.1" in text  # the plain lines are still there
+
+
+@pytest.mark.parametrize("env", [{"CI": "true"}, {"NO_COLOR": "1"}, {"TERM": "dumb"}])
+def test_no_escape_codes_under_ci_no_color_or_a_dumb_terminal(tmp_path, env):
+    code, text = on_terminal(["build", "--spec", str(tmp_path / "missing.toml")], **env)
+    assert code != 0 and "error: " in text and "\x1b" not in text
+    for name, value in env.items():
+        assert not is_live_terminal(_Tty(), {name: value, "TERM": env.get("TERM", "xterm")})
+    assert is_live_terminal(_Tty(), {"TERM": "xterm"}) and not is_live_terminal(io.StringIO(), {"TERM": "xterm"})
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatch):
+    cache = Cache(tmp_path / "cache")
+    older, newer = tmp_path / "cache" / "build-a", tmp_path / "cache" / "build-b"
+    for entry, compile_s, reused in ((older, 99.0, False), (newer, 40.0, False), (tmp_path / "cache" / "build-c", 1.0, True)):
+        entry.mkdir(parents=True)
+        report = {"model": "tiny", "target": "cpu", "build_cache": {"reused": reused},
+                  "stages_s": {"load": 1.0, "export": 2.0, "compile": compile_s, "verify": 3.0, "package": 4.0}}
+        (entry / "model_tiny.report.json").write_text(json.dumps(report))
+        time.sleep(0.01)
+    assert cache.stage_times("tiny", "cpu")["compile"] == 40.0  # the newest not reused
+    assert cache.stage_times("tiny", "cuda") == {} and cache.stage_times("other", "cpu") == {}
+    progress = Progress(io.StringIO())
+    progress.expect(cache.stage_times("tiny", "cpu"))
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    with progress.stage("compile"):
+        clock[0] += 10.0
+        assert progress.left_s() == pytest.approx(30.0 + 3.0 + 4.0)
+        clock[0] += 60.0  # longer than last time: nothing left of it, the later stages remain
+        assert progress.left_s() == pytest.approx(7.0)
+
+
+def test_parallel_builds_each_give_their_record(json_build, tmp_path):
+    base, _, _ = json_build
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(TINY_SPEC.parent / "tiny_model.py", other / "tiny_model.py")
+    (other / "spec.toml").write_text(TINY_SPEC.read_text().replace('name = "tiny"', 'name = "tiny_other"'))
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(other / "spec.toml"), "--json",
+                  "--root", str(base / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(base / "build"))
+    assert ran.code == 0, ran.err
+    record = json.loads(ran.out)
+    assert sorted(b["model"] for b in record["builds"]) == ["tiny", "tiny_other"] and record["failures"] == []
