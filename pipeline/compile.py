@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from .loader import weight_tensors
 from .templates import wheel_weights
 
 LIBRARY_NAME = "model.so"
+INDUCTOR_LOG = "inductor.log"  # in the candidate's work folder
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,11 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     sources_dir = work_dir / "sources"
     autocast, options = precision.split_options(options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # Inductor prints to stderr itself (max-autotune's AUTOTUNE tables): keep that in the log.
     try:
-        with torch.no_grad():
+        with (work_dir / INDUCTOR_LOG).open("a") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log), \
+                torch.no_grad():
             produced = torch._inductor.aot_compile(program.module(), exported.example_inputs, options=options)
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
@@ -156,8 +161,8 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
         lines = str(exc).strip().splitlines()
         raise CompileError(
             f"AOTInductor failed: {type(exc).__name__}: " + "\n".join(lines[-15:]),
-            f"the generated sources are kept in {sources_dir} and the compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; "
-            "run with --verbose for the full traceback",
+            f"the generated sources are kept in {sources_dir}, Inductor's own output in {work_dir / INDUCTOR_LOG} and the "
+            f"compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; run with --verbose for the full traceback",
         ) from exc
     if Path(produced) != library or not library.is_file():
         raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")

@@ -163,7 +163,10 @@ class BuildSection(_Frozen):
 
 
 class CompileSection(_Frozen):
+    _LATE_KEYS = ("search_budget_s",)
     search: bool = Field(True, description="try candidate options and keep the fastest that verifies")
+    search_budget_s: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="seconds of compiling the search may spend (default: 3x the first compile, at least 60)")
     freezing: bool = False
     max_autotune: bool = False
     autocast: Literal["bfloat16"] | None = Field(

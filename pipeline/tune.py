@@ -6,6 +6,12 @@ convolutions, max-autotune, and bfloat16 autocast with freezing where the spec's
 allow it (screened in eager first, so a model they refuse costs no compile). Each is compiled
 (or taken from the compile cache), verified against eager on every case, and timed; a failing
 candidate is dropped. `search = false` pins the spec's options.
+
+Candidates that cannot win are not compiled: channels-last without convolutions, max-autotune
+without matmuls or convolutions (eager's FLOP counter says which the model runs). The search
+has a compile-time budget that scales with the model: a candidate whose expected compile time
+(the first fresh compile's, times its cost factor) would take the search past the budget is
+skipped, with the reason, as are all after it that are not cached.
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from .templates import wheel_compare
 from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
 MIN_RUNS, MIN_SECONDS = 5, 1.0
+# The search's default budget: BUDGET_FACTOR x the first fresh compile, at least MIN_BUDGET_S.
+BUDGET_FACTOR, MIN_BUDGET_S = 3.0, 60.0
+# A candidate's compile time against a plain compile's: max-autotune benchmarks kernel choices.
+COMPILE_COST = {"max-autotune": 3.0}
+CONVOLUTIONS = {"convolution"}
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
 
 
 @dataclass(frozen=True)
@@ -63,14 +76,33 @@ def candidates(exported: Exported) -> tuple[list[tuple[str, dict]], list[Skipped
     spec = exported.spec_file.spec
     if not spec.compile.search:
         return [("pinned", {})], []
-    found = [("spec-options", {})]
+    found, skipped, ops = [("spec-options", {})], [], heavy_ops(exported)
     if not spec.weights.external and not spec.compile.freezing:
-        found += [("freezing", {"freezing": True}),
-                  ("freezing+channels-last", {"freezing": True, "force_layout_optimization": True})]
+        found.append(("freezing", {"freezing": True}))
+        if ops is None or ops & CONVOLUTIONS:
+            found.append(("freezing+channels-last", {"freezing": True, "force_layout_optimization": True}))
+        else:
+            skipped.append(Skipped("freezing+channels-last", "the model runs no convolutions: it would compile to the same code as freezing"))
     if not spec.compile.max_autotune:
-        found.append(("max-autotune", {"max_autotune": True}))
+        if ops is None or ops & (CONVOLUTIONS | MATMULS):
+            found.append(("max-autotune", {"max_autotune": True}))
+        else:
+            skipped.append(Skipped("max-autotune", "the model runs no matmuls or convolutions: nothing for autotuning to choose kernels for"))
     reason = reduced_precision_refusal(exported)
-    return (found + [BF16], []) if reason is None else (found, [Skipped(BF16[0], reason)])
+    return (found + [BF16], skipped) if reason is None else (found, skipped + [Skipped(BF16[0], reason)])
+
+
+def heavy_ops(exported: Exported) -> set[str] | None:
+    """The aten ops with FLOPs that eager runs on the example inputs (``convolution``, ``mm``…),
+    or None when they cannot be counted (then no candidate is ruled out for it)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            exported.module(*exported.example_inputs)
+    except Exception:  # the user's forward can raise anything; export will say it properly
+        return None
+    return {str(op).split(".")[-1] for op, flops in counter.get_flop_counts().get("Global", {}).items() if flops}
 
 
 def reduced_precision_refusal(exported: Exported) -> str | None:
@@ -145,20 +177,53 @@ def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch
     return statistics.median(times)
 
 
+class Budget:
+    """How much compiling the search may still do, measured on its own fresh compiles."""
+
+    def __init__(self, given_s: float | None) -> None:
+        self.given_s, self.spent_s, self.plain_s = given_s, 0.0, None
+
+    def spent(self, name: str, seconds: float) -> None:
+        self.spent_s += seconds
+        if self.plain_s is None:
+            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
+
+    def refusal(self, name: str) -> str | None:
+        """Why ``name`` is not compiled (it would take the search past its budget), or None."""
+        if self.plain_s is None:  # nothing compiled fresh yet: nothing to predict from
+            return None
+        budget = self.given_s or max(MIN_BUDGET_S, BUDGET_FACTOR * self.plain_s)
+        expected = self.plain_s * COMPILE_COST.get(name, 1.0)
+        if self.spent_s + expected <= budget:
+            return None
+        source = "[compile] search_budget_s" if self.given_s else f"{BUDGET_FACTOR:g}x the first compile, at least {MIN_BUDGET_S:g} s"
+        return (f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
+                f"budget {round(budget, 1):g} s ({source})")
+
+
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
          work_dir: Path, store: Cache, say, step=lambda text: None) -> Tuned:
     """``say`` gets a line per candidate; ``step`` what is being done now (``2/4 freezing: timing``)."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
+    skipped, budget = list(skipped), Budget(exported.spec_file.spec.compile.search_budget_s)
     trials, best, first_failure = [], None, None
     for index, (name, plan) in enumerate(planned):
+        over = budget.refusal(name) if index > 0 and not store.has(plan.key) else None
+        if over:
+            skipped.append(Skipped(name, over))
+            say(f"    candidate {name}: not tried: {over}")
+            continue
         counter = f"{index + 1}/{len(planned)} {name}"
         step(f"{counter}: compiling")
         trial_work = work_dir / "candidates" / name
         shutil.rmtree(trial_work, ignore_errors=True)
         plan.compile_dir.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
         try:
             compiled = compile_model(exported, plan, trial_work, store)
+            if not compiled.from_cache:
+                budget.spent(name, time.perf_counter() - started)
         except (CompileError, ExportError) as exc:
             if index == 0:  # the spec's own options: their failure is the build's
                 raise

@@ -35,9 +35,13 @@ def build_in(folder: Path, spec: Path, *extra: str):
 
 
 def test_search_tries_candidates_and_records_the_choice(tmp_path):
-    spec = tiny_copy(tmp_path, search=True)
+    spec = tiny_copy(tmp_path, search=True, extra_compile="\nsearch_budget_s = 3600")  # every candidate, on any machine
     ran = build_in(tmp_path, spec)
     assert ran.code == 0, ran.err
+    # Inductor's own output (max-autotune's AUTOTUNE tables) goes to each candidate's log, not the terminal
+    assert "AUTOTUNE" not in ran.err
+    log = tmp_path / "build" / "tiny" / "cpu" / "candidates" / "max-autotune" / "inductor.log"
+    assert log.is_file(), sorted(p.name for p in log.parent.parent.iterdir())
     names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
     for name in names:
         assert f"    candidate {name}: " in ran.err
@@ -104,3 +108,94 @@ def test_autocast_with_external_weights_is_a_spec_error(tmp_path):
     assert f"error: {spec}: invalid spec" in ran.err
     assert "key 'compile.autocast': cannot be used with [weights] external = true" in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+MATMUL_MODEL = '''
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(256, 512), nn.Linear(512, 8)
+
+    def forward(self, x):
+        return self.down(self.up(x).relu())
+
+
+def build():
+    return Mlp()
+'''
+
+MATMUL_SPEC = '''
+[model]
+name = "mlp"
+version = "0.1"
+factory = "mlp_model:build"
+
+[weights]
+seed = 0
+
+[dims.batch]
+min = 1
+max = 32
+example = 32
+
+[[inputs]]
+name = "x"
+shape = ["batch", 256]
+
+[[outputs]]
+name = "y"
+rtol = 1e-3
+atol = 1e-4
+
+[compile]
+'''
+
+
+def mlp_spec(folder: Path, compile_keys: str) -> Path:
+    (folder / "mlp_model.py").write_text(MATMUL_MODEL)
+    (folder / "spec.toml").write_text(MATMUL_SPEC + compile_keys + "\n")
+    return folder / "spec.toml"
+
+
+def test_candidates_that_cannot_win_are_not_compiled_and_inductor_output_goes_to_the_log(tmp_path):
+    spec = mlp_spec(tmp_path, "search_budget_s = 3600")
+    # A fresh Inductor cache: max-autotune prints its AUTOTUNE tables only when it really tunes.
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert ran.code == 0, ran.err
+    assert "    candidate freezing+channels-last: not tried: the model runs no convolutions" in ran.err
+    assert "    candidate max-autotune: " in ran.err and "AUTOTUNE" not in ran.err
+    log = tmp_path / "build" / "mlp" / "cpu" / "candidates" / "max-autotune" / "inductor.log"
+    assert "AUTOTUNE" in log.read_text()
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    assert [c["name"] for c in report["compile_search"]["candidates"]] == ["spec-options", "freezing", "max-autotune"]
+
+
+def test_the_search_stops_at_its_budget(tmp_path):
+    spec = mlp_spec(tmp_path, "search_budget_s = 0.5")
+    ran = build_in(tmp_path, spec)
+    assert ran.code == 0, ran.err
+    assert "    candidate freezing: not tried: over the search's compile budget: " in ran.err
+    assert "budget 0.5 s ([compile] search_budget_s)" in ran.err
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    search = report["compile_search"]
+    assert [c["name"] for c in search["candidates"]] == ["spec-options"] and search["chosen"] == "spec-options"
+    assert {"freezing", "max-autotune"} <= {s["name"] for s in search["not_tried"]}
+
+
+def test_budget_scales_with_the_first_compile():
+    budget = tune.Budget(None)
+    assert budget.refusal("freezing") is None  # nothing measured yet
+    budget.spent("spec-options", 30.0)  # default budget: max(60, 3 x 30) = 90 s
+    assert budget.refusal("freezing") is None
+    budget.spent("freezing", 30.0)
+    assert budget.refusal("freezing+channels-last") is None  # 60 + 30 <= 90
+    assert "about 90 s more expected, budget 90 s (3x the first compile, at least 60 s)" in budget.refusal("max-autotune")
+    small = tune.Budget(None)
+    small.spent("spec-options", 5.0)  # a small model: at least 60 s
+    small.spent("freezing", 5.0)
+    assert small.refusal("max-autotune") is None
