@@ -35,9 +35,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 # The current interpreter: installs what the pipeline needs beside torch, keeping the torch it
-# has (pyproject.toml admits torch 2.11 to 2.14), from wheelhouse/ when present (offline).
+# has (pyproject.toml admits torch 2.11 to 2.14), from wheelhouse/ when present (offline). That
+# torch is named so pip keeps what it requires (torch 2.11 needs setuptools<82).
 current-env:
-	$(PY) -m pip install --quiet $(OFFLINE) -e '.[test]'
+	$(PY) -m pip install --quiet $(OFFLINE) -e '.[test]' \
+	  "torch==$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))')"
 
 # Wheels of everything but torch, for an offline machine (WHEEL_PYTHON=3.12 for another Python).
 wheelhouse:
@@ -45,6 +47,9 @@ wheelhouse:
 	$(PYTHON) -m pip download --quiet --dest $(WHEELHOUSE) --only-binary=:all: \
 	  $(if $(WHEEL_PYTHON),--python-version $(WHEEL_PYTHON) --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64) \
 	  -r build/requirements-no-torch.txt
+	$(PYTHON) -m pip download --quiet --dest $(WHEELHOUSE) --only-binary=:all: \
+	  $(if $(WHEEL_PYTHON),--python-version $(WHEEL_PYTHON) --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64) \
+	  "setuptools>=70.1,<82"
 
 build: $(SETUP)
 	$(PY) -m pipeline build $(foreach s,$(SPEC),--spec $(s)) $(TARGET_ARGS) $(ARGS)

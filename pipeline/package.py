@@ -32,12 +32,39 @@ class Wheel:
 
 
 def platform_tag(artifacts: list[Path], machine: str) -> str:
-    """manylinux_2_N where N is the newest glibc symbol version the artifacts reference."""
+    """manylinux_2_N where N is the newest glibc symbol version the artifacts reference: a first
+    guess, which audited_tag() checks on the built wheel."""
     newest = MANYLINUX_FLOOR
     for path in artifacts:
         for match in GLIBC_SYMBOL.finditer(path.read_bytes()):
             newest = max(newest, int(match.group(1)))
     return f"manylinux_2_{newest}_{machine}"
+
+
+def torch_libraries() -> set[str]:
+    """Shared libraries the pinned torch brings (libtorch_cpu.so, libc10.so, its libgomp.so.1, and
+    on CUDA the nvidia-* packages' libraries), plus the NVIDIA driver's libcuda.so.1."""
+    import torch
+
+    roots = [Path(torch.__file__).parent / "lib"] + [Path(p) / "nvidia" for p in sys.path if (Path(p) / "nvidia").is_dir()]
+    return {lib.name for root in roots for lib in root.rglob("*.so*")} | {"libcuda.so.1"}
+
+
+def audited_tag(wheel: Path) -> str:
+    """The platform tag auditwheel gives the wheel (its symbol-version policy: glibc and
+    libstdc++), with the libraries torch brings excluded, as pip installs them with the pinned
+    torch. A library neither the manylinux baseline nor torch provides is refused."""
+    output = proc.run([sys.executable, "-m", "auditwheel", "show", "--json", "--disable-isa-ext-check", str(wheel)],
+                      error=PackageError, what="auditwheel show",
+                      hint="auditwheel could not read the wheel; the output above says why")
+    lines = output.splitlines()  # its warnings (a .cubin "with unknown architecture") come first
+    facts = json.loads("\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("{")):]))
+    foreign = sorted(set(facts["external_libs"]) - torch_libraries())
+    if foreign:
+        raise PackageError(f"the compiled model needs shared libraries that neither the manylinux baseline nor torch "
+                           f"provides: {', '.join(foreign)}",
+                           "remove the dependency from the model (compile options, custom ops), or install them where it runs")
+    return facts["sym_tag"]
 
 
 def _render(template: Path, destination: Path, values: dict[str, str]) -> None:
@@ -80,8 +107,18 @@ def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[
     """Build the wheel into ``work_dir/wheel``; the caller moves it into dist/ once all is done."""
     staging = work_dir / "wheel-src"
     out_dir = work_dir / "wheel"
-    shutil.rmtree(out_dir, ignore_errors=True)
     tag = platform_tag(artifacts, manifest["platform"]["machine"])
+    wheel = _build_wheel(staging, out_dir, manifest, artifacts, extras, tag)
+    audited = audited_tag(wheel)
+    if audited != tag:  # e.g. libstdc++'s GLIBCXX_3.4.30 needs glibc 2.35 systems
+        tag = audited
+        wheel = _build_wheel(staging, out_dir, manifest, artifacts, extras, tag)
+    return Wheel(path=wheel, sha256=sha256_file(wheel), size=wheel.stat().st_size, platform_tag=tag)
+
+
+def _build_wheel(staging: Path, out_dir: Path, manifest: dict[str, Any], artifacts: list[Path], extras: list[Path],
+                 tag: str) -> Path:
+    shutil.rmtree(out_dir, ignore_errors=True)
     _stage(staging, manifest, artifacts, extras, tag)
     proc.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check", "--outdir", out_dir, staging],
@@ -93,5 +130,4 @@ def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[
     wheels = sorted(out_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise PackageError(f"expected one wheel in {out_dir}, found {[w.name for w in wheels]}", "report this as a bug")
-    wheel = wheels[0]
-    return Wheel(path=wheel, sha256=sha256_file(wheel), size=wheel.stat().st_size, platform_tag=tag)
+    return wheels[0]

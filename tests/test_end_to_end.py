@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -361,3 +362,13 @@ def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build
     assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [wheel.name for wheel in build_dirs.dist.glob("*.whl")]
     assert sorted(p.name for p in (build_dirs.build / "logs").iterdir()) == [
         "broken-data_dependent.json", "broken-data_dependent.log", "tiny-spec.json", "tiny-spec.log"]  # log and --json record
+
+
+def test_platform_tag_is_the_one_auditwheel_gives(wheel):
+    """auditwheel's symbol-version policy (glibc and libstdc++), torch's own libraries aside: the
+    tiny .so needs GLIBCXX_3.4.30 on this machine, which manylinux_2_34 does not promise."""
+    done = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", "--disable-isa-ext-check", str(wheel)],
+                          capture_output=True, text=True, check=True)
+    facts = json.loads(done.stdout)
+    assert wheel.name.endswith(f"-py3-none-{facts['sym_tag']}.whl"), (wheel.name, facts["sym_tag"])
+    assert set(facts["external_libs"]) <= {"libtorch_cpu.so", "libc10.so", "libgomp.so.1", "libtorch.so"}
