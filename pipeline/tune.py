@@ -236,7 +236,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
         except VerificationError as exc:
             first_failure = first_failure or exc
             trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
-            say(f"    candidate {name}: fails verification, dropped")
+            say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
             continue
         step(f"{counter}: timing")
         latency = median_ms(compiled, weights_file, exported.example_inputs)

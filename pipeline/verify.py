@@ -166,6 +166,19 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     return runner
 
 
+def _run_compiled(runner, case: Case, exported: Exported) -> list[torch.Tensor]:
+    try:
+        return runner.run(list(case.inputs))
+    except RuntimeError as exc:  # a kernel the compiler got wrong for these sizes, say
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise VerificationError(
+            f"the compiled model raised on case {case.name} (sizes {case.sizes}) where eager did not: {first}",
+            f"a compiler bug for these options or sizes: pin other options under [compile] in "
+            f"{exported.spec_file.path} (search = false), or narrow the dims; the compile trace is in "
+            f"{os.environ.get('TORCH_TRACE', 'build/<model>/trace')}",
+        ) from exc
+
+
 def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights_file: Path | None) -> Verified:
     """``weights_file``: write_weights()'s file for a model with external weights, else None."""
     spec = exported.spec_file.spec
@@ -180,7 +193,7 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     for case in verification_cases(exported):
         with torch.no_grad(), target.reference():
             eager = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
-            got = runner.run(list(case.inputs))
+            got = _run_compiled(runner, case, exported)
             eager_error = None
             if reference_module is not None:
                 ref64 = as_tuple(reference_module(*_to_fp64(case.inputs)), exported.returns_tuple)

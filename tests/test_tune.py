@@ -199,3 +199,33 @@ def test_budget_scales_with_the_first_compile():
     small.spent("spec-options", 5.0)  # a small model: at least 60 s
     small.spent("freezing", 5.0)
     assert small.refusal("max-autotune") is None
+
+
+def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
+    spec = Path(__file__).parent / "models" / "attention" / "spec.toml"
+    ran = build_in(tmp_path, spec)
+    assert ran.code == 0, ran.err
+    assert "Traceback" not in ran.err
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    dropped = {c["name"]: c["problem"] for c in report["compile_search"]["candidates"] if not c["passed"]}
+    # On this project's machines max-autotune's .so raises on batch 1; elsewhere it may pass.
+    for name, problem in dropped.items():
+        assert problem.startswith("the compiled model raised on case batch=") or "differs from eager" in problem, problem
+        assert f"    candidate {name}: fails verification, dropped (" in ran.err
+
+
+def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
+    from pipeline.errors import VerificationError
+    from pipeline.verify import Case, _run_compiled
+
+    class Raising:  # what torch's runner does when a compiled kernel rejects the sizes
+        def run(self, inputs):
+            raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].\nmore")
+
+    spec_file = load_spec(TINY_SPEC)
+    exported = prepare(spec_file, load_model(spec_file))
+    with pytest.raises(VerificationError) as caught:
+        _run_compiled(Raising(), Case("batch=min(1)", {"batch": 1}, ()), exported)
+    assert caught.value.message == ("the compiled model raised on case batch=min(1) (sizes {'batch': 1}) where eager "
+                                    "did not: Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].")
+    assert "search = false" in caught.value.hint
