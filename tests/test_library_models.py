@@ -1,0 +1,139 @@
+"""What models from torchvision, timm, transformers and diffusers need (issue 13): every kind of
+state-dict tensor hashed, BatchNorm models built end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.errors import ModelLoadError
+from pipeline.loader import state_sha256
+
+from .conftest import REPO, make_venv, pip_install, run_cli
+
+MODELS = REPO / "tests" / "models"
+DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+]
+SHAPES = [(), (0,), (5,), (2, 3, 4)]
+
+
+def holding(**tensors: torch.Tensor) -> torch.nn.Module:
+    """A module whose state is exactly ``tensors``, as buffers."""
+    module = torch.nn.Module()
+    for name, tensor in tensors.items():
+        module.register_buffer(name, tensor)
+    return module
+
+
+def seeded(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(shape, generator=generator, dtype=torch.float64) * 50
+    if dtype == torch.bool:
+        return values > 0
+    if dtype.is_complex:
+        return torch.complex(values, -values).to(dtype)
+    return values.to(dtype)
+
+
+def layouts(tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same values held in other memory: transposed, at an offset in a bigger storage, expanded."""
+    found = {"contiguous": tensor}
+    if tensor.dim() >= 2:
+        found["transposed"] = tensor.transpose(0, 1).contiguous().transpose(0, 1)
+    base = torch.cat([tensor.reshape(-1), tensor.reshape(-1)[:3]])
+    found["offset-in-shared-storage"] = base[: tensor.numel()].view(tensor.shape)
+    if tensor.dim() >= 1 and tensor.numel():
+        row = tensor.reshape(-1)[:1]
+        found["expanded"] = row.expand(tensor.numel()).reshape(-1)
+        found["expanded-reference"] = row.repeat(tensor.numel())
+    return found
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_tensor_kind_hashes_by_value(shape, dtype):
+    tensor = seeded(shape, dtype)
+    digest = state_sha256(holding(value=tensor))
+    assert digest == state_sha256(holding(value=tensor.clone())), "the same values give the same hash"
+    held = layouts(tensor)
+    expanded = held.pop("expanded", None), held.pop("expanded-reference", None)
+    for kind, other in held.items():
+        assert torch.equal(other, tensor) and state_sha256(holding(value=other)) == digest, kind
+    if expanded[0] is not None:
+        assert state_sha256(holding(value=expanded[0])) == state_sha256(holding(value=expanded[1]))
+    if tensor.numel():
+        changed = tensor.clone()
+        changed.view(-1)[-1] = 0 if tensor.reshape(-1)[-1] != 0 else 1
+        assert state_sha256(holding(value=changed)) != digest, "other values give another hash"
+
+
+def test_dtype_and_shape_are_part_of_the_hash():
+    zeros = {(shape, dtype): state_sha256(holding(value=torch.zeros(shape, dtype=dtype))) for shape in SHAPES for dtype in DTYPES}
+    assert len(set(zeros.values())) == len(zeros)
+
+
+def test_conjugate_and_negative_views_hash_as_their_values():
+    z = seeded((3, 2), torch.complex64)
+    assert z.conj().is_conj() and state_sha256(holding(v=z.conj())) == state_sha256(holding(v=z.conj().resolve_conj()))
+    negative = torch._neg_view(z)
+    assert negative.is_neg() and state_sha256(holding(v=negative)) == state_sha256(holding(v=-z))
+
+
+def test_tied_and_shared_storage_tensors():
+    base = seeded((4, 6), torch.float32)
+    shared = holding(a=base[:2], b=base[2:], t=base.t())
+    separate = holding(a=base[:2].clone(), b=base[2:].clone(), t=base.t().contiguous())
+    assert state_sha256(shared) == state_sha256(separate)
+    tied = torch.nn.Module()
+    tied.embed = torch.nn.Embedding(5, 3)
+    tied.head = torch.nn.Linear(3, 5, bias=False)
+    tied.head.weight = tied.embed.weight  # counted once, as named_parameters() gives it
+    assert len(state_sha256(tied)) == 64
+
+
+def test_float32_contiguous_weights_keep_the_hash_they_had():
+    """The hash before every kind was handled, for the tensors it handled: cache keys stay valid."""
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.Linear(4, 2))
+    before = hashlib.sha256()
+    for name, tensor in sorted([*module.named_parameters(), *module.named_buffers()]):
+        before.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
+        before.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    assert state_sha256(module) == before.hexdigest()
+
+
+def test_sparse_and_quantized_tensors_hash():
+    dense = seeded((3, 4), torch.float32)
+    sparse = dense.to_sparse()
+    assert state_sha256(holding(v=sparse)) == state_sha256(holding(v=dense.to_sparse()))
+    assert state_sha256(holding(v=sparse)) != state_sha256(holding(v=dense)), "the layout is named"
+    if hasattr(torch, "quantize_per_tensor"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensors are deprecated in torch 2.13
+            q = torch.quantize_per_tensor(dense, 0.1, 3, torch.qint8)
+            requantized = torch.quantize_per_tensor(dense, 0.2, 3, torch.qint8)
+        assert state_sha256(holding(v=q)) == state_sha256(holding(v=q.clone()))
+        assert state_sha256(holding(v=q)) != state_sha256(holding(v=requantized))
+
+
+def test_meta_tensor_is_a_model_load_error():
+    with pytest.raises(ModelLoadError, match="value: the model's tensor is on the meta device"):
+        state_sha256(holding(value=torch.zeros(3, device="meta")))
+
+
+def test_batchnorm_cnn_builds_installs_and_verifies(dirs, tmp_path):
+    ran = run_cli("build", "--spec", str(MODELS / "bn_cnn" / "spec.toml"), *dirs.args())
+    assert ran.code == 0, ran.err
+    assert "verified  logits: 10 cases" in ran.out + ran.err
+    wheel = next(dirs.dist.glob("model_bn_cnn-0.1+cpu*.whl"))
+    python = make_venv(tmp_path / "env")
+    pip_install(python, str(wheel))
+    verified = subprocess.run([str(Path(python).parent / "model-bn-cnn"), "verify"], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
+    assert "2 golden cases match" in verified.stdout
