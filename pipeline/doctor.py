@@ -45,9 +45,10 @@ def _user_classes(module: torch.nn.Module) -> list[type]:
 
 
 def _parse_forward(cls: type) -> tuple[ast.FunctionDef, str, int] | None:
+    forward = inspect.unwrap(cls.forward)  # a decorator's wrapper lives in the decorator's file
     try:
-        lines, start = inspect.getsourcelines(cls.forward)
-        path = inspect.getsourcefile(cls.forward) or "?"
+        lines, start = inspect.getsourcelines(forward)
+        path = inspect.getsourcefile(forward) or "?"
     except (OSError, TypeError):
         return None
     tree = ast.parse(textwrap.dedent("".join(lines)))

@@ -51,9 +51,12 @@ def spec_inputs(spec_file: SpecFile) -> list[dict]:
 
 
 def where_defined(obj) -> str:
+    """file:line of a function's `def` (of the function itself when decorated: libraries wrap forwards)."""
+    obj = inspect.unwrap(obj)
     try:
         lines, start = inspect.getsourcelines(obj)
-        return f"{inspect.getsourcefile(obj)}:{start}"
+        decorators = next((i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def "))), 0)
+        return f"{inspect.getsourcefile(obj)}:{start + decorators}"
     except (TypeError, OSError):
         return repr(obj)
 

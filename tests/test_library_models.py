@@ -4,19 +4,43 @@ state-dict tensor hashed, BatchNorm models built end to end."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.errors import ModelLoadError
+from pipeline.errors import DoctorError, ModelLoadError
+from pipeline.export import where_defined
 from pipeline.loader import state_sha256
 
 from .conftest import REPO, make_venv, pip_install, run_cli
 
 MODELS = REPO / "tests" / "models"
+ONE_INPUT_SPEC = """
+[model]
+name = "{name}"
+version = "0.1"
+factory = "model:build"
+
+[weights]
+seed = 0
+
+[dims.batch]
+min = 1
+max = 4
+
+[[inputs]]
+name = "x"
+shape = ["batch", 4]
+
+[[outputs]]
+name = "y"
+"""
 DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -137,3 +161,66 @@ def test_batchnorm_cnn_builds_installs_and_verifies(dirs, tmp_path):
     verified = subprocess.run([str(Path(python).parent / "model-bn-cnn"), "verify"], capture_output=True, text=True)
     assert verified.returncode == 0, verified.stderr
     assert "2 golden cases match" in verified.stdout
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def decorated_model(folder: Path, body: str) -> Path:
+    """A model whose forward is wrapped by a functools.wraps decorator defined in another file,
+    as transformers wraps many; returns the model's file."""
+    (folder / "helpers.py").write_text(textwrap.dedent("""\
+        import functools
+
+
+        def traced(fn):
+            @functools.wraps(fn)
+            def wrapper(*args, **kwargs):
+                return fn(*args, **kwargs)
+            return wrapper
+        """))
+    model = folder / "model.py"
+    model.write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+
+        from helpers import traced
+
+
+        class Decorated(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(4, 4)
+
+            @traced
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """) + textwrap.indent(textwrap.dedent(body), " " * 8) + "\n\ndef build():\n    return Decorated()\n")
+    (folder / "spec.toml").write_text(ONE_INPUT_SPEC.format(name="decorated"))
+    return model
+
+
+def test_doctor_names_the_decorated_forwards_own_file_and_line(tmp_path):
+    model = decorated_model(tmp_path, """\
+        y = self.linear(x)
+        if y.sum().item() > 0:
+            return y
+        return -y
+        """)
+    ran = run_cli("doctor", "--spec", str(tmp_path / "spec.toml"))
+    assert ran.code == DoctorError.CHECK_EXIT_CODES["data-dependent"], ran.err
+    assert f"{model}:{line_of(model, 'if y.sum().item()')}: error [data-dependent]" in ran.err
+    assert "helpers.py" not in ran.err
+
+
+def test_where_defined_names_the_def_under_its_decorators(tmp_path):
+    model = decorated_model(tmp_path, "return self.linear(x)")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        spec = importlib.util.spec_from_file_location("decorated_model_under_test", model)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("helpers", None)
+    assert where_defined(module.Decorated.forward) == f"{model}:{line_of(model, 'def forward')}"
