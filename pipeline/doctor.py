@@ -194,10 +194,13 @@ def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], 
     """Graph breaks found by torch._dynamo.explain, each placed at the user's line."""
     import torch._dynamo
 
+    from .loader import forward_arguments
+
+    args, kwargs = forward_arguments(module, inputs)
     wanted = {str(p) for p in source_files}
     torch._dynamo.reset()
     with torch.no_grad():
-        explained = torch._dynamo.explain(module)(*inputs)
+        explained = torch._dynamo.explain(module)(*args, **kwargs)
     findings = []
     for reason in explained.break_reasons:
         frames = [f for f in reason.user_stack if str(Path(f.filename).resolve()) in wanted]

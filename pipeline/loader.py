@@ -85,6 +85,25 @@ def _source_files(factory, module: torch.nn.Module) -> tuple[Path, ...]:
     return tuple(sorted(files))
 
 
+def forward_arguments(module: torch.nn.Module, inputs) -> tuple[tuple, dict]:
+    """The spec's inputs (in forward's parameter order) as forward takes them: keyword-only
+    parameters (`def forward(self, x, *, mask)`) by name, the others by position.
+
+    Keyword-only parameters follow all the others, so torch.export's flattened inputs, and so the
+    compiled model's, keep the spec's order either way.
+    """
+    params = list(inspect.signature(module.forward).parameters.values())
+    keyword = {index: p.name for index, p in enumerate(params) if p.kind == p.KEYWORD_ONLY}
+    args = tuple(t for index, t in enumerate(inputs) if index not in keyword)
+    return args, {name: inputs[index] for index, name in keyword.items() if index < len(inputs)}
+
+
+def call_forward(module: torch.nn.Module, inputs):
+    """``module`` run on the spec's inputs, keyword-only parameters given by name."""
+    args, kwargs = forward_arguments(module, inputs)
+    return module(*args, **kwargs)
+
+
 def weight_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer by name: what the compiled model takes as constants."""
     return {name: t.detach() for name, t in [*module.named_parameters(), *module.named_buffers()]}

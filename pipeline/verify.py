@@ -18,7 +18,7 @@ from . import targets
 from .compile import Compiled
 from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
-from .loader import weight_tensors
+from .loader import call_forward, weight_tensors
 from .spec import OutputSpec
 from .templates import wheel_compare, wheel_inputs, wheel_weights
 
@@ -179,11 +179,11 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     results, golden = [], {}
     for case in verification_cases(exported):
         with torch.no_grad(), target.reference():
-            eager = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+            eager = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
             got = runner.run(list(case.inputs))
             eager_error = None
             if reference_module is not None:
-                ref64 = as_tuple(reference_module(*_to_fp64(case.inputs)), exported.returns_tuple)
+                ref64 = as_tuple(call_forward(reference_module, _to_fp64(case.inputs)), exported.returns_tuple)
                 eager_error = {n: float((e.double() - r).abs().max()) for n, e, r in zip(names, eager, ref64)}
                 want = tuple(r.to(e.dtype) for r, e in zip(ref64, eager))
             else:

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from pipeline.errors import DoctorError, ModelLoadError
-from pipeline.export import where_defined
-from pipeline.loader import state_sha256
+from pipeline import precision
+from pipeline.export import prepare, where_defined
+from pipeline.loader import load_model, state_sha256
+from pipeline.spec import load_spec
 
 from .conftest import REPO, make_venv, pip_install, run_cli
 
@@ -224,3 +226,65 @@ def test_where_defined_names_the_def_under_its_decorators(tmp_path):
         sys.path.remove(str(tmp_path))
         sys.modules.pop("helpers", None)
     assert where_defined(module.Decorated.forward) == f"{model}:{line_of(model, 'def forward')}"
+
+
+KEYWORD_ONLY_MODEL = """\
+import torch
+from torch import nn
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * torch.sigmoid(mask)
+
+
+def build():
+    return Masked()
+"""
+
+
+def keyword_only_model(folder: Path) -> Path:
+    """x and mask of one shape: given in the wrong order, the compiled model gives other values."""
+    (folder / "model.py").write_text(KEYWORD_ONLY_MODEL)
+    spec = folder / "spec.toml"
+    spec.write_text(ONE_INPUT_SPEC.format(name="masked") + textwrap.dedent("""
+        [[inputs]]
+        name = "mask"
+        shape = ["batch", 4]
+
+        [compile]
+        search = false
+        """))
+    return spec
+
+
+def test_keyword_only_forward_argument_builds_and_the_wheel_agrees(dirs, tmp_path):
+    spec = keyword_only_model(tmp_path)
+    ran = run_cli("build", "--spec", str(spec), *dirs.args())
+    assert ran.code == 0, ran.err
+    assert "verified  y: 10 cases" in ran.out + ran.err
+    python = make_venv(tmp_path / "env")
+    pip_install(python, str(next(dirs.dist.glob("model_masked-*.whl"))))
+    verified = subprocess.run([str(python.parent / "model-masked"), "verify"], capture_output=True, text=True)
+    assert verified.returncode == 0 and "2 golden cases match" in verified.stdout, verified.stdout + verified.stderr
+
+
+def test_keyword_only_forward_argument_under_autocast(tmp_path):
+    """The bfloat16 candidate wraps the model: it too must pass mask by name, in eager and in export."""
+    spec_file = load_spec(keyword_only_model(tmp_path))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        exported = prepare(spec_file, load_model(spec_file))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("model", None)
+    x, mask = exported.example_inputs
+    with torch.no_grad():
+        want = exported.module(x, mask=mask)
+        assert torch.allclose(precision.wrap(exported)(x, mask), want, atol=0.05)
+        program = precision.export_autocast(exported, precision.AUTOCAST_DTYPE)
+        assert torch.allclose(program.module()(x, mask), want, atol=0.05)
