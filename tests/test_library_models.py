@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import DoctorError, ModelLoadError
+from pipeline.errors import DoctorError, ModelLoadError, VerificationError
 from pipeline import precision
 from pipeline.export import prepare, where_defined
 from pipeline.loader import load_model, state_sha256
 from pipeline.spec import load_spec
 
-from .conftest import REPO, make_venv, pip_install, run_cli
+from .conftest import REPO, TINY_SPEC, make_venv, pip_install, run_cli
 
 MODELS = REPO / "tests" / "models"
 ONE_INPUT_SPEC = """
@@ -288,3 +290,31 @@ def test_keyword_only_forward_argument_under_autocast(tmp_path):
         assert torch.allclose(precision.wrap(exported)(x, mask), want, atol=0.05)
         program = precision.export_autocast(exported, precision.AUTOCAST_DTYPE)
         assert torch.allclose(program.module()(x, mask), want, atol=0.05)
+
+
+def test_failed_fp64_verification_writes_its_report_and_gives_eagers_own_error(dirs, tmp_path):
+    """A tolerance too tight for float32: the error gives both numbers a tolerance is chosen from."""
+    tight = TINY_SPEC.read_text().replace('name = "features"\n', 'name = "features"\nrtol = 0.0\natol = 1e-12\n')
+    assert tight != TINY_SPEC.read_text()
+    spec = tmp_path / "spec.toml"
+    spec.write_text(tight + "\n[verify]\nfp64_reference = true\nedge_cases = false\ngolden_cases = 1\n")
+    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    ran = run_cli("build", "--spec", str(spec), *dirs.args())
+    assert ran.code == VerificationError.exit_code, ran.err
+    assert "error: compiled model differs from eager float64 in " in ran.err
+    assert re.search(r"case seed0: output 'features': max abs diff \S+, .*\(rtol 0, atol 1e-12\); "
+                     r"eager's own max abs error against float64: \d", ran.err), ran.err
+    worst = re.search(r"worst over all cases, output 'features': compiled (\S+), eager (\S+) max abs error against float64",
+                      ran.err)
+    assert worst, ran.err
+    report_file = Path(re.search(r"every case is in (\S+)", ran.err).group(1))
+    report = json.loads(report_file.read_text())
+    verification = report["verification"]
+    assert report["model"] == "tiny" and verification["passed"] is False
+    assert verification["reference"] == "eager float64"
+    features = verification["worst"]["features"]
+    assert f"{features['max_abs']:.3g}" == worst.group(1) and f"{features['eager_vs_fp64_max_abs']:.3g}" == worst.group(2)
+    assert 0 < features["eager_vs_fp64_max_abs"] < 1e-3
+    assert not any(case["outputs"]["features"]["passed"] for case in verification["cases"])
+    assert all(set(case["eager_vs_fp64_max_abs"]) == {"features", "logits"} for case in verification["cases"])
+    assert dirs.leftovers() == [], "a failed build leaves nothing in dist/ or under the root"
