@@ -124,21 +124,7 @@ def make_report(
         "artifacts": manifest["artifacts"],
         "opt_path": manifest["opt_path"],
         "stages_s": dict(timings),
-        "verification": {
-            "reference": verified.reference,
-            "golden_cases": list(verified.golden_cases),
-            "worst": verified.worst(),
-            "tolerances": {name: dataclasses.asdict(t) for name, t in verified.tolerances.items()},
-            "cases": [
-                {
-                    "case": case.case,
-                    "sizes": case.sizes,
-                    "outputs": {d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs},
-                    **({"eager_vs_fp64_max_abs": case.eager_vs_fp64} if case.eager_vs_fp64 is not None else {}),
-                }
-                for case in verified.cases
-            ],
-        },
+        "verification": verified.report(),
         "trace_dir": os.environ.get("TORCH_TRACE", ""),
         "sources_dir": str(compiled.sources_dir),
         "content_hash": manifest["content_hash"],

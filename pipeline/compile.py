@@ -14,7 +14,7 @@ import torch
 from . import cache, precision, proc, targets
 from .errors import CompileError, SpecError, ToolchainError
 from .export import Exported
-from .loader import weight_tensors
+from .loader import forward_arguments, weight_tensors
 from .templates import wheel_weights
 
 LIBRARY_NAME = "model.so"
@@ -148,12 +148,14 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     sources_dir = work_dir / "sources"
     autocast, options = precision.split_options(options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
+    # The autocast wrapper takes every input by position; the model itself, as it was exported.
+    args, kwargs = (exported.example_inputs, {}) if autocast else forward_arguments(exported.module, exported.example_inputs)
     work_dir.mkdir(parents=True, exist_ok=True)
     # Inductor prints to stderr itself (max-autotune's AUTOTUNE tables): keep that in the log.
     try:
         with (work_dir / INDUCTOR_LOG).open("a") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log), \
                 torch.no_grad():
-            produced = torch._inductor.aot_compile(program.module(), exported.example_inputs, options=options)
+            produced = torch._inductor.aot_compile(program.module(), args, kwargs, options=options)
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc

@@ -45,9 +45,10 @@ def _user_classes(module: torch.nn.Module) -> list[type]:
 
 
 def _parse_forward(cls: type) -> tuple[ast.FunctionDef, str, int] | None:
+    forward = inspect.unwrap(cls.forward)  # a decorator's wrapper lives in the decorator's file
     try:
-        lines, start = inspect.getsourcelines(cls.forward)
-        path = inspect.getsourcefile(cls.forward) or "?"
+        lines, start = inspect.getsourcelines(forward)
+        path = inspect.getsourcefile(forward) or "?"
     except (OSError, TypeError):
         return None
     tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -193,10 +194,13 @@ def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], 
     """Graph breaks found by torch._dynamo.explain, each placed at the user's line."""
     import torch._dynamo
 
+    from .loader import forward_arguments
+
+    args, kwargs = forward_arguments(module, inputs)
     wanted = {str(p) for p in source_files}
     torch._dynamo.reset()
     with torch.no_grad():
-        explained = torch._dynamo.explain(module)(*inputs)
+        explained = torch._dynamo.explain(module)(*args, **kwargs)
     findings = []
     for reason in explained.break_reasons:
         frames = [f for f in reason.user_stack if str(Path(f.filename).resolve()) in wanted]

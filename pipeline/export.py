@@ -16,7 +16,7 @@ import torch
 
 from . import targets
 from .errors import ExportError, SpecError
-from .loader import LoadedModel
+from .loader import LoadedModel, call_forward, forward_arguments
 from .spec import SpecFile
 from .templates import wheel_inputs
 
@@ -51,9 +51,12 @@ def spec_inputs(spec_file: SpecFile) -> list[dict]:
 
 
 def where_defined(obj) -> str:
+    """file:line of a function's `def` (of the function itself when decorated: libraries wrap forwards)."""
+    obj = inspect.unwrap(obj)
     try:
         lines, start = inspect.getsourcelines(obj)
-        return f"{inspect.getsourcefile(obj)}:{start}"
+        decorators = next((i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def "))), 0)
+        return f"{inspect.getsourcefile(obj)}:{start + decorators}"
     except (TypeError, OSError):
         return repr(obj)
 
@@ -143,7 +146,7 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: str = "cpu") -> Ex
     example = example_inputs(spec_file, device)
     try:
         with torch.no_grad():
-            eager = module(*example)
+            eager = call_forward(module, example)
     except Exception as exc:  # the user's forward can raise anything
         where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
         raise ExportError(
@@ -189,12 +192,15 @@ def dynamic_shapes(spec_file: SpecFile) -> tuple[dict | None, ...]:
 def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Exported:
     """Run torch.export with the spec's dynamic dims; errors name the user's line and a fix."""
     module = exported.module
+    args, kwargs = forward_arguments(module, exported.example_inputs)
     shapes = dynamic_shapes(exported.spec_file)
+    if kwargs:  # by parameter name: torch.export matches a tuple to positional arguments only
+        shapes = dict(zip(inspect.signature(module.forward).parameters, shapes))
     # torch.export prints partial graphs to stderr on failure; keep them for --verbose only.
     torch_stderr = io.StringIO()
     try:
         with torch.no_grad(), contextlib.redirect_stderr(torch_stderr):
-            program = torch.export.export(module, exported.example_inputs, dynamic_shapes=shapes, strict=False)
+            program = torch.export.export(module, args, kwargs=kwargs, dynamic_shapes=shapes, strict=False)
     except Exception as exc:  # torch.export raises many unrelated types; all mean "did not export"
         log.info("%s", torch_stderr.getvalue())
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -14,6 +14,8 @@ import torch
 from .errors import ModelLoadError
 from .spec import SpecFile
 
+PER_TENSOR_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -83,17 +85,65 @@ def _source_files(factory, module: torch.nn.Module) -> tuple[Path, ...]:
     return tuple(sorted(files))
 
 
+def forward_arguments(module: torch.nn.Module, inputs) -> tuple[tuple, dict]:
+    """The spec's inputs (in forward's parameter order) as forward takes them: keyword-only
+    parameters (`def forward(self, x, *, mask)`) by name, the others by position.
+
+    Keyword-only parameters follow all the others, so torch.export's flattened inputs, and so the
+    compiled model's, keep the spec's order either way.
+    """
+    params = list(inspect.signature(module.forward).parameters.values())
+    keyword = {index: p.name for index, p in enumerate(params) if p.kind == p.KEYWORD_ONLY}
+    args = tuple(t for index, t in enumerate(inputs) if index not in keyword)
+    return args, {name: inputs[index] for index, name in keyword.items() if index < len(inputs)}
+
+
+def call_forward(module: torch.nn.Module, inputs):
+    """``module`` run on the spec's inputs, keyword-only parameters given by name."""
+    args, kwargs = forward_arguments(module, inputs)
+    return module(*args, **kwargs)
+
+
 def weight_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer by name: what the compiled model takes as constants."""
     return {name: t.detach() for name, t in [*module.named_parameters(), *module.named_buffers()]}
 
 
+def tensor_bytes(tensor: torch.Tensor) -> tuple[str, bytes]:
+    """A header naming what the values mean, and the values as bytes in row-major order.
+
+    Equal for equal values whatever the strides, storage offset or sharing, conjugate or negative
+    bit; a contiguous dense tensor's header and bytes are those of the hashes made before every
+    kind was handled, so existing models keep their content hashes and cache keys.
+    """
+    tensor = tensor.detach().cpu()
+    header = f"{tensor.dtype}:{tuple(tensor.shape)}"
+    if tensor.layout != torch.strided:  # sparse: hashed by value, the layout named
+        header += f":{tensor.layout}"
+        tensor = tensor.to_dense()
+    if tensor.is_quantized:  # the integers and what maps them to values
+        header += f":{tensor.qscheme()}:" + (
+            f"{tensor.q_scale()}:{tensor.q_zero_point()}" if tensor.qscheme() in PER_TENSOR_QSCHEMES
+            else f"{tensor.q_per_channel_scales().tolist()}:{tensor.q_per_channel_zero_points().tolist()}:"
+                 f"{tensor.q_per_channel_axis()}"
+        )
+        tensor = tensor.int_repr()
+    # reshape(-1): a 0-dim tensor cannot be viewed as bytes of another element size.
+    flat = tensor.resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return header, flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
 def state_sha256(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(weight_tensors(module).items()):
-        tensor = tensor.detach().contiguous().cpu()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        if tensor.is_meta:
+            raise ModelLoadError(
+                f"{name}: the model's tensor is on the meta device (it has a shape but no values)",
+                "build the model with real tensors in the factory, or give [weights] file = a .safetensors with every tensor",
+            )
+        header, values = tensor_bytes(tensor)
+        digest.update(f"{name}:{header}\n".encode())
+        digest.update(values)
     return digest.hexdigest()
 
 

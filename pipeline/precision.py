@@ -16,6 +16,7 @@ import torch
 
 from .errors import ExportError
 from .export import Exported, dynamic_shapes
+from .loader import call_forward
 
 # Our own compile option (not an Inductor setting): the candidate's options carry it, so it is
 # part of the compile cache key and of the manifest's compile_options.
@@ -37,7 +38,7 @@ class Autocast(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor):
         with torch.autocast(self.device_type, dtype=self.dtype):
-            outputs = self.module(*args)
+            outputs = call_forward(self.module, args)
         outputs = tuple(outputs) if self.returns_tuple else (outputs,)
         cast = tuple(out.to(dtype) for out, dtype in zip(outputs, self.output_dtypes))
         return cast if self.returns_tuple else cast[0]

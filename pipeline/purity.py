@@ -7,6 +7,7 @@ import copy
 import torch
 
 from .errors import PurityError
+from .loader import call_forward
 
 _PLAIN = (bool, int, float, str, bytes, type(None), tuple, frozenset)
 
@@ -48,8 +49,8 @@ def check_purity(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], wher
     state_before = {k: v.detach().clone() for k, v in module.state_dict().items()}
     attrs_before = _attributes(module)
     with torch.no_grad():
-        first = module(*inputs)
-        second = module(*inputs)
+        first = call_forward(module, inputs)
+        second = call_forward(module, inputs)
     problems = [f"forward changed {kind} '{name}' in place" for name, kind in _changed_state(module, state_before)]
     attrs_after = _attributes(module)
     for name in sorted(set(attrs_before) | set(attrs_after)):

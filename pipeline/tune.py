@@ -30,6 +30,7 @@ from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from .errors import CompileError, ExportError, VerificationError
 from .export import Exported
+from .loader import call_forward
 from .templates import wheel_compare
 from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
@@ -128,7 +129,7 @@ def screen_autocast(exported: Exported) -> str | None:
         # verification with their messages, not here.
         try:
             with torch.no_grad():
-                want = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+                want = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
         except Exception as exc:  # the user's forward can raise anything
             return f"eager raised {type(exc).__name__} on case {case.name}, so it could not be screened"
         try:

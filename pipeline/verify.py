@@ -8,6 +8,8 @@ recorded so the installed wheel can re-check itself).
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from . import targets
 from .compile import Compiled
 from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
-from .loader import weight_tensors
+from .loader import call_forward, weight_tensors
 from .spec import OutputSpec
 from .templates import wheel_compare, wheel_inputs, wheel_weights
 
@@ -26,6 +28,7 @@ OutputDiff = wheel_compare.OutputDiff
 SEEDS = (0, 1, 2)
 GOLDEN_FILE = "golden.safetensors"
 WEIGHTS_FILE = "weights.safetensors"
+REPORT_FILE = "verification.json"  # every verification's, passed or failed, in its work folder
 # allclose-style defaults when the spec gives none: compiled kernels reorder float sums.
 DEFAULT_TOLERANCES = {
     "float64": (1e-7, 1e-7),
@@ -75,14 +78,43 @@ class Verified:
     weights_file: Path | None  # external weights, exactly as verified
 
     def worst(self) -> dict[str, dict[str, float]]:
-        """Per output, the largest abs and rel diff over all cases."""
-        summary: dict[str, dict[str, float]] = {}
-        for case in self.cases:
-            for diff in case.outputs:
-                entry = summary.setdefault(diff.name, {"max_abs": 0.0, "max_rel": 0.0})
-                entry["max_abs"] = max(entry["max_abs"], diff.max_abs)
-                entry["max_rel"] = max(entry["max_rel"], diff.max_rel)
-        return summary
+        return worst(self.cases)
+
+    def report(self) -> dict:
+        """The build report's "verification" section."""
+        return verification_report(self.cases, self.tolerances, self.reference, self.golden_cases)
+
+
+def worst(cases) -> dict[str, dict[str, float]]:
+    """Per output, the largest abs and rel diff over all cases (and eager's own error, with fp64_reference)."""
+    summary: dict[str, dict[str, float]] = {}
+    for case in cases:
+        for diff in case.outputs:
+            entry = summary.setdefault(diff.name, {"max_abs": 0.0, "max_rel": 0.0})
+            entry["max_abs"] = max(entry["max_abs"], diff.max_abs)
+            entry["max_rel"] = max(entry["max_rel"], diff.max_rel)
+            if case.eager_vs_fp64 is not None:
+                entry["eager_vs_fp64_max_abs"] = max(entry.get("eager_vs_fp64_max_abs", 0.0), case.eager_vs_fp64[diff.name])
+    return summary
+
+
+def verification_report(cases, tolerances: dict[str, Tolerance], reference: str, golden_cases) -> dict:
+    return {
+        "passed": all(case.passed for case in cases),
+        "reference": reference,
+        "golden_cases": list(golden_cases),
+        "worst": worst(cases),
+        "tolerances": {name: dataclasses.asdict(t) for name, t in tolerances.items()},
+        "cases": [
+            {
+                "case": case.case,
+                "sizes": case.sizes,
+                "outputs": {d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs},
+                **({"eager_vs_fp64_max_abs": case.eager_vs_fp64} if case.eager_vs_fp64 is not None else {}),
+            }
+            for case in cases
+        ],
+    }
 
 
 def applied_tolerances(outputs: list[OutputSpec], dtypes: tuple[str, ...], target: str) -> dict[str, Tolerance]:
@@ -189,14 +221,15 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     tols = {name: (t.rtol, t.atol) for name, t in applied.items()}
     names = [o.name for o in spec.outputs]
     reference_module = _fp64_module(exported) if spec.verify.fp64_reference else None
+    reference = "eager float64" if reference_module is not None else target.REFERENCE
     results, golden = [], {}
     for case in verification_cases(exported):
         with torch.no_grad(), target.reference():
-            eager = as_tuple(exported.module(*case.inputs), exported.returns_tuple)
+            eager = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
             got = _run_compiled(runner, case, exported)
             eager_error = None
             if reference_module is not None:
-                ref64 = as_tuple(reference_module(*_to_fp64(case.inputs)), exported.returns_tuple)
+                ref64 = as_tuple(call_forward(reference_module, _to_fp64(case.inputs)), exported.returns_tuple)
                 eager_error = {n: float((e.double() - r).abs().max()) for n, e, r in zip(names, eager, ref64)}
                 want = tuple(r.to(e.dtype) for r, e in zip(ref64, eager))
             else:
@@ -206,7 +239,12 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
         if case.golden:
             golden.update({f"{case.name}/inputs/{i.name}": t.cpu() for i, t in zip(spec.inputs, case.inputs)})
             golden.update({f"{case.name}/outputs/{n}": t.contiguous().cpu() for n, t in zip(names, eager)})
-    _raise_on_failures(exported, results, work_dir)
+    golden_cases = tuple(r.case for r in results if r.case.startswith("golden"))
+    report_file = work_dir / REPORT_FILE
+    report = verification_report(results, applied, reference, golden_cases)
+    report_file.write_text(json.dumps({"model": spec.model.name, "target": exported.target, "verification": report},
+                                      indent=2, sort_keys=True) + "\n")
+    _raise_on_failures(exported, results, reference, report_file)
     golden_file = work_dir / GOLDEN_FILE
     from safetensors.torch import save_file
 
@@ -215,8 +253,8 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
         cases=tuple(results),
         tolerances=applied,
         golden_file=golden_file,
-        golden_cases=tuple(r.case for r in results if r.case.startswith("golden")),
-        reference="eager float64" if reference_module is not None else target.REFERENCE,
+        golden_cases=golden_cases,
+        reference=reference,
         weights_file=weights_file,
     )
 
@@ -238,14 +276,26 @@ def write_weights(exported: Exported, work_dir: Path) -> Path | None:
     return path
 
 
-def _raise_on_failures(exported: Exported, results: list[CaseResult], work_dir: Path) -> None:
+def _eager_error(case: CaseResult, output: str) -> str:
+    if case.eager_vs_fp64 is None:
+        return ""
+    return f"; eager's own max abs error against float64: {case.eager_vs_fp64[output]:.3g}"
+
+
+def _raise_on_failures(exported: Exported, results: list[CaseResult], reference: str, report_file: Path) -> None:
     failures = [(c, d) for c in results for d in c.outputs if not d.passed]
     if not failures:
         return
-    lines = [f"  case {c.case}: {d.describe()}" for c, d in failures]
+    lines = [f"  case {c.case}: {d.describe()}{_eager_error(c, d.name)}" for c, d in failures]
     checks = sum(len(c.outputs) for c in results)
+    failed_outputs = {d.name for _, d in failures}
+    if results[0].eager_vs_fp64 is not None:  # the numbers a tolerance is chosen from
+        lines += [f"  worst over all cases, output {name!r}: compiled {w['max_abs']:.3g}, eager {w['eager_vs_fp64_max_abs']:.3g} "
+                  f"max abs error against float64" for name, w in worst(results).items() if name in failed_outputs]
+    work_dir = report_file.parent
     raise VerificationError(
-        f"compiled model differs from eager in {len(failures)} of {checks} checks:\n" + "\n".join(lines),
+        f"compiled model differs from {reference} in {len(failures)} of {checks} checks:\n" + "\n".join(lines)
+        + f"\nevery case is in {report_file}",
         f"if the forward is deterministic and these diffs are acceptable, raise rtol/atol under [[outputs]] in "
         f"{exported.spec_file.path}; else read the generated sources in {work_dir / 'sources'} and the compile "
         f"trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}",
