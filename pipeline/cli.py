@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from .errors import BuildInterrupted, PipelineError, UsageError
+from .proc import RedactingFilter, redact
 from .progress import Progress, stop_requested
 from .spec import TARGET_NAMES, load_spec, with_overrides
 
@@ -232,6 +233,8 @@ COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _pub
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     if not args.verbose:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
@@ -246,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
         error = _interrupted() if stop_requested else exc
     if args.verbose and error.__traceback__ is not None:
-        traceback.print_exception(error)
-    print(f"error: {error.message}", file=sys.stderr)
+        print(redact("".join(traceback.format_exception(error))), end="", file=sys.stderr)
+    print(redact(f"error: {error.message}"), file=sys.stderr)
     if error.hint:
-        print(f"hint: {error.hint}", file=sys.stderr)
+        print(redact(f"hint: {error.hint}"), file=sys.stderr)
     return error.exit_code
