@@ -1,5 +1,5 @@
 """Several specs built at once, each in its own process (torch and the compiler are per process),
-at most ``jobs`` at a time; each build's output goes to build/logs/<model>.log."""
+at most ``jobs`` at a time; each build's output goes to <build-dir>/logs/<folder>-<spec>.log."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from . import proc
 from .errors import PipelineError
 
 
+def _log_path(log_dir: Path, spec: str) -> Path:
+    return log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
+
+
 def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, say) -> int:
     """Returns 0 when every build succeeded, else the exit code of the first that failed."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -22,7 +26,7 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
         while queue or running:
             while queue and len(running) < jobs:
                 spec = queue.pop(0)
-                log = log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
+                log = _log_path(log_dir, spec)
                 cmd = [sys.executable, "-m", "pipeline", "build", "--spec", spec, *passthrough]
                 running[spec] = (proc.start(cmd, log), log, time.perf_counter())
                 say(f"==> build {spec} (log: {log})")
@@ -49,13 +53,13 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
     if failed:
         raise PipelineError(
             f"{len(failed)} build(s) failed: " + ", ".join(f"{s} (exit {c})" for s, c in failed),
-            "each build's log is in build/logs/",
-        ) if len(failed) > 1 else _first_failure(*failed[0])
+            f"each build's log is in {log_dir}/",
+        ) if len(failed) > 1 else _first_failure(*failed[0], log_dir)
     return 0
 
 
-def _first_failure(spec: str, code: int) -> PipelineError:
-    error = PipelineError(f"the build of {spec} failed (exit {code})", "its log is in build/logs/")
+def _first_failure(spec: str, code: int, log_dir: Path) -> PipelineError:
+    error = PipelineError(f"the build of {spec} failed (exit {code})", f"its log is {_log_path(log_dir, spec)}")
     error.exit_code = code
     return error
 

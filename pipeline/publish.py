@@ -192,7 +192,9 @@ def _authorized_request(url: str, credentials: Credentials | None) -> urllib.req
 
 
 def _twine(*args: str, what: str, hint: str, env: dict[str, str] | None = None) -> str:
-    return proc.run([sys.executable, "-m", "twine", *args], error=UploadError, what=what, hint=hint,
+    # twine's console is forced to a terminal and ignores NO_COLOR; its output is captured here
+    # and shown in an error message, never on a terminal, so colour codes would only be noise.
+    return proc.run([sys.executable, "-m", "twine", "--no-color", *args], error=UploadError, what=what, hint=hint,
                     env={"NO_COLOR": "1", **(env or {})})
 
 

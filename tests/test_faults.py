@@ -6,17 +6,21 @@ import base64
 import hashlib
 import http.server
 import json
+import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from pipeline.outdir import claim_output_dir
 from pipeline.templates import wheel_integrity
 
-from .conftest import TINY_SPEC, run_cli
-from .test_end_to_end import altered, installed_package, run_in
+from .conftest import REPO, TINY_SPEC, run_cli
+from .test_end_to_end import altered, installed_package, manifest_of, run_in
 
 # --- load_numpy(): every array the C interface cannot take as it is is converted or refused ---
 
@@ -276,3 +280,90 @@ def test_unencoded_password_reaches_the_index_intact(tiny_build, tmp_path, path,
     assert not leaked(ran.out + ran.err), ran.err
     expected = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
     assert (method, expected) in _RefusingIndex.seen, _RefusingIndex.seen
+
+
+# --- small ones: a link left aside, the log folder named, dangling links swept, no colour codes ---
+
+
+def test_link_moved_aside_by_a_killed_build_is_put_back_by_the_next(tmp_path):
+    installed = tmp_path / "site-packages" / "model_x" / "artifacts"
+    installed.mkdir(parents=True)
+    path = tmp_path / "opt" / "x" / "1.0" / "cpu"
+    path.parent.mkdir(parents=True)
+    path.symlink_to(installed, target_is_directory=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", "import os, signal, sys\nfrom pathlib import Path\nfrom pipeline.outdir import claim_output_dir\n"
+         "with claim_output_dir(Path(sys.argv[1])):\n    os.kill(os.getpid(), signal.SIGKILL)", str(path)],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert list(path.parent.glob(".cpu.displaced-*")), "a build killed outright leaves the installed link aside"
+    with claim_output_dir(path) as claimed:
+        assert claimed.is_dir() and not claimed.is_symlink()
+    assert path.is_symlink() and path.resolve() == installed.resolve(), "the next build puts the link back"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cpu"]
+
+
+def _bad_specs(tmp_path: Path, count: int) -> list[str]:
+    specs = [tmp_path / f"bad{index}.toml" for index in range(count)]
+    for spec in specs:
+        spec.write_text("[model\n")  # malformed TOML: each build fails at once (exit 3)
+    return [str(spec) for spec in specs]
+
+
+def test_parallel_build_failures_name_the_real_log_folder(tmp_path):
+    build_dir = tmp_path / "elsewhere"
+    specs = [a for spec in _bad_specs(tmp_path, 2) for a in ("--spec", spec)]
+    ran = run_cli("build", *specs, "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(build_dir))
+    assert ran.code == 1 and "2 build(s) failed" in ran.err, ran.err
+    assert f"hint: each build's log is in {build_dir / 'logs'}/" in ran.err
+
+
+def test_one_failed_build_names_its_log_file(tmp_path):
+    from pipeline.errors import PipelineError
+    from pipeline.parallel import build_many
+
+    (spec,) = _bad_specs(tmp_path, 1)
+    with pytest.raises(PipelineError) as failed:
+        build_many([spec], [], 1, tmp_path / "elsewhere" / "logs", lambda text: None)
+    assert failed.value.exit_code == 3
+    log = tmp_path / "elsewhere" / "logs" / f"{tmp_path.name}-bad0.log"
+    assert failed.value.hint == f"its log is {log}" and log.is_file()
+
+
+def test_load_sweeps_links_left_by_uninstalled_versions_of_the_same_model(installed, wheel, tmp_path):
+    opt_path = Path(manifest_of(wheel)["opt_path"])  # <root>/tiny/0.1/cpu
+    model_dir, root = opt_path.parents[1], opt_path.parents[2]
+    gone = tmp_path / "old-venv" / "lib" / "python3.11" / "site-packages"
+    uninstalled = model_dir / "0.0" / "cpu"  # what `pip uninstall model-tiny` of 0.0 leaves: a dangling link
+    foreign = model_dir / "0.0" / "cuda"  # dangling, but not made by a model_tiny runtime
+    other_model = root / "other" / "0.1" / "cpu"  # another model's: not this load's to sweep
+    for link, target in ((uninstalled, gone / "model_tiny" / "artifacts"), (foreign, tmp_path / "elsewhere"),
+                         (other_model, gone / "model_other" / "artifacts")):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target, target_is_directory=True)
+    try:
+        ran = run_in(installed, "import model_tiny; model_tiny.load_numpy()")
+        assert ran.returncode == 0, ran.stderr
+        assert not uninstalled.is_symlink(), "the dangling link of an uninstalled version is removed"
+        assert foreign.is_symlink() and other_model.is_symlink()
+        assert opt_path.is_symlink() and opt_path.exists()
+    finally:
+        shutil.rmtree(model_dir / "0.0", ignore_errors=True)
+        shutil.rmtree(root / "other", ignore_errors=True)
+
+
+def test_twine_output_has_no_colour_codes(tiny_build, tmp_path):
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingIndex)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:  # no existence check with {target}: twine's upload meets the 403 and its output is shown
+        url = f"http://127.0.0.1:{server.server_port}/{{target}}/"
+        ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path,
+                      env={"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_SIMPLE_URL": "", "NO_COLOR": "1",
+                           "TWINE_USERNAME": "someone", "TWINE_PASSWORD": "something"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ran.code == 16 and "403" in ran.err, ran.err
+    assert "\x1b[" not in ran.out + ran.err, ran.err
