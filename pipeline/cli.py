@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import record
 from .errors import BuildInterrupted, PipelineError, UsageError
+from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
 from .spec import TARGET_NAMES, load_spec, with_overrides
 
@@ -250,6 +251,8 @@ COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _pub
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     if not args.verbose:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
@@ -270,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         code = error.exit_code
         if args.verbose and error.__traceback__ is not None:
-            traceback.print_exception(error)
-        print(f"error: {error.message}", file=sys.stderr)
+            print(redact("".join(traceback.format_exception(error))), end="", file=sys.stderr)
+        print(redact(f"error: {error.message}"), file=sys.stderr)
         if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
+            print(redact(f"hint: {error.hint}"), file=sys.stderr)
     if getattr(args, "json", False) or getattr(args, "json_out", None):
         record.emit(record.of_command(args, code, error), args.json_out)
     return code

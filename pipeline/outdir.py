@@ -47,6 +47,18 @@ def _remove_stale(path: Path) -> None:
     shutil.rmtree(path)  # left by a build that was killed outright (SIGKILL, power loss)
 
 
+def _restore_displaced(path: Path) -> None:
+    """Put back a link that a build moved aside and never restored (killed, or stopped inside its
+    cleanup). Called with the lock held, so no build is using any of them: the one moved aside
+    last goes back when nothing is at ``path``; the others are older copies and are removed."""
+    leftovers = [p for p in path.parent.glob(f".{path.name}.displaced-*") if p.is_symlink()]
+    for leftover in sorted(leftovers, key=lambda p: p.lstat().st_ctime_ns, reverse=True):
+        if path.is_symlink() or path.exists():
+            leftover.unlink()
+        else:
+            leftover.rename(path)
+
+
 @contextmanager
 def claim_output_dir(path: Path) -> Iterator[Path]:
     """Yield an empty ``path`` to compile into; restore what was there before on exit."""
@@ -66,6 +78,7 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
         except Timeout:
             raise OutputDirError(f"another build is writing {path}", "wait for it to finish") from None
         _remove_stale(path)
+        _restore_displaced(path)
         if path.is_symlink():
             path.rename(displaced)
         path.mkdir()
@@ -76,7 +89,10 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
         if made:
             shutil.rmtree(path, ignore_errors=True)
         if displaced.is_symlink():
-            displaced.rename(path)
+            try:
+                displaced.rename(path)
+            except OSError:
+                pass  # the folder could not be removed: the next build removes it and puts the link back
         if lock.is_locked:
             Path(lock.lock_file).unlink(missing_ok=True)
             lock.release()

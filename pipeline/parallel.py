@@ -1,6 +1,6 @@
 """Several specs built at once, each in its own process (torch and the compiler are per process),
-at most ``jobs`` at a time; each build's output goes to build/logs/<model>.log, its --json record
-beside it, and a live terminal shows one line per build, read from the end of its log."""
+at most ``jobs`` at a time; each build's output goes to <build-dir>/logs/<folder>-<spec>.log, its
+--json record beside it, and a live terminal shows one line per build, read from the end of its log."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from .progress import Progress, duration
 from .record import record_path
 
 
+def _log_path(log_dir: Path, spec: str) -> Path:
+    return log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
+
+
 def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, progress: Progress,
                logs: dict[str, Path]) -> int:
     """Returns 0 when every build succeeded, else the exit code of the first that failed; ``logs``
@@ -28,7 +32,7 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
         while queue or running:
             while queue and len(running) < jobs:
                 spec = queue.pop(0)
-                log = logs[spec] = log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
+                log = logs[spec] = _log_path(log_dir, spec)
                 record_path(log).unlink(missing_ok=True)
                 cmd = [sys.executable, "-m", "pipeline", "build", "--spec", spec, *passthrough,
                        "--json-out", str(record_path(log))]
@@ -59,13 +63,13 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
     if failed:
         raise PipelineError(
             f"{len(failed)} build(s) failed: " + ", ".join(f"{s} (exit {c})" for s, c in failed),
-            "each build's log is in build/logs/",
-        ) if len(failed) > 1 else _first_failure(*failed[0])
+            f"each build's log is in {log_dir}/",
+        ) if len(failed) > 1 else _first_failure(*failed[0], log_dir)
     return 0
 
 
-def _first_failure(spec: str, code: int) -> PipelineError:
-    error = PipelineError(f"the build of {spec} failed (exit {code})", "its log is in build/logs/")
+def _first_failure(spec: str, code: int, log_dir: Path) -> PipelineError:
+    error = PipelineError(f"the build of {spec} failed (exit {code})", f"its log is {_log_path(log_dir, spec)}")
     error.exit_code = code
     return error
 

@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -15,18 +16,75 @@ from .errors import PipelineError
 log = logging.getLogger("pipeline.proc")
 
 _TAIL_LINES = 40
-SECRET_ENV = ("TWINE_PASSWORD", "MODELWHEEL_INDEX_PASSWORD")
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+# Environment variables that may carry credentials: a URL's userinfo, or a password-like value.
+CREDENTIAL_ENV_PREFIXES = ("TWINE_", "MODELWHEEL_INDEX_", "MODELWHEEL_SIMPLE_")
+_SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|KEY", re.I)
+# Shorter values would turn ordinary words into ***; a two-character password protects nothing anyway.
+_MIN_SECRET = 3
+# A URL in text from no known source: everything from :// to the last @ before the path.
+_USERINFO = re.compile(r"(?<=://)[^\s/?#]*@")
+_registered: set[str] = set()
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """(the URL without userinfo, the userinfo or None). The userinfo is everything between ://
+    and the URL's last @, so a password may hold any character, typed without percent-encoding."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url, None
+    userinfo, _, location = rest.rpartition("@")
+    return f"{scheme}://{location}", userinfo
+
+
+def _forms(value: str) -> set[str]:
+    """A secret as typed, percent-decoded and percent-encoded: any of them may be printed."""
+    forms = {value, urllib.parse.unquote(value), urllib.parse.quote(value, safe=""), urllib.parse.quote(value)}
+    return {form for form in forms if len(form) >= _MIN_SECRET}
+
+
+def _userinfo_secrets(userinfo: str) -> set[str]:
+    _user, _, password = userinfo.partition(":")
+    return _forms(userinfo) | _forms(password)
+
+
+def add_secret(value: str) -> None:
+    """Redact ``value`` from everything this process prints from now on (credentials not in the environment)."""
+    _registered.update(_forms(value))
+
+
+def add_url_secrets(url: str) -> None:
+    _, userinfo = split_userinfo(url)
+    if userinfo:
+        _registered.update(_userinfo_secrets(userinfo))
+
+
+def _secrets() -> list[str]:
+    found = set(_registered)
+    for name, value in os.environ.items():
+        if not value or not name.startswith(CREDENTIAL_ENV_PREFIXES):
+            continue
+        _, userinfo = split_userinfo(value)
+        if userinfo:
+            found |= _userinfo_secrets(userinfo)
+        elif _SECRET_NAME.search(name):
+            found |= _forms(value)
+    return sorted(found, key=len, reverse=True)  # a secret holding another goes first
 
 
 def redact(text: str) -> str:
-    """Credentials never reach output, logs or reports: URL userinfo and secret env values become ***."""
-    text = _USERINFO.sub("***@", text)
-    for name in SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 3:
-            text = text.replace(value, "***")
-    return text
+    """Credentials never reach output, logs or reports: the values of every credential source
+    (URLs' userinfo, TWINE_* and MODELWHEEL_INDEX_* passwords) and any URL userinfo become ***."""
+    for secret in _secrets():
+        text = text.replace(secret, "***")
+    return _USERINFO.sub("***@", text)
+
+
+class RedactingFilter(logging.Filter):
+    """Applies redact() to every log record a handler writes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), None
+        return True
 
 
 def run(

@@ -4,8 +4,9 @@ The index is, in order: --index URL, $MODELWHEEL_INDEX_URL, the running local in
 (`make index`). Wheels go to one index per variant, as PyTorch lays out its own: `cpu`, and
 `cu130` (the CUDA version torch was built with) for CUDA wheels. A URL may hold `{target}`, which
 becomes the variant; otherwise `/<variant>/` is appended. Credentials come from the environment
-(TWINE_USERNAME / TWINE_PASSWORD) or ~/.pypirc (--repository NAME), the way twine reads them,
-and never appear in output.
+(TWINE_USERNAME / TWINE_PASSWORD), the URL's userinfo (everything up to its last @, typed as
+it is or percent-encoded) or ~/.pypirc (--repository NAME). A URL's userinfo is taken off before
+the URL is used and handed to twine in its environment; no credential appears in output.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,31 @@ HREF_RE = re.compile(r'href="([^"#]+)')
 
 
 @dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def from_userinfo(cls, userinfo: str | None) -> Credentials | None:
+        if userinfo is None:
+            return None
+        user, _, password = userinfo.partition(":")
+        return cls(urllib.parse.unquote(user), urllib.parse.unquote(password))
+
+    @classmethod
+    def from_environment(cls) -> Credentials | None:
+        user, password = os.environ.get("TWINE_USERNAME"), os.environ.get("TWINE_PASSWORD")
+        return cls(user, password) if user and password else None
+
+
+@dataclass(frozen=True)
 class Index:
-    upload: str  # may contain {target}
+    upload: str  # may contain {target}; never userinfo (see credentials)
     simple: str | None  # base of the simple API (may contain {target}), for the existence check
     repository: str | None = None  # a ~/.pypirc section instead of a URL
     local: bool = False
+    credentials: Credentials | None = field(default=None, repr=False)  # from the upload URL's userinfo
+    simple_credentials: Credentials | None = field(default=None, repr=False)  # from the simple URL's userinfo
 
     def upload_url(self, target: str) -> str:
         return _per_target(self.upload, target)
@@ -60,12 +81,23 @@ def _per_target(url: str, target: str) -> str:
     return url.format(target=target) if "{target}" in url else url.rstrip("/") + f"/{target}/"
 
 
+def _without_userinfo(url: str | None) -> tuple[str | None, Credentials | None]:
+    if not url:
+        return None, None
+    proc.add_url_secrets(url)  # a --index URL is in no environment variable redact() reads
+    bare, userinfo = proc.split_userinfo(url)
+    return bare, Credentials.from_userinfo(userinfo)
+
+
 def resolve_index(url: str | None, repository: str | None, environ: dict[str, str]) -> Index:
+    simple, simple_credentials = _without_userinfo(environ.get(SIMPLE_ENV))
     if repository:
-        return Index(upload="", simple=environ.get(SIMPLE_ENV), repository=repository)
-    url = url or environ.get(INDEX_ENV)
+        return Index(upload="", simple=simple, repository=repository, simple_credentials=simple_credentials)
+    url, credentials = _without_userinfo(url or environ.get(INDEX_ENV))
     if url:
-        return Index(upload=url, simple=environ.get(SIMPLE_ENV) or (url.rstrip("/") + "/{target}/simple/" if "{target}" not in url else None))
+        if simple is None and "{target}" not in url:
+            simple = url.rstrip("/") + "/{target}/simple/"
+        return Index(upload=url, simple=simple, credentials=credentials, simple_credentials=simple_credentials or credentials)
     state = read_state()
     if state is None:
         raise IndexServerError(
@@ -127,7 +159,7 @@ def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
         return None
     url = base.rstrip("/") + f"/{re.sub(r'[-_.]+', '-', dist_name).lower()}/"
     try:
-        with _NO_REDIRECTS.open(_authorized_request(url), timeout=30) as response:
+        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials), timeout=30) as response:
             page = response.read().decode()
     except urllib.error.HTTPError as exc:
         if exc.code == 404 or 300 <= exc.code < 400:  # a redirect is the index's fallback: not held here
@@ -135,6 +167,9 @@ def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
         raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
     except OSError as exc:
         raise IndexServerError(f"cannot reach {proc.redact(url)}: {exc}", "is the index running? (`make index`)") from exc
+    except ValueError as exc:  # http.client.InvalidURL and urllib's own checks
+        raise IndexServerError(f"{proc.redact(url)} is not a usable URL: {proc.redact(str(exc))}",
+                               "check the index URL (a password may hold any character; the host follows its last @)") from exc
     return {href.rsplit("/", 1)[-1] for href in HREF_RE.findall(page)}
 
 
@@ -146,22 +181,20 @@ class _KeepRedirects(urllib.request.HTTPRedirectHandler):
 _NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
 
 
-def _authorized_request(url: str) -> urllib.request.Request:
-    """A GET for ``url`` with Basic auth from its userinfo, else from TWINE_USERNAME/TWINE_PASSWORD."""
-    parts = urllib.parse.urlsplit(url)
-    user, password = parts.username, parts.password
-    if user is None and os.environ.get("TWINE_USERNAME") and os.environ.get("TWINE_PASSWORD"):
-        user, password = os.environ["TWINE_USERNAME"], os.environ["TWINE_PASSWORD"]
-    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
-    request = urllib.request.Request(bare)
-    if user is not None:
-        token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password or '')}".encode()).decode()
+def _authorized_request(url: str, credentials: Credentials | None) -> urllib.request.Request:
+    """A GET for ``url`` (no userinfo) with Basic auth from the URL's credentials, else TWINE_USERNAME/TWINE_PASSWORD."""
+    request = urllib.request.Request(url)
+    credentials = credentials or Credentials.from_environment()
+    if credentials is not None:
+        token = base64.b64encode(f"{credentials.username}:{credentials.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
     return request
 
 
 def _twine(*args: str, what: str, hint: str, env: dict[str, str] | None = None) -> str:
-    return proc.run([sys.executable, "-m", "twine", *args], error=UploadError, what=what, hint=hint,
+    # twine's console is forced to a terminal and ignores NO_COLOR; its output is captured here
+    # and shown in an error message, never on a terminal, so colour codes would only be noise.
+    return proc.run([sys.executable, "-m", "twine", "--no-color", *args], error=UploadError, what=what, hint=hint,
                     env={"NO_COLOR": "1", **(env or {})})
 
 
@@ -169,7 +202,8 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
     """Upload one wheel; False when the index says it already has it."""
     where = ["--repository", index.repository.format(target=target)] if index.repository else ["--repository-url", index.upload_url(target)]
     # The local index takes anonymous uploads; twine still wants some credentials to send.
-    env = {"TWINE_USERNAME": "local", "TWINE_PASSWORD": "no-auth"} if index.local else None
+    credentials = Credentials("local", "no-auth") if index.local else index.credentials
+    env = {"TWINE_USERNAME": credentials.username, "TWINE_PASSWORD": credentials.password} if credentials else None
     try:
         _twine("upload", "--non-interactive", "--disable-progress-bar", *where, str(wheel), what=f"uploading {wheel.name}",
                hint="the output above is the index's answer: check its URL and the credentials", env=env)

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .proc import redact
+
 FORMAT = 1
 
 
@@ -32,7 +34,8 @@ def of_command(args, exit_code: int, error) -> dict[str, Any]:
         "exit_code": exit_code,
         "builds": [r for r in args.records if "wheel" in r],
         "failures": [r for r in args.records if "spec" in r],
-        "error": None if error is None else {"message": error.message, "hint": error.hint},
+        # an index URL in an error must not leak through the record either
+        "error": None if error is None else {"message": redact(error.message), "hint": redact(error.hint)},
     }
 
 

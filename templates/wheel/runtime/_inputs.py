@@ -74,7 +74,10 @@ def check_sizes(inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[
     for spec, shape in zip(inputs, shapes):
         name = spec["name"]
         if len(shape) != len(spec["shape"]):
-            raise ValueError(f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, got shape {list(shape)}")
+            scalar = " (a 0-d scalar)" if not shape else ""
+            raise ValueError(
+                f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, got {len(shape)} dims {list(shape)}{scalar}"
+            )
         for axis, (want, size) in enumerate(zip(spec["shape"], shape)):
             if isinstance(want, int):
                 if size != want:

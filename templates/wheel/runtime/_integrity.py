@@ -1,8 +1,10 @@
 """Artifact integrity: every file must match the sha256 and size in the manifest.
 
 Hashing a large .so costs tens of milliseconds, so a full check runs once per installed file
-state: a stamp in the user's cache records (path, size, mtime, expected hash) once verified,
-and later loads only stat the files. Any change to size or mtime forces a new full check.
+state: a stamp in the user's cache records (path, device, inode, size, mtime, ctime, expected
+hash) once verified, and later loads only stat the files. The ctime is what makes this safe:
+the kernel sets it on every write, rename or utime, and no user call can set it back, so a
+file changed in place with its mtime put back (`touch -r`, `cp -p`, rsync, tar) is hashed again.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{expected}"
+    key = f"{path.resolve()}|{stat.st_dev}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{expected}"
     return _stamp_dir() / hashlib.sha256(key.encode()).hexdigest()
 
 

@@ -2,6 +2,8 @@
 
 Created or repaired under a file lock, so processes starting at once all succeed. The link is
 swapped in with an atomic rename: a reader never sees a missing or half-made link.
+``pip uninstall`` cannot remove the link (pip knows only the package's own files), so a load
+also removes the dangling links that other versions of the same package left under the root.
 """
 
 from __future__ import annotations
@@ -42,3 +44,36 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
         return False, f"timed out after {LOCK_TIMEOUT_S}s waiting for the lock beside {link}"
     except OSError as exc:
         return False, f"cannot write {link}: {exc.strerror or exc}"
+
+
+def _made_for(link: Path, package: str) -> bool:
+    """Whether ``link`` is one this runtime makes for ``package`` (-> .../<package>/artifacts)."""
+    try:
+        target = Path(os.readlink(link))
+    except OSError:
+        return False
+    return target.name == "artifacts" and target.parent.name == package
+
+
+def sweep_dangling(model_dir: Path, package: str) -> list[Path]:
+    """Remove ``<model_dir>/<version>/<target>`` links to an uninstalled copy of ``package``.
+
+    Only dangling links this runtime made are touched (a folder, or a link made by anyone else,
+    is left as it is); each is checked again under the lock ensure_link() takes. Returns the
+    links removed; a root this process cannot write is left as it is."""
+    removed = []
+    try:
+        candidates = [link for link in model_dir.glob("*/*") if link.is_symlink() and not link.exists()]
+    except OSError:
+        return removed
+    for link in candidates:
+        if not _made_for(link, package):
+            continue
+        try:
+            with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S):
+                if link.is_symlink() and not link.exists():  # not re-made by a reinstall meanwhile
+                    link.unlink()
+                    removed.append(link)
+        except (OSError, Timeout):
+            continue
+    return removed

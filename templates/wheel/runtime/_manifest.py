@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ._link import ensure_link
+from ._link import ensure_link, sweep_dangling
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
@@ -21,6 +21,7 @@ CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 
 _manifest: dict[str, Any] | None = None
 _warned = False
+_swept = False
 
 
 class IncompatibleRuntime(RuntimeError):
@@ -70,9 +71,12 @@ def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gp
 
 def artifacts_dir() -> Path:
     """Where to load from: the /opt link when it can be made, else this package (warning once)."""
-    global _warned
+    global _warned, _swept
     m = manifest()
     ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
+    if not _swept:  # once per process: links left by `pip uninstall` of other versions of this model
+        _swept = True
+        sweep_dangling(Path(m["opt_path"]).parents[1], PACKAGE_DIR.name)
     if ok:
         return Path(m["opt_path"])
     if not _warned:

@@ -149,6 +149,28 @@ def _check(code: int, what: str) -> None:
         raise NativeRuntimeError(f"the model's C interface failed while {what} (error {code})")
 
 
+def _check_array(spec: dict[str, Any], arg: object) -> None:
+    """Refuse what no conversion can make right: not an array, a masked array, another dtype."""
+    name = spec["name"]
+    if not isinstance(arg, np.ndarray):
+        raise ValueError(f"input {name!r}: expected a numpy.ndarray, got {type(arg).__name__}")
+    if isinstance(arg, np.ma.MaskedArray):
+        # The C interface sees the data under the mask, never the mask itself.
+        raise ValueError(f"input {name!r}: expected a plain numpy.ndarray, got a masked array: pass a.filled(value)")
+    if arg.dtype.name != spec["dtype"]:
+        raise ValueError(f"input {name!r}: expected dtype {spec['dtype']}, got {arg.dtype.name}")
+
+
+def _as_c_abi_array(array: np.ndarray) -> np.ndarray:
+    """The array as the C interface reads it: native byte order, aligned, C order, a plain ndarray.
+
+    Copies only when one of these is missing (a big-endian '>f4' array would otherwise be read
+    as wrong numbers). A read-only array is passed as it is: the model only reads its inputs,
+    and an output that shares an input's memory is copied before it is returned."""
+    native = array.dtype if array.dtype.isnative else array.dtype.newbyteorder("=")  # an equal dtype would still copy
+    return np.require(array, dtype=native, requirements=["C_CONTIGUOUS", "ALIGNED", "ENSUREARRAY"])
+
+
 class NumpyModel:
     """Call it like the original module, with numpy arrays: arrays in, an array (or tuple) out.
 
@@ -194,15 +216,11 @@ class NumpyModel:
     def _checked(self, args: tuple[Any, ...]) -> list[np.ndarray]:
         inputs = self._manifest["inputs"]
         check_count(inputs, len(args), "arrays")
-        arrays = []
         for spec, arg in zip(inputs, args):
-            if not isinstance(arg, np.ndarray):
-                raise ValueError(f"input {spec['name']!r}: expected a numpy.ndarray, got {type(arg).__name__}")
-            if arg.dtype.name != spec["dtype"]:
-                raise ValueError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {arg.dtype.name}")
-            arrays.append(np.ascontiguousarray(arg))
-        check_sizes(inputs, self._manifest["dims"], [a.shape for a in arrays])
-        return arrays
+            _check_array(spec, arg)
+        # Shapes as the caller gave them: a conversion below must not hide a 0-d array's rank.
+        check_sizes(inputs, self._manifest["dims"], [a.shape for a in args])
+        return [_as_c_abi_array(a) for a in args]
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         arrays = self._checked(args)  # kept alive until the call returns: the handles borrow their memory
