@@ -14,10 +14,13 @@ from .errors import SpecError
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Matched with fullmatch: `$` would also accept a trailing newline ("tiny\n").
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 # Cross-field checks run at the top level; their messages start with the key they concern.
 TOP_LEVEL_KEY = re.compile(r"^([\w.\[\]]+): (.*)$", re.S)
-FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# The description becomes the wheel's one-line Summary, written into a TOML string.
+DESCRIPTION_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
 class _Frozen(BaseModel):
@@ -45,7 +48,7 @@ class ModelSection(_Frozen):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME_RE.match(value):
+        if not NAME_RE.fullmatch(value):
             raise ValueError("must be lowercase letters, digits and '_', starting with a letter (e.g. 'unet')")
         return value
 
@@ -58,12 +61,22 @@ class ModelSection(_Frozen):
             raise ValueError(f"{value!r} is not a PEP 440 version (e.g. '1.3')") from None
         if parsed.local is not None:
             raise ValueError("must not carry a local label ('+...'): the build adds target and torch to it")
+        # One spelling for the /opt path, the manifest and the wheel ('v0.01' -> '0.1'); an
+        # already-normal version is returned unchanged, so spec hashes (cache keys) stay as they were.
+        return str(parsed)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        if found := DESCRIPTION_REFUSED.search(value):
+            raise ValueError(f"holds {found.group()!r} at position {found.start()}: the description is the wheel's "
+                             f"one-line summary, so it cannot hold a backslash, a line break or other control characters")
         return value
 
     @field_validator("factory")
     @classmethod
     def _factory(cls, value: str) -> str:
-        if not FACTORY_RE.match(value):
+        if not FACTORY_RE.fullmatch(value):
             raise ValueError("must look like 'package.module:callable' (e.g. 'models.unet.model:build_unet')")
         return value
 

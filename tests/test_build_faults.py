@@ -1,0 +1,109 @@
+"""Faults and bad input against builds (issue 14): each ends in one clear refusal with its
+documented exit code, or in a correct result, and leaves nothing that blocks the next build."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import SpecError
+from pipeline.spec import load_spec
+
+from .conftest import REPO, TINY_SPEC, run_cli
+
+GOOD = TINY_SPEC.read_text()
+
+
+def spec_copy(folder: Path, text: str = GOOD, name: str = "spec.toml") -> Path:
+    """A spec beside its own copy of the tiny model's code (the factory is imported from there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TINY_SPEC.parent / "tiny_model.py", folder / "tiny_model.py")
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def spec_error(tmp_path: Path, old: str, new: str) -> str:
+    assert old in GOOD
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_copy(tmp_path, GOOD.replace(old, new, 1)))
+    return info.value.message
+
+
+def wheel_manifest(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as archive:
+        return json.loads(archive.read("model_tiny/manifest.json"))
+
+
+# -- item 11: spec checks that came late or never ------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('name = "tiny"', 'name = "tiny\\n"', "model.name"),
+        ('factory = "tiny_model:build"', 'factory = "tiny_model:build\\n"', "model.factory"),
+    ],
+)
+def test_trailing_newline_is_refused(tmp_path, old, new, key):
+    message = spec_error(tmp_path, old, new)
+    assert str(tmp_path / "spec.toml") in message
+    assert f"key '{key}'" in message
+
+
+@pytest.mark.parametrize("description", ["C:\\\\models\\\\tiny", "two\\nlines", "tab\\there", "bell\\u0007"])
+def test_description_the_wheel_cannot_carry_is_refused_at_spec_time(tmp_path, description):
+    message = spec_error(tmp_path, 'description = "Tiny test model"', f'description = "{description}"')
+    assert "key 'model.description'" in message
+    assert "one-line summary" in message
+
+
+def test_description_refusal_through_the_cli(tmp_path):
+    spec = spec_copy(tmp_path, GOOD.replace('description = "Tiny test model"', 'description = "a\\\\b"'))
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'model.description'" in ran.err and "hint: " in ran.err
+    assert "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize(("written", "normal"), [("v0.01", "0.1"), ("1.0.0", "1.0.0"), ("01.2rc1", "1.2rc1"),
+                                                 ("1.3", "1.3"), ("2.0-post1", "2.0.post1")])
+def test_version_is_normalised_once_in_the_spec_stage(tmp_path, written, normal):
+    spec = load_spec(spec_copy(tmp_path, GOOD.replace('version = "0.1"', f'version = "{written}"'))).spec
+    assert spec.model.version == normal
+
+
+def test_invalid_version_names_file_and_key(tmp_path):
+    message = spec_error(tmp_path, 'version = "0.1"', 'version = "v0.01-final-final"')
+    assert f"{tmp_path / 'spec.toml'}: invalid spec" in message
+    assert "key 'model.version'" in message and "PEP 440" in message
+
+
+def test_shipped_specs_keep_their_version_spelling():
+    """Spec hashes feed the cache keys: a version that was already normal is kept as written, so
+    the spec dumps (and hashes) exactly as before normalising."""
+    import tomllib
+
+    for path in (TINY_SPEC, REPO / "models" / "unet" / "spec.toml", TINY_SPEC.parent / "external.toml"):
+        written = tomllib.loads(path.read_text())["model"]["version"]
+        assert load_spec(path).spec.model.version == written
+
+
+def test_non_normal_version_builds_one_spelling_everywhere(tmp_path):
+    spec = spec_copy(tmp_path / "spec", GOOD.replace('version = "0.1"', 'version = "v0.01"'))
+    root, dist = tmp_path / "opt", tmp_path / "dist"
+    ran = run_cli("build", "--spec", str(spec), "--root", str(root), "--dist", str(dist),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == 0, ran.err
+    [wheel] = sorted(dist.glob("*.whl"))
+    assert wheel.name.startswith("model_tiny-0.1+cpu."), wheel.name
+    manifest = wheel_manifest(wheel)
+    assert manifest["version"] == "0.1"
+    assert manifest["full_version"].startswith("0.1+cpu.")
+    assert manifest["opt_path"] == str(root / "tiny" / "0.1" / "cpu")
+    assert (dist / f"model_tiny-{manifest['full_version']}.report.json").is_file()
