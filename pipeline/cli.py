@@ -15,7 +15,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from .errors import BuildInterrupted, PipelineError, UsageError
+from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .progress import Progress, stop_requested
 from .spec import TARGET_NAMES, load_spec, with_overrides
 
@@ -114,6 +114,10 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
+                         "give -j N with N >= 1, or leave -j out to use one build per core")
     if isinstance(args.spec, list) and len(args.spec) > 1:
         return _build_many(args, progress)
     if isinstance(args.spec, list):
@@ -200,6 +204,10 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
         progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
         _build(argparse.Namespace(**{**vars(args), "spec": str(spec_file.path)}), progress)
         found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
+    missing = [f"{prefix}*.whl" for t, prefix in wanted.items() if not found[t]]
+    if missing:
+        raise PackageError(f"the build finished but {dist} holds no {', '.join(missing)}",
+                           "report this as a bug, with the build's output above")
     return [wheels[-1] for wheels in found.values()]
 
 

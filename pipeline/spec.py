@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -97,9 +98,16 @@ class WeightsSection(_Frozen):
         return self
 
 
+# The verify stage makes every input with each dim at its max and runs eager and the compiled
+# model on it, so an input must be allocatable there; 2**31 elements is also where kernels need
+# 64-bit indexing. A dim itself stays within int32, as sizes do in most kernels.
+MAX_DIM = 2**31 - 1
+MAX_INPUT_ELEMENTS = 2**31
+
+
 class DimSpec(_Frozen):
-    min: Annotated[int, Field(ge=1)]
-    max: Annotated[int, Field(ge=1)]
+    min: Annotated[int, Field(ge=1, le=MAX_DIM)]
+    max: Annotated[int, Field(ge=1, le=MAX_DIM)]
     example: int | None = Field(None, description="size used to export; defaults to a middle value")
 
     @model_validator(mode="after")
@@ -240,10 +248,28 @@ class Spec(_Frozen):
             duplicates = sorted({n for n in names if names.count(n) > 1})
             if duplicates:
                 raise ValueError(f"{label}: names repeat: {', '.join(duplicates)}")
+        self._check_verify_sizes()
         if self.compile.autocast and self.weights.external:
             raise ValueError("compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
                              "float32 weights the .so cannot pre-cast); remove one of them")
         return self
+
+    def _check_verify_sizes(self) -> None:
+        """Each input as verify makes it: at the export sizes, then with each of its dims at its max."""
+        export_sizes = {name: dim.export_size for name, dim in self.dims.items()}
+        too_big = f"elements, over the {MAX_INPUT_ELEMENTS} (2**31) an input may hold"
+        for index, spec_input in enumerate(self.inputs):
+            shape = [export_sizes.get(s, 1) if isinstance(s, str) else s for s in spec_input.shape]
+            if math.prod(shape) > MAX_INPUT_ELEMENTS:
+                raise ValueError(f"inputs[{index}].shape: {shape} is {math.prod(shape)} {too_big}")
+            for name in dict.fromkeys(s for s in spec_input.shape if isinstance(s, str) and s in self.dims):
+                sizes = {**export_sizes, name: self.dims[name].max}
+                shape = [sizes[s] if isinstance(s, str) else s for s in spec_input.shape]
+                if math.prod(shape) > MAX_INPUT_ELEMENTS:
+                    raise ValueError(
+                        f"dims.{name}.max: at {sizes[name]}, input {spec_input.name!r} is {shape}: {math.prod(shape)} "
+                        f"{too_big}; the verify stage runs the model at each dim's max, so give a max the build "
+                        f"machine can run")
 
     @property
     def dist_name(self) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import SpecError
+from pipeline.errors import SpecError, UsageError
 from pipeline.spec import load_spec
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -94,11 +94,24 @@ def test_shipped_specs_keep_their_version_spelling():
         assert load_spec(path).spec.model.version == written
 
 
-def test_non_normal_version_builds_one_spelling_everywhere(tmp_path):
+@pytest.fixture
+def index(tmp_path):
+    """A local index on a free port, its state kept in a private working folder."""
+    home = tmp_path / "index"
+    home.mkdir()
+    started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
+    assert started.code == 0, started.err
+    yield home
+    assert run_cli("index", "stop", cwd=home).code == 0
+
+
+def test_non_normal_version_builds_and_publishes_one_spelling(tmp_path, index):
+    """Item 11 and the end of item 10: 'v0.01' is 0.1 in the /opt path, the manifest, the wheel,
+    and for publish, which looked for a 'v0.01' wheel and failed with an IndexError."""
     spec = spec_copy(tmp_path / "spec", GOOD.replace('version = "0.1"', 'version = "v0.01"'))
     root, dist = tmp_path / "opt", tmp_path / "dist"
-    ran = run_cli("build", "--spec", str(spec), "--root", str(root), "--dist", str(dist),
-                  "--build-dir", str(tmp_path / "build"))
+    dirs = ["--root", str(root), "--dist", str(dist), "--build-dir", str(tmp_path / "build")]
+    ran = run_cli("build", "--spec", str(spec), *dirs)
     assert ran.code == 0, ran.err
     [wheel] = sorted(dist.glob("*.whl"))
     assert wheel.name.startswith("model_tiny-0.1+cpu."), wheel.name
@@ -107,3 +120,47 @@ def test_non_normal_version_builds_one_spelling_everywhere(tmp_path):
     assert manifest["full_version"].startswith("0.1+cpu.")
     assert manifest["opt_path"] == str(root / "tiny" / "0.1" / "cpu")
     assert (dist / f"model_tiny-{manifest['full_version']}.report.json").is_file()
+
+    published = run_cli("publish", "--spec", str(spec), *dirs, cwd=index)
+    assert published.code == 0, published.err
+    assert "building it" not in published.err  # found the wheel just built
+    assert f"{wheel.name}: uploaded to the cpu index" in published.err
+    assert sorted(dist.glob("*.whl")) == [wheel]
+
+
+# -- item 10: huge numbers and impossible job counts ----------------------------------------------
+
+@pytest.mark.parametrize(("old", "new", "key", "says"), [
+    ("max = 4", f"max = {2**40}", "dims.batch.max", "less than or equal to 2147483647"),
+    ("max = 4", f"max = {2**70}", "dims.batch.max", "less than or equal to 2147483647"),
+    ("max = 4", "max = 20000000", "dims.batch.max", "3840000000 elements, over the 2147483648 (2**31)"),
+    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 16384, 16384]', "dims.batch.max", "at 4, input 'x'"),
+    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 65536, 65536]', "inputs[0].shape", "elements, over the"),
+    ('shape = ["batch", 3, 8, 8]', f'shape = ["batch", 3, {2**40}, 8]', "inputs[0].shape", "elements, over the"),
+])
+def test_huge_sizes_are_refused_at_spec_time(tmp_path, old, new, key, says):
+    message = spec_error(tmp_path, old, new)
+    assert f"key '{key}'" in message, message
+    assert says in message, message
+
+
+def test_huge_dim_max_through_the_cli(tmp_path):
+    """It used to compile, then die in verify with a 26-line traceback from the allocator."""
+    spec = spec_copy(tmp_path, GOOD.replace("max = 4", f"max = {2**40}"))
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'dims.batch.max'" in ran.err and "hint: " in ran.err and "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize("jobs", ["-1", "0"])
+def test_jobs_below_one_is_a_usage_error(tmp_path, jobs):
+    """-j -1 waited forever for a free slot."""
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(TINY_SPEC.parent / "external.toml"), "-j", jobs,
+                  "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"), timeout=60)
+    assert ran.code == UsageError.exit_code, ran.err
+    assert f"error: -j/--jobs {jobs}: the number of parallel builds must be 1 or more" in ran.err
+    assert "hint: " in ran.err
+    assert not (tmp_path / "build").exists() and not (tmp_path / "dist").exists()
