@@ -134,7 +134,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     root = _artifact_root(args.root)
     build_dir = Path(args.build_dir).resolve()
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
-    trace_dir = build_dir / spec_file.spec.model.name / "trace"
+    trace_dir = build_dir / spec_file.spec.model.name / spec_file.spec.model.version / "trace"
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets  # imports torch
