@@ -81,7 +81,7 @@ def build_target(
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.
     with hold_work_dir(work_dir):
-        with claim_output_dir(out_dir):
+        with claim_output_dir(out_dir, progress.say):
             weights_file = write_weights(exported, work_dir)
             with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
                 tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say)

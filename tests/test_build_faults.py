@@ -4,15 +4,18 @@ documented exit code, or in a correct result, and leaves nothing that blocks the
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from pipeline.errors import OutputDirError, SpecError, UsageError
+from pipeline.errors import BuildInterrupted, OutputDirError, SpecError, UsageError
 from pipeline.spec import load_spec
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -207,3 +210,77 @@ def test_a_work_folder_is_held_by_one_build(tmp_path):
         assert "--build-dir" in info.value.hint
     with hold_work_dir(work):  # released: the next build takes it
         pass
+
+
+# -- item 1: Ctrl-C to a parallel build ----------------------------------------------------------
+
+def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(tmp_path, dirs):
+    """SIGINT to the process group (a terminal's Ctrl-C) reached each build twice, once from the
+    terminal and once forwarded by the parent; the second cut the cleanup short, leaving an
+    unmarked output folder and its lock, and every later build of the model stopped with exit 10."""
+    specs = [spec_copy(tmp_path / v, GOOD.replace('version = "0.1"', f'version = "{v}"')) for v in ("0.2", "0.3")]
+    args = ["build", *(a for s in specs for a in ("--spec", str(s))), "-j", "2", *dirs.args()]
+    parent = start_cli(*args)
+    seen = []
+    for line in parent.stderr:
+        seen.append(line)
+        if sum(line.startswith("==> build ") for line in seen) == 2:
+            break
+    logs = [dirs.build / "logs" / f"{v}-spec.log" for v in ("0.2", "0.3")]
+    deadline = time.monotonic() + 300
+    while not all(log.is_file() and "==> compile" in log.read_text() for log in logs):
+        assert parent.poll() is None and time.monotonic() < deadline, "".join(seen)
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside AOTInductor now
+    os.killpg(parent.pid, signal.SIGINT)
+    err = "".join(seen) + parent.stderr.read()
+    assert parent.wait(timeout=120) == BuildInterrupted.exit_code, err
+    for log in logs:
+        assert "error: build stopped by SIGINT" in log.read_text(), log.read_text()
+    assert [p for p in dirs.root.rglob("*") if not p.is_dir()] == [], "no output folder, marker or lock is left"
+    assert not [p for p in dirs.root.rglob("*") if p.name.startswith(".")]
+
+    again = run_cli(*args)
+    assert again.code == 0, again.err + "".join(log.read_text() for log in logs)
+    assert len(list(dirs.dist.glob("*.whl"))) == 2
+
+
+def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypatch):
+    """The forwarded SIGINT landing while the output folder is removed: cleanup still ends."""
+    from pipeline import outdir
+
+    real_rmtree = outdir.shutil.rmtree
+
+    def interrupted_rmtree(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # Python's default handler: KeyboardInterrupt
+        return real_rmtree(*args, **kwargs)
+
+    monkeypatch.setattr(outdir.shutil, "rmtree", interrupted_rmtree)
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    with pytest.raises(KeyboardInterrupt):
+        with outdir.claim_output_dir(out, say=lambda _: None):
+            (out / "model.so").write_bytes(b"half")
+            raise KeyboardInterrupt  # the first Ctrl-C
+    assert not (tmp_path / "root").exists(), sorted(map(str, (tmp_path / "root").rglob("*")))
+
+
+def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
+    from pipeline.outdir import MARKER, claim_output_dir
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no longer running
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    installed = tmp_path / "site-packages" / "artifacts"
+    installed.mkdir(parents=True)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text(f"made by pid {gone.pid}\n")
+    (out / "half.so").write_bytes(b"x")
+    (out.parent / ".cpu.build.lock").write_text(f"{gone.pid}\n")
+    (out.parent / f".cpu.removing-{gone.pid}").mkdir()
+    (out.parent / f".cpu.displaced-{gone.pid}").symlink_to(installed)  # the wheel's link, moved aside
+    said = []
+    with claim_output_dir(out, say=said.append):
+        assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert len(said) == 1 and f"taking over {out}: a build (pid {gone.pid}) that is no longer running" in said[0]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cpu"]
+    assert out.is_symlink() and out.resolve() == installed.resolve(), "the installed wheel's link is put back"
