@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import BuildInterrupted, OutputDirError, SpecError, UsageError
+from pipeline.errors import BuildInterrupted, ModelLoadError, OutputDirError, SpecError, UsageError
 from pipeline.spec import load_spec
 
-from .conftest import REPO, TINY_SPEC, run_cli
+from .conftest import REPO, TINY_SPEC, Ran, run_cli
 
 GOOD = TINY_SPEC.read_text()
 
@@ -284,3 +284,50 @@ def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
     assert len(said) == 1 and f"taking over {out}: a build (pid {gone.pid}) that is no longer running" in said[0]
     assert sorted(p.name for p in out.parent.iterdir()) == ["cpu"]
     assert out.is_symlink() and out.resolve() == installed.resolve(), "the installed wheel's link is put back"
+
+
+# -- item 8: factory modules that cannot be imported, and factories that exit --------------------
+
+def factory_fault(tmp_path: Path, source: str, factory: str = "faulty:build") -> Ran:
+    spec = spec_copy(tmp_path / "spec", GOOD.replace('factory = "tiny_model:build"', f'factory = "{factory}"'))
+    (spec.parent / "faulty.py").write_text(source)
+    return run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                   "--build-dir", str(tmp_path / "build"))
+
+
+TINY_IMPORT = "from tiny_model import build as tiny_build\n"
+
+
+@pytest.mark.parametrize(("source", "line", "says"), [
+    ("import torch\n\ndef build(channels=8)\n    return None\n", 3, "SyntaxError: expected ':'"),
+    ("import torch\nimport no_such_package_xyz\n", 2, "ModuleNotFoundError: No module named 'no_such_package_xyz'"),
+    ("from torch import no_such_name\n", 1, "ImportError: cannot import name 'no_such_name'"),
+    ("import torch\n\nWIDTH = 8 / 0\n", 3, "ZeroDivisionError: division by zero"),
+    ("import sys\nsys.exit(0)\n", 2, "called sys.exit(0)"),
+])
+def test_factory_module_that_cannot_be_imported_names_file_and_line(tmp_path, source, line, says):
+    ran = factory_fault(tmp_path, source)
+    faulty = tmp_path / "spec" / "faulty.py"
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert f"error: {tmp_path / 'spec' / 'spec.toml'}: key 'model.factory': importing module 'faulty' failed at " \
+           f"{faulty}:{line}: {says}" in ran.err, ran.err
+    assert "hint: fix the model's code at the line given" in ran.err
+    assert "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):
+    ran = factory_fault(tmp_path, "", factory="no_such_module_xyz:build")
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert "cannot import module 'no_such_module_xyz'" in ran.err and "Traceback" not in ran.err
+
+
+@pytest.mark.parametrize("code", ["0", "3", "None"])
+def test_factory_that_exits_is_refused(tmp_path, code):
+    """sys.exit(0) from the factory ended the build with exit 0 and no wheel."""
+    ran = factory_fault(tmp_path, f"import sys\n{TINY_IMPORT}\ndef build(channels=8):\n    sys.exit({code})\n")
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert f"faulty:build(**model.kwargs) called sys.exit({code}) at {tmp_path / 'spec' / 'faulty.py'}:5 " \
+           "instead of returning a module" in ran.err, ran.err
+    assert "hint: the factory must return the nn.Module" in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
