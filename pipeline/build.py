@@ -11,12 +11,17 @@ import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from . import cache, targets, tune
 from .compile import Compiled, find_cxx
+from .errors import OutputDirError
 from .tune import Tuned
 from .doctor import run_doctor
 from .export import content_hash, export_program, prepare
@@ -55,7 +60,7 @@ def build_target(
     store: cache.Cache,
 ) -> BuildResult:
     spec = spec_file.spec
-    work_dir = build_dir / spec.model.name / target
+    work_dir = work_path(build_dir, spec.model.name, spec.model.version, target)
     out_dir = output_path(root, spec.model.name, spec.model.version, target)
     facts = targets.get(target)
     progress.timings.clear()
@@ -74,33 +79,64 @@ def build_target(
     if not all(store.has(plan.key) for plan in [p for _, p in planned] + tune.final_plans(exported, planned, out_dir)):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
-    weights_file = write_weights(exported, work_dir)
-    with claim_output_dir(out_dir):
-        with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-            tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say, progress.step)
-            compiled = tune.install(tuned, exported, out_dir, work_dir, store)
-            if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
-                progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
-            progress.say(f"    chose {tuned.chosen}")
-        with progress.stage("verify"):
-            verified = verify_model(exported, compiled, work_dir, weights_file)
-        manifest = build_manifest(exported, compiled, verified, tuned)
-        with progress.stage("package"):
-            extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])
-            wheel = package_wheel(manifest, list(compiled.artifacts), extras, work_dir)
-    report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)
-    report["doctor"] = [f.format() for f in findings]
-    report["build_cache"] = {"key": build_key, "reused": False}
-    result = move_to_dist(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"])
-    store.store(build_key, (result.wheel, result.report_path))
+    # Nothing is written to the work folder before its lock is held; the wheel in it is moved
+    # to dist/ and the cache while the lock is still held.
+    with hold_work_dir(work_dir):
+        with claim_output_dir(out_dir, progress.say):
+            weights_file = write_weights(exported, work_dir)
+            with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
+                tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say, progress.step)
+                compiled = tune.install(tuned, exported, out_dir, work_dir, store)
+                if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
+                    progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
+                progress.say(f"    chose {tuned.chosen}")
+            with progress.stage("verify"):
+                verified = verify_model(exported, compiled, work_dir, weights_file)
+            manifest = build_manifest(exported, compiled, verified, tuned)
+            with progress.stage("package"):
+                extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])
+                wheel = package_wheel(manifest, list(compiled.artifacts), extras, work_dir)
+        report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)
+        report["doctor"] = [f.format() for f in findings]
+        report["build_cache"] = {"key": build_key, "reused": False}
+        result = move_to_dist(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"])
+        store.store(build_key, (result.wheel, result.report_path))
     return result
+
+
+def work_path(build_dir: Path, name: str, version: str, target: str) -> Path:
+    """Per version: builds of several versions of one model run at once without sharing files."""
+    return build_dir / name / version / target
+
+
+@contextmanager
+def hold_work_dir(work_dir: Path) -> Iterator[Path]:
+    """Builds into other roots but the same --build-dir would share ``work_dir``: one at a time."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(work_dir.parent / f".{work_dir.name}.lock"), blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputDirError(f"another build is using the work folder {work_dir}",
+                             "wait for it to finish, or give this build its own --build-dir") from None
+    try:
+        yield work_dir
+    finally:
+        lock.release()
 
 
 def _reuse_build(store: cache.Cache, key: str, work_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
     """Nothing the wheel depends on changed since it was built and verified: copy it to dist/."""
-    restored_dir = work_dir / "from-cache"
-    shutil.rmtree(restored_dir, ignore_errors=True)
-    restored_dir.mkdir(parents=True)
+    # Per process: two builds of one unchanged spec may both take this path at once.
+    restored_dir = work_dir / f"from-cache-{os.getpid()}"
+    try:
+        restored_dir.mkdir(parents=True)
+        return _restore_to_dist(store, key, restored_dir, dist_dir, progress)
+    finally:
+        shutil.rmtree(restored_dir, ignore_errors=True)
+
+
+def _restore_to_dist(store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
     files = store.restore(key, restored_dir) or ()
     wheel_path = next(p for p in files if p.suffix == ".whl")
     report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from . import record
-from .errors import BuildInterrupted, PipelineError, UsageError
+from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
 from .spec import TARGET_NAMES, load_spec, with_overrides
@@ -132,6 +132,10 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
+                         "give -j N with N >= 1, or leave -j out to use one build per core")
     if isinstance(args.spec, list) and len(args.spec) > 1:
         return _build_many(args, progress)
     if isinstance(args.spec, list):
@@ -148,7 +152,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     root = _artifact_root(args.root)
     build_dir = Path(args.build_dir).resolve()
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
-    trace_dir = build_dir / spec_file.spec.model.name / "trace"
+    trace_dir = build_dir / spec_file.spec.model.name / spec_file.spec.model.version / "trace"
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets  # imports torch
@@ -219,6 +223,10 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
         progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
         _build(argparse.Namespace(**{**vars(args), "spec": str(spec_file.path)}), progress)
         found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
+    missing = [f"{prefix}*.whl" for t, prefix in wanted.items() if not found[t]]
+    if missing:
+        raise PackageError(f"the build finished but {dist} holds no {', '.join(missing)}",
+                           "report this as a bug, with the build's output above")
     return [wheels[-1] for wheels in found.values()]
 
 

@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import inspect
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,26 +25,56 @@ class LoadedModel:
     weights_sha256: str
 
 
+def _where(exc: BaseException) -> str:
+    """``file:line`` in the user's code where ``exc`` arose (a SyntaxError's own position first)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen ")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg}" + (f": {exc.text.strip()}" if exc.text else "")
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _import_factory(spec_file: SpecFile):
     module_name, _, attr = spec_file.spec.model.factory.partition(":")
     # Specs that live anywhere can keep their code beside them.
     spec_dir = str(spec_file.path.parent)
     if spec_dir not in sys.path:
         sys.path.insert(0, spec_dir)
+    key = f"{spec_file.path}: key 'model.factory'"
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and module_name != missing and not module_name.startswith(missing + "."):  # imported by it
+            raise _import_failed(key, module_name, exc) from exc
         raise ModelLoadError(
-            f"{spec_file.path}: key 'model.factory': cannot import module {module_name!r}: {exc}",
+            f"{key}: cannot import module {module_name!r}: {exc}",
             "make the module importable from the current directory or the spec's folder",
         ) from exc
+    except (Exception, SystemExit) as exc:  # the module's own top-level code can raise anything
+        raise _import_failed(key, module_name, exc) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModelLoadError(
-            f"{spec_file.path}: key 'model.factory': module {module_name!r} has no callable {attr!r}",
+            f"{key}: module {module_name!r} has no callable {attr!r}",
             "name a function or nn.Module class that builds the model",
         )
     return factory
+
+
+def _import_failed(key: str, module_name: str, exc: BaseException) -> ModelLoadError:
+    where = _where(exc)
+    return ModelLoadError(
+        f"{key}: importing module {module_name!r} failed{f' at {where}' if where else ''}: {_describe(exc)}",
+        "fix the model's code at the line given (python -c 'import " + module_name + "' shows the same error)",
+    )
 
 
 def _load_weights(spec_file: SpecFile, module: torch.nn.Module) -> None:
@@ -154,10 +185,18 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
         torch.manual_seed(spec.weights.seed)
     try:
         module = factory(**spec.model.kwargs)
+    except SystemExit as exc:  # would end the build with its exit code, 0 included, and no wheel
+        where = _where(exc)
+        raise ModelLoadError(
+            f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) "
+            f"{_describe(exc)}{f' at {where}' if where else ''} instead of returning a module",
+            "the factory must return the nn.Module; remove the sys.exit()/exit() call from it",
+        ) from exc
     except Exception as exc:
+        where = _where(exc)
         raise ModelLoadError(
             f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) raised "
-            f"{type(exc).__name__}: {exc}",
+            f"{_describe(exc)}{f' (at {where})' if where else ''}",
             "check model.kwargs against the factory's parameters",
         ) from exc
     if not isinstance(module, torch.nn.Module):

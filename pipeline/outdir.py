@@ -10,7 +10,11 @@ link aside, compiles and packages, then removes its folder and puts the link bac
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,68 +40,129 @@ def _make_parents(path: Path) -> list[Path]:
     return created[::-1]
 
 
-def _remove_stale(path: Path) -> None:
-    if path.is_symlink() or not path.exists():
-        return
-    if not (path / MARKER).exists():
-        raise OutputDirError(
-            f"{path} exists and was not made by a build",
-            "move it away, or build into another root with --root DIR or MODELWHEEL_ROOT",
-        )
-    shutil.rmtree(path)  # left by a build that was killed outright (SIGKILL, power loss)
-
-
-def _restore_displaced(path: Path) -> None:
-    """Put back a link that a build moved aside and never restored (killed, or stopped inside its
-    cleanup). Called with the lock held, so no build is using any of them: the one moved aside
-    last goes back when nothing is at ``path``; the others are older copies and are removed."""
-    leftovers = [p for p in path.parent.glob(f".{path.name}.displaced-*") if p.is_symlink()]
-    for leftover in sorted(leftovers, key=lambda p: p.lstat().st_ctime_ns, reverse=True):
-        if path.is_symlink() or path.exists():
-            leftover.unlink()
-        else:
-            leftover.rename(path)
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 @contextmanager
-def claim_output_dir(path: Path) -> Iterator[Path]:
-    """Yield an empty ``path`` to compile into; restore what was there before on exit."""
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT/SIGTERM arriving in the block are delivered when it ends, so it runs to the end.
+
+    A terminal's Ctrl-C reaches a parallel build's children twice (from the terminal, then
+    forwarded by the parent): the second used to cut their cleanup short.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {signum: signal.signal(signum, lambda number, _frame: pending.append(number))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        created = _make_parents(path)
-    except OSError as exc:
-        raise OutputDirError(
-            f"cannot create {path.parent}: {exc.strerror}",
-            "choose a writable artifact root with --root DIR or the MODELWHEEL_ROOT environment variable",
-        ) from exc
-    lock = FileLock(str(path.parent / f".{path.name}.build.lock"), blocking=False)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if pending:
+            signal.raise_signal(pending[0])
+
+
+def _holder(path: Path) -> str:
+    """The pid a lock or marker file records ('' when none)."""
+    try:
+        found = re.search(r"(\d+)\s*$", path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return found.group(1) if found else ""
+
+
+def _take_over_stale(path: Path, lock_file: Path, say) -> None:
+    """With the lock held, what a build that is gone left (killed outright: SIGKILL, power
+    loss) is removed, and a link it moved aside is put back, with a line saying so."""
+    left = sorted(path.parent.glob(f".{path.name}.new-*")) + sorted(path.parent.glob(f".{path.name}.removing-*"))
+    displaced = sorted(p for p in path.parent.glob(f".{path.name}.displaced-*") if p.is_symlink())
+    pid = _holder(lock_file)
+    if path.is_dir() and not path.is_symlink():
+        if not (path / MARKER).exists():
+            raise OutputDirError(
+                f"{path} exists and was not made by a build",
+                "move it away, or build into another root with --root DIR or MODELWHEEL_ROOT",
+            )
+        pid = pid or _holder(path / MARKER)
+        left.append(path)
+    if left or displaced or pid:
+        who = f"build (pid {pid})" if pid and pid != str(os.getpid()) else "build"
+        say(f"    taking over {path}: a {who} that is no longer running left it locked; removing "
+            f"{', '.join(p.name for p in left + displaced) or 'its lock'}")
+    for leftover in left:
+        shutil.rmtree(leftover)
+    for link in displaced:
+        if not path.is_symlink() and not path.exists():
+            link.rename(path)  # the installed wheel's link, moved aside by the build that is gone
+        else:
+            link.unlink()
+
+
+def _make_marked(path: Path) -> None:
+    """Made aside and renamed into place: the folder at ``path`` always holds its marker."""
+    staging = path.parent / f".{path.name}.new-{os.getpid()}"
+    staging.mkdir()
+    (staging / MARKER).write_text(f"this folder is removed when its build ends; made by pid {os.getpid()}\n")
+    staging.rename(path)
+
+
+def _remove_marked(path: Path) -> None:
+    """Renamed aside first: a build killed while removing leaves no half folder at ``path``."""
+    removing = path.parent / f".{path.name}.removing-{os.getpid()}"
+    path.rename(removing)
+    shutil.rmtree(removing, ignore_errors=True)
+
+
+@contextmanager
+def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
+    """Yield an empty ``path`` to compile into; restore what was there before on exit.
+
+    Setting up and cleaning up run with SIGINT/SIGTERM deferred, so an interrupt never leaves
+    half of either; a build killed outright is cleaned up by the next one (``_take_over_stale``).
+    """
+    lock_file = path.parent / f".{path.name}.build.lock"
+    lock = FileLock(str(lock_file), blocking=False)
     displaced = path.parent / f".{path.name}.displaced-{os.getpid()}"
+    created: list[Path] = []
     made = False
     try:
-        try:
-            lock.acquire()
-        except Timeout:
-            raise OutputDirError(f"another build is writing {path}", "wait for it to finish") from None
-        _remove_stale(path)
-        _restore_displaced(path)
-        if path.is_symlink():
-            path.rename(displaced)
-        path.mkdir()
-        made = True
-        (path / MARKER).write_text("this folder is removed when its build ends\n")
+        with _signals_deferred():
+            try:
+                created = _make_parents(path)
+            except OSError as exc:
+                raise OutputDirError(
+                    f"cannot create {path.parent}: {exc.strerror}",
+                    "choose a writable artifact root with --root DIR or the MODELWHEEL_ROOT environment variable",
+                ) from exc
+            try:
+                lock.acquire()
+            except Timeout:
+                raise OutputDirError(f"another build is writing {path}", "wait for it to finish") from None
+            _take_over_stale(path, lock_file, say)
+            lock_file.write_text(f"{os.getpid()}\n")  # emptied by a clean release (unlinked)
+            if path.is_symlink():
+                path.rename(displaced)
+            _make_marked(path)
+            made = True
         yield path
     finally:
-        if made:
-            shutil.rmtree(path, ignore_errors=True)
-        if displaced.is_symlink():
-            try:
-                displaced.rename(path)
-            except OSError:
-                pass  # the folder could not be removed: the next build removes it and puts the link back
-        if lock.is_locked:
-            Path(lock.lock_file).unlink(missing_ok=True)
-            lock.release()
-        for parent in created:
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        with _signals_deferred():
+            if made:
+                _remove_marked(path)
+            if displaced.is_symlink():
+                try:
+                    displaced.rename(path)
+                except OSError:
+                    pass  # the folder could not be removed: the next build removes it and puts the link back
+            if lock.is_locked:
+                lock_file.unlink(missing_ok=True)
+                lock.release()
+            for parent in created:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break

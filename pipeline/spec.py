@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -14,10 +15,13 @@ from .errors import SpecError
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Matched with fullmatch: `$` would also accept a trailing newline ("tiny\n").
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 # Cross-field checks run at the top level; their messages start with the key they concern.
 TOP_LEVEL_KEY = re.compile(r"^([\w.\[\]]+): (.*)$", re.S)
-FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# The description becomes the wheel's one-line Summary, written into a TOML string.
+DESCRIPTION_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
 class _Frozen(BaseModel):
@@ -45,7 +49,7 @@ class ModelSection(_Frozen):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME_RE.match(value):
+        if not NAME_RE.fullmatch(value):
             raise ValueError("must be lowercase letters, digits and '_', starting with a letter (e.g. 'unet')")
         return value
 
@@ -58,12 +62,22 @@ class ModelSection(_Frozen):
             raise ValueError(f"{value!r} is not a PEP 440 version (e.g. '1.3')") from None
         if parsed.local is not None:
             raise ValueError("must not carry a local label ('+...'): the build adds target and torch to it")
+        # One spelling for the /opt path, the manifest and the wheel ('v0.01' -> '0.1'); an
+        # already-normal version is returned unchanged, so spec hashes (cache keys) stay as they were.
+        return str(parsed)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        if found := DESCRIPTION_REFUSED.search(value):
+            raise ValueError(f"holds {found.group()!r} at position {found.start()}: the description is the wheel's "
+                             f"one-line summary, so it cannot hold a backslash, a line break or other control characters")
         return value
 
     @field_validator("factory")
     @classmethod
     def _factory(cls, value: str) -> str:
-        if not FACTORY_RE.match(value):
+        if not FACTORY_RE.fullmatch(value):
             raise ValueError("must look like 'package.module:callable' (e.g. 'models.unet.model:build_unet')")
         return value
 
@@ -84,9 +98,16 @@ class WeightsSection(_Frozen):
         return self
 
 
+# The verify stage makes every input with each dim at its max and runs eager and the compiled
+# model on it, so an input must be allocatable there; 2**31 elements is also where kernels need
+# 64-bit indexing. A dim itself stays within int32, as sizes do in most kernels.
+MAX_DIM = 2**31 - 1
+MAX_INPUT_ELEMENTS = 2**31
+
+
 class DimSpec(_Frozen):
-    min: Annotated[int, Field(ge=1)]
-    max: Annotated[int, Field(ge=1)]
+    min: Annotated[int, Field(ge=1, le=MAX_DIM)]
+    max: Annotated[int, Field(ge=1, le=MAX_DIM)]
     example: int | None = Field(None, description="size used to export; defaults to a middle value")
 
     @model_validator(mode="after")
@@ -230,10 +251,28 @@ class Spec(_Frozen):
             duplicates = sorted({n for n in names if names.count(n) > 1})
             if duplicates:
                 raise ValueError(f"{label}: names repeat: {', '.join(duplicates)}")
+        self._check_verify_sizes()
         if self.compile.autocast and self.weights.external:
             raise ValueError("compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
                              "float32 weights the .so cannot pre-cast); remove one of them")
         return self
+
+    def _check_verify_sizes(self) -> None:
+        """Each input as verify makes it: at the export sizes, then with each of its dims at its max."""
+        export_sizes = {name: dim.export_size for name, dim in self.dims.items()}
+        too_big = f"elements, over the {MAX_INPUT_ELEMENTS} (2**31) an input may hold"
+        for index, spec_input in enumerate(self.inputs):
+            shape = [export_sizes.get(s, 1) if isinstance(s, str) else s for s in spec_input.shape]
+            if math.prod(shape) > MAX_INPUT_ELEMENTS:
+                raise ValueError(f"inputs[{index}].shape: {shape} is {math.prod(shape)} {too_big}")
+            for name in dict.fromkeys(s for s in spec_input.shape if isinstance(s, str) and s in self.dims):
+                sizes = {**export_sizes, name: self.dims[name].max}
+                shape = [sizes[s] if isinstance(s, str) else s for s in spec_input.shape]
+                if math.prod(shape) > MAX_INPUT_ELEMENTS:
+                    raise ValueError(
+                        f"dims.{name}.max: at {sizes[name]}, input {spec_input.name!r} is {shape}: {math.prod(shape)} "
+                        f"{too_big}; the verify stage runs the model at each dim's max, so give a max the build "
+                        f"machine can run")
 
     @property
     def dist_name(self) -> str:

@@ -1,0 +1,333 @@
+"""Faults and bad input against builds (issue 14): each ends in one clear refusal with its
+documented exit code, or in a correct result, and leaves nothing that blocks the next build."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import BuildInterrupted, ModelLoadError, OutputDirError, SpecError, UsageError
+from pipeline.spec import load_spec
+
+from .conftest import REPO, TINY_SPEC, Ran, run_cli
+
+GOOD = TINY_SPEC.read_text()
+
+
+def spec_copy(folder: Path, text: str = GOOD, name: str = "spec.toml") -> Path:
+    """A spec beside its own copy of the tiny model's code (the factory is imported from there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TINY_SPEC.parent / "tiny_model.py", folder / "tiny_model.py")
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def spec_error(tmp_path: Path, old: str, new: str) -> str:
+    assert old in GOOD
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_copy(tmp_path, GOOD.replace(old, new, 1)))
+    return info.value.message
+
+
+def wheel_manifest(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as archive:
+        return json.loads(archive.read("model_tiny/manifest.json"))
+
+
+# -- item 11: spec checks that came late or never ------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('name = "tiny"', 'name = "tiny\\n"', "model.name"),
+        ('factory = "tiny_model:build"', 'factory = "tiny_model:build\\n"', "model.factory"),
+    ],
+)
+def test_trailing_newline_is_refused(tmp_path, old, new, key):
+    message = spec_error(tmp_path, old, new)
+    assert str(tmp_path / "spec.toml") in message
+    assert f"key '{key}'" in message
+
+
+@pytest.mark.parametrize("description", ["C:\\\\models\\\\tiny", "two\\nlines", "tab\\there", "bell\\u0007"])
+def test_description_the_wheel_cannot_carry_is_refused_at_spec_time(tmp_path, description):
+    message = spec_error(tmp_path, 'description = "Tiny test model"', f'description = "{description}"')
+    assert "key 'model.description'" in message
+    assert "one-line summary" in message
+
+
+def test_description_refusal_through_the_cli(tmp_path):
+    spec = spec_copy(tmp_path, GOOD.replace('description = "Tiny test model"', 'description = "a\\\\b"'))
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'model.description'" in ran.err and "hint: " in ran.err
+    assert "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize(("written", "normal"), [("v0.01", "0.1"), ("1.0.0", "1.0.0"), ("01.2rc1", "1.2rc1"),
+                                                 ("1.3", "1.3"), ("2.0-post1", "2.0.post1")])
+def test_version_is_normalised_once_in_the_spec_stage(tmp_path, written, normal):
+    spec = load_spec(spec_copy(tmp_path, GOOD.replace('version = "0.1"', f'version = "{written}"'))).spec
+    assert spec.model.version == normal
+
+
+def test_invalid_version_names_file_and_key(tmp_path):
+    message = spec_error(tmp_path, 'version = "0.1"', 'version = "v0.01-final-final"')
+    assert f"{tmp_path / 'spec.toml'}: invalid spec" in message
+    assert "key 'model.version'" in message and "PEP 440" in message
+
+
+def test_shipped_specs_keep_their_version_spelling():
+    """Spec hashes feed the cache keys: a version that was already normal is kept as written, so
+    the spec dumps (and hashes) exactly as before normalising."""
+    import tomllib
+
+    for path in (TINY_SPEC, REPO / "models" / "unet" / "spec.toml", TINY_SPEC.parent / "external.toml"):
+        written = tomllib.loads(path.read_text())["model"]["version"]
+        assert load_spec(path).spec.model.version == written
+
+
+@pytest.fixture
+def index(tmp_path):
+    """A local index on a free port, its state kept in a private working folder."""
+    home = tmp_path / "index"
+    home.mkdir()
+    started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
+    assert started.code == 0, started.err
+    yield home
+    assert run_cli("index", "stop", cwd=home).code == 0
+
+
+def test_non_normal_version_builds_and_publishes_one_spelling(tmp_path, index):
+    """Item 11 and the end of item 10: 'v0.01' is 0.1 in the /opt path, the manifest, the wheel,
+    and for publish, which looked for a 'v0.01' wheel and failed with an IndexError."""
+    spec = spec_copy(tmp_path / "spec", GOOD.replace('version = "0.1"', 'version = "v0.01"'))
+    root, dist = tmp_path / "opt", tmp_path / "dist"
+    dirs = ["--root", str(root), "--dist", str(dist), "--build-dir", str(tmp_path / "build")]
+    ran = run_cli("build", "--spec", str(spec), *dirs)
+    assert ran.code == 0, ran.err
+    [wheel] = sorted(dist.glob("*.whl"))
+    assert wheel.name.startswith("model_tiny-0.1+cpu."), wheel.name
+    manifest = wheel_manifest(wheel)
+    assert manifest["version"] == "0.1"
+    assert manifest["full_version"].startswith("0.1+cpu.")
+    assert manifest["opt_path"] == str(root / "tiny" / "0.1" / "cpu")
+    assert (dist / f"model_tiny-{manifest['full_version']}.report.json").is_file()
+
+    published = run_cli("publish", "--spec", str(spec), *dirs, cwd=index)
+    assert published.code == 0, published.err
+    assert "building it" not in published.err  # found the wheel just built
+    assert f"{wheel.name}: uploaded to the cpu index" in published.err
+    assert sorted(dist.glob("*.whl")) == [wheel]
+
+
+# -- item 10: huge numbers and impossible job counts ----------------------------------------------
+
+@pytest.mark.parametrize(("old", "new", "key", "says"), [
+    ("max = 4", f"max = {2**40}", "dims.batch.max", "less than or equal to 2147483647"),
+    ("max = 4", f"max = {2**70}", "dims.batch.max", "less than or equal to 2147483647"),
+    ("max = 4", "max = 20000000", "dims.batch.max", "3840000000 elements, over the 2147483648 (2**31)"),
+    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 16384, 16384]', "dims.batch.max", "at 4, input 'x'"),
+    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 65536, 65536]', "inputs[0].shape", "elements, over the"),
+    ('shape = ["batch", 3, 8, 8]', f'shape = ["batch", 3, {2**40}, 8]', "inputs[0].shape", "elements, over the"),
+])
+def test_huge_sizes_are_refused_at_spec_time(tmp_path, old, new, key, says):
+    message = spec_error(tmp_path, old, new)
+    assert f"key '{key}'" in message, message
+    assert says in message, message
+
+
+def test_huge_dim_max_through_the_cli(tmp_path):
+    """It used to compile, then die in verify with a 26-line traceback from the allocator."""
+    spec = spec_copy(tmp_path, GOOD.replace("max = 4", f"max = {2**40}"))
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'dims.batch.max'" in ran.err and "hint: " in ran.err and "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize("jobs", ["-1", "0"])
+def test_jobs_below_one_is_a_usage_error(tmp_path, jobs):
+    """-j -1 waited forever for a free slot."""
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(TINY_SPEC.parent / "external.toml"), "-j", jobs,
+                  "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"), timeout=60)
+    assert ran.code == UsageError.exit_code, ran.err
+    assert f"error: -j/--jobs {jobs}: the number of parallel builds must be 1 or more" in ran.err
+    assert "hint: " in ran.err
+    assert not (tmp_path / "build").exists() and not (tmp_path / "dist").exists()
+
+
+# -- item 2: several versions of one model built at once -----------------------------------------
+
+def start_cli(*args: str, cwd: Path = REPO) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_two_versions_built_at_once_both_succeed(dirs):
+    """They shared build/<model>/<target>/ (wheel-src, candidates, sources, the trace): one removed
+    the other's files, and a build failed with exit 9 and "report this as a bug"."""
+    versions = ("0.2", "0.3")
+    builds = [start_cli("build", "--spec", str(TINY_SPEC), "--version", v, *dirs.args()) for v in versions]
+    finished = [(child.wait(timeout=600), child.stderr.read()) for child in builds]
+    for version, (code, err) in zip(versions, finished):
+        assert code == 0, f"--version {version}:\n{err}"
+    sources = set()
+    for version in versions:
+        [wheel] = sorted(dirs.dist.glob(f"model_tiny-{version}+cpu.*.whl"))
+        assert wheel_manifest(wheel)["opt_path"] == str(dirs.root / "tiny" / version / "cpu")
+        report = json.loads(next(dirs.dist.glob(f"model_tiny-{version}+cpu.*.report.json")).read_text())
+        sources.add(report["sources_dir"])
+        assert report["sources_dir"].startswith(str(dirs.build / "tiny" / version / "cpu")), report["sources_dir"]
+        assert report["trace_dir"] == str(dirs.build / "tiny" / version / "trace")
+    assert len(sources) == 2
+    assert [p for p in dirs.root.rglob("*") if not p.is_dir()] == [], "no folder or lock is left under the root"
+
+
+def test_a_work_folder_is_held_by_one_build(tmp_path):
+    """Two builds of one model, version and target into other roots but one --build-dir."""
+    from pipeline.build import hold_work_dir, work_path
+
+    work = work_path(tmp_path / "build", "tiny", "0.2", "cpu")
+    with hold_work_dir(work):
+        with pytest.raises(OutputDirError, match="another build is using the work folder") as info:
+            with hold_work_dir(work):
+                pass
+        assert "--build-dir" in info.value.hint
+    with hold_work_dir(work):  # released: the next build takes it
+        pass
+
+
+# -- item 1: Ctrl-C to a parallel build ----------------------------------------------------------
+
+def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(tmp_path, dirs):
+    """SIGINT to the process group (a terminal's Ctrl-C) reached each build twice, once from the
+    terminal and once forwarded by the parent; the second cut the cleanup short, leaving an
+    unmarked output folder and its lock, and every later build of the model stopped with exit 10."""
+    specs = [spec_copy(tmp_path / v, GOOD.replace('version = "0.1"', f'version = "{v}"')) for v in ("0.2", "0.3")]
+    args = ["build", *(a for s in specs for a in ("--spec", str(s))), "-j", "2", *dirs.args()]
+    parent = start_cli(*args)
+    seen = []
+    for line in parent.stderr:
+        seen.append(line)
+        if sum(line.startswith("==> build ") for line in seen) == 2:
+            break
+    logs = [dirs.build / "logs" / f"{v}-spec.log" for v in ("0.2", "0.3")]
+    deadline = time.monotonic() + 300
+    while not all(log.is_file() and "==> compile" in log.read_text() for log in logs):
+        assert parent.poll() is None and time.monotonic() < deadline, "".join(seen)
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside AOTInductor now
+    os.killpg(parent.pid, signal.SIGINT)
+    err = "".join(seen) + parent.stderr.read()
+    assert parent.wait(timeout=120) == BuildInterrupted.exit_code, err
+    for log in logs:
+        assert "error: build stopped by SIGINT" in log.read_text(), log.read_text()
+    assert [p for p in dirs.root.rglob("*") if not p.is_dir()] == [], "no output folder, marker or lock is left"
+    assert not [p for p in dirs.root.rglob("*") if p.name.startswith(".")]
+
+    again = run_cli(*args)
+    assert again.code == 0, again.err + "".join(log.read_text() for log in logs)
+    assert len(list(dirs.dist.glob("*.whl"))) == 2
+
+
+def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypatch):
+    """The forwarded SIGINT landing while the output folder is removed: cleanup still ends."""
+    from pipeline import outdir
+
+    real_rmtree = outdir.shutil.rmtree
+
+    def interrupted_rmtree(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # Python's default handler: KeyboardInterrupt
+        return real_rmtree(*args, **kwargs)
+
+    monkeypatch.setattr(outdir.shutil, "rmtree", interrupted_rmtree)
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    with pytest.raises(KeyboardInterrupt):
+        with outdir.claim_output_dir(out, say=lambda _: None):
+            (out / "model.so").write_bytes(b"half")
+            raise KeyboardInterrupt  # the first Ctrl-C
+    assert not (tmp_path / "root").exists(), sorted(map(str, (tmp_path / "root").rglob("*")))
+
+
+def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
+    from pipeline.outdir import MARKER, claim_output_dir
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no longer running
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    installed = tmp_path / "site-packages" / "artifacts"
+    installed.mkdir(parents=True)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text(f"made by pid {gone.pid}\n")
+    (out / "half.so").write_bytes(b"x")
+    (out.parent / ".cpu.build.lock").write_text(f"{gone.pid}\n")
+    (out.parent / f".cpu.removing-{gone.pid}").mkdir()
+    (out.parent / f".cpu.displaced-{gone.pid}").symlink_to(installed)  # the wheel's link, moved aside
+    said = []
+    with claim_output_dir(out, say=said.append):
+        assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert len(said) == 1 and f"taking over {out}: a build (pid {gone.pid}) that is no longer running" in said[0]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cpu"]
+    assert out.is_symlink() and out.resolve() == installed.resolve(), "the installed wheel's link is put back"
+
+
+# -- item 8: factory modules that cannot be imported, and factories that exit --------------------
+
+def factory_fault(tmp_path: Path, source: str, factory: str = "faulty:build") -> Ran:
+    spec = spec_copy(tmp_path / "spec", GOOD.replace('factory = "tiny_model:build"', f'factory = "{factory}"'))
+    (spec.parent / "faulty.py").write_text(source)
+    return run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                   "--build-dir", str(tmp_path / "build"))
+
+
+TINY_IMPORT = "from tiny_model import build as tiny_build\n"
+
+
+@pytest.mark.parametrize(("source", "line", "says"), [
+    ("import torch\n\ndef build(channels=8)\n    return None\n", 3, "SyntaxError: expected ':'"),
+    ("import torch\nimport no_such_package_xyz\n", 2, "ModuleNotFoundError: No module named 'no_such_package_xyz'"),
+    ("from torch import no_such_name\n", 1, "ImportError: cannot import name 'no_such_name'"),
+    ("import torch\n\nWIDTH = 8 / 0\n", 3, "ZeroDivisionError: division by zero"),
+    ("import sys\nsys.exit(0)\n", 2, "called sys.exit(0)"),
+])
+def test_factory_module_that_cannot_be_imported_names_file_and_line(tmp_path, source, line, says):
+    ran = factory_fault(tmp_path, source)
+    faulty = tmp_path / "spec" / "faulty.py"
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert f"error: {tmp_path / 'spec' / 'spec.toml'}: key 'model.factory': importing module 'faulty' failed at " \
+           f"{faulty}:{line}: {says}" in ran.err, ran.err
+    assert "hint: fix the model's code at the line given" in ran.err
+    assert "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):
+    ran = factory_fault(tmp_path, "", factory="no_such_module_xyz:build")
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert "cannot import module 'no_such_module_xyz'" in ran.err and "Traceback" not in ran.err
+
+
+@pytest.mark.parametrize("code", ["0", "3", "None"])
+def test_factory_that_exits_is_refused(tmp_path, code):
+    """sys.exit(0) from the factory ended the build with exit 0 and no wheel."""
+    ran = factory_fault(tmp_path, f"import sys\n{TINY_IMPORT}\ndef build(channels=8):\n    sys.exit({code})\n")
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert f"faulty:build(**model.kwargs) called sys.exit({code}) at {tmp_path / 'spec' / 'faulty.py'}:5 " \
+           "instead of returning a module" in ran.err, ran.err
+    assert "hint: the factory must return the nn.Module" in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
