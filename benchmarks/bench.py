@@ -34,7 +34,11 @@ VARIANTS = ["eager", "compile", "pt2", "onnx", "wheel", "wheel-numpy"]
 LABELS = {"eager": "eager PyTorch", "compile": "torch.compile", "pt2": ".pt2 (aoti_load_package)",
           "onnx": "ONNX Runtime", "wheel": "this wheel, load()", "wheel-numpy": "this wheel, load_numpy()"}
 WHEEL_VARIANTS = {"wheel": "load()", "wheel-numpy": "load_numpy()"}
-COLD_REPEATS = 3
+COLD_REPEATS = 5
+ROUNDS = 3
+# `import torch` alone, timed as the variants' fresh processes are (in the wheel's virtualenv)
+COLD_VARIANTS = VARIANTS + ["import-torch"]
+COLD_LABELS = {**LABELS, "import-torch": "`import torch` alone"}
 
 
 def say(text: str) -> None:
@@ -146,33 +150,58 @@ def make_onnx(exported, out: Path) -> Path:
 
 
 def variant_cmd(variant: str, spec: Path, artifacts: dict, venv_python: Path) -> list:
-    python = venv_python if variant in WHEEL_VARIANTS else sys.executable
+    python = venv_python if variant in WHEEL_VARIANTS or variant == "import-torch" else sys.executable
     cmd = [python, REPO / "benchmarks" / "variants.py", variant, "--spec", spec]
     return cmd + (["--artifact", artifacts[variant]] if variant in artifacts else [])
 
 
-def measure(spec: Path, batches: list[int], artifacts: dict, venv_python: Path) -> tuple[dict, dict]:
-    latency: dict = {v: {} for v in VARIANTS}
-    cold: dict = {}
-    for variant in VARIANTS:
-        for batch in batches:
-            say(f"==> latency: {LABELS[variant]}, batch {batch}")
-            latency[variant][batch] = run_json(variant_cmd(variant, spec, artifacts, venv_python) + ["--mode", "latency", "--batch", batch])
-    for variant in VARIANTS:
-        say(f"==> fresh process to first result: {LABELS[variant]}")
-        runs = [run_json(variant_cmd(variant, spec, artifacts, venv_python) + ["--mode", "cold", "--batch", 1, "--start", time.time()])
-                ["first_result_s"] for _ in range(COLD_REPEATS)]
-        cold[variant] = statistics.median(runs)
-    return latency, cold
+def measure(spec: Path, batches: list[int], artifacts: dict, venv_python: Path, rounds: int = ROUNDS) -> tuple[dict, dict]:
+    """Every variant and batch size once per round, each in a fresh process, the order rotated
+    from round to round: a noisy neighbour or a warming machine shows as spread, not as one
+    variant's figure. Fresh-process starts are interleaved the same way, `import torch` alone
+    among them. Returns the latencies and {"median": ..., "spread": ...} of the starts."""
+    per_round: dict = {v: {b: [] for b in batches} for v in VARIANTS}
+    for index in range(rounds):
+        for variant in rotated(VARIANTS, index):
+            for batch in batches:
+                say(f"==> latency, round {index + 1}/{rounds}: {LABELS[variant]}, batch {batch}")
+                cmd = variant_cmd(variant, spec, artifacts, venv_python) + ["--mode", "latency", "--batch", batch]
+                per_round[variant][batch].append(run_json(cmd))
+    latency = {v: {b: summarize(runs) for b, runs in by_batch.items()} for v, by_batch in per_round.items()}
+    starts: dict = {v: [] for v in COLD_VARIANTS}
+    for index in range(COLD_REPEATS):
+        for variant in rotated(COLD_VARIANTS, index):
+            say(f"==> fresh process to first result, {index + 1}/{COLD_REPEATS}: {COLD_LABELS[variant]}")
+            starts[variant].append(cold_start_s(variant_cmd(variant, spec, artifacts, venv_python)))
+    return latency, {"median": {v: statistics.median(runs) for v, runs in starts.items()},
+                     "spread": {v: [min(runs), max(runs)] for v, runs in starts.items()}}
+
+
+def cold_start_s(variant_cmd: list) -> float:
+    """From the parent's spawn to the child's own clock after its first result (or, for
+    `import-torch`, after the import): the child's exit is not counted, for any variant."""
+    return run_json(variant_cmd + ["--mode", "cold", "--batch", 1, "--start", time.time()])["first_result_s"]
+
+
+def rotated(items: list[str], by: int) -> list[str]:
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def summarize(runs: list[dict]) -> dict:
+    """One figure per variant and batch from its rounds: the median of the per-process medians,
+    their range as the spread; the first call is the first round's (torch.compile's then ran on
+    an empty Inductor cache)."""
+    medians = [r["median_ms"] for r in runs]
+    return {"median_ms": statistics.median(medians), "p90_ms": statistics.median(r["p90_ms"] for r in runs),
+            "spread_ms": [min(medians), max(medians)], "rounds": len(runs), "runs": sum(r["runs"] for r in runs),
+            "first_call_s": runs[0]["first_call_s"]}
 
 
 def import_torch_s(venv_python: Path) -> float:
-    runs = []
-    for _ in range(COLD_REPEATS):
-        start = time.time()
-        subprocess.run([venv_python, "-c", "import torch"], check=True, capture_output=True)
-        runs.append(time.time() - start)
-    return statistics.median(runs)
+    """`import torch` alone in a fresh process, timed as cold_start_s() times the variants."""
+    return statistics.median(cold_start_s([venv_python, REPO / "benchmarks" / "variants.py", "import-torch"])
+                             for _ in range(COLD_REPEATS))
 
 
 def targets(results: dict) -> list[dict]:
@@ -189,6 +218,9 @@ def targets(results: dict) -> list[dict]:
             (f"cold start, {loader}, >= 2x faster than the .pt2 loader", cold[variant] / cold["pt2"], 0.5),
             (f"cold start, {loader}, >= 10x faster than torch.compile (warm cache)", cold[variant] / cold["compile"], 0.1),
         ]
+    for batch in results["batches"]:
+        numpy_ms, torch_ms = (lat[v][str(batch)]["median_ms"] for v in ("wheel-numpy", "wheel"))
+        checks.append((f"load_numpy() within 1.05x of load() (batch {batch})", numpy_ms / torch_ms, 1.05))
     checks.append(("unchanged rebuild <= 5 s", results["build"]["cached_s"] / 5.0, 1.0))
     return judged(checks)
 
@@ -199,14 +231,19 @@ def judged(checks: list[tuple[str, float, float]]) -> list[dict]:
 
 
 def latency_table(results: dict, variants: list[str], labels: dict[str, str], digits: int = 1) -> list[str]:
-    """Median / p90 per batch size and the fresh-process time, one row per variant."""
-    batches = results["batches"]
+    """Median / p90 per batch size and the fresh-process time, one row per variant; where the run
+    measured in rounds, [the range of the rounds' medians] after each figure."""
+    batches, spreads = results["batches"], results.get("cold_start_spread_s", {})
     lines = ["| | " + " | ".join(f"batch {b} median / p90 (ms)" for b in batches) + " | fresh process to first result (s) |",
              "|---|" + "---|" * (len(batches) + 1)]
     for variant in variants:
         runs = results["latency_ms"][variant]
-        cells = [f"{runs[str(b)]['median_ms']:.{digits}f} / {runs[str(b)]['p90_ms']:.{digits}f}" for b in batches]
-        lines.append(f"| {labels[variant]} | " + " | ".join(cells) + f" | {results['cold_start_s'][variant]:.2f} |")
+        cells = [f"{runs[str(b)]['median_ms']:.{digits}f} / {runs[str(b)]['p90_ms']:.{digits}f}"
+                 + (" [{:.{d}f}–{:.{d}f}]".format(*runs[str(b)]["spread_ms"], d=digits) if "spread_ms" in runs[str(b)] else "")
+                 for b in batches]
+        start = f"{results['cold_start_s'][variant]:.2f}"
+        start += " [{:.2f}–{:.2f}]".format(*spreads[variant]) if variant in spreads else ""
+        lines.append(f"| {labels[variant]} | " + " | ".join(cells) + f" | {start} |")
     return lines
 
 
@@ -220,7 +257,14 @@ def markdown(results: dict) -> str:
              f"torch {results['torch']}, {results['cores']} cores; wheel compile options: {results['chosen']}", "",
              *latency_table(results, VARIANTS, LABELS)]
     build = results["build"]
-    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor cache): "
+    rounds = results["latency_ms"]["wheel"][str(results["batches"][0])].get("rounds", 1)
+    lines += ["", f"Each latency is the median of {rounds} fresh processes (rounds in rotated order), each the median of "
+              f"at least 10 calls and 2 s after 3 warm-ups; [the range of those {rounds} medians]. Fresh-process starts: "
+              f"median [range] of {COLD_REPEATS}, interleaved with `import torch` alone, each timed from spawn to the "
+              "child's clock after its first result (after the import), not counting its exit."]
+    import_spread = results.get("cold_start_spread_s", {}).get("import-torch")
+    spread = " [{:.2f}–{:.2f}]".format(*import_spread) if import_spread else ""
+    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s{spread}. torch.compile first call (empty Inductor cache): "
               f"{results['latency_ms']['compile']['1']['first_call_s']:.1f} s.",
               f"Build (compile-option search, {results['candidates']} candidates): cold (no pipeline cache, empty Inductor "
               f"cache) {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s.", "",
@@ -331,7 +375,8 @@ def main() -> None:
         "torch": torch.__version__, "cores": torch.get_num_threads(), "chosen": manifest["compile_search"]["chosen"],
         "candidates": len(manifest["compile_search"]["candidates"]),
         "batches": batches, "latency_ms": {v: {str(b): r for b, r in d.items()} for v, d in latency.items()},
-        "cold_start_s": cold, "import_torch_s": import_torch_s(venv_python), "build": build,
+        "cold_start_s": {v: cold["median"][v] for v in VARIANTS}, "cold_start_spread_s": cold["spread"],
+        "import_torch_s": cold["median"]["import-torch"], "build": build,
         "search": json.loads(next((out / "dist").glob("*.report.json")).read_text())["compile_search"],
     }
     results["targets"] = targets(results)

@@ -5,12 +5,13 @@
 
     python variants.py so --spec SPEC --mode kernels --batch N --artifact MODEL.so
 
-VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-numpy (compile-ro is
+VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-numpy | import-torch (compile-ro is
 torch.compile's ``reduce-overhead`` mode, CUDA graphs on a GPU). ``--device cuda`` runs the torch
 variants on the current GPU, synchronizing around every timed call. `wheel` and `wheel-numpy` run in
 the virtualenv the wheel is installed in (their --artifact is the import name): `wheel` uses
 load() and torch tensors, `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
-`onnx` in cold mode imports only onnxruntime and numpy. `so` with `--mode kernels` profiles a
+`onnx` in cold mode imports only onnxruntime and numpy; `import-torch` (cold mode only) imports
+torch and nothing else. `so` with `--mode kernels` profiles a
 .so compiled with cpp.enable_kernel_profile. Prints one JSON object.
 """
 
@@ -75,6 +76,10 @@ def numpy_inputs(inputs: list[dict], sizes: dict[str, int]) -> list:
 
 def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str | None):
     """A callable taking no arguments that runs the variant once at this batch size."""
+    if variant == "import-torch":  # the floor every torch-importing variant's fresh start stands on
+        import torch  # noqa: F401
+
+        return lambda: None
     if variant == "wheel-numpy":
         import importlib
 
@@ -86,9 +91,13 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
     if variant == "wheel":
         import importlib
 
+        import torch
+
         package = importlib.import_module(artifact)
-        sizes = {name: batch for name in package.manifest()["dims"]} if batch else {}
-        model, args = package.load(), package.example_inputs(**sizes)
+        m = package.manifest()
+        # the very arrays wheel-numpy gets, as tensors sharing their memory: the A/B differs only in the loader
+        arrays = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
+        model, args = package.load(), [torch.from_numpy(a) for a in arrays]
         return lambda: model(*args)
     if variant == "onnx":
         import numpy as np
@@ -226,7 +235,8 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-numpy", "so"])
+    parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-numpy", "so",
+                                                 "import-torch"])
     parser.add_argument("--spec", default="")
     parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy"], required=True)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the current GPU")

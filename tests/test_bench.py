@@ -1,0 +1,51 @@
+"""The bench's own arithmetic: rounds summarised with their spread, fresh starts and the
+load_numpy()/load() target (the bench itself runs in `make bench`, not in the tests)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+bench = pytest.importorskip("bench")
+
+
+def test_rounds_rotate_so_no_variant_always_runs_first():
+    orders = [bench.rotated(["a", "b", "c"], i) for i in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert {order[0] for order in orders} == {"a", "b", "c"}
+
+
+def test_a_noisy_round_shows_as_spread_not_as_the_figure():
+    runs = [{"median_ms": 40.0, "p90_ms": 41.0, "runs": 50, "first_call_s": 9.0},
+            {"median_ms": 400.0, "p90_ms": 900.0, "runs": 10, "first_call_s": 0.1},
+            {"median_ms": 42.0, "p90_ms": 44.0, "runs": 48, "first_call_s": 0.1}]
+    summary = bench.summarize(runs)
+    assert summary["median_ms"] == 42.0 and summary["spread_ms"] == [40.0, 400.0]
+    assert summary["first_call_s"] == 9.0  # the first round's: torch.compile's cold first call
+    assert summary["rounds"] == 3 and summary["runs"] == 108
+
+
+def _results(numpy_ms: float) -> dict:
+    latency = {v: {b: {"median_ms": 10.0, "p90_ms": 11.0, "spread_ms": [9.5, 12.0], "rounds": 3, "runs": 30,
+                       "first_call_s": 1.0} for b in ("1", "8")} for v in bench.VARIANTS}
+    latency["wheel-numpy"]["8"]["median_ms"] = numpy_ms
+    starts = {v: 1.0 for v in bench.VARIANTS}
+    return {"batches": [1, 8], "latency_ms": latency, "cold_start_s": starts, "import_torch_s": 0.9,
+            "cold_start_spread_s": {**{v: [0.9, 1.2] for v in bench.VARIANTS}, "import-torch": [0.8, 1.0]},
+            "build": {"cold_s": 100.0, "cached_s": 2.0}}
+
+
+def test_load_numpy_is_held_to_load_at_every_batch_size():
+    checks = {t["target"]: t for t in bench.targets(_results(numpy_ms=11.0))}
+    assert checks["load_numpy() within 1.05x of load() (batch 1)"]["met"]
+    slow = checks["load_numpy() within 1.05x of load() (batch 8)"]
+    assert slow["ratio"] == 1.1 and not slow["met"]
+
+
+def test_the_table_carries_each_figures_spread():
+    lines = bench.latency_table(_results(numpy_ms=10.0), bench.VARIANTS, bench.LABELS)
+    wheel_row = next(line for line in lines if line.startswith("| this wheel, load() |"))
+    assert wheel_row == "| this wheel, load() | 10.0 / 11.0 [9.5–12.0] | 10.0 / 11.0 [9.5–12.0] | 1.00 [0.90–1.20] |"
