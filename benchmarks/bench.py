@@ -24,6 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import sampling  # noqa: E402
 from pipeline import precision  # noqa: E402
 from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs  # noqa: E402
 from pipeline.loader import load_model  # noqa: E402
@@ -293,6 +294,11 @@ def limits(results: dict) -> list[str]:
         gflop = prof["group_gflop"].get(group)
         rate = f"{gflop:.2f} | {gflop / ms * 1000:.0f} | {gflop / ms * 1000 / peak:.0%}" if gflop else " | | "
         lines.append(f"| {group} | {ms:.2f} | {ms / total:.0%} | {rate} |")
+    if results.get("sampling"):
+        lines += ["", f"The installed wheel itself, sampled with `perf` while it ran batch 1 through `load()` ({wheel1:.1f} ms a "
+                  "call in this run's latency table; start-up not sampled), by where the samples fell:", "",
+                  "| where | share of samples |", "|---|---|"]
+        lines += [f"| {group} | {share:.0%} |" for group, share in results["sampling"]["groups"].items()]
     lines += ["", "Heaviest kernels:", "", "| kernel | ms per call | calls |", "|---|---|---|"]
     lines += [f"| `{k['kernel']}` | {k['ms_per_call']:.2f} | {k['calls']} |" for k in prof["kernels"]]
     fixed = results.get("static_vs_dynamic")
@@ -387,6 +393,10 @@ def main() -> None:
                               out / "profile" / "model.so")
         results["profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec,
                                        "--mode", "kernels", "--batch", 1, "--artifact", profiled])
+        if sampling.available():
+            say("==> sampling the wheel's process with perf (batch 1, start-up not sampled)")
+            cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]
+            results["sampling"] = sampling.profile(cmd, out, skip_s=results["cold_start_s"]["wheel"] + 1.0)
         results["bf16"] = bf16_comparison(exported, spec, manifest, out)
         if spec_file.spec.dims:
             say("==> compiling with every dim fixed at its minimum, for comparison (benchmarks/static_vs_dynamic.py)")

@@ -135,7 +135,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
     return call
 
 
-def latency(call) -> dict:
+def latency(call, min_seconds: float = MIN_SECONDS) -> dict:
     synchronize()
     first_started = time.perf_counter()
     call()
@@ -145,7 +145,7 @@ def latency(call) -> dict:
         call()
     synchronize()
     times, started = [], time.perf_counter()
-    while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
+    while len(times) < MIN_RUNS or time.perf_counter() - started < min_seconds:
         t0 = time.perf_counter()
         call()
         synchronize()
@@ -243,6 +243,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--artifact", default=None)
     parser.add_argument("--start", type=float, default=None, help="time.time() when the parent started this process")
+    parser.add_argument("--min-seconds", type=float, default=MIN_SECONDS, help="latency mode: time calls for at least this long")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -258,7 +259,7 @@ def main() -> None:
     if args.mode == "kernels":
         print(json.dumps(kernel_profile(args.artifact, args.spec, args.batch)))
         return
-    print(json.dumps(latency(make_runner(args.variant, args.spec, args.batch, args.artifact))))
+    print(json.dumps(latency(make_runner(args.variant, args.spec, args.batch, args.artifact), args.min_seconds)))
 
 
 if __name__ == "__main__":

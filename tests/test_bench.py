@@ -49,3 +49,24 @@ def test_the_table_carries_each_figures_spread():
     lines = bench.latency_table(_results(numpy_ms=10.0), bench.VARIANTS, bench.LABELS)
     wheel_row = next(line for line in lines if line.startswith("| this wheel, load() |"))
     assert wheel_row == "| this wheel, load() | 10.0 / 11.0 [9.5–12.0] | 10.0 / 11.0 [9.5–12.0] | 1.00 [0.90–1.20] |"
+
+
+def test_perf_report_lines_are_summed_per_group():
+    import sampling
+
+    report = "    76.54%  libgomp.so.1   \n     5.90%  [JIT] tid 8820\n     3.45%  libtorch_cpu.so\n" \
+             "     0.62%  model.so\n     0.30%  libcrypto.so.3\n     0.20%  libc10.so\n# comment\n"
+    groups = sampling.grouped(report)["groups"]
+    assert list(groups)[0] == "OpenMP runtime: barriers and waiting (libgomp)"
+    assert groups["the model's generated kernels (model.so)"] == pytest.approx(0.0062)
+    assert groups["other libraries"] == pytest.approx(0.005)
+
+
+def test_a_real_sampling_profile_sees_where_a_process_spends_its_time(tmp_path):
+    import sampling
+
+    if not sampling.available():
+        pytest.skip("perf is not installed")
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 1.5:\n    sum(range(1000))\n"
+    groups = sampling.profile([sys.executable, "-c", spin], tmp_path, skip_s=0.3)["groups"]
+    assert list(groups)[0] == "Python interpreter", groups
