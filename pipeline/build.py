@@ -21,17 +21,18 @@ from filelock import FileLock, Timeout
 
 from . import cache, targets, tune
 from .compile import Compiled, find_cxx
-from .errors import OutputDirError
+from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .tune import Tuned
 from .doctor import run_doctor
 from .export import content_hash, export_program, prepare
 from .loader import load_model
 from .manifest import build_manifest
-from .outdir import claim_output_dir, output_path
+from .outdir import claim_output_dir, output_path, signals_deferred
 from .package import Wheel, package_wheel
-from .progress import Progress
+from .progress import Progress, check_stop, stop_requested
 from .spec import SpecFile
 from .verify import Verified, verify_model, write_weights
+from .writable import NO_ROOM, NOT_ALLOWED, made_folders, remove_if_empty, sweep_partials, write_error
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,38 @@ def build(
     """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
     names = target_names or list(spec_file.spec.build.targets)
     targets.require_available(names)
-    return [
-        build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir, progress=progress,
-                     store=cache.Cache(build_dir / "cache", reuse=use_cache))
-        for target in names
-    ]
+    results: list[BuildResult] = []
+    try:
+        for target in names:
+            results.append(build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir,
+                                        progress=progress, store=cache.Cache(build_dir / "cache", reuse=use_cache)))
+    except KeyboardInterrupt:
+        raise interrupted(spec_file, build_dir, root, dist_dir, results) from None
+    except (PipelineError, OSError) as exc:
+        if stop_requested:  # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
+            raise interrupted(spec_file, build_dir, root, dist_dir, results) from None
+        if isinstance(exc, OSError) and (exc.filename or exc.errno in NO_ROOM + NOT_ALLOWED):
+            raise write_error(exc) from exc
+        raise
+    return results
+
+
+def interrupted(spec_file: SpecFile, build_dir: Path, root: Path, dist_dir: Path,
+                finished: list[BuildResult]) -> BuildInterrupted:
+    """What the stopped build left, exactly: the work files it keeps, and any wheel it finished
+    before the stop. The root, dist/ and the build cache hold nothing of the unfinished target."""
+    model = spec_file.spec.model
+    work = build_dir / model.name / model.version
+    name = stop_requested[0] if stop_requested else "SIGINT"
+    kept = (f"its work files in {work}/ (trace, generated sources so far, the work folder's lock) are kept for "
+            f"inspection; the next build of {model.name} {model.version} replaces them" if work.exists()
+            else "it wrote no work files")
+    done = "".join(f"; finished before the stop: {result.wheel}" for result in finished)
+    return BuildInterrupted(
+        f"build stopped by {name}: nothing of it is left under {root} or in {dist_dir}, and nothing was stored in "
+        f"the build cache; {kept}{done}",
+        "run the build again",
+    )
 
 
 def build_target(
@@ -99,9 +127,7 @@ def build_target(
         report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)
         report["doctor"] = [f.format() for f in findings]
         report["build_cache"] = {"key": build_key, "reused": False}
-        result = move_to_dist(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"])
-        store.store(build_key, (result.wheel, result.report_path))
-    return result
+        return commit(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"], (store, build_key))
 
 
 def work_path(build_dir: Path, name: str, version: str, target: str) -> Path:
@@ -145,7 +171,7 @@ def _restore_to_dist(store: cache.Cache, key: str, restored_dir: Path, dist_dir:
     report["build_cache"] = {"key": key, "reused": True}
     wheel = Wheel(path=wheel_path, sha256=report["wheel"]["sha256"], size=report["wheel"]["size"],
                   platform_tag=report["wheel"]["platform_tag"])
-    return move_to_dist(wheel, report, dist_dir, report["import_name"], report["version"])
+    return commit(wheel, report, dist_dir, report["import_name"], report["version"])
 
 
 def make_report(
@@ -174,22 +200,41 @@ def make_report(
     }
 
 
-def _place(dist_dir: Path, name: str, write) -> Path:
-    """Write into a hidden temp file in dist/, then rename: dist/ never holds a partial file."""
-    final = dist_dir / name
-    staged = dist_dir / f".{name}.partial-{os.getpid()}"
+def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: str, full_version: str,
+           cache_entry: tuple[cache.Cache, str] | None = None) -> BuildResult:
+    """The wheel and its report into dist/, and the build into the cache: all or nothing.
+
+    Everything is written aside first (hidden files in dist/, a staged cache entry), so a full
+    disk or an interrupt while writing leaves nothing; then the renames run together with
+    SIGINT/SIGTERM held. The report goes in before the wheel: a wheel in dist/ has its report.
+    """
+    report_file = wheel.path.parent / f"{import_name}-{full_version}.report.json"
     try:
-        write(staged)
-        os.replace(staged, final)
+        report_file.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:  # a failed write() names no file
+        exc.filename = exc.filename or str(report_file)
+        raise
+    finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
+    hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
+    made, staged_entry = [], None
+    try:
+        made = made_folders(dist_dir)
+        sweep_partials(dist_dir)
+        for source, aside in zip((report_file, wheel.path), hidden):
+            shutil.copyfile(source, aside)
+        if cache_entry:
+            staged_entry = cache_entry[0].stage(cache_entry[1], (wheel.path, report_file))
+        check_stop()
+        with signals_deferred(redeliver=False):
+            for aside, final in zip(hidden, finals):
+                os.replace(aside, final)
+            if staged_entry:
+                cache_entry[0].commit(cache_entry[1], staged_entry)
+            made = []
     finally:
-        staged.unlink(missing_ok=True)
-    return final
-
-
-def move_to_dist(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: str, full_version: str) -> BuildResult:
-    """The report goes into dist/ first and the wheel last, so a wheel in dist/ always has its report."""
-    dist_dir.mkdir(parents=True, exist_ok=True)
-    report_text = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    report_path = _place(dist_dir, f"{import_name}-{full_version}.report.json", lambda p: p.write_text(report_text))
-    final = _place(dist_dir, wheel.path.name, lambda p: shutil.copyfile(wheel.path, p))
-    return BuildResult(wheel=final, report_path=report_path, report=report)
+        for aside in hidden:
+            aside.unlink(missing_ok=True)
+        if staged_entry:
+            shutil.rmtree(staged_entry, ignore_errors=True)
+        remove_if_empty(made)
+    return BuildResult(wheel=finals[1], report_path=finals[0], report=report)

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import torch
 
+from .outdir import signals_deferred
+from .progress import check_stop
+from .writable import sweep_partials
+
 CACHE_VERSION = "1"
 
 
@@ -81,15 +85,40 @@ class Cache:
         return {}
 
     def store(self, key: str, files: tuple[Path, ...]) -> None:
-        """Save files under key; written aside and renamed, so an entry is whole or absent."""
-        entry = self.directory / key
-        if entry.exists() and self.reuse:
+        """Save files under key: written aside and renamed, so an entry is whole or absent, and a
+        build asked to stop (Ctrl-C, SIGTERM) stores nothing."""
+        staged = self.stage(key, files)
+        if staged is None:
             return
+        try:
+            check_stop()
+            with signals_deferred(redeliver=False):
+                self.commit(key, staged)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def stage(self, key: str, files: tuple[Path, ...]) -> Path | None:
+        """The entry written aside (None when it is stored already and reused); removed again when
+        writing it fails (a full disk) or is interrupted, so no half entry stays behind."""
+        if (self.directory / key).exists() and self.reuse:
+            return None
+        check_stop()
+        if self.directory.is_dir():
+            sweep_partials(self.directory)
         staged = self.directory / f".{key}.partial-{os.getpid()}"
-        shutil.rmtree(staged, ignore_errors=True)
-        staged.mkdir(parents=True)
-        for path in files:
-            shutil.copyfile(path, staged / path.name)
+        try:
+            shutil.rmtree(staged, ignore_errors=True)
+            staged.mkdir(parents=True)
+            for path in files:
+                shutil.copyfile(path, staged / path.name)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        return staged
+
+    def commit(self, key: str, staged: Path) -> None:
+        """A staged entry into place (the caller holds signals: a rename, and an older entry's removal)."""
+        entry = self.directory / key
         shutil.rmtree(entry, ignore_errors=True)
         try:
             staged.rename(entry)

@@ -5,12 +5,14 @@ This is the only place that catches PipelineError; tracebacks are shown only wit
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import logging
 import os
 import shutil
 import signal
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -20,6 +22,7 @@ from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
 from .spec import TARGET_NAMES, load_spec, with_overrides
+from .writable import check_writable
 
 DEFAULT_ROOT = "/opt/modelwheel"
 ROOT_ENV = "MODELWHEEL_ROOT"
@@ -83,6 +86,20 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _redeliver_swallowed_interrupt(unraisable) -> None:
+    """sys.unraisablehook: the KeyboardInterrupt landed in a finalizer or a garbage-collector
+    callback (torch runs many), where Python prints it and drops it; the build then went on
+    compiling until the stage ended, and stored its result in the cache. Deliver it again, from
+    a moment later, so it lands in the build's own code."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and stop_requested:
+        # Not from here: raised inside this hook, Python would drop it again.
+        timer = threading.Timer(0.01, _thread.interrupt_main, args=(signal.Signals[stop_requested[0]],))
+        timer.daemon = True
+        timer.start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def _print_summary(progress: Progress, result) -> None:
     if isinstance(progress, QuietProgress):
         progress.result(str(result.wheel))
@@ -109,9 +126,18 @@ def _print_report(progress: Progress, result) -> None:
     progress.say(f"  report    {result.report_path}")
 
 
-def _interrupted() -> BuildInterrupted:
+def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
+    """A stop outside build() (which says itself what it left): before the build began, or the
+    parent of several builds, whose logs say what each left."""
     name = stop_requested[0] if stop_requested else "SIGINT"
-    return BuildInterrupted(f"build stopped by {name}; everything it wrote has been removed", "run the build again")
+    if args.command != "build":
+        return BuildInterrupted(f"{args.command} stopped by {name}", "run the command again")
+    if isinstance(args.spec, list) and len(args.spec) > 1:
+        logs = Path(args.build_dir) / "logs"
+        return BuildInterrupted(f"build stopped by {name}: each build's log in {logs}/ says what it left "
+                                f"(nothing under the artifact root, in {args.dist} or in the build cache)",
+                                "run the build again")
+    return BuildInterrupted(f"build stopped by {name} before it wrote anything", "run the build again")
 
 
 def _build_many(args: argparse.Namespace, progress: Progress) -> int:
@@ -123,6 +149,8 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
                    if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
+    check_writable(Path(args.dist), "--dist")
+    check_writable(Path(args.build_dir), "--build-dir")
     jobs = args.jobs or default_jobs(len(args.spec))
     logs: dict[str, Path] = {}
     try:
@@ -150,6 +178,8 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     if weights or version:
         spec_file = with_overrides(spec_file, version=version, weights=weights)
     root = _artifact_root(args.root)
+    check_writable(Path(args.dist), "--dist")  # before any work: a file there, no permission, a full disk
+    check_writable(Path(args.build_dir), "--build-dir")
     build_dir = Path(args.build_dir).resolve()
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
     trace_dir = build_dir / spec_file.spec.model.name / spec_file.spec.model.version / "trace"
@@ -266,16 +296,17 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
+    sys.unraisablehook = _redeliver_swallowed_interrupt
     args.records = []  # what --json prints: one entry per wheel built
     progress = for_stream(sys.stderr, quiet=getattr(args, "quiet", False), json=getattr(args, "json", False))
     error: PipelineError | None = None
     try:
         code = COMMANDS[args.command](args, progress)
     except KeyboardInterrupt:
-        error = _interrupted()
+        error = _interrupted(args)
     except PipelineError as exc:
         # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
-        error = _interrupted() if stop_requested else exc
+        error = _interrupted(args) if stop_requested and not isinstance(exc, BuildInterrupted) else exc
     finally:
         progress.close()
     if error is not None:

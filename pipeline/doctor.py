@@ -230,14 +230,17 @@ def unique(findings: list[Finding]) -> list[Finding]:
 
 
 def diagnose(
-    module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...], allow: tuple[str, ...] = ()
+    module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...], allow: tuple[str, ...] = (),
+    before_tracing=lambda: None,
 ) -> list[Finding]:
     """Static findings, then (when those hold no error) dynamic ones: one report, repeats dropped.
 
     Checks named in ``allow`` (the spec's [doctor] allow) are reported as warnings only.
+    ``before_tracing`` runs before dynamo sees the model (it checks that the inputs fit it).
     """
     findings = static_findings(module)
     if not any(f.severity == "error" for f in findings):
+        before_tracing()
         findings += dynamic_findings(module, inputs, source_files)
     return [dataclasses.replace(f, severity="warning") if f.check in allow else f for f in unique(findings)]
 
@@ -258,15 +261,23 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
 def run_doctor(spec_file, loaded, say) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
     source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
-    from .export import check_signature, example_inputs, where_defined
+    from .export import check_inputs_fit, check_signature, example_inputs, where_defined
     from .purity import check_purity
 
     inputs = example_inputs(spec_file)
-    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow))
+    fitted = []
+
+    def inputs_fit() -> None:  # before dynamo: a spec error in one paragraph, not a trace of the model
+        check_inputs_fit(spec_file, loaded.module, inputs, loaded.source_files)
+        fitted.append(True)
+
+    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow), inputs_fit)
     for finding in findings:
         if finding.severity == "warning":
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)
+    if not fitted:  # the source checks found problems the spec allows, so dynamo did not run
+        inputs_fit()
     check_signature(spec_file, loaded.module)
     check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward))
     return findings

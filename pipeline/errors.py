@@ -145,7 +145,7 @@ class TargetUnavailableError(PipelineError):
 
 
 class BuildInterrupted(PipelineError):
-    """The build was stopped by SIGINT or SIGTERM; everything it wrote has been removed."""
+    """The build was stopped by SIGINT or SIGTERM; the message says what it kept (its work files under build/)."""
 
     exit_code = 130
     kind = "interrupted"

@@ -86,6 +86,50 @@ def check_signature(spec_file: SpecFile, module: torch.nn.Module) -> None:
         )
 
 
+def _count_problem(spec_file: SpecFile, module: torch.nn.Module) -> str | None:
+    """Why the spec's number of inputs cannot fit forward's signature, or None. Variadic and
+    optional parameters are the doctor's to report, so they only widen what fits here."""
+    params = list(inspect.signature(module.forward).parameters.values())
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [p for p in named if p.default is p.empty]
+    declared = len(spec_file.spec.inputs)
+    if len(required) <= declared and (variadic or declared <= len(named)):
+        return None
+    inputs = ", ".join(i.name for i in spec_file.spec.inputs)
+    takes = f"{len(required)}" if len(required) == len(named) else f"{len(required)} to {len(named)}"
+    return (f"{spec_file.path}: key 'inputs': {declared} input(s) declared ({inputs}), but forward at "
+            f"{where_defined(type(module).forward)} takes {takes} ({', '.join(p.name for p in named)})")
+
+
+def _shown(spec_input, tensor: torch.Tensor) -> str:
+    shape = ", ".join(f"{s}={n}" if isinstance(s, str) else str(n) for s, n in zip(spec_input.shape, tensor.shape))
+    return f"{spec_input.name!r} {str(tensor.dtype).removeprefix('torch.')}[{shape}]"
+
+
+def check_inputs_fit(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                     source_files: tuple[Path, ...]) -> None:
+    """The spec's inputs against the model, before anything traces it: their number against
+    forward's signature, then one eager call on the example inputs. A failure is the spec's
+    (its [[inputs]] do not fit the model), named with the model's own file:line and message."""
+    problem = _count_problem(spec_file, module)
+    if problem:
+        raise SpecError(problem, "declare one [[inputs]] table per forward parameter, in forward's order")
+    try:
+        with torch.no_grad():
+            call_forward(module, inputs)
+    except Exception as exc:  # the user's forward can raise anything
+        where = _user_frame(exc, source_files) or where_defined(type(module).forward)
+        said = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:400]
+        shown = ", ".join(_shown(i, t) for i, t in zip(spec_file.spec.inputs, inputs))
+        raise SpecError(
+            f"{spec_file.path}: key 'inputs': the model does not accept the spec's example inputs ({shown}):\n"
+            f"  {where}\n  {type(exc).__name__}: {said}",
+            f"make the [[inputs]] shapes and dtypes (and [dims] sizes) match what the model expects at "
+            f"{where.split(': ')[0]}; if they already do, the error is in the model's code there",
+        ) from exc
+
+
 def _user_frame(exc: BaseException, source_files: tuple[Path, ...]) -> str | None:
     """file:line and code of the innermost traceback frame in the user's model code."""
     wanted = {str(f) for f in source_files}

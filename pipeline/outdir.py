@@ -22,6 +22,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from .errors import OutputDirError
+from .progress import stop_requested
 
 MARKER = ".modelwheel-build"
 
@@ -45,11 +46,13 @@ def _say(text: str) -> None:
 
 
 @contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred(redeliver: bool = True) -> Iterator[None]:
     """SIGINT/SIGTERM arriving in the block are delivered when it ends, so it runs to the end.
 
     A terminal's Ctrl-C reaches a parallel build's children twice (from the terminal, then
-    forwarded by the parent): the second used to cut their cleanup short.
+    forwarded by the parent): the second used to cut their cleanup short. With ``redeliver``
+    off, a signal that came is only recorded (``stop_requested``): the block finished the
+    work, and the next stage boundary stops the build.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -62,8 +65,10 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        if pending:
+        if pending and redeliver:
             signal.raise_signal(pending[0])
+        elif pending:
+            stop_requested.append(signal.Signals(pending[0]).name)
 
 
 def _holder(path: Path) -> str:
@@ -130,7 +135,7 @@ def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
     created: list[Path] = []
     made = False
     try:
-        with _signals_deferred():
+        with signals_deferred():
             try:
                 created = _make_parents(path)
             except OSError as exc:
@@ -150,7 +155,7 @@ def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
             made = True
         yield path
     finally:
-        with _signals_deferred():
+        with signals_deferred():
             if made:
                 _remove_marked(path)
             if displaced.is_symlink():

@@ -25,7 +25,8 @@ DESCRIPTION_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Every number the build computes with is finite (a NaN 'low' passed the 'high > low' check).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     # Keys added after specs were first hashed (content hash, cache keys, the manifest): left out
     # of dumps while at their default, so a spec that does not use them hashes as before.
     _LATE_KEYS: ClassVar[tuple[str, ...]] = ()
@@ -40,6 +41,7 @@ class _Frozen(BaseModel):
 
 
 class ModelSection(_Frozen):
+    model_config = ConfigDict(allow_inf_nan=True)  # kwargs are the factory's to judge
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
     version: str
     factory: str = Field(description="importable 'package.module:callable' returning the nn.Module")
@@ -82,8 +84,12 @@ class ModelSection(_Frozen):
         return value
 
 
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes no larger one
+
+
 class WeightsSection(_Frozen):
-    seed: int | None = Field(None, description="seeded init: torch.manual_seed(seed) before the factory runs")
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = Field(
+        None, description="seeded init: torch.manual_seed(seed) before the factory runs")
     file: str | None = Field(None, description="a .safetensors file, relative to the spec")
     external: bool = Field(
         False, description="keep weights outside the .so (a safetensors file in the wheel) so they can be swapped"
@@ -302,7 +308,9 @@ def _key(loc: tuple[object, ...]) -> str:
         if isinstance(part, int):
             key += f"[{part}]"
         else:
-            key += f".{part}" if key else str(part)
+            # A key is echoed back: control and invisible characters as escapes, never raw.
+            part = str(part) if str(part).isprintable() else repr(str(part))[1:-1]
+            key += f".{part}" if key else part
     return key or "(top level)"
 
 

@@ -31,6 +31,7 @@ from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from .errors import CompileError, ExportError, VerificationError
 from .export import Exported
 from .loader import call_forward
+from .progress import check_stop
 from .templates import wheel_compare
 from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
@@ -210,6 +211,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
     skipped, budget = list(skipped), Budget(exported.spec_file.spec.compile.search_budget_s)
     trials, best, first_failure = [], None, None
     for index, (name, plan) in enumerate(planned):
+        check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
         over = budget.refusal(name) if index > 0 and not store.has(plan.key) else None
         if over:
             skipped.append(Skipped(name, over))

@@ -3,6 +3,7 @@ documented exit code, or in a correct result, and leaves nothing that blocks the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -331,3 +332,282 @@ def test_factory_that_exits_is_refused(tmp_path, code):
            "instead of returning a module" in ran.err, ran.err
     assert "hint: the factory must return the nn.Module" in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+# -- item 7: inputs that do not fit the model ----------------------------------------------------
+
+T_INPUT = '[[inputs]]\nname = "t"\nshape = ["batch"]\nlow = 0\nhigh = 1000\n'
+FORWARD_LINE = "def forward(self, x: torch.Tensor, t: torch.Tensor):"
+
+
+def tiny_line(text: str) -> int:
+    source = (TINY_SPEC.parent / "tiny_model.py").read_text().splitlines()
+    return next(number for number, line in enumerate(source, 1) if text in line)
+
+
+def build_spec_text(tmp_path: Path, text: str) -> tuple[Ran, Path]:
+    spec = spec_copy(tmp_path / "spec", text)
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    return ran, spec
+
+
+def assert_refused_before_tracing(ran: Ran, tmp_path: Path) -> None:
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "Traceback" not in ran.err and "torch._dynamo" not in ran.err, ran.err
+    assert len(ran.err.splitlines()) <= 10, ran.err  # one paragraph, not a trace
+    assert "==> export" not in ran.err and "\nhint: " in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize(("text", "declared", "names"), [
+    (GOOD.replace(T_INPUT, ""), "1 input(s) declared (x)", "takes 2 (x, t)"),
+    (GOOD + '\n[[inputs]]\nname = "extra"\nshape = ["batch"]\n', "3 input(s) declared (x, t, extra)", "takes 2 (x, t)"),
+])
+def test_input_count_is_compared_with_forwards_signature_first(tmp_path, text, declared, names):
+    """One input fewer than forward takes gave a 53-line TypeError traceback and exit 1."""
+    ran, spec = build_spec_text(tmp_path, text)
+    assert_refused_before_tracing(ran, tmp_path)
+    forward = f"{tmp_path / 'spec' / 'tiny_model.py'}:{tiny_line(FORWARD_LINE)}"
+    assert f"error: {spec}: key 'inputs': {declared}, but forward at {forward} {names}" in ran.err, ran.err
+    assert "hint: declare one [[inputs]] table per forward parameter" in ran.err
+
+
+def test_a_shape_the_model_rejects_is_a_spec_error_naming_input_line_and_message(tmp_path):
+    """3 channels declared as 5 gave 221 lines of dynamo trace and exit 1."""
+    ran, spec = build_spec_text(tmp_path, GOOD.replace('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 5, 8, 8]'))
+    assert_refused_before_tracing(ran, tmp_path)
+    model = tmp_path / "spec" / "tiny_model.py"
+    line = tiny_line("self.norm(self.conv(x))")
+    assert f"error: {spec}: key 'inputs': the model does not accept the spec's example inputs " \
+           "('x' float32[batch=2, 5, 8, 8], 't' float32[batch=2])" in ran.err, ran.err
+    assert f"  {model}:{line}: h = nn.functional.silu(self.norm(self.conv(x)))" in ran.err
+    assert "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[2, 5, 8, 8] to have 3 channels, " \
+           "but got 5 channels instead" in ran.err
+    assert f"hint: make the [[inputs]] shapes and dtypes (and [dims] sizes) match what the model expects at {model}:{line}" \
+           in ran.err
+
+
+def test_inputs_that_do_not_fit_are_reported_by_doctor_too(tmp_path):
+    spec = spec_copy(tmp_path, GOOD.replace('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 8]'))
+    ran = run_cli("doctor", "--spec", str(spec))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'inputs': the model does not accept the spec's example inputs ('x' float32[batch=2, 3, 8]" in ran.err
+    assert "Traceback" not in ran.err
+
+
+def test_keyword_only_parameters_count_as_inputs(tmp_path):
+    import torch
+
+    from pipeline.export import check_inputs_fit
+    from pipeline.loader import load_model
+
+    # A module name of its own: tiny_model may already be imported by this process.
+    spec_path = spec_copy(tmp_path, GOOD.replace(T_INPUT, "").replace("tiny_model:build", "kwonly_model:build"))
+    (tmp_path / "kwonly_model.py").write_text((tmp_path / "tiny_model.py").read_text().replace(
+        "def forward(self, x: torch.Tensor, t: torch.Tensor):", "def forward(self, x: torch.Tensor, *, t: torch.Tensor):"))
+    spec_file = load_spec(spec_path)
+    loaded = load_model(spec_file)
+    with pytest.raises(SpecError, match=r"1 input\(s\) declared \(x\), but forward at .* takes 2 \(x, t\)"):
+        check_inputs_fit(spec_file, loaded.module, (torch.zeros(2, 3, 8, 8),), loaded.source_files)
+
+
+# -- item 5: an interrupt early in compile stops it, stores nothing, and says what it left -------
+
+SWALLOWING_MODEL = '''"""The tiny model, plus a garbage-collector callback that sends this process SIGINT once, early
+in compile: the handler's KeyboardInterrupt is raised inside the callback, where Python drops it,
+as it does in torch's own finalizers and weakref callbacks."""
+
+import gc
+import os
+import signal
+import sys
+
+from tiny_model import build  # noqa: F401
+
+sent = []
+
+
+def _interrupt_inside_gc(phase, info):
+    if sent or phase != "start" or "torch._inductor.compile_fx" not in sys.modules:
+        return
+    sent.append(True)
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs here, inside the callback
+        pass
+
+
+gc.callbacks.append(_interrupt_inside_gc)
+'''
+
+
+def stopped_cleanly(ran: Ran, tmp_path: Path) -> Path:
+    """The stop's message names exactly what it kept; returns the work files' folder."""
+    work = tmp_path / "build" / "tiny" / "0.1"
+    assert ran.code == BuildInterrupted.exit_code, ran.err
+    assert f"error: build stopped by SIGINT: nothing of it is left under {tmp_path / 'opt'} or in {tmp_path / 'dist'}, " \
+           f"and nothing was stored in the build cache; its work files in {work}/ (trace, generated sources so far, " \
+           "the work folder's lock) are kept for inspection; the next build of tiny 0.1 replaces them" in ran.err, ran.err
+    assert "Traceback" not in ran.err
+    assert work.is_dir(), "the message names what is there"
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "dist").exists()
+    assert not (tmp_path / "build" / "cache").exists() or not list((tmp_path / "build" / "cache").iterdir())
+    return work
+
+
+def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_path):
+    """Ctrl-C early in compile went on for about 10 s and stored the compiled model in the cache:
+    the KeyboardInterrupt had landed in a callback inside torch, where Python drops it."""
+    spec = spec_copy(tmp_path / "spec", GOOD.replace("tiny_model:build", "swallowing_model:build"))
+    (spec.parent / "swallowing_model.py").write_text(SWALLOWING_MODEL)
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    work = stopped_cleanly(ran, tmp_path)
+    assert "==> compile" in ran.err and "compile done" not in ran.err
+    candidate = work / "cpu" / "candidates" / "pinned"
+    assert "Exception ignored" not in (candidate / "inductor.log").read_text(), "the interrupt was dropped"
+    assert not (candidate / "sources").exists(), "AOTInductor was stopped before it finished"
+
+
+def test_ctrl_c_in_compile_says_what_it_left(tmp_path):
+    args = ["build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+            "--build-dir", str(tmp_path / "build")]
+    child = start_cli(*args)
+    seen = []
+    for line in child.stderr:
+        seen.append(line)
+        if line.startswith("==> compile"):
+            break
+    time.sleep(0.5)
+    os.killpg(child.pid, signal.SIGINT)
+    err = "".join(seen) + child.stderr.read()
+    stopped_cleanly(Ran(child.wait(timeout=120), "", err), tmp_path)
+
+
+def test_a_stopped_build_stores_nothing_in_the_cache(tmp_path, monkeypatch):
+    from pipeline import cache, progress
+
+    artifact = tmp_path / "model.so"
+    artifact.write_bytes(b"compiled")
+    monkeypatch.setattr(progress, "stop_requested", ["SIGINT"])  # what the signal handler records
+    store = cache.Cache(tmp_path / "cache")
+    with pytest.raises(KeyboardInterrupt):
+        store.store("key", (artifact,))
+    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+
+
+# -- item 9: --dist or --build-dir that is a file, read-only, or on a full disk -------------------
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: int, read_only: bool = False):
+    """A real small filesystem at ``path`` (root only): full disks and read-only mounts."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def build_into(tmp_path: Path, dist: Path, build: Path, spec: Path = TINY_SPEC) -> Ran:
+    return run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(dist),
+                   "--build-dir", str(build))
+
+
+def refused_early(ran: Ran, tmp_path: Path, says: str) -> None:
+    assert ran.code == OutputDirError.exit_code, ran.err
+    assert says in ran.err, ran.err
+    assert "\nhint: " in ran.err and "Traceback" not in ran.err
+    assert "==> load" not in ran.err, "refused before any work"
+    assert not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize("flag", ["--dist", "--build-dir"])
+def test_a_file_given_as_a_folder_is_refused_before_building(tmp_path, flag):
+    """--dist pointing at a file failed after compiling, with a FileExistsError traceback."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    dist, build = (a_file, tmp_path / "build") if flag == "--dist" else (tmp_path / "dist", a_file)
+    ran = build_into(tmp_path, dist, build)
+    refused_early(ran, tmp_path, f"error: {flag} {a_file} is a file, not a folder")
+    ran = build_into(tmp_path, dist / "sub", build / "sub")
+    refused_early(ran, tmp_path, f"error: {flag} {a_file / 'sub'} cannot be made: {a_file} is a file, not a folder")
+    assert a_file.read_text() == "not a folder"
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("flag", ["--dist", "--build-dir"])
+def test_a_read_only_folder_is_refused_before_building(tmp_path, flag):
+    with tmpfs(tmp_path / "read-only", 1 << 20, read_only=True) as read_only:
+        dist, build = (read_only / "dist", tmp_path / "build") if flag == "--dist" else (tmp_path / "dist", read_only)
+        ran = build_into(tmp_path, dist, build)
+        refused_early(ran, tmp_path, f"error: {flag} {dist if flag == '--dist' else build}: cannot write there")
+        assert "Read-only file system" in ran.err
+        assert "hint: give " + flag in ran.err
+
+
+def test_a_full_disk_is_refused_before_building(tmp_path):
+    with tmpfs(tmp_path / "full", 64 << 10) as full:
+        (full / "filler").write_bytes(b"\0" * (64 << 10))
+        ran = build_into(tmp_path, full / "dist", tmp_path / "build")
+        refused_early(ran, tmp_path, f"error: --dist {full / 'dist'}: cannot write there (it would be made in {full}): "
+                                     "No space left on device")
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]
+
+
+def test_dist_filling_up_while_the_wheel_is_written_leaves_nothing(tmp_path, tiny_build):
+    """The report fitted and the wheel did not: an orphan report.json was left in dist/."""
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    with tmpfs(tmp_path / "dist", wheel.stat().st_size // 2) as dist:  # room for the report, not the wheel
+        ran = build_into(tmp_path, dist, tmp_path / "build")
+        assert ran.code == OutputDirError.exit_code, ran.err
+        assert f"error: cannot write {dist}/.{wheel.name}.partial-" in ran.err and "No space left on device" in ran.err
+        assert f"hint: free space on the disk holding {dist}" in ran.err and "Traceback" not in ran.err
+        assert list(dist.iterdir()) == [], "no report without its wheel, no hidden partial file"
+    cache = tmp_path / "build" / "cache"
+    assert not [p.name for p in cache.iterdir() if p.name.startswith("build-")], "no build entry without its wheel"
+    assert not [p.name for p in cache.iterdir() if p.name.startswith(".")], "no partial entry"
+    assert not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize("room", ["none", "for-the-compiled-model"])
+def test_build_cache_filling_up_leaves_no_partial_entry(tmp_path, tiny_build, room):
+    """A full disk under --build-dir while the cache entry was written left half an entry."""
+    built = tiny_build[0]
+    so_size = next(built.build.glob("cache/*/model.so")).stat().st_size
+    wheel_size = next(built.dist.glob("*.whl")).stat().st_size
+    # "none": the compiled model's entry does not fit; else it fits, and the whole build's
+    # (the wheel again, stored last) does not.
+    size = so_size // 2 if room == "none" else so_size + wheel_size // 2
+    with tmpfs(tmp_path / "build" / "cache", size) as cache:
+        ran = build_into(tmp_path, tmp_path / "dist", tmp_path / "build")
+        assert ran.code == OutputDirError.exit_code, ran.err
+        assert f"error: cannot write {cache}/." in ran.err and "No space left on device" in ran.err, ran.err
+        assert "Traceback" not in ran.err
+        entries = sorted(p.name for p in cache.iterdir())
+        assert not [name for name in entries if name.startswith(".")], entries
+        assert not [name for name in entries if name.startswith("build-")], entries
+        if room == "for-the-compiled-model":
+            assert len(entries) == 1 and (cache / entries[0] / "model.so").is_file(), "whole entries are kept"
+            assert "==> package" in ran.err, "it failed storing the whole build, last"
+    assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []
+    assert not (tmp_path / "opt").exists()
+
+
+def test_partial_files_of_a_build_killed_while_writing_are_swept(tmp_path):
+    from pipeline.writable import sweep_partials
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / f".model_tiny-0.1.whl.partial-{gone.pid}").write_bytes(b"half")
+    (tmp_path / f".build-abc.partial-{gone.pid}").mkdir()
+    (tmp_path / f".build-abc.partial-{gone.pid}" / "model.so").write_bytes(b"half")
+    running = tmp_path / f".build-def.partial-{os.getppid()}"  # a live process's: left to it
+    running.mkdir()
+    sweep_partials(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [running.name]
