@@ -320,12 +320,15 @@ def test_parallel_build_failures_name_the_real_log_folder(tmp_path):
 
 
 def test_one_failed_build_names_its_log_file(tmp_path):
+    import io
+
     from pipeline.errors import PipelineError
     from pipeline.parallel import build_many
+    from pipeline.progress import Progress
 
     (spec,) = _bad_specs(tmp_path, 1)
     with pytest.raises(PipelineError) as failed:
-        build_many([spec], [], 1, tmp_path / "elsewhere" / "logs", lambda text: None)
+        build_many([spec], [], 1, tmp_path / "elsewhere" / "logs", Progress(io.StringIO()), {})
     assert failed.value.exit_code == 3
     log = tmp_path / "elsewhere" / "logs" / f"{tmp_path.name}-bad0.log"
     assert failed.value.hint == f"its log is {log}" and log.is_file()

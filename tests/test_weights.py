@@ -39,7 +39,7 @@ def external_installed(installed, external_build) -> Path:
 def weight_files(tmp_path_factory, external_build) -> dict[str, Path]:
     """The packaged weights, a perturbed set (a 'fine-tune'), and broken sets."""
     folder = tmp_path_factory.mktemp("weights")
-    original = load_file(str(external_build.build / "tiny_external" / "cpu" / "weights.safetensors"))
+    original = load_file(str(external_build.build / "tiny_external" / "0.1" / "cpu" / "weights.safetensors"))
     generator = torch.Generator().manual_seed(3)
     tuned = {k: v + 0.1 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
     broken = dict(tuned)
