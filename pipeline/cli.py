@@ -80,6 +80,9 @@ def _artifact_root(flag: str | None) -> Path:
     return root
 
 
+_settled = threading.Event()
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
     # KeyboardInterrupt, not an Exception: torch's own `except Exception` handlers must not swallow it.
     stop_requested.append(signal.Signals(signum).name)
@@ -93,11 +96,25 @@ def _redeliver_swallowed_interrupt(unraisable) -> None:
     a moment later, so it lands in the build's own code."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and stop_requested:
         # Not from here: raised inside this hook, Python would drop it again.
-        timer = threading.Timer(0.01, _thread.interrupt_main, args=(signal.Signals[stop_requested[0]],))
+        timer = threading.Timer(0.01, _interrupt_main_unless_settled, args=(signal.Signals[stop_requested[0]],))
         timer.daemon = True
         timer.start()
         return
     sys.__unraisablehook__(unraisable)
+
+
+def _interrupt_main_unless_settled(signum: signal.Signals) -> None:
+    # Once main() has its outcome, a late re-delivery would only kill the process by SIGINT
+    # (exit -2) after it printed its error, instead of exiting with BuildInterrupted's code.
+    if not _settled.is_set():
+        _thread.interrupt_main(signum)
+
+
+def _settle() -> None:
+    """The command's outcome is decided: later signals are recorded, never raised."""
+    _settled.set()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda number, _frame: stop_requested.append(signal.Signals(number).name))
 
 
 def _print_summary(progress: Progress, result) -> None:
@@ -303,11 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = COMMANDS[args.command](args, progress)
     except KeyboardInterrupt:
+        _settle()
         error = _interrupted(args)
     except PipelineError as exc:
+        _settle()
         # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
         error = _interrupted(args) if stop_requested and not isinstance(exc, BuildInterrupted) else exc
     finally:
+        _settle()
         progress.close()
     if error is not None:
         code = error.exit_code
