@@ -257,8 +257,11 @@ def _large_case_against_fp64(exported: Exported, case: Case, diffs, got, eager, 
     """(diffs, judgements): a large case's misses re-judged against float64 (run here unless given)."""
     names = [d.name for d in diffs]
     if ref64 is None:
-        with torch.no_grad(), targets.get(exported.target).reference():
-            ref64 = as_tuple(call_forward(_fp64_module(exported), _to_fp64(case.inputs)), exported.returns_tuple)
+        try:
+            with torch.no_grad(), targets.get(exported.target).reference():
+                ref64 = as_tuple(call_forward(_fp64_module(exported), _to_fp64(case.inputs)), exported.returns_tuple)
+        except (RuntimeError, TypeError, NotImplementedError):  # an op without float64: the miss stands as it is
+            return diffs, {}
     judged = judge_against_fp64(names, diffs, got, eager, ref64, tols)
     diffs = tuple(dataclasses.replace(d, passed=True) if d.name in judged and judged[d.name].passed else d for d in diffs)
     return diffs, judged
