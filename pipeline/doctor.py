@@ -1,7 +1,10 @@
 """`pipeline doctor`: check a module against the practices that make compilation work.
 
-Static checks read the source of every user-defined forward (file:line for each problem);
-dynamic checks run torch._dynamo.explain for graph breaks and data-dependent branches.
+Static checks read the source of every forward the model holds (file:line for each problem),
+keeping only the lines one eager run executed and branches on parameters that held tensors
+(doctor_trace.py); dynamic checks run torch._dynamo.explain for graph breaks and data-dependent
+branches. The doctor is advice: torch.export and verification judge the build. Findings in code
+outside the spec's folder (transformers, diffusers, torch itself) are warnings, never errors.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from pathlib import Path
 
 import torch
 
+from .doctor_trace import ForwardRun, trace_forwards
+
 VALUE_READS = {"item", "tolist", "numpy"}
 SHAPE_ATTRS = {"shape", "ndim", "dtype", "device", "is_floating_point"}
 SHAPE_CALLS = {"size", "dim", "numel", "isinstance", "len"}
 # Python calls in forward run once, at export, and are frozen into the graph (or break torch.compile).
-FROZEN_MODULES = {"re": "a regex", "inspect": "inspect", "time": "the clock", "platform": "the platform", "sys": "sys"}
+# (inspect is not among them: a signature look-up is a constant of the code, as a trace resolves it.)
+FROZEN_MODULES = {"re": "a regex", "time": "the clock", "platform": "the platform", "sys": "sys"}
+OUTSIDE = " (code outside the spec's folder: advice only; torch.export and verification decide)"
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,12 @@ def _user_classes(module: torch.nn.Module) -> list[type]:
     return list(seen)
 
 
+def _forward_function(cls: type):
+    return inspect.unwrap(cls.forward)  # a decorator's wrapper lives in the decorator's file
+
+
 def _parse_forward(cls: type) -> tuple[ast.FunctionDef, str, int] | None:
-    forward = inspect.unwrap(cls.forward)  # a decorator's wrapper lives in the decorator's file
+    forward = _forward_function(cls)
     try:
         lines, start = inspect.getsourcelines(forward)
         path = inspect.getsourcefile(forward) or "?"
@@ -60,9 +71,12 @@ class _ForwardVisitor(ast.NodeVisitor):
     def __init__(self, path: str, offset: int, params: set[str]) -> None:
         self.path, self.offset, self.params = path, offset, params
         self.findings: list[Finding] = []
+        self.spans: list[tuple[int, int]] = []  # per finding, the lines of the code it is about
 
-    def add(self, node: ast.AST, severity: str, check: str, message: str, fix: str) -> None:
+    def add(self, node: ast.AST, severity: str, check: str, message: str, fix: str, span: ast.AST | None = None) -> None:
         self.findings.append(Finding(self.path, node.lineno + self.offset, severity, check, message, fix))
+        span = span or node
+        self.spans.append((span.lineno + self.offset, (span.end_lineno or span.lineno) + self.offset))
 
     def _self_target(self, target: ast.AST) -> str | None:
         while isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -129,6 +143,8 @@ class _ForwardVisitor(ast.NodeVisitor):
             return False
         static: set[int] = set()
         for node in ast.walk(test):
+            if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                static.update(id(inner) for inner in ast.walk(node))  # `mask is not None`: a Python fact
             called = node.func if isinstance(node, ast.Call) else None
             call_name = called.id if isinstance(called, ast.Name) else getattr(called, "attr", None)
             if (isinstance(node, ast.Attribute) and node.attr in SHAPE_ATTRS) or call_name in SHAPE_CALLS:
@@ -140,7 +156,7 @@ class _ForwardVisitor(ast.NodeVisitor):
     def _check_branch(self, node: ast.If | ast.While | ast.IfExp) -> None:
         if self._reads_value(node.test):
             self.add(node, "error", "data-dependent", f"`{ast.unparse(node.test)}` branches on a tensor value",
-                     "use torch.where(cond, a, b), or torch.cond for whole branches")
+                     "use torch.where(cond, a, b), or torch.cond for whole branches", span=node.test)
 
     def visit_If(self, node: ast.If) -> None:
         self._check_branch(node)
@@ -173,7 +189,15 @@ def _signature_findings(func: ast.FunctionDef, path: str, offset: int) -> list[F
     return findings
 
 
-def static_findings(module: torch.nn.Module) -> list[Finding]:
+def traced_runs(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict | None:
+    """What one eager forward did, per forward's code (None when it raised)."""
+    forwards = [f for f in map(_forward_function, _user_classes(module)) if hasattr(f, "__code__")]
+    return trace_forwards(module, inputs, forwards)
+
+
+def static_findings(module: torch.nn.Module, runs: dict | None = None) -> list[Finding]:
+    """Source findings of every forward; with ``runs`` (traced_runs()), only on lines that ran, and
+    for branches only on parameters that held a tensor there."""
     findings = []
     for index, cls in enumerate(_user_classes(module)):
         parsed = _parse_forward(cls)
@@ -182,12 +206,35 @@ def static_findings(module: torch.nn.Module) -> list[Finding]:
         func, path, offset = parsed
         if index == 0 and cls is type(module):  # the top-level signature is the compiled model's signature
             findings += _signature_findings(func, path, offset)
-        params = {a.arg for a in func.args.args[1:] + func.args.kwonlyargs}
-        visitor = _ForwardVisitor(path, offset, params)
+        run: ForwardRun | None = None
+        if runs is not None:
+            run = runs.get(getattr(_forward_function(cls), "__code__", None), ForwardRun())
+        params = {a.arg for a in [*func.args.args[1:], *func.args.kwonlyargs, func.args.vararg, func.args.kwarg] if a}
+        visitor = _ForwardVisitor(path, offset, params if run is None else params & run.tensor_params)
         for statement in func.body:
             visitor.visit(statement)
-        findings += visitor.findings
+        findings += [f for f, span in zip(visitor.findings, visitor.spans) if run is None or run.ran_any(*span)]
     return findings
+
+
+def _inside(path: str, folder: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(folder.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def judged(findings: list[Finding], allow: tuple[str, ...], own_folder: Path | None) -> list[Finding]:
+    """Checks named in ``allow`` become warnings; so does every finding in code outside ``own_folder``."""
+    result = []
+    for finding in findings:
+        if own_folder is not None and not _inside(finding.path, own_folder):
+            finding = dataclasses.replace(finding, severity="warning", message=finding.message + OUTSIDE)
+        elif finding.check in allow:
+            finding = dataclasses.replace(finding, severity="warning")
+        result.append(finding)
+    return result
 
 
 def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...]) -> list[Finding]:
@@ -231,18 +278,20 @@ def unique(findings: list[Finding]) -> list[Finding]:
 
 def diagnose(
     module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...], allow: tuple[str, ...] = (),
-    before_tracing=lambda: None,
+    before_tracing=lambda: None, own_folder: Path | None = None,
 ) -> list[Finding]:
-    """Static findings, then (when those hold no error) dynamic ones: one report, repeats dropped.
+    """Static findings, then (unless one of them stops the build anyway) dynamic ones: one report,
+    repeats dropped.
 
-    Checks named in ``allow`` (the spec's [doctor] allow) are reported as warnings only.
+    Checks named in ``allow`` (the spec's [doctor] allow), and whatever is found in code outside
+    ``own_folder`` (the spec's folder), are reported as warnings; neither turns a check off.
     ``before_tracing`` runs before dynamo sees the model (it checks that the inputs fit it).
     """
-    findings = static_findings(module)
+    findings = judged(static_findings(module, traced_runs(module, inputs)), allow, own_folder)
     if not any(f.severity == "error" for f in findings):
         before_tracing()
-        findings += dynamic_findings(module, inputs, source_files)
-    return [dataclasses.replace(f, severity="warning") if f.check in allow else f for f in unique(findings)]
+        findings += judged(dynamic_findings(module, inputs, source_files), allow, own_folder)
+    return unique(findings)
 
 
 def raise_on_errors(findings: list[Finding], model: str) -> None:
@@ -271,12 +320,13 @@ def run_doctor(spec_file, loaded, say) -> list[Finding]:
         check_inputs_fit(spec_file, loaded.module, inputs, loaded.source_files)
         fitted.append(True)
 
-    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow), inputs_fit)
+    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow), inputs_fit,
+                        own_folder=spec_file.path.parent)
     for finding in findings:
         if finding.severity == "warning":
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)
-    if not fitted:  # the source checks found problems the spec allows, so dynamo did not run
+    if not fitted:  # not reached while an error stops the build; kept so the check can never be skipped
         inputs_fit()
     check_signature(spec_file, loaded.module)
     check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward))

@@ -36,6 +36,12 @@ DEFAULT_TOLERANCES = {
     "float16": (1e-2, 1e-2),
     "bfloat16": (2e-2, 2e-2),
 }
+# The large-magnitude case saturates softmax, exp and the like: float32 rounding there gives
+# errors far above any tolerance, in eager as much as in the compiled model. Where that case
+# misses the usual comparison, both are judged against float64 instead: the compiled model's
+# max abs error may be at most this many times eager's own, plus the output's atol.
+LARGE_CASE = "large"
+LARGE_ERROR_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,26 @@ class CaseResult:
     sizes: dict[str, int]
     outputs: tuple[OutputDiff, ...]
     eager_vs_fp64: dict[str, float] | None = None  # eager's own max abs error, with an fp64 reference
+    against_fp64: dict[str, "Fp64Judgement"] | None = None  # the large case, judged against float64
 
     @property
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
+
+
+@dataclass(frozen=True)
+class Fp64Judgement:
+    """One output of the large-magnitude case against float64: compiled and eager max abs errors."""
+
+    compiled: float
+    eager: float
+    bound: float  # LARGE_ERROR_FACTOR * eager + atol
+    passed: bool
+
+    def describe(self) -> str:
+        verdict = "within" if self.passed else "over"
+        return (f"against float64: compiled max abs error {self.compiled:.3g}, eager's own {self.eager:.3g}: {verdict} "
+                f"the bound {self.bound:.3g} ({LARGE_ERROR_FACTOR:g} x eager's + atol)")
 
 
 @dataclass(frozen=True)
@@ -111,6 +133,8 @@ def verification_report(cases, tolerances: dict[str, Tolerance], reference: str,
                 "sizes": case.sizes,
                 "outputs": {d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs},
                 **({"eager_vs_fp64_max_abs": case.eager_vs_fp64} if case.eager_vs_fp64 is not None else {}),
+                **({"against_fp64": {n: dataclasses.asdict(j) for n, j in case.against_fp64.items()}}
+                   if case.against_fp64 else {}),
             }
             for case in cases
         ],
@@ -211,6 +235,38 @@ def _run_compiled(runner, case: Case, exported: Exported) -> list[torch.Tensor]:
         ) from exc
 
 
+def _max_error(got: torch.Tensor, ref64: torch.Tensor) -> float:
+    """Max abs error against float64; NaN or inf where the reference is finite counts as infinite."""
+    diff = (got.detach().double().cpu() - ref64.cpu()).abs()
+    return float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
+
+
+def judge_against_fp64(names, diffs, got, eager, ref64, tols) -> dict[str, Fp64Judgement]:
+    """The outputs that missed the usual comparison, each judged by the float64 rule (floating outputs only)."""
+    judged = {}
+    for name, diff, g, e, r in zip(names, diffs, got, eager, ref64):
+        if diff.passed or diff.problem.startswith("got ") or not e.dtype.is_floating_point:
+            continue
+        compiled_error, eager_error = _max_error(g, r), _max_error(e, r)
+        bound = LARGE_ERROR_FACTOR * eager_error + tols[name][1]
+        judged[name] = Fp64Judgement(compiled_error, eager_error, bound, compiled_error <= bound)
+    return judged
+
+
+def _large_case_against_fp64(exported: Exported, case: Case, diffs, got, eager, ref64, tols):
+    """(diffs, judgements): a large case's misses re-judged against float64 (run here unless given)."""
+    names = [d.name for d in diffs]
+    if ref64 is None:
+        try:
+            with torch.no_grad(), targets.get(exported.target).reference():
+                ref64 = as_tuple(call_forward(_fp64_module(exported), _to_fp64(case.inputs)), exported.returns_tuple)
+        except (RuntimeError, TypeError, NotImplementedError):  # an op without float64: the miss stands as it is
+            return diffs, {}
+    judged = judge_against_fp64(names, diffs, got, eager, ref64, tols)
+    diffs = tuple(dataclasses.replace(d, passed=True) if d.name in judged and judged[d.name].passed else d for d in diffs)
+    return diffs, judged
+
+
 def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights_file: Path | None) -> Verified:
     """``weights_file``: write_weights()'s file for a model with external weights, else None."""
     spec = exported.spec_file.spec
@@ -227,7 +283,7 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
         with torch.no_grad(), target.reference():
             eager = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
             got = _run_compiled(runner, case, exported)
-            eager_error = None
+            eager_error, ref64 = None, None
             if reference_module is not None:
                 ref64 = as_tuple(call_forward(reference_module, _to_fp64(case.inputs)), exported.returns_tuple)
                 eager_error = {n: float((e.double() - r).abs().max()) for n, e, r in zip(names, eager, ref64)}
@@ -235,7 +291,10 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
             else:
                 want = eager
         diffs = tuple(wheel_compare.compare(n, g, w, *tols[n]) for n, g, w in zip(names, got, want))
-        results.append(CaseResult(case.name, dict(case.sizes), diffs, eager_error))
+        judged = None
+        if case.name == LARGE_CASE and not all(d.passed for d in diffs):
+            diffs, judged = _large_case_against_fp64(exported, case, diffs, got, eager, ref64, tols)
+        results.append(CaseResult(case.name, dict(case.sizes), diffs, eager_error, judged or None))
         if case.golden:
             golden.update({f"{case.name}/inputs/{i.name}": t.cpu() for i, t in zip(spec.inputs, case.inputs)})
             golden.update({f"{case.name}/outputs/{n}": t.contiguous().cpu() for n, t in zip(names, eager)})
@@ -282,11 +341,16 @@ def _eager_error(case: CaseResult, output: str) -> str:
     return f"; eager's own max abs error against float64: {case.eager_vs_fp64[output]:.3g}"
 
 
+def _fp64_judgement(case: CaseResult, output: str) -> str:
+    judged = (case.against_fp64 or {}).get(output)
+    return f"; {judged.describe()}" if judged else ""
+
+
 def _raise_on_failures(exported: Exported, results: list[CaseResult], reference: str, report_file: Path) -> None:
     failures = [(c, d) for c in results for d in c.outputs if not d.passed]
     if not failures:
         return
-    lines = [f"  case {c.case}: {d.describe()}{_eager_error(c, d.name)}" for c, d in failures]
+    lines = [f"  case {c.case}: {d.describe()}{_eager_error(c, d.name)}{_fp64_judgement(c, d.name)}" for c, d in failures]
     checks = sum(len(c.outputs) for c in results)
     failed_outputs = {d.name for _, d in failures}
     if results[0].eager_vs_fp64 is not None:  # the numbers a tolerance is chosen from
