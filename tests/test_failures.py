@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -62,3 +63,27 @@ def test_interrupted_build_removes_everything(dirs, how):
     assert proc.wait(timeout=120) == BuildInterrupted.exit_code, err
     assert f"error: build stopped by {how}" in err
     assert dirs.leftovers() == []
+
+
+def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
+    """CI once saw a stopped build print its error and then die by SIGINT (exit -2, not 130): the
+    unraisable hook's timer re-delivered the interrupt after main() had decided. A late interrupt
+    is recorded, never raised."""
+    script = textwrap.dedent("""
+        import _thread, signal, sys, time
+        from pipeline import cli
+        from pipeline.progress import stop_requested
+
+        def stopped(args, progress):
+            stop_requested.append("SIGINT")
+            raise KeyboardInterrupt
+
+        cli.COMMANDS["matrix"] = stopped
+        code = cli.main(["matrix"])
+        _thread.interrupt_main(signal.SIGINT)  # what the hook's timer does, once main() has returned
+        time.sleep(0.2)
+        sys.exit(code)
+    """)
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == BuildInterrupted.exit_code, ran.stderr
+    assert "error: matrix stopped by SIGINT" in ran.stderr
