@@ -17,6 +17,30 @@ TINY_SPEC = REPO / "tests" / "models" / "tiny" / "spec.toml"
 BROKEN = REPO / "tests" / "models" / "broken"
 
 
+def one_input_spec(name: str, shape: str = '["batch", 4]', input_name: str = "x", output_name: str = "y") -> str:
+    """A spec for a factory `model:build` in the spec's folder: one input, one output, batch 1..4."""
+    return f"""
+[model]
+name = "{name}"
+version = "0.1"
+factory = "model:build"
+
+[weights]
+seed = 0
+
+[dims.batch]
+min = 1
+max = 4
+
+[[inputs]]
+name = "{input_name}"
+shape = {shape}
+
+[[outputs]]
+name = "{output_name}"
+"""
+
+
 @dataclass(frozen=True)
 class Ran:
     code: int

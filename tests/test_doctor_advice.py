@@ -9,29 +9,10 @@ from pathlib import Path
 
 from pipeline.errors import DoctorError
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, one_input_spec, run_cli
 
 CODES = DoctorError.CHECK_EXIT_CODES
-SPEC = """
-[model]
-name = "advice"
-version = "0.1"
-factory = "model:build"
-
-[weights]
-seed = 0
-
-[dims.batch]
-min = 1
-max = 4
-
-[[inputs]]
-name = "x"
-shape = ["batch", 4]
-
-[[outputs]]
-name = "y"
-"""
+SPEC = one_input_spec("advice")
 
 # Written as library code is: options passed as Python flags, training-only code, introspection.
 LIBRARY_STYLE_BLOCK = """\

@@ -15,7 +15,7 @@ from pipeline.errors import VerificationError
 from pipeline.templates import wheel_compare
 from pipeline.verify import LARGE_ERROR_FACTOR, judge_against_fp64
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, one_input_spec, run_cli
 
 ATTENTION = REPO / "tests" / "models" / "attention"
 BROKEN = REPO / "tests" / "models" / "broken"
@@ -79,26 +79,7 @@ def test_wrong_compiled_attention_fails_the_large_case_against_float64(dirs, tmp
     assert dirs.leftovers() == []
 
 
-SATURATING_SPEC = """
-[model]
-name = "saturating"
-version = "0.1"
-factory = "model:build"
-
-[weights]
-seed = 0
-
-[dims.batch]
-min = 1
-max = 4
-
-[[inputs]]
-name = "tokens"
-shape = ["batch", 64, 64]
-
-[[outputs]]
-name = "hidden"
-
+SATURATING_SPEC = one_input_spec("saturating", '["batch", 64, 64]', "tokens", "hidden") + """
 [compile]
 # Freezing packs the weights for oneDNN: the projections round differently from eager's, and at
 # 100x the attention logits, which softmax turns into diverging weights where two keys nearly tie.

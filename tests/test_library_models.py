@@ -22,29 +22,9 @@ from pipeline.export import prepare, where_defined
 from pipeline.loader import load_model, state_sha256
 from pipeline.spec import load_spec
 
-from .conftest import REPO, TINY_SPEC, make_venv, pip_install, run_cli
+from .conftest import REPO, TINY_SPEC, make_venv, one_input_spec, pip_install, run_cli
 
 MODELS = REPO / "tests" / "models"
-ONE_INPUT_SPEC = """
-[model]
-name = "{name}"
-version = "0.1"
-factory = "model:build"
-
-[weights]
-seed = 0
-
-[dims.batch]
-min = 1
-max = 4
-
-[[inputs]]
-name = "x"
-shape = ["batch", 4]
-
-[[outputs]]
-name = "y"
-"""
 DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -200,7 +180,7 @@ def decorated_model(folder: Path, body: str) -> Path:
             @traced
             def forward(self, x: torch.Tensor) -> torch.Tensor:
         """) + textwrap.indent(textwrap.dedent(body), " " * 8) + "\n\ndef build():\n    return Decorated()\n")
-    (folder / "spec.toml").write_text(ONE_INPUT_SPEC.format(name="decorated"))
+    (folder / "spec.toml").write_text(one_input_spec("decorated"))
     return model
 
 
@@ -253,7 +233,7 @@ def keyword_only_model(folder: Path) -> Path:
     """x and mask of one shape: given in the wrong order, the compiled model gives other values."""
     (folder / "model.py").write_text(KEYWORD_ONLY_MODEL)
     spec = folder / "spec.toml"
-    spec.write_text(ONE_INPUT_SPEC.format(name="masked") + textwrap.dedent("""
+    spec.write_text(one_input_spec("masked") + textwrap.dedent("""
         [[inputs]]
         name = "mask"
         shape = ["batch", 4]
