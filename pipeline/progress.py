@@ -4,17 +4,24 @@
   line per finished candidate, its elapsed time when it ends; never a control character;
 - live (a terminal): the same lines, under one status area that rich redraws four times a second
   with the stage, the candidate being compiled or timed (``2/4 freezing``), the elapsed time,
-  and what is left where an earlier build of the same model gives its stage times;
+  and what is left where an earlier build of the same model gives its stage times; a process of
+  its own draws it (pipeline/live.py), so the time ticks on while the build holds the GIL;
 - quiet (``--quiet``): only the result, or the error the CLI prints.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TextIO
 
 # The signal that asked the build to stop, if any. A signal handler's exception can land where
@@ -37,6 +44,14 @@ def is_live_terminal(stream: TextIO, environ: Mapping[str, str] = os.environ) ->
 def duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def left_s(expected: Mapping[str, float], stage: str, in_stage_s: float) -> float | None:
+    """What is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's stage times."""
+    if not expected or stage not in STAGES:
+        return None
+    later = STAGES[STAGES.index(stage) + 1:]
+    return max(0.0, expected.get(stage, 0.0) - in_stage_s) + sum(expected.get(s, 0.0) for s in later)
 
 
 class Progress:
@@ -71,11 +86,10 @@ class Progress:
         pass
 
     def left_s(self) -> float | None:
-        if not self.expected or self.current is None or self.current[0] not in STAGES:
+        if self.current is None:
             return None
         name, began = self.current
-        later = STAGES[STAGES.index(name) + 1:]
-        return max(0.0, self.expected.get(name, 0.0) - (time.perf_counter() - began)) + sum(self.expected.get(s, 0.0) for s in later)
+        return left_s(self.expected, name, time.perf_counter() - began)
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[None]:
@@ -107,50 +121,133 @@ class QuietProgress(Progress):
 
 
 class LiveProgress(Progress):
-    """Plain lines printed above a status area that redraws itself."""
+    """Plain lines printed above a status area that redraws itself, drawn by a process of its own
+    (pipeline/live.py says why): this one only sends it what changed, in order."""
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         super().__init__(stream)
-        from rich.console import Console
-        from rich.live import Live
-        from rich.spinner import Spinner
+        package_parent = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+        # SIGINT ignored from the start, inherited through exec: Ctrl-C reaches the whole process
+        # group, and the renderer must outlive the build's last line (no threads yet to make
+        # preexec_fn unsafe: this runs before torch is imported).
+        self.renderer: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.live", str(os.getpid()), repr(time.monotonic())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stream.fileno(), env=env,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        self.redirected = (sys.stdout, sys.stderr)
+        # Python's own writes to the terminal (a warning, a print in a model's code) go above the
+        # area too, in order; stdout only where it is the terminal (not `matrix > file`).
+        sys.stderr = _LinesTo(self, sys.stderr)
+        if sys.stdout is not None and sys.stdout.isatty():
+            sys.stdout = _LinesTo(self, sys.stdout)
+        # --verbose's log lines too (logging's handler kept the stderr it was made with)
+        self.handlers = [h for h in logging.getLogger().handlers
+                         if isinstance(h, logging.StreamHandler) and h.stream is self.redirected[1]]
+        for handler in self.handlers:
+            handler.setStream(sys.stderr)
 
-        self.began = time.perf_counter()
-        self.tracks: dict[str, str] = {}
-        self.console = Console(file=stream, highlight=False, soft_wrap=True)
-        self.spinner = Spinner("dots", text="starting")
-        self.live = Live(get_renderable=self._status, console=self.console, refresh_per_second=4, transient=True)
-        self.live.start()
+    def _send(self, **message: object) -> bool:
+        """False once the renderer is gone (killed on its own): the build goes on in plain lines."""
+        if self.renderer is None:
+            return False
+        data = (json.dumps(message) + "\n").encode()
+        try:
+            while data:  # one write for a message under PIPE_BUF: the renderer never sees half of it
+                data = data[os.write(self.renderer.stdin.fileno(), data):]
+        except OSError:
+            self._end_renderer()
+            return False
+        return True
 
     def say(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
-        self.live.refresh()  # the status under the line is redrawn from the stage it now describes
+        if not self._send(say=text):
+            super().say(text)
+
+    def step(self, text: str) -> None:
+        super().step(text)
+        self._send(step=text)
+
+    def expect(self, stage_times: Mapping[str, float]) -> None:
+        super().expect(stage_times)
+        self._send(expect=self.expected)
 
     def track(self, key: str, text: str) -> None:
-        self.tracks[key] = text
+        self._send(track=key, text=text)
+
+    @contextmanager
+    def stage(self, name: str, detail: str = "") -> Iterator[None]:
+        with super().stage(name, detail):
+            self._send(stage=name, began=time.monotonic())
+            yield
+        self._send(stage=None)
 
     def close(self) -> None:
-        self.live.stop()
+        for proxy in (sys.stdout, sys.stderr):
+            if isinstance(proxy, _LinesTo):
+                proxy.flush_line()
+        sys.stdout, sys.stderr = self.redirected
+        for handler in self.handlers:
+            handler.setStream(sys.stderr)
+        self.handlers = []
+        self._end_renderer()
 
-    def _status(self):
-        from rich.text import Text
+    def _end_renderer(self) -> None:
+        """The end of the pipe is the renderer's cue: it prints what is left, erases the area, ends."""
+        renderer, self.renderer = self.renderer, None
+        if renderer is None:
+            return
+        try:
+            renderer.stdin.close()
+        except OSError:
+            pass
+        try:
+            code = renderer.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            renderer.kill()
+            code = renderer.wait()
+        if code != 0:  # it died before it could show the cursor again
+            self.stream.write("\x1b[?25h")
+            self.stream.flush()
 
-        if self.tracks:
-            self.spinner.update(text=Text("\n".join(f"{key}: {text}" for key, text in self.tracks.items())))
-            return self.spinner
-        if self.current is None:
-            return Text("")
-        name, began = self.current
-        parts = [name + (f" {self.detail}" if self.detail else ""), f"{duration(time.perf_counter() - began)} in {name}",
-                 f"{duration(time.perf_counter() - self.began)} in all"]
-        left = self.left_s()
-        if left is not None:
-            parts.append(f"about {duration(left)} left (from the last build)")
-        self.spinner.update(text=Text(" · ".join(parts)))
-        return self.spinner
+
+class _LinesTo(io.TextIOBase):
+    """sys.stderr (or stdout) while the renderer draws: whole lines go to it as ``say``."""
+
+    def __init__(self, progress: LiveProgress, original: TextIO) -> None:
+        self.progress, self.original, self.pending = progress, original, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.progress.say(line)
+        return len(text)
+
+    def flush_line(self) -> None:
+        if self.pending:
+            self.progress.say(self.pending)
+            self.pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self.original.isatty()
+
+    def fileno(self) -> int:
+        return self.original.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.original.encoding
 
 
 def for_stream(stream: TextIO = sys.stderr, *, quiet: bool = False, json: bool = False) -> Progress:
     if quiet:
         return QuietProgress(stream, None if json else sys.stdout)
-    return LiveProgress(stream) if is_live_terminal(stream) else Progress(stream)
+    if is_live_terminal(stream):
+        try:
+            return LiveProgress(stream)
+        except OSError:  # no renderer process to be had (no free pid, no memory): plain lines
+            pass
+    return Progress(stream)

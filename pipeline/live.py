@@ -1,0 +1,123 @@
+"""The live status area on a terminal, drawn by a small process of its own.
+
+A build spends long stretches inside C++ calls that hold the GIL (AOTInductor's runner holds it
+for a whole model call, 40-130 ms for unet, called many times back to back while a candidate is
+verified or timed), so a drawing thread in the build's own process is starved and the elapsed
+time stops for seconds. This process owns the terminal while the build runs: the build writes
+one JSON message a line to its stdin (``LiveProgress`` in progress.py), and it prints the lines
+it is sent above a status area that rich redraws four times a second, ticking the time itself.
+
+Messages, in the order the build sent them: ``{"say": text}`` (a line to print above the area),
+``{"stage": name or null, "began": t}``, ``{"step": text}`` (the candidate and what is done to
+it), ``{"expect": {stage: seconds}}`` (an earlier build's stage times), ``{"track": key,
+"text": text}`` (one line per build of several). Times are ``time.monotonic()``, one clock for
+every process of the machine (CLOCK_MONOTONIC).
+
+It ends when its stdin ends: the build closed it, or the build died (a crash, SIGKILL), or when
+the build is gone while something the build forked still holds the pipe. Ctrl-C reaches the
+whole process group; this process ignores SIGINT and SIGTERM, so it prints every line the build
+sends while it stops and only then ends, erasing the area and showing the cursor again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+from .progress import duration, left_s
+
+POLL_S = 0.5  # how often an idle renderer checks that the build is still there
+
+
+class Status:
+    """What the area shows; written by the reading loop, read by rich's refresh thread."""
+
+    def __init__(self, began: float) -> None:
+        from rich.spinner import Spinner
+
+        self.began = began
+        self.stage: tuple[str, float] | None = None
+        self.detail = ""
+        self.expected: dict[str, float] = {}
+        self.tracks: dict[str, str] = {}
+        self.spinner = Spinner("dots", text="starting")
+
+    def apply(self, message: dict) -> None:
+        if "stage" in message:
+            self.stage = None if message["stage"] is None else (message["stage"], message["began"])
+            self.detail = ""
+        elif "step" in message:
+            self.detail = message["step"]
+        elif "expect" in message:
+            self.expected = message["expect"]
+        elif "track" in message:
+            self.tracks[message["track"]] = message["text"]
+
+    def render(self):
+        from rich.text import Text
+
+        if self.tracks:
+            self.spinner.update(text=Text("\n".join(f"{key}: {text}" for key, text in self.tracks.items())))
+            return self.spinner
+        stage = self.stage
+        if stage is None:
+            return Text("")
+        (name, began), now = stage, time.monotonic()
+        parts = [name + (f" {self.detail}" if self.detail else ""), f"{duration(now - began)} in {name}",
+                 f"{duration(now - self.began)} in all"]
+        left = left_s(self.expected, name, now - began)
+        if left is not None:
+            parts.append(f"about {duration(left)} left (from the last build)")
+        self.spinner.update(text=Text(" · ".join(parts)))
+        return self.spinner
+
+
+def messages(fd: int, build_pid: int):
+    """Each message the build sends, until its end of the pipe is closed or the build is gone."""
+    pending = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], POLL_S)
+        if not ready:
+            if os.getppid() != build_pid:  # the build died; a process it forked keeps the pipe open
+                return
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            try:
+                yield json.loads(line)
+            except ValueError:  # half a message: the build was killed while it wrote
+                continue
+
+
+def main() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    build_pid, began = int(sys.argv[1]), float(sys.argv[2])
+    from rich.console import Console
+    from rich.live import Live
+
+    status = Status(began)
+    console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    live = Live(get_renderable=status.render, console=console, refresh_per_second=4, transient=True,
+                redirect_stdout=False, redirect_stderr=False)
+    live.start()
+    try:
+        for message in messages(sys.stdin.fileno(), build_pid):
+            status.apply(message)
+            if "say" in message:
+                console.print(message["say"], markup=False, highlight=False)
+            if "say" in message or "stage" in message:
+                live.refresh()  # the area under the line is redrawn from the stage it now describes
+    finally:
+        live.stop()  # erases the area, shows the cursor
+
+
+if __name__ == "__main__":
+    main()

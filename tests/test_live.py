@@ -1,0 +1,190 @@
+"""The live status area is drawn by a process of its own (pipeline/live.py): it keeps ticking
+while the build holds the GIL, keeps the build's lines in order, and ends with the build
+however the build ends, leaving the cursor shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from pipeline.errors import BuildInterrupted
+
+from .conftest import REPO, TINY_SPEC
+
+TERMINAL_ENV = {k: v for k, v in os.environ.items() if k not in ("CI", "NO_COLOR")} | {"TERM": "xterm"}
+SHOW_CURSOR = "\x1b[?25h"
+
+# Runs under a pty with a live status; writes marks (a word a line) to the fd in argv[1].
+HOLD_THE_GIL = """
+    import ctypes, os, sys, threading, time
+    from pipeline.progress import for_stream
+
+    marks = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    progress = for_stream(sys.stderr)
+    ticks, done = [], threading.Event()
+
+    def tick():  # a Python thread: it runs only while the main thread lets go of the GIL
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    with progress.stage("compile", "1 candidate(s)"):
+        progress.step("1/1 pinned: verifying")
+        threading.Thread(target=tick, daemon=True).start()
+        time.sleep(0.5)
+        marks.write("hold\\n")
+        held_from = time.monotonic()
+        ctypes.PyDLL(None).usleep(3_000_000)  # PyDLL: the GIL stays held through the C call, as AOTInductor's runner does
+        held_to = time.monotonic()
+        marks.write("held\\n")
+        done.set()
+        print(f"ticks while held: {sum(held_from < t < held_to for t in ticks)}", file=sys.stderr)
+        for number in range(50):
+            progress.say(f"line {number}")
+    progress.close()
+"""
+
+# Starts a live status, forks a child that keeps the renderer's pipe open, then waits to be killed.
+KILLED_WHILE_LIVE = """
+    import os, sys, time
+    from pipeline.progress import for_stream
+
+    marks = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    progress = for_stream(sys.stderr)
+    progress.say("before the kill")
+    with progress.stage("compile"):
+        progress.step("1/1 pinned: timing")
+        forked = os.fork()
+        if forked == 0:  # like a worker torch forks: it holds the renderer's pipe (not the terminal)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.close(marks.fileno())
+            time.sleep(60)
+            os._exit(0)
+        marks.write(f"forked {forked} renderer {progress.renderer.pid}\\n")
+        time.sleep(60)
+"""
+
+
+def on_terminal(command: list[str], *, until: str = "", then=None) -> tuple[int, str, list[tuple[float, str]], dict]:
+    """Run ``command`` in a session of its own with a pseudo-terminal as its stdio and a pipe for
+    marks (its fd where ``{marks}`` is); once ``until`` is seen on the terminal or as a mark, call
+    ``then(process, marks)``. Returns the exit code, the terminal's text, each chunk with when it
+    came, and each mark's words with when it came."""
+    master, slave = pty.openpty()
+    marks_read, marks_write = os.pipe()
+    command = [str(marks_write) if part == "{marks}" else part for part in command]
+    process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=TERMINAL_ENV, cwd=REPO,
+                               pass_fds=(marks_write,), start_new_session=True)
+    os.close(slave)
+    os.close(marks_write)
+    began, chunks, marks, text, open_fds = time.monotonic(), [], {}, "", [master, marks_read]
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [], 1.0)
+        for fd in ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # the terminal's last holder closed it
+                data = b""
+            if not data:
+                open_fds.remove(fd)
+            elif fd == marks_read:
+                for line in data.decode().splitlines():
+                    marks[line.split()[0]] = (line.split()[1:], time.monotonic() - began)
+            else:
+                chunks.append((time.monotonic() - began, data.decode(errors="replace")))
+                text += chunks[-1][1]
+        if then is not None and until and (until in text or until in marks):
+            then(process, marks)
+            then = None
+        if time.monotonic() - began > 300:
+            process.kill()
+            raise AssertionError(f"still running after 300 s:\n{text}")
+    os.close(master)
+    os.close(marks_read)
+    return process.wait(), text, chunks, marks
+
+
+def gone(pid: int) -> bool:
+    try:
+        return "pipeline.live" not in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return True
+
+
+def renderers_of(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children if not gone(int(child))]
+
+
+def shows_the_cursor_at_the_end(text: str) -> bool:
+    return SHOW_CURSOR in text[text.rfind("in all"):]
+
+
+def test_status_ticks_while_a_c_call_holds_the_gil(tmp_path):
+    script = tmp_path / "hold.py"
+    script.write_text(textwrap.dedent(HOLD_THE_GIL))
+    code, text, chunks, marks = on_terminal([sys.executable, str(script), "{marks}"])
+    assert code == 0, text
+    assert re.search(r"ticks while held: [01]\r\n", text), text  # the call did keep the GIL
+    hold, held = marks["hold"][1], marks["held"][1]
+    during = [(at, chunk) for at, chunk in chunks if hold < at < held]
+    moments = [hold] + [at for at, _ in during] + [held]
+    assert max(b - a for a, b in zip(moments, moments[1:])) < 1.0, (marks, chunks)  # redrawn at least once a second
+    drawn = {seconds for _, chunk in during for seconds in re.findall(r"pinned: verifying · (\d+)s in compile", chunk)}
+    assert len(drawn) >= 3, (marks, chunks)  # and the time it shows went on while the build could not run Python
+    plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", text)
+    said = ["==> compile: 1 candidate(s)", "ticks while held"] + [f"line {n}\r\n" for n in range(50)] + ["compile done in"]
+    at = [plain.find(line) for line in said]
+    assert -1 not in at and at == sorted(at), at  # every line, in the order the build printed it
+    assert shows_the_cursor_at_the_end(text), text
+
+
+def test_renderer_ends_when_the_build_is_killed_even_if_a_forked_child_holds_its_pipe(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(KILLED_WHILE_LIVE))
+    code, text, _, marks = on_terminal([sys.executable, str(script), "{marks}"], until="forked",
+                                       then=lambda process, marks: process.kill())
+    forked, renderer = int(marks["forked"][0][0]), int(marks["forked"][0][2])
+    try:
+        assert code == -signal.SIGKILL, text
+        assert gone(renderer), "the renderer outlived the build"
+        assert "before the kill" in text and shows_the_cursor_at_the_end(text), text
+    finally:
+        os.kill(forked, signal.SIGKILL)
+
+
+def test_ctrl_c_in_live_mode_ends_the_renderer_after_the_build_s_last_line(tmp_path):
+    renderers: list[int] = []
+
+    def ctrl_c(process, marks):
+        time.sleep(1.0)  # inside AOTInductor now
+        renderers.extend(renderers_of(process.pid))
+        os.killpg(process.pid, signal.SIGINT)  # what the terminal sends its foreground process group
+
+    code, text, _, _ = on_terminal([sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), "--root",
+                                    str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir",
+                                    str(tmp_path / "build")], until="==> compile", then=ctrl_c)
+    assert code == BuildInterrupted.exit_code, text
+    assert len(renderers) == 1 and gone(renderers[0]), renderers
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text  # the renderer ignored the SIGINT
+    error = text.index("error: build stopped by SIGINT")
+    assert shows_the_cursor_at_the_end(text[:error]) and "in all" not in text[error:], text
+
+
+def test_stdout_sent_elsewhere_stays_there_while_the_status_is_live(tmp_path):
+    """`matrix > file` on a terminal: the JSON goes to the file, not above the status area."""
+    out = tmp_path / "matrix.json"
+    code, text, _, _ = on_terminal(["sh", "-c", f'exec "$0" -m pipeline matrix > {out}', sys.executable])
+    assert code == 0, text
+    assert json.loads(out.read_text()) and "include" not in text, text
