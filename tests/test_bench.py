@@ -70,3 +70,22 @@ def test_a_real_sampling_profile_sees_where_a_process_spends_its_time(tmp_path):
     spin = "import time\nt = time.time()\nwhile time.time() - t < 1.5:\n    sum(range(1000))\n"
     groups = sampling.profile([sys.executable, "-c", spin], tmp_path, skip_s=0.3)["groups"]
     assert list(groups)[0] == "Python interpreter", groups
+
+
+def test_onnx_runtime_profile_counts_only_the_timed_runs_per_group():
+    import ort_profile
+
+    def node(op, ts, dur):
+        return {"cat": "Node", "name": f"{op}_1_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 99_000}, node("Conv", 10, 50_000),  # warm-up
+        {"cat": "Session", "name": "model_run", "ts": 100_000, "dur": 10_000},
+        node("Conv", 100_010, 4_000), node("FusedMatMul", 104_010, 2_000), node("Softmax", 106_010, 1_000),
+        {"cat": "Session", "name": "model_run", "ts": 200_000, "dur": 12_000},
+        node("NchwcConv", 200_010, 6_000), node("MatMul", 206_010, 2_000), node("Add", 208_010, 1_000),
+    ]
+    summary = ort_profile.summarize(events, calls=2)
+    assert summary["run_ms"] == 11.0
+    assert summary["groups_ms"] == {"convolution": 5.0, "linear / matmul": 2.0, ort_profile.OTHER: 1.0}
+    assert list(summary["ops_ms"])[0] == "NchwcConv"

@@ -1,0 +1,64 @@
+"""Where ONNX Runtime's time goes, per kind of operation, grouped as the wheel's kernel profile is
+(variants.kernel_group): the side-by-side the bench's "what limits it" puts next to the wheel's
+own profile, so a gap to ONNX Runtime is named by the operations it lies in, measured.
+
+ONNX Runtime's profiler (``SessionOptions.enable_profiling``) records every node's kernel time
+and every ``run()``; the groups are per call, averaged over the timed calls.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+# ONNX op types, by the group the wheel's profile puts the same work in (first match wins).
+OP_GROUPS = [
+    ("convolution", ("Conv", "FusedConv", "NchwcConv", "ConvTranspose")),
+    ("linear / matmul", ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits")),
+    ("attention", ("Attention", "MultiHeadAttention", "GroupQueryAttention")),
+]
+OTHER = "everything else (elementwise, norms, softmax, layout)"
+
+
+def op_group(op_type: str) -> str:
+    for group, types in OP_GROUPS:
+        if op_type in types:
+            return group
+    return OTHER
+
+
+def profile(model: Path, feeds: dict, calls: int = 10, warmup: int = 3) -> dict:
+    """{"run_ms": wall ms per run() under the profiler, "groups_ms": {group: ms per call},
+    "ops_ms": {op type: ms per call}} for ``model`` on ``feeds`` (numpy arrays by input name)."""
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory() as scratch:
+        options = onnxruntime.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(scratch) / "ort")
+        session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        for _ in range(warmup + calls):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    return summarize(events, calls)
+
+
+def summarize(events: list[dict], calls: int) -> dict:
+    """The profile's last ``calls`` runs: the nodes that ran inside them, by op type and group."""
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])[-calls:]
+    if not runs:
+        return {"run_ms": 0.0, "groups_ms": {}, "ops_ms": {}}
+    begin = runs[0]["ts"]
+    ops: dict[str, float] = defaultdict(float)
+    for event in events:
+        if (event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
+                and event["ts"] >= begin):
+            ops[event["args"]["op_name"]] += event["dur"] / calls / 1000
+    groups: dict[str, float] = defaultdict(float)
+    for op_type, ms in ops.items():
+        groups[op_group(op_type)] += ms
+    return {"run_ms": sum(e["dur"] for e in runs) / len(runs) / 1000, "groups_ms": dict(groups),
+            "ops_ms": dict(sorted(ops.items(), key=lambda item: -item[1]))}
