@@ -401,6 +401,10 @@ def main() -> None:
         if spec_file.spec.dims:
             say("==> compiling with every dim fixed at its minimum, for comparison (benchmarks/static_vs_dynamic.py)")
             results["static_vs_dynamic"] = run_json([sys.executable, REPO / "benchmarks" / "static_vs_dynamic.py", "--spec", spec])
+    if "batch" in spec_file.spec.dims:
+        say("==> building again with static batch sizes [1, 2, 4, 8] and without, options pinned (benchmarks/static_sizes.py)")
+        results["static_sizes"] = run_json([sys.executable, REPO / "benchmarks" / "static_sizes.py", "--spec", spec,
+                                            "--options", json.dumps(manifest["compile_options"])])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     chart(results, out / "chart.png")

@@ -126,9 +126,10 @@ def build_target(
                 padding = (static.check_padding(exported, statics, weights_file, progress.say)
                            if statics and spec.dims[spec.static_dim].pad else None)
                 static.merge_golden(verified.golden_file, statics)
-            manifest = static.add_to_manifest(build_manifest(exported, compiled, verified, tuned), exported, statics)
             with progress.stage("package"):
-                extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])
+                shared = static.shared_store(compiled, statics, work_dir)
+                manifest = static.add_to_manifest(build_manifest(exported, compiled, verified, tuned), exported, statics, shared)
+                extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
                 artifacts = list(compiled.artifacts) + [p for m in statics for p in m.compiled.artifacts]
                 wheel = package_wheel(manifest, artifacts, extras, work_dir)
         report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)

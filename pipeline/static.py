@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import targets
+from . import constants, targets
 from .cache import Cache
 from .compile import Compiled, compile_model, plan_compile
 from .errors import VerificationError
@@ -73,7 +73,8 @@ def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_ver
     for index, size in enumerate(sizes):
         step(f"static {index + 1}/{len(sizes)} {dim}={size}: compiling")
         fixed = prepare(fixed_spec(spec_file, dim, size), loaded, exported.target)
-        plan = plan_compile(fixed, cxx_version, exported.target, output_dir / folder(size), tuned.plan.overrides)
+        shared = {constants.OPTION: False} if constants.shared(exported.target, spec_file.spec) else {}
+        plan = plan_compile(fixed, cxx_version, exported.target, output_dir / folder(size), {**tuned.plan.overrides, **shared})
         if not store.has(plan.key):
             fixed = export_program(fixed, loaded.source_files)
         plan.compile_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +185,7 @@ def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
     save_file(tensors, str(golden_file))
 
 
-def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel]) -> dict:
+def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]) -> dict:
     """The static sizes' .so files under "artifacts" (by their path in artifacts/), and the "static" section."""
     from .manifest import sha256_file
 
@@ -196,6 +197,8 @@ def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel
             name = f"{folder(model.size)}/{path.name}"
             manifest["artifacts"][name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     manifest["static"] = record
+    if store:  # the shared constants: the wheel's _constants.py reads them, its integrity check hashes them
+        manifest["constants"] = {path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in store}
     return manifest
 
 
@@ -206,3 +209,15 @@ def report(models: list[StaticModel], padding: dict[str, dict] | None) -> dict:
                                 "from_cache": m.compiled.from_cache} for m in models},
         "padding": padding,
     }
+
+
+def shared_store(compiled: Compiled, models: list[StaticModel], work_dir: Path) -> tuple[Path, ...]:
+    """The one constants store of the dynamic and every static model (their own stores merged, each
+    distinct blob once), written to ``work_dir/constants/``; () when the models embed their weights."""
+    if compiled.constants is None:
+        return ()
+    writer = constants.Writer()
+    writer.merge(compiled.constants, compiled.library.name)
+    for model in models:
+        writer.merge(model.compiled.constants, f"{folder(model.size)}/{model.compiled.library.name}")
+    return writer.write(work_dir / "constants")

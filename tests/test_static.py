@@ -108,6 +108,21 @@ def test_build_compiles_and_verifies_every_size(static_build):
         assert f"model_tiny_static/artifacts/batch{size}/model.so" in names
         assert len(manifest["artifacts"][f"batch{size}/model.so"]["sha256"]) == 64
         assert record["golden_cases"] == [f"batch{size}/golden0", f"batch{size}/golden1"]
+    # One constants store for the three models: each model's constants listed, each blob stored once,
+    # and no .so embeds the weights (their bytes are in the store, in no library).
+    assert set(manifest["constants"]) == {"constants.json", "constants.bin"}
+    assert names.count("model_tiny_static/constants.bin") == 1
+    with zipfile.ZipFile(next(dirs.dist.glob("*.whl"))) as archive:
+        index = json.loads(archive.read("model_tiny_static/constants.json"))
+        blob = archive.read("model_tiny_static/constants.bin")
+        libraries = [archive.read(n) for n in names if n.endswith(".so")]
+    assert sorted(index["models"]) == ["batch2/model.so", "batch3/model.so", "model.so"]
+    used = [entry["blob"] for model in index["models"].values() for entry in model.values()]
+    assert len(set(used)) < len(used) and len(index["blobs"]) == len(set(used) | {e.get("md") for m in index["models"].values() for e in m.values()} - {None})
+    for key, where in index["blobs"].items():  # Inductor inlines tiny constants (biases here) into the code
+        data = blob[where["offset"]:where["offset"] + where["size"]]
+        assert len(data) < 64 or not any(data in library for library in libraries), key
+    assert len(blob) < 2 * sum(where["size"] for where in index["blobs"].values()) + 64 * len(index["blobs"])
     report = json.loads(next(dirs.dist.glob("*.report.json")).read_text())
     for size in ("2", "3"):
         cases = report["static"]["sizes"][size]["verification"]["cases"]

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from . import _cuda, _dispatch
+from ._constants import Store
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts, check_files, weights_record
@@ -159,6 +160,11 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name), path)
               for size, path in _dispatch.static_libraries(m, directory).items()}
     model = CompiledModel(_open_runner(m, library, where, num_models), m, library, where, static)
+    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
+        check_files(PACKAGE_DIR, m["constants"])
+        model._store = Store(PACKAGE_DIR)
+        for runner, path in [(model._runner, library), *static.values()]:
+            runner.update_constant_buffer(model._store.tensors(path.relative_to(directory).as_posix()), False, True, True)
     if tensors is not None:
         model._install(tensors, inactive=False)
     return model

@@ -20,8 +20,9 @@ import numpy as np
 
 from . import _dispatch
 from ._inputs import check_count, check_sizes
-from ._integrity import check_artifacts
-from ._manifest import CPU_CAPABILITY_ORDER, artifacts_dir, check_runtime, manifest
+from ._constants import Store, pairs
+from ._integrity import check_artifacts, check_files
+from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
 
 _handle = ctypes.c_void_p
@@ -178,11 +179,14 @@ class NumpyModel:
     Outputs are the model's own buffers, handed over without a copy; each call returns new ones.
     """
 
-    def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None) -> None:
+    def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None,
+                 store: tuple[Store, str] | None = None) -> None:
         self._manifest = m
         self.library = library
+        self._constants: dict[str, int] = {}
         # One model per static batch size, each called by route(); last_library: the latest call's .so.
-        self._static = {size: NumpyModel(m, path, num_models) for size, path in (static or {}).items()}
+        self._static = {size: NumpyModel(m, path, num_models, store=store and (store[0], m["static"]["sizes"][str(size)]["library"]))
+                        for size, path in (static or {}).items()}
         self.last_library: Path | None = None
         self._lib = _open_libtorch()
         self._codes = _dtype_codes(self._lib)
@@ -199,6 +203,12 @@ class NumpyModel:
         count = ctypes.c_size_t()
         self._call("AOTInductorModelContainerGetNumOutputs", "reading the model", self._container, ctypes.byref(count))
         self._num_outputs = count.value
+        if store is not None:  # the constants, shared by the static sizes' models, outside the .so
+            self._store = store[0]
+            self._constants = store[0].handles(self._lib, store[1])
+            array, self._constant_names = pairs(self._constants)
+            self._call("AOTInductorModelContainerUpdateUserManagedConstantBufferPairs", "handing over the constants",
+                       self._container, array, ctypes.c_size_t(len(self._constants)), ctypes.c_bool(False), ctypes.c_bool(True))
 
     def _call(self, name: str, what: str, *args: Any) -> None:
         code = getattr(self._model, name)(*args)
@@ -267,6 +277,9 @@ class NumpyModel:
         if getattr(self, "_container", None):
             self._model.AOTInductorModelContainerDelete(self._container)
             self._container = _handle()
+        for handle in getattr(self, "_constants", {}).values():  # after the model that used them
+            self._lib.aoti_torch_delete_tensor_object(handle)
+        self._constants = {}
 
     def __del__(self) -> None:
         self.close()
@@ -296,4 +309,8 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     check_runtime(m, torch_version(), cpu_capability())
     directory = artifacts_dir()
     check_artifacts(directory, m)
-    return NumpyModel(m, directory / m["library"], num_models, _dispatch.static_libraries(m, directory))
+    store = None
+    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
+        check_files(PACKAGE_DIR, m["constants"])
+        store = (Store(PACKAGE_DIR), m["library"])
+    return NumpyModel(m, directory / m["library"], num_models, _dispatch.static_libraries(m, directory), store)
