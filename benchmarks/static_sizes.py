@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from pipeline import precision  # noqa: E402
 from pipeline.export import spec_inputs  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
-from pipeline.templates import wheel_inputs, wheel_weights  # noqa: E402
+from pipeline.templates import wheel_constants, wheel_inputs, wheel_weights  # noqa: E402
 
 SIZES = [1, 2, 4, 8]
 
@@ -66,7 +66,7 @@ def build(spec: Path, out: Path) -> dict:
         raise SystemExit(f"static_sizes: building {spec} failed:\n{done.stderr[-3000:]}")
     wheel = next((out / "dist").glob("*.whl"))
     with zipfile.ZipFile(wheel) as archive:
-        files = {i.filename.split("/", 1)[1]: i.file_size for i in archive.infolist() if i.filename.endswith((".so", ".safetensors"))}
+        files = {i.filename.split("/", 1)[1]: i.file_size for i in archive.infolist() if i.filename.endswith((".so", ".safetensors", ".bin"))}
     return {"build_s": round(seconds, 1), "wheel_bytes": wheel.stat().st_size, "files": files, "wheel": str(wheel)}
 
 
@@ -85,6 +85,11 @@ def runners(wheel: Path, out: Path) -> tuple[dict, dict]:
         tensors = wheel_weights.read_weights(package / manifest["weights"]["file"])
         for runner in opened.values():
             wheel_weights.load_into(runner, tensors, inactive=False)
+    if manifest.get("constants"):  # the shared constants store, as the wheel's load() hands it over
+        store = opened["store"] = wheel_constants.Store(package)
+        libraries = {"dynamic": manifest["library"], **{f"static{s}": r["library"] for s, r in manifest["static"]["sizes"].items()}}
+        for name, library in libraries.items():
+            opened[name].update_constant_buffer(store.tensors(library), False, True, True)
     return opened, manifest
 
 
