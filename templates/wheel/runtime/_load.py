@@ -65,6 +65,9 @@ def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int,
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
 
 
+_BY_BATCH = -1  # CompiledModel._run: pick the model by the batch of the call
+
+
 class CompiledModel:
     """Call it like the original module: tensors in, a tensor (or tuple of tensors) out.
 
@@ -78,6 +81,7 @@ class CompiledModel:
         self.library = library
         self.device = device
         self._static = static or {}
+        self._store: Store | None = None  # static sizes' shared constants: the runners read its mapped file
         self.last_library: Path | None = None
         self._swap_lock = threading.Lock()
         # The runner reads external weights straight from these tensors (user-managed, memory-mapped
@@ -114,11 +118,11 @@ class CompiledModel:
         outputs = self._run([arg.contiguous() for arg in args])
         return tuple(outputs) if m["returns_tuple"] else outputs[0]
 
-    def _run(self, args: list[torch.Tensor], size: int | None = -1) -> list[torch.Tensor]:
+    def _run(self, args: list[torch.Tensor], size: int | None = _BY_BATCH) -> list[torch.Tensor]:
         """On the model for the batch of ``args`` (or on static ``size``; None: the dynamic model)."""
         batch = args[0].shape[0] if self._static else 0
         runs_at = batch
-        if size == -1:
+        if size == _BY_BATCH:
             size, runs_at = _dispatch.route(self._manifest, batch) if self._static else (None, batch)
         runner, self.last_library = self._static[size] if size is not None else (self._runner, self.library)
         if runs_at != batch:  # padded: repeat the last sample, then slice the outputs back
