@@ -271,9 +271,30 @@ def markdown(results: dict) -> str:
               f"cache) {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s.", "",
               *targets_table(results)]
     lines += search_table(results["search"])
+    if results.get("static_sizes"):
+        lines += ["", "## Static batch sizes", ""] + static_sizes_table(results["static_sizes"])
     if results.get("profile"):
         lines += ["", "## What limits it", ""] + limits(results)
     return "\n".join(lines) + "\n"
+
+
+def static_sizes_table(static: dict) -> list[str]:
+    """Built without and with `static = [1, 2, 4, 8]` (options pinned), and the two timed side by side."""
+    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
+    dynamic, built = static["dynamic"], static["static"]
+    lines = [f"The model built again with its options pinned ({', '.join(f'{k}={v}' for k, v in static['options'].items())}), "
+             f"without and with `static = {static['sizes']}`:", "",
+             "| | build (s, no cache) | wheel | largest files |", "|---|---|---|---|"]
+    for label, entry in (("dynamic only", dynamic), (f"with static {static['sizes']}", built)):
+        files = ", ".join(f"{name} {mb(size)}" for name, size in sorted(entry["files"].items(), key=lambda f: -f[1])[:3])
+        lines.append(f"| {label} | {entry['build_s']:.1f} | {mb(entry['wheel_bytes'])} | {files} |")
+    lines += ["", f"Wheel {static['wheel_ratio']:.2f}x, build {static['build_ratio']:.2f}x. Latency, the static model against "
+              "the dynamic one, side by side in one process (median ms):", "",
+              "| batch | dynamic | static | static / dynamic |", "|---|---|---|---|"]
+    for batch, entry in static["latency"].items():
+        ms = entry["median_ms"]
+        lines.append(f"| {batch} | {ms['dynamic']:.1f} | {ms['static']:.1f} | {entry['static_over_dynamic']:.2f} |")
+    return lines
 
 
 def limits(results: dict) -> list[str]:
@@ -401,6 +422,10 @@ def main() -> None:
         if spec_file.spec.dims:
             say("==> compiling with every dim fixed at its minimum, for comparison (benchmarks/static_vs_dynamic.py)")
             results["static_vs_dynamic"] = run_json([sys.executable, REPO / "benchmarks" / "static_vs_dynamic.py", "--spec", spec])
+    if "batch" in spec_file.spec.dims:
+        say("==> building again with static batch sizes [1, 2, 4, 8] and without, options pinned (benchmarks/static_sizes.py)")
+        results["static_sizes"] = run_json([sys.executable, REPO / "benchmarks" / "static_sizes.py", "--spec", spec,
+                                            "--options", json.dumps(manifest["compile_options"])])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     chart(results, out / "chart.png")

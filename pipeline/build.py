@@ -19,7 +19,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from . import cache, targets, tune
+from . import cache, static, targets, tune
 from .compile import Compiled, find_cxx
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .tune import Tuned
@@ -118,13 +118,23 @@ def build_target(
                 if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
                     progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
                 progress.say(f"    chose {tuned.chosen}")
+                statics = static.compile_sizes(exported, loaded, tuned, cxx_version, out_dir, work_dir, store,
+                                               progress.say, progress.step)
             with progress.stage("verify"):
                 verified = verify_model(exported, compiled, work_dir, weights_file)
-            manifest = build_manifest(exported, compiled, verified, tuned)
+                statics = static.verify_sizes(statics, weights_file, work_dir, progress.say, progress.step)
+                padding = (static.check_padding(exported, statics, weights_file, progress.say)
+                           if statics and spec.dims[spec.static_dim].pad else None)
+                static.merge_golden(verified.golden_file, statics)
             with progress.stage("package"):
-                extras = [verified.golden_file] + ([verified.weights_file] if verified.weights_file else [])
-                wheel = package_wheel(manifest, list(compiled.artifacts), extras, work_dir)
+                shared = static.shared_store(compiled, statics, work_dir)
+                manifest = static.add_to_manifest(build_manifest(exported, compiled, verified, tuned), exported, statics, shared)
+                extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
+                artifacts = list(compiled.artifacts) + [p for m in statics for p in m.compiled.artifacts]
+                wheel = package_wheel(manifest, artifacts, extras, work_dir)
         report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)
+        if statics:
+            report["static"] = static.report(statics, padding)
         report["doctor"] = [f.format() for f in findings]
         report["build_cache"] = {"key": build_key, "reused": False}
         return commit(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"], (store, build_key))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from . import cache, precision, proc, targets
+from . import cache, constants, precision, proc, targets
 from .errors import CompileError, SpecError, ToolchainError
 from .export import Exported
 from .loader import forward_arguments, weight_tensors
@@ -31,6 +31,7 @@ class Compiled:
     options: dict[str, object] = field(hash=False)
     cache_key: str
     from_cache: bool
+    constants: Path | None = None  # the folder of its constants store (static sizes, embedded weights: constants.py)
 
 
 def find_cxx() -> str:
@@ -58,6 +59,9 @@ def inductor_options(exported: Exported, target: str) -> dict[str, object]:
         # compile would fold from them is folded again at run time from the loaded weights.
         options["aot_inductor.package_constants_in_so"] = False
         options["aot_inductor.use_runtime_constant_folding"] = True
+    elif constants.shared(target, spec_file.spec):
+        # The build's models share one store of their constants, made from what each compile folds.
+        options[constants.OPTION] = False
     known = torch._inductor.config.get_config_copy()
     for key, value in compile_spec.inductor.items():
         if key not in known:
@@ -131,11 +135,14 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
         options = {**plan.options, "aot_inductor.output_path": str(library)}
         artifacts = _aot_compile(exported, plan.target, options, work_dir, library)
         store.store(plan.key, artifacts)
+    files = restored or artifacts
+    store = [path for path in files if path.name in (constants.INDEX_FILE, constants.BLOB_FILE)]
     return Compiled(
         target=plan.target,
         output_dir=output_dir,
         library=library,
-        artifacts=restored or artifacts,
+        artifacts=tuple(path for path in files if path not in store),
+        constants=output_dir if store else None,
         sources_dir=work_dir / "sources",
         options=plan.options,
         cache_key=plan.key,
@@ -152,9 +159,10 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     args, kwargs = (exported.example_inputs, {}) if autocast else forward_arguments(exported.module, exported.example_inputs)
     work_dir.mkdir(parents=True, exist_ok=True)
     # Inductor prints to stderr itself (max-autotune's AUTOTUNE tables): keep that in the log.
+    capture = options.get(constants.OPTION) is False and not exported.spec_file.spec.weights.external
     try:
         with (work_dir / INDUCTOR_LOG).open("a") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log), \
-                torch.no_grad():
+                torch.no_grad(), (constants.captured() if capture else contextlib.nullcontext({})) as captured:
             produced = torch._inductor.aot_compile(program.module(), args, kwargs, options=options)
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
@@ -168,4 +176,9 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
         ) from exc
     if Path(produced) != library or not library.is_file():
         raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")
-    return _move_sources(output_dir, sources_dir, target, options)
+    shipped = _move_sources(output_dir, sources_dir, target, options)
+    if not capture:
+        return shipped
+    writer = constants.Writer()
+    writer.add(library.name, captured)
+    return shipped + writer.write(output_dir)

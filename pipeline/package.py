@@ -77,8 +77,10 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
     (package_dir / "artifacts").mkdir(parents=True)
     for source in sorted(RUNTIME_DIR.glob("*.py")):
         shutil.copyfile(source, package_dir / source.name)
-    for artifact in artifacts:
-        shutil.copyfile(artifact, package_dir / "artifacts" / artifact.name)
+    for artifact in artifacts:  # static batch sizes' in their own folders (batch<N>/model.so)
+        name = artifact.relative_to(manifest["opt_path"]) if artifact.is_relative_to(manifest["opt_path"]) else artifact.name
+        (package_dir / "artifacts" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(artifact, package_dir / "artifacts" / name)
     for extra in extras:  # golden cases, external weights
         shutil.copyfile(extra, package_dir / extra.name)
     (package_dir / "manifest.json").write_text(dumps(manifest))
@@ -89,7 +91,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
         "torch_version": manifest["torch"]["distribution"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
-        "package_data": json.dumps(["manifest.json", "artifacts/*", *sorted(extra.name for extra in extras)]),
+        "package_data": json.dumps(["manifest.json", "artifacts/*", "artifacts/*/*", *sorted(extra.name for extra in extras)]),
         "target": manifest["target"],
         "opt_path": manifest["opt_path"],
         "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),

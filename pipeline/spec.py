@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer, model_validator
 
 from .errors import SpecError
 
@@ -111,10 +111,17 @@ MAX_DIM = 2**31 - 1
 MAX_INPUT_ELEMENTS = 2**31
 
 
+MAX_STATIC_SIZES = 8  # each is a compile of its own, as long as the dynamic model's
+
+
 class DimSpec(_Frozen):
+    _LATE_KEYS = ("static", "pad")
     min: Annotated[int, Field(ge=1, le=MAX_DIM)]
     max: Annotated[int, Field(ge=1, le=MAX_DIM)]
     example: int | None = Field(None, description="size used to export; defaults to a middle value")
+    static: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(
+        [], description="batch sizes also compiled with this dim fixed (each its own .so, one weights file)")
+    pad: bool = Field(False, description="run a size between the static ones on the next larger one, padded")
 
     @model_validator(mode="after")
     def _bounds(self) -> "DimSpec":
@@ -123,6 +130,27 @@ class DimSpec(_Frozen):
         if self.example is not None and not self.min <= self.example <= self.max:
             raise ValueError(f"example ({self.example}) is outside [min, max] = [{self.min}, {self.max}]")
         return self
+
+    @field_validator("static")
+    @classmethod
+    def _static(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"names a size twice: {value}")
+        low, high = info.data.get("min"), info.data.get("max")
+        outside = [size for size in value if low is not None and high is not None and not low <= size <= high]
+        if outside:
+            raise ValueError(f"{outside} outside [min, max] = [{low}, {high}]: every static size must be one the "
+                             f"dynamic model also accepts")
+        if len(value) > MAX_STATIC_SIZES:
+            raise ValueError(f"{len(value)} sizes, at most {MAX_STATIC_SIZES} (each is a compile of its own)")
+        return sorted(value)
+
+    @field_validator("pad")
+    @classmethod
+    def _pad(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and not info.data.get("static"):
+            raise ValueError("needs static sizes to pad to: give 'static = [...]' too, or remove 'pad'")
+        return value
 
     @property
     def export_size(self) -> int:
@@ -258,10 +286,31 @@ class Spec(_Frozen):
             if duplicates:
                 raise ValueError(f"{label}: names repeat: {', '.join(duplicates)}")
         self._check_verify_sizes()
+        self._check_static_dim()
         if self.compile.autocast and self.weights.external:
             raise ValueError("compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
                              "float32 weights the .so cannot pre-cast); remove one of them")
         return self
+
+    @property
+    def static_dim(self) -> str | None:
+        """The dim with static sizes (the batch dim), or None."""
+        return next((name for name, dim in self.dims.items() if dim.static), None)
+
+    def _check_static_dim(self) -> None:
+        """Static sizes only on the batch dim: the one every input has as its first axis (the
+        runtime picks a compiled size by it, and padding pads and slices along it)."""
+        named = [name for name, dim in self.dims.items() if dim.static]
+        if len(named) > 1:
+            raise ValueError(f"dims.{named[1]}.static: only one dim may have static sizes, and dims.{named[0]}.static "
+                             f"is given; static sizes are for the batch dim")
+        if not named:
+            return
+        for spec_input in self.inputs:
+            if not spec_input.shape or spec_input.shape[0] != named[0]:
+                raise ValueError(
+                    f"dims.{named[0]}.static: static sizes are only for the batch dim, the first axis of every input, "
+                    f"but input {spec_input.name!r} has shape {spec_input.shape}")
 
     def _check_verify_sizes(self) -> None:
         """Each input as verify makes it: at the export sizes, then with each of its dims at its max."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import precision, targets
+from . import constants, precision, targets
 from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from .errors import CompileError, ExportError, VerificationError
@@ -268,6 +268,10 @@ def install(tuned: Tuned, exported: Exported, output_dir: Path, work_dir: Path, 
     for artifact in tuned.compiled.artifacts:
         shutil.copyfile(artifact, output_dir / artifact.name)
         artifacts.append(output_dir / artifact.name)
+    if tuned.compiled.constants is not None:  # its constants store (static batch sizes: pipeline/constants.py)
+        for name in (constants.INDEX_FILE, constants.BLOB_FILE):
+            shutil.copyfile(tuned.compiled.constants / name, output_dir / name)
     return dataclasses.replace(
-        tuned.compiled, output_dir=output_dir, library=output_dir / tuned.compiled.library.name, artifacts=tuple(artifacts)
+        tuned.compiled, output_dir=output_dir, library=output_dir / tuned.compiled.library.name, artifacts=tuple(artifacts),
+        constants=output_dir if tuned.compiled.constants is not None else None,
     )

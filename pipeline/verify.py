@@ -219,7 +219,23 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     if weights_file is not None:
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
+    if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/constants.py)
+        from .templates import wheel_constants
+
+        store = wheel_constants.Store(compiled.constants)
+        runner.update_constant_buffer(store.tensors(compiled.library.name), False, True, True)
+        return _WithStore(runner, store)
     return runner
+
+
+class _WithStore:
+    """A runner whose constants read a mapped constants file: keeps the mapping as long as the runner."""
+
+    def __init__(self, runner, store) -> None:
+        self._runner, self._store = runner, store
+
+    def __getattr__(self, name: str):
+        return getattr(self._runner, name)
 
 
 def _run_compiled(runner, case: Case, exported: Exported) -> list[torch.Tensor]:

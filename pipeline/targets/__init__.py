@@ -29,6 +29,9 @@ class Target(Protocol):
     # Whether a compiled folder still runs after it is copied elsewhere; CUDA kernels are found
     # by the absolute path they were compiled at, so a CUDA .so is compiled where it ships from.
     RELOCATABLE: bool
+    # Whether the models of a build with static batch sizes can share one constants store (constants.py)
+    # instead of each .so embedding the weights.
+    SHARED_CONSTANTS: bool
 
     def unavailable(self) -> str | None:
         """Why this machine cannot build the target (naming what is missing), or None."""

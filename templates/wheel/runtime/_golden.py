@@ -26,12 +26,15 @@ class GoldenMismatch(AssertionError):
     """The installed model's outputs differ from the recorded eager outputs beyond tolerance."""
 
 
-def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: str = "cpu") -> list[GoldenResult]:
+def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: str = "cpu",
+               cases: list[str] | None = None) -> list[GoldenResult]:
+    """``cases``: default the dynamic model's (manifest["golden"]["cases"]); a static size's are
+    named ``batch<N>/golden<i>``."""
     from safetensors.torch import load_file  # only verification needs it
 
     tensors = load_file(str(golden_file))
     results = []
-    for case in manifest["golden"]["cases"]:
+    for case in manifest["golden"]["cases"] if cases is None else cases:
         args = [tensors[f"{case}/inputs/{spec['name']}"].to(device) for spec in manifest["inputs"]]
         got = model(*args)
         got = got if manifest["returns_tuple"] else (got,)

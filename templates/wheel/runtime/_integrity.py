@@ -46,6 +46,7 @@ def packaged_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every file the manifest records a sha256 and size for, by its path inside the package."""
     files = {f"artifacts/{name}": record for name, record in manifest["artifacts"].items()}
     files[manifest["golden"]["file"]] = manifest["golden"]
+    files.update(manifest.get("constants", {}))  # static batch sizes' shared constants store
     if manifest.get("weights", {}).get("external"):
         files[manifest["weights"]["file"]] = weights_record(manifest)
     return files

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
-from . import _cuda
+from . import _cuda, _dispatch
+from ._constants import Store
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts, check_files, weights_record
@@ -56,28 +57,43 @@ def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, 
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int) -> Any:
+def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR) -> Any:
+    """``kernels``: where a CUDA .so's kernel files are (a static size's: its own folder)."""
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
     if m["target"] == "cuda":
-        return _cuda.open_runner(library, ARTIFACTS_DIR, device, num_models)
+        return _cuda.open_runner(library, kernels, device, num_models)
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
 
 
-class CompiledModel:
-    """Call it like the original module: tensors in, a tensor (or tuple of tensors) out."""
+_BY_BATCH = -1  # CompiledModel._run: pick the model by the batch of the call
 
-    def __init__(self, runner: Any, m: dict[str, Any], library: Path, device: str) -> None:
+
+class CompiledModel:
+    """Call it like the original module: tensors in, a tensor (or tuple of tensors) out.
+
+    With static batch sizes, each call runs on the model compiled for its batch (see
+    ``route()``); ``last_library`` is the .so that ran the latest call."""
+
+    def __init__(self, runner: Any, m: dict[str, Any], library: Path, device: str,
+                 static: dict[int, tuple[Any, Path]] | None = None) -> None:
         self._runner = runner
         self._manifest = m
         self.library = library
         self.device = device
+        self._static = static or {}
+        self._store: Store | None = None  # static sizes' shared constants: the runners read its mapped file
+        self.last_library: Path | None = None
         self._swap_lock = threading.Lock()
         # The runner reads external weights straight from these tensors (user-managed, memory-mapped
         # from the file): keep the active and the previous set alive.
         self._held: tuple[dict[str, torch.Tensor], ...] = ()
 
+    def _runners(self) -> list[Any]:
+        return [self._runner, *(runner for runner, _ in self._static.values())]
+
     def _install(self, tensors: dict[str, torch.Tensor], *, inactive: bool) -> None:
-        load_into(self._runner, tensors, inactive=inactive)
+        for runner in self._runners():  # every size reads the one set of weights
+            load_into(runner, tensors, inactive=inactive)
         self._held = (tensors, *self._held[:1])
 
     def swap_weights(self, weights: str | Path | Mapping[str, torch.Tensor]) -> None:
@@ -88,13 +104,31 @@ class CompiledModel:
         tensors = _weights_from(weights, self._manifest, self.device)
         with self._swap_lock:
             self._install(tensors, inactive=True)
-            self._runner.swap_constant_buffer()
+            for runner in self._runners():
+                runner.swap_constant_buffer()
+
+    def route(self, batch: int) -> str:
+        """Which compiled model runs a batch of this size: ``dynamic``, ``static batch=4``, or
+        ``static batch=4 (padded from 3)``."""
+        return _dispatch.describe(self._manifest, batch)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         m = self._manifest
         check_inputs(m["inputs"], m["dims"], args, self.device)
-        outputs = self._runner.run([arg.contiguous() for arg in args])
+        outputs = self._run([arg.contiguous() for arg in args])
         return tuple(outputs) if m["returns_tuple"] else outputs[0]
+
+    def _run(self, args: list[torch.Tensor], size: int | None = _BY_BATCH) -> list[torch.Tensor]:
+        """On the model for the batch of ``args`` (or on static ``size``; None: the dynamic model)."""
+        batch = args[0].shape[0] if self._static else 0
+        runs_at = batch
+        if size == _BY_BATCH:
+            size, runs_at = _dispatch.route(self._manifest, batch) if self._static else (None, batch)
+        runner, self.last_library = self._static[size] if size is not None else (self._runner, self.library)
+        if runs_at != batch:  # padded: repeat the last sample, then slice the outputs back
+            args = [torch.cat([a, a[-1:].expand(runs_at - batch, *a.shape[1:])]) for a in args]
+            return [o[:batch] for o in runner.run(args)]
+        return runner.run(args)
 
     def __repr__(self) -> str:
         return f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} on {self.device} from {self.library}>"
@@ -127,7 +161,14 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     directory = artifacts_dir()
     check_artifacts(directory, m)
     library = directory / m["library"]
-    model = CompiledModel(_open_runner(m, library, where, num_models), m, library, where)
+    static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name), path)
+              for size, path in _dispatch.static_libraries(m, directory).items()}
+    model = CompiledModel(_open_runner(m, library, where, num_models), m, library, where, static)
+    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
+        check_files(PACKAGE_DIR, m["constants"])
+        model._store = Store(PACKAGE_DIR)
+        for runner, path in [(model._runner, library), *static.values()]:
+            runner.update_constant_buffer(model._store.tensors(path.relative_to(directory).as_posix()), False, True, True)
     if tensors is not None:
         model._install(tensors, inactive=False)
     return model
@@ -140,9 +181,20 @@ def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
     model = model or load()
     # the golden outputs were recorded under the build's reference settings (TF32 off on a GPU)
     settings = _cuda.exact_float32() if m["target"] == "cuda" else contextlib.nullcontext()
-    with settings:
-        results = run_golden(model, m, PACKAGE_DIR / m["golden"]["file"], model.device)
+    golden = PACKAGE_DIR / m["golden"]["file"]
+    with settings:  # the dynamic model's cases on it, each static size's on that size's model
+        results = run_golden(_on(model, None), m, golden, model.device)
+        for size, record in m.get("static", {}).get("sizes", {}).items():
+            results += run_golden(_on(model, int(size)), m, golden, model.device, record["golden_cases"])
     failures = describe_failures(results)
     if failures:
         raise GoldenMismatch(f"{m['dist_name']} {m['full_version']} differs from its golden outputs:\n{failures}")
     return results
+
+
+def _on(model: CompiledModel, size: int | None):
+    """``model`` called on one compiled model: the dynamic one (None) or a static size's."""
+    def call(*args: torch.Tensor):
+        outputs = model._run([arg.contiguous() for arg in args], size)
+        return tuple(outputs) if model._manifest["returns_tuple"] else outputs[0]
+    return call

@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from . import _dispatch
 from ._inputs import check_count, check_sizes
-from ._integrity import check_artifacts
-from ._manifest import CPU_CAPABILITY_ORDER, artifacts_dir, check_runtime, manifest
+from ._constants import Store, pairs
+from ._integrity import check_artifacts, check_files
+from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
 
 _handle = ctypes.c_void_p
@@ -177,9 +179,15 @@ class NumpyModel:
     Outputs are the model's own buffers, handed over without a copy; each call returns new ones.
     """
 
-    def __init__(self, m: dict[str, Any], library: Path, num_models: int) -> None:
+    def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None,
+                 store: tuple[Store, str] | None = None) -> None:
         self._manifest = m
         self.library = library
+        self._constants: dict[str, int] = {}
+        # One model per static batch size, each called by route(); last_library: the latest call's .so.
+        self._static = {size: NumpyModel(m, path, num_models, store=store and (store[0], m["static"]["sizes"][str(size)]["library"]))
+                        for size, path in (static or {}).items()}
+        self.last_library: Path | None = None
         self._lib = _open_libtorch()
         self._codes = _dtype_codes(self._lib)
         self._dtypes_by_code = {code: np.dtype(_NUMPY_DTYPES[name]) for name, code in self._codes.items()}
@@ -195,6 +203,12 @@ class NumpyModel:
         count = ctypes.c_size_t()
         self._call("AOTInductorModelContainerGetNumOutputs", "reading the model", self._container, ctypes.byref(count))
         self._num_outputs = count.value
+        if store is not None:  # the constants, shared by the static sizes' models, outside the .so
+            self._store = store[0]
+            self._constants = store[0].handles(self._lib, store[1])
+            array, self._constant_names = pairs(self._constants)
+            self._call("AOTInductorModelContainerUpdateUserManagedConstantBufferPairs", "handing over the constants",
+                       self._container, array, ctypes.c_size_t(len(self._constants)), ctypes.c_bool(False), ctypes.c_bool(True))
 
     def _call(self, name: str, what: str, *args: Any) -> None:
         code = getattr(self._model, name)(*args)
@@ -222,15 +236,33 @@ class NumpyModel:
         check_sizes(inputs, self._manifest["dims"], [a.shape for a in args])
         return [_as_c_abi_array(a) for a in args]
 
+    def route(self, batch: int) -> str:
+        """Which compiled model runs a batch of this size (as CompiledModel.route)."""
+        return _dispatch.describe(self._manifest, batch)
+
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
-        arrays = self._checked(args)  # kept alive until the call returns: the handles borrow their memory
+        arrays = self._checked(args)
+        model, batch, runs_at = self, 0, 0
+        if self._static:
+            batch = arrays[0].shape[0]
+            size, runs_at = _dispatch.route(self._manifest, batch)
+            model = self._static[size] if size is not None else self
+        self.last_library = model.library
+        if runs_at != batch:  # padded: repeat the last sample, then slice the outputs back
+            arrays = [np.concatenate([a, np.repeat(a[-1:], runs_at - batch, axis=0)]) for a in arrays]
+            results = tuple(r[:batch] for r in model._run(arrays))
+        else:
+            results = model._run(arrays)
+        return results if self._manifest["returns_tuple"] else results[0]
+
+    def _run(self, arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        # ``arrays`` are kept alive until the call returns: the handles borrow their memory
         handles = (_handle * len(arrays))(*(self._input_handle(a) for a in arrays))  # the run takes ownership
         outputs = (_handle * self._num_outputs)()
         self._call("AOTInductorModelContainerRun", "running the model", self._container, handles,
                    ctypes.c_size_t(len(arrays)), outputs, ctypes.c_size_t(self._num_outputs), None, None)
         owned = [_OutputTensor(self._lib, handle) for handle in outputs]  # freed with their arrays
-        results = tuple(self._own_copy_if_aliased(o.view(self._dtypes_by_code), arrays) for o in owned)
-        return results if self._manifest["returns_tuple"] else results[0]
+        return tuple(self._own_copy_if_aliased(o.view(self._dtypes_by_code), arrays) for o in owned)
 
     @staticmethod
     def _own_copy_if_aliased(result: np.ndarray, arrays: list[np.ndarray]) -> np.ndarray:
@@ -240,9 +272,14 @@ class NumpyModel:
 
     def close(self) -> None:
         """Free the model (also done when the object is collected)."""
+        for model in getattr(self, "_static", {}).values():
+            model.close()
         if getattr(self, "_container", None):
             self._model.AOTInductorModelContainerDelete(self._container)
             self._container = _handle()
+        for handle in getattr(self, "_constants", {}).values():  # after the model that used them
+            self._lib.aoti_torch_delete_tensor_object(handle)
+        self._constants = {}
 
     def __del__(self) -> None:
         self.close()
@@ -272,4 +309,8 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     check_runtime(m, torch_version(), cpu_capability())
     directory = artifacts_dir()
     check_artifacts(directory, m)
-    return NumpyModel(m, directory / m["library"], num_models)
+    store = None
+    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
+        check_files(PACKAGE_DIR, m["constants"])
+        store = (Store(PACKAGE_DIR), m["library"])
+    return NumpyModel(m, directory / m["library"], num_models, _dispatch.static_libraries(m, directory), store)

@@ -1,0 +1,223 @@
+"""Static batch sizes: the model compiled again with its batch dim fixed at each of
+``[dims.<batch>] static = [...]``, beside the dynamic model.
+
+With a dynamic batch Inductor leaves convolution weights unpacked (oneDNN reorders them on every
+call); at a fixed size, freezing packs them once at compile time. Each size is compiled with the
+options the search chose for the dynamic model (the search runs once), into
+``<output>/batch<N>/`` (where it ships from: a CUDA .so finds its kernels by that path), and
+verified like the dynamic model on its own cases at that size. With ``[weights] external = true``
+every size reads the one weights file the dynamic model reads; with embedded weights (freezing's
+packed constants, which AOTInductor cannot hand over from outside the .so) each .so carries its own.
+
+With ``pad = true`` a size between the static ones runs on the next larger one, its inputs padded
+along the batch and its outputs sliced; the gate below checks, on the compiled models, that the
+padded results match eager at the unpadded size (a model that mixes samples across the batch,
+batch norm in training mode or a sum over the batch, fails it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import constants, targets
+from .cache import Cache
+from .compile import Compiled, compile_model, plan_compile
+from .errors import VerificationError
+from .export import Exported, export_program, prepare, spec_inputs
+from .loader import LoadedModel, call_forward
+from .spec import Spec, SpecFile
+from .templates import wheel_compare, wheel_inputs
+from .tune import Tuned
+from .verify import Verified, as_tuple, open_runner, tolerances, verify_model
+
+PAD_SEED = 500
+
+
+@dataclass(frozen=True)
+class StaticModel:
+    size: int
+    exported: Exported  # the spec with the batch dim fixed at ``size``
+    compiled: Compiled
+    verified: Verified | None = None
+
+
+def folder(size: int) -> str:
+    """The static model's folder inside the output folder (and the wheel's artifacts/)."""
+    return f"batch{size}"
+
+
+def fixed_spec(spec_file: SpecFile, dim: str, size: int) -> SpecFile:
+    """The spec with ``dim`` fixed at ``size``: dropped from [dims], a number in every input shape."""
+    raw = spec_file.spec.model_dump(exclude_none=True)
+    raw["dims"].pop(dim)
+    for spec_input in raw["inputs"]:
+        spec_input["shape"] = [size if axis == dim else axis for axis in spec_input["shape"]]
+    return SpecFile(path=spec_file.path, spec=Spec.model_validate(raw))
+
+
+def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_version: str, output_dir: Path,
+                  work_dir: Path, store: Cache, say, step=lambda text: None) -> list[StaticModel]:
+    """Export and compile each static size with the chosen candidate's options (from the cache when
+    it holds them)."""
+    spec_file = exported.spec_file
+    dim = spec_file.spec.static_dim
+    if dim is None:
+        return []
+    sizes = spec_file.spec.dims[dim].static
+    models = []
+    for index, size in enumerate(sizes):
+        step(f"static {index + 1}/{len(sizes)} {dim}={size}: compiling")
+        fixed = prepare(fixed_spec(spec_file, dim, size), loaded, exported.target)
+        shared = {constants.OPTION: False} if constants.shared(exported.target, spec_file.spec) else {}
+        plan = plan_compile(fixed, cxx_version, exported.target, output_dir / folder(size), {**tuned.plan.overrides, **shared})
+        if not store.has(plan.key):
+            fixed = export_program(fixed, loaded.source_files)
+        plan.compile_dir.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        compiled = compile_model(fixed, plan, work_dir / "static" / folder(size), store)
+        took = "from the build cache" if compiled.from_cache else f"in {time.perf_counter() - started:.1f}s"
+        say(f"    static {dim}={size}: compiled {took} ({tuned.chosen} options)")
+        models.append(StaticModel(size, fixed, compiled))
+    return models
+
+
+def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir: Path, say,
+                 step=lambda text: None) -> list[StaticModel]:
+    """Each size verified like the dynamic model, on its own cases at that size."""
+    verified = []
+    for model in models:
+        step(f"static {model.size}: verifying")
+        result = verify_model(model.exported, model.compiled, work_dir / "static" / folder(model.size), weights_file)
+        worst = ", ".join(f"{name} {w['max_abs']:.2g}" for name, w in result.worst().items())
+        say(f"    static {folder(model.size)}: {len(result.cases)} cases passed (max abs diff: {worst})")
+        verified.append(dataclasses.replace(model, verified=result))
+    return verified
+
+
+def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
+    """Each size between ``low`` and the largest static size that is not static -> the static size it pads to."""
+    return {size: next(s for s in sizes if s > size) for size in range(low, max(sizes)) if size not in sizes}
+
+
+def pad_inputs(inputs: tuple[torch.Tensor, ...], size: int) -> tuple[torch.Tensor, ...]:
+    """Each input grown along its first axis to ``size`` by repeating its last sample (values the
+    model has seen, so no row of zeros can turn into NaN or inf)."""
+    return tuple(torch.cat([t, t[-1:].expand(size - t.shape[0], *t.shape[1:])]) for t in inputs)
+
+
+def check_padding(exported: Exported, models: list[StaticModel], weights_file: Path | None, say) -> dict[str, dict]:
+    """The batch-independence gate of ``pad = true``: for the smallest and largest size that pads to
+    each static size, the static model's padded, sliced outputs against eager at the unpadded size."""
+    spec = exported.spec_file.spec
+    dim = spec.static_dim
+    by_size = {model.size: model for model in models}
+    pads = padded_sizes(sorted(by_size), spec.dims[dim].min)
+    checked = sorted({min(b for b in pads if pads[b] == s) for s in set(pads.values())}
+                     | {max(b for b in pads if pads[b] == s) for s in set(pads.values())})
+    tols, names = tolerances(exported), [o.name for o in spec.outputs]
+    sizes = {name: d.export_size for name, d in spec.dims.items()}
+    target = targets.get(exported.target)
+    runners, results, failures = {}, {}, []
+    for batch in checked:
+        to = pads[batch]
+        runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
+        inputs = tuple(t.to(exported.device) for t in wheel_inputs.make_inputs(
+            spec_inputs(exported.spec_file), {**sizes, dim: batch}, PAD_SEED + batch))
+        with torch.no_grad(), target.reference():
+            want = as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
+            got = runner.run(list(pad_inputs(inputs, to)))
+        case = f"{dim}={batch} padded to {to}"
+        for name, g, w in zip(names, got, want):
+            if g.dim() == 0 or g.shape[0] != to:
+                failures.append(f"  case {case}: output {name!r} has shape {list(g.shape)}, not {dim} ({to}) first: "
+                                f"it cannot be sliced back to {batch}")
+                continue
+            diff = wheel_compare.compare(name, g[:batch], w, *tols[name])
+            results.setdefault(case, {})[name] = {"max_abs": diff.max_abs, "passed": diff.passed}
+            if not diff.passed:
+                failures.append(f"  case {case}: {diff.describe()}")
+    if failures:
+        raise VerificationError(
+            f"[dims.{dim}] pad = true, but the model is not batch-independent: its outputs for a padded batch, sliced "
+            f"back, differ from eager at the unpadded size:\n" + "\n".join(failures),
+            f"remove 'pad = true' from [dims.{dim}] in {exported.spec_file.path}: sizes between the static ones then "
+            f"run on the dynamic model; or make samples independent (no batch norm in training mode, no sums over the batch)",
+        )
+    say(f"    padding: {len(checked)} padded sizes match eager at their own size (model is batch-independent)")
+    return results
+
+
+def manifest_record(exported: Exported, models: list[StaticModel]) -> dict | None:
+    """The manifest's "static" section: the dim, whether padding is allowed, each size's .so and verification."""
+    spec = exported.spec_file.spec
+    dim = spec.static_dim
+    if dim is None:
+        return None
+    return {
+        "dim": dim,
+        "pad": spec.dims[dim].pad,
+        "sizes": {
+            str(m.size): {
+                "library": f"{folder(m.size)}/{m.compiled.library.name}",
+                "golden_cases": [f"{folder(m.size)}/{case}" for case in m.verified.golden_cases],
+                "verification": {"passed": True, "cases": [c.case for c in m.verified.cases]},
+            }
+            for m in models
+        },
+    }
+
+
+def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
+    """Each size's golden cases into the wheel's one golden file, under ``batch<N>/<case>``."""
+    if not models:
+        return
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(golden_file))
+    for model in models:
+        for key, tensor in load_file(str(model.verified.golden_file)).items():
+            tensors[f"{folder(model.size)}/{key}"] = tensor
+    save_file(tensors, str(golden_file))
+
+
+def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]) -> dict:
+    """The static sizes' .so files under "artifacts" (by their path in artifacts/), and the "static" section."""
+    from .manifest import sha256_file
+
+    record = manifest_record(exported, models)
+    if record is None:
+        return manifest
+    for model in models:
+        for path in model.compiled.artifacts:
+            name = f"{folder(model.size)}/{path.name}"
+            manifest["artifacts"][name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    manifest["static"] = record
+    if store:  # the shared constants: the wheel's _constants.py reads them, its integrity check hashes them
+        manifest["constants"] = {path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in store}
+    return manifest
+
+
+def report(models: list[StaticModel], padding: dict[str, dict] | None) -> dict:
+    """The build report's "static" section: each size's verification, and the padding gate's cases."""
+    return {
+        "sizes": {str(m.size): {"verification": m.verified.report(), "compile_cache_key": m.compiled.cache_key,
+                                "from_cache": m.compiled.from_cache} for m in models},
+        "padding": padding,
+    }
+
+
+def shared_store(compiled: Compiled, models: list[StaticModel], work_dir: Path) -> tuple[Path, ...]:
+    """The one constants store of the dynamic and every static model (their own stores merged, each
+    distinct blob once), written to ``work_dir/constants/``; () when the models embed their weights."""
+    if compiled.constants is None:
+        return ()
+    writer = constants.Writer()
+    writer.merge(compiled.constants, compiled.library.name)
+    for model in models:
+        writer.merge(model.compiled.constants, f"{folder(model.size)}/{model.compiled.library.name}")
+    return writer.write(work_dir / "constants")

@@ -1,0 +1,90 @@
+"""The constants store shared by a wheel's compiled models (static batch sizes with embedded weights).
+
+``constants.bin`` holds every distinct constant once (64-byte aligned); ``constants.json`` says,
+per model and constant, which bytes and how to read them (dtype, shape, strides, and for a oneDNN
+tensor its memory descriptor). The file is memory-mapped read-only, and each constant is made a
+tensor over that memory by torch's own C shim (``aoti_torch_create_tensor_from_blob_v2``, the call
+a .so makes for the constants it embeds), so no weight is copied and the models share the pages.
+Shared by the build (verification) and the wheel (``load()``, ``load_numpy()``); imports no torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+INDEX_FILE, BLOB_FILE = "constants.json", "constants.bin"
+_i64 = ctypes.c_int64
+
+
+class _Pair(ctypes.Structure):  # AOTInductorConstantMapEntry (aoti_runtime/interface.h)
+    _fields_ = [("name", ctypes.c_char_p), ("handle", ctypes.c_void_p)]
+
+
+class Store:
+    """The store in ``folder``, mapped once; ``handles()`` makes a model's constants from it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
+        size = (folder / BLOB_FILE).stat().st_size
+        with (folder / BLOB_FILE).open("rb") as handle:
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        # numpy gives the read-only mapping's address; the kernels only read their constants
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.empty(0, np.uint8)
+
+    def _address(self, key: str) -> int:
+        return self._bytes.ctypes.data + self.index["blobs"][key]["offset"]
+
+    def _metadata(self, key: str) -> bytes:
+        where = self.index["blobs"][key]
+        return self._bytes[where["offset"]:where["offset"] + where["size"]].tobytes()
+
+    def handles(self, lib: ctypes.CDLL, library: str) -> dict[str, int]:
+        """Each constant of ``library`` (its path in artifacts/) as a new tensor handle over the
+        mapped bytes; the caller owns the handles (a tensor made from one, or a model given them)."""
+        create = lib.aoti_torch_create_tensor_from_blob_v2
+        create.restype = ctypes.c_int32
+        create.argtypes = [ctypes.c_void_p, _i64, ctypes.POINTER(_i64), ctypes.POINTER(_i64), _i64, ctypes.c_int32,
+                           ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32,
+                           ctypes.c_char_p, _i64]
+        layouts = {"strided": _code(lib, "aoti_torch_layout_strided"), "mkldnn": _code(lib, "aoti_torch_layout__mkldnn")}
+        cpu = _code(lib, "aoti_torch_device_type_cpu")
+        made = {}
+        for name, entry in self.index["models"][library].items():
+            ndim = len(entry["shape"])
+            md = self._metadata(entry["md"]) if entry.get("md") else None
+            handle = ctypes.c_void_p()
+            code = create(self._address(entry["blob"]), ndim, (_i64 * max(ndim, 1))(*entry["shape"]),
+                          (_i64 * max(ndim, 1))(*entry["stride"]), entry["offset"], _code(lib, f"aoti_torch_dtype_{entry['dtype']}"),
+                          cpu, 0, ctypes.byref(handle), layouts[entry["layout"]], md, len(md) if md else 0)
+            if code != 0:
+                raise RuntimeError(f"could not make constant {name!r} of {library} from {BLOB_FILE} (error {code})")
+            made[name] = handle.value
+        return made
+
+    def tensors(self, library: str) -> dict[str, Any]:
+        """``handles()`` as torch tensors (for torch's runner); imports torch."""
+        import torch
+
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        capsule = ctypes.pythonapi.PyCapsule_New
+        capsule.restype, capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        steal = torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr
+        return {name: steal(capsule(handle, None, None)) for name, handle in self.handles(lib, library).items()}
+
+
+def pairs(handles: dict[str, int]) -> tuple[ctypes.Array, list[bytes]]:
+    """The handles as the C interface's (name, handle) array, and the names it points into (keep both alive)."""
+    names = [name.encode() for name in handles]
+    array = (_Pair * len(handles))(*(_Pair(name, handle) for name, handle in zip(names, handles.values())))
+    return array, names
+
+
+def _code(lib: ctypes.CDLL, function: str) -> int:
+    getattr(lib, function).restype = ctypes.c_int32
+    return getattr(lib, function)()

@@ -1,0 +1,41 @@
+"""Static batch sizes: which compiled model runs a call, by the size of the batch dim.
+
+A wheel built with ``[dims.<batch>] static = [...]`` carries one .so per static size beside the
+dynamic one. A call whose batch is a static size runs on that size's model; with ``pad`` (the
+build checked the model is batch-independent) a size between static ones runs on the next larger
+one, its inputs padded by repeating their last sample and its outputs sliced back; every other
+size runs on the dynamic model. Imports nothing heavy: both loaders use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def static_libraries(m: dict[str, Any], directory: Path) -> dict[int, Path]:
+    """Each static size's .so under ``directory`` (empty for a wheel without static sizes)."""
+    return {int(size): directory / record["library"] for size, record in m.get("static", {}).get("sizes", {}).items()}
+
+
+def route(m: dict[str, Any], batch: int) -> tuple[int | None, int]:
+    """(the static size that runs a batch of ``batch``, or None for the dynamic model; the size it
+    runs at, ``batch`` itself unless padded)."""
+    record = m.get("static")
+    if not record:
+        return None, batch
+    sizes = sorted(int(size) for size in record["sizes"])
+    if batch in sizes:
+        return batch, batch
+    if record["pad"]:
+        larger = [size for size in sizes if size > batch]
+        if larger:
+            return larger[0], larger[0]
+    return None, batch
+
+
+def describe(m: dict[str, Any], batch: int) -> str:
+    size, runs_at = route(m, batch)
+    if size is None:
+        return "dynamic"
+    return f"static {m['static']['dim']}={size}" + (f" (padded from {batch})" if runs_at != batch else "")
