@@ -24,6 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import ort_profile  # noqa: E402
 import sampling  # noqa: E402
 from pipeline import precision  # noqa: E402
 from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs  # noqa: E402
@@ -315,6 +316,8 @@ def limits(results: dict) -> list[str]:
         gflop = prof["group_gflop"].get(group)
         rate = f"{gflop:.2f} | {gflop / ms * 1000:.0f} | {gflop / ms * 1000 / peak:.0%}" if gflop else " | | "
         lines.append(f"| {group} | {ms:.2f} | {ms / total:.0%} | {rate} |")
+    if results.get("onnx_profile"):
+        lines += [""] + versus_onnx(prof["groups_ms"], results["onnx_profile"])
     if results.get("sampling"):
         lines += ["", f"The installed wheel itself, sampled with `perf` while it ran batch 1 through `load()` ({wheel1:.1f} ms a "
                   "call in this run's latency table; start-up not sampled), by where the samples fell:", "",
@@ -341,6 +344,26 @@ def limits(results: dict) -> list[str]:
                   f"({bf16['median_ms'] / onnx1:.2f}x ONNX Runtime, {bf16['median_ms'] / eager1:.2f}x eager), but differs from "
                   f"float32 eager by up to {diffs} on three seeded inputs: the search's reduced-precision candidate is only "
                   "compiled where the spec's tolerances allow it, and this spec's do not."]
+    return lines
+
+
+def versus_onnx(wheel_groups: dict, onnx: dict) -> list[str]:
+    """Where the gap to ONNX Runtime lies: the same groups of operations, each under its own
+    profiler at batch 1 (the wheel's kernel profile, ONNX Runtime's node times)."""
+    wheel = {}
+    for group, ms in wheel_groups.items():
+        key = group if group in ("convolution", "linear / matmul", "attention") else ort_profile.OTHER
+        wheel[key] = wheel.get(key, 0.0) + ms
+    groups = sorted(set(wheel) | set(onnx["groups_ms"]), key=lambda g: -wheel.get(g, 0.0))
+    lines = ["The same operations in ONNX Runtime, under its own profiler at batch 1 "
+             f"({onnx['run_ms']:.1f} ms a run while profiled; heaviest op types: "
+             + ", ".join(f"{op} {ms:.2f}" for op, ms in list(onnx["ops_ms"].items())[:5]) + " ms):", "",
+             "| operations | wheel ms | ONNX Runtime ms | wheel − ONNX Runtime |", "|---|---|---|---|"]
+    for group in groups:
+        mine, theirs = wheel.get(group, 0.0), onnx["groups_ms"].get(group, 0.0)
+        lines.append(f"| {group} | {mine:.2f} | {theirs:.2f} | {mine - theirs:+.2f} |")
+    total_wheel, total_onnx = sum(wheel.values()), sum(onnx["groups_ms"].values())
+    lines.append(f"| all | {total_wheel:.2f} | {total_onnx:.2f} | {total_wheel - total_onnx:+.2f} |")
     return lines
 
 
@@ -414,6 +437,9 @@ def main() -> None:
                               out / "profile" / "model.so")
         results["profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec,
                                        "--mode", "kernels", "--batch", 1, "--artifact", profiled])
+        say("==> profiling ONNX Runtime at batch 1 (its own profiler), for the side-by-side")
+        results["onnx_profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "onnx", "--spec", spec,
+                                            "--mode", "ort-profile", "--batch", 1, "--artifact", artifacts["onnx"]])
         if sampling.available():
             say("==> sampling the wheel's process with perf (batch 1, start-up not sampled)")
             cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]

@@ -12,7 +12,8 @@ the virtualenv the wheel is installed in (their --artifact is the import name): 
 load() and torch tensors, `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
 `onnx` in cold mode imports only onnxruntime and numpy; `import-torch` (cold mode only) imports
 torch and nothing else. `so` with `--mode kernels` profiles a
-.so compiled with cpp.enable_kernel_profile. Prints one JSON object.
+.so compiled with cpp.enable_kernel_profile; `onnx` with `--mode ort-profile` runs ONNX Runtime's
+profiler (ort_profile.py). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def main() -> None:
     parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-numpy", "so",
                                                  "import-torch"])
     parser.add_argument("--spec", default="")
-    parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy"], required=True)
+    parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy", "ort-profile"], required=True)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the current GPU")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--artifact", default=None)
@@ -258,6 +259,12 @@ def main() -> None:
         return
     if args.mode == "kernels":
         print(json.dumps(kernel_profile(args.artifact, args.spec, args.batch)))
+        return
+    if args.mode == "ort-profile":  # ONNX Runtime's own profile, grouped as kernel_profile's
+        import ort_profile
+
+        _, tensors = spec_inputs(args.spec, args.batch)
+        print(json.dumps(ort_profile.profile(args.artifact, [t.numpy() for t in tensors])))
         return
     print(json.dumps(latency(make_runner(args.variant, args.spec, args.batch, args.artifact), args.min_seconds)))
 

@@ -89,3 +89,17 @@ def test_onnx_runtime_profile_counts_only_the_timed_runs_per_group():
     assert summary["run_ms"] == 11.0
     assert summary["groups_ms"] == {"convolution": 5.0, "linear / matmul": 2.0, ort_profile.OTHER: 1.0}
     assert list(summary["ops_ms"])[0] == "NchwcConv"
+
+
+def test_the_gap_to_onnx_runtime_is_named_by_operation_group():
+    import ort_profile
+
+    wheel = {"convolution": 17.0, "linear / matmul": 5.5, "generated C++ kernels": 3.0, "other library calls": 0.5,
+             "attention": 2.0}
+    onnx = {"run_ms": 21.0, "groups_ms": {"convolution": 11.0, "linear / matmul": 6.0, ort_profile.OTHER: 3.0},
+            "ops_ms": {"Conv": 11.0, "MatMul": 6.0}}
+    lines = bench.versus_onnx(wheel, onnx)
+    assert "| convolution | 17.00 | 11.00 | +6.00 |" in lines
+    assert f"| {ort_profile.OTHER} | 3.50 | 3.00 | +0.50 |" in lines
+    assert "| attention | 2.00 | 0.00 | +2.00 |" in lines
+    assert lines[-1] == "| all | 28.00 | 20.00 | +8.00 |"
