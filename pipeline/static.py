@@ -6,8 +6,9 @@ call); at a fixed size, freezing packs them once at compile time. Each size is c
 options the search chose for the dynamic model (the search runs once), into
 ``<output>/batch<N>/`` (where it ships from: a CUDA .so finds its kernels by that path), and
 verified like the dynamic model on its own cases at that size. With ``[weights] external = true``
-every size reads the one weights file the dynamic model reads; with embedded weights (freezing's
-packed constants, which AOTInductor cannot hand over from outside the .so) each .so carries its own.
+every size reads the one weights file the dynamic model reads; with embedded weights on the CPU
+target, every model's constants (freezing's packed ones included) go into one shared constants
+store, each distinct blob once (constants.py); on CUDA each .so carries its own.
 
 With ``pad = true`` a size between the static ones runs on the next larger one, its inputs padded
 along the batch and its outputs sliced; the gate below checks, on the compiled models, that the
@@ -31,7 +32,7 @@ from .errors import VerificationError
 from .export import Exported, export_program, prepare, spec_inputs
 from .loader import LoadedModel, call_forward
 from .spec import Spec, SpecFile
-from .templates import wheel_compare, wheel_inputs
+from .templates import wheel_compare, wheel_dispatch, wheel_inputs
 from .tune import Tuned
 from .verify import Verified, as_tuple, open_runner, tolerances, verify_model
 
@@ -104,12 +105,6 @@ def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
     return {size: next(s for s in sizes if s > size) for size in range(low, max(sizes)) if size not in sizes}
 
 
-def pad_inputs(inputs: tuple[torch.Tensor, ...], size: int) -> tuple[torch.Tensor, ...]:
-    """Each input grown along its first axis to ``size`` by repeating its last sample (values the
-    model has seen, so no row of zeros can turn into NaN or inf)."""
-    return tuple(torch.cat([t, t[-1:].expand(size - t.shape[0], *t.shape[1:])]) for t in inputs)
-
-
 def check_padding(exported: Exported, models: list[StaticModel], weights_file: Path | None, say) -> dict[str, dict]:
     """The batch-independence gate of ``pad = true``: for the smallest and largest size that pads to
     each static size, the static model's padded, sliced outputs against eager at the unpadded size."""
@@ -130,7 +125,7 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
             spec_inputs(exported.spec_file), {**sizes, dim: batch}, PAD_SEED + batch))
         with torch.no_grad(), target.reference():
             want = as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
-            got = runner.run(list(pad_inputs(inputs, to)))
+            got = runner.run(wheel_dispatch.pad(list(inputs), to, torch.cat))
         case = f"{dim}={batch} padded to {to}"
         for name, g, w in zip(names, got, want):
             if g.dim() == 0 or g.shape[0] != to:

@@ -34,6 +34,13 @@ def route(m: dict[str, Any], batch: int) -> tuple[int | None, int]:
     return None, batch
 
 
+def pad(arrays: list, size: int, concat) -> list:
+    """Each array (torch tensor or numpy array, joined by ``concat``) grown along its first axis to
+    ``size`` by repeating its last sample: values the model has seen, so no row of zeros can turn
+    into NaN or inf."""
+    return [concat([a, *[a[-1:]] * (size - a.shape[0])]) for a in arrays]
+
+
 def describe(m: dict[str, Any], batch: int) -> str:
     size, runs_at = route(m, batch)
     if size is None:

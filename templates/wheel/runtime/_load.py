@@ -126,7 +126,7 @@ class CompiledModel:
             size, runs_at = _dispatch.route(self._manifest, batch) if self._static else (None, batch)
         runner, self.last_library = self._static[size] if size is not None else (self._runner, self.library)
         if runs_at != batch:  # padded: repeat the last sample, then slice the outputs back
-            args = [torch.cat([a, a[-1:].expand(runs_at - batch, *a.shape[1:])]) for a in args]
+            args = _dispatch.pad(args, runs_at, torch.cat)
             return [o[:batch] for o in runner.run(args)]
         return runner.run(args)
 

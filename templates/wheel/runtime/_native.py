@@ -249,7 +249,7 @@ class NumpyModel:
             model = self._static[size] if size is not None else self
         self.last_library = model.library
         if runs_at != batch:  # padded: repeat the last sample, then slice the outputs back
-            arrays = [np.concatenate([a, np.repeat(a[-1:], runs_at - batch, axis=0)]) for a in arrays]
+            arrays = _dispatch.pad(arrays, runs_at, np.concatenate)
             results = tuple(r[:batch] for r in model._run(arrays))
         else:
             results = model._run(arrays)
