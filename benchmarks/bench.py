@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 import ort_profile  # noqa: E402
 import sampling  # noqa: E402
-from pipeline import precision  # noqa: E402
+from pipeline import precision, targets  # noqa: E402
 from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs  # noqa: E402
 from pipeline.loader import load_model  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
@@ -100,7 +100,8 @@ def program_for(exported, compile_options: dict) -> tuple:
     Inductor options among them."""
     autocast, options = precision.split_options(compile_options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
-    return program, {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
+    options = {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
+    return program, {**options, **targets.get("cpu").graph_passes(options)}
 
 
 def make_pt2(exported, manifest: dict, out: Path) -> Path:

@@ -3,9 +3,11 @@ fixed at its minimum, same options (freezing), timed side by side at that size.
 
     python benchmarks/static_vs_dynamic.py --spec models/unet/spec.toml
 
-With a dynamic batch Inductor leaves convolution weights in their plain layout (it packs them
-for oneDNN at compile time only when the input shape is static), so they are reordered on every
-call. Prints one JSON object: each build's median ms and the ratio.
+With a dynamic batch Inductor itself leaves convolution weights in their plain layout (it packs
+them for oneDNN at compile time only when the input shape is static); both builds here get the
+pipeline's CPU graph passes, as the wheel does, which pack them at the example size
+(pipeline/conv_prepack.py), so what is left is the cost of code that cannot assume a size.
+Prints one JSON object: each build's median ms and the ratio.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.export import dynamic_shapes, prepare, spec_inputs  # noqa: E402
 from pipeline.loader import load_model  # noqa: E402
+from pipeline import targets  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
 from pipeline.templates import wheel_inputs  # noqa: E402
 
@@ -34,7 +37,8 @@ OPTIONS = {"freezing": True}
 def compile_at(module, args, shapes, path: Path) -> torch._C._aoti.AOTIModelContainerRunnerCpu:
     with torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-        torch._inductor.aot_compile(program.module(), args, options={**OPTIONS, "aot_inductor.output_path": str(path)})
+        options = {**OPTIONS, **targets.get("cpu").graph_passes(OPTIONS), "aot_inductor.output_path": str(path)}
+        torch._inductor.aot_compile(program.module(), args, options=options)
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
 
 

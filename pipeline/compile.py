@@ -163,7 +163,8 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     try:
         with (work_dir / INDUCTOR_LOG).open("a") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log), \
                 torch.no_grad(), (constants.captured() if capture else contextlib.nullcontext({})) as captured:
-            produced = torch._inductor.aot_compile(program.module(), args, kwargs, options=options)
+            produced = torch._inductor.aot_compile(program.module(), args, kwargs,
+                                                   options={**options, **targets.get(target).graph_passes(options)})
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc

@@ -1,8 +1,8 @@
 """Static batch sizes: the model compiled again with its batch dim fixed at each of
 ``[dims.<batch>] static = [...]``, beside the dynamic model.
 
-With a dynamic batch Inductor leaves convolution weights unpacked (oneDNN reorders them on every
-call); at a fixed size, freezing packs them once at compile time. Each size is compiled with the
+At a fixed size Inductor compiles code for that size alone (and packs convolution weights for
+it; the dynamic model's are packed at the example size: conv_prepack.py). Each size is compiled with the
 options the search chose for the dynamic model (the search runs once), into
 ``<output>/batch<N>/`` (where it ships from: a CUDA .so finds its kernels by that path), and
 verified like the dynamic model on its own cases at that size. With ``[weights] external = true``

@@ -39,6 +39,10 @@ class Target(Protocol):
     def compile_options(self, spec: Spec) -> dict[str, object]:
         """Inductor options the target adds to the spec's own."""
 
+    def graph_passes(self, options: Mapping[str, object]) -> dict[str, object]:
+        """Inductor's graph-pass hooks for a compile with these options: objects, so kept out of the
+        options that cache keys and the manifest record (``key_facts`` carries their version)."""
+
     def ships(self, path: Path, options: Mapping[str, object]) -> bool:
         """Whether a file AOTInductor wrote goes into the wheel (else it is kept with the sources)."""
 

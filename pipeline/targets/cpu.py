@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import conv_prepack
 from ..templates import wheel_preload
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ def compile_options(spec: Spec) -> dict[str, object]:
     return {}
 
 
+def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
+    # Only freezing makes weights constants that can be packed at compile time.
+    return conv_prepack.inductor_options() if options.get("freezing") else {}
+
+
 def ships(path: Path, options: Mapping[str, object]) -> bool:
     return path.suffix == ".so"
 
@@ -45,7 +51,7 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    return (vec_isa(),)
+    return (vec_isa(), conv_prepack.VERSION)
 
 
 def machine() -> str:

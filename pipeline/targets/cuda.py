@@ -54,6 +54,10 @@ def compile_options(spec: Spec) -> dict[str, object]:
     return {EMBED_OPTION: spec.build.cuda.embed_kernels, MULTI_ARCH_OPTION: spec.build.cuda.multi_arch}
 
 
+def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
+    return {}
+
+
 def ships(path: Path, options: Mapping[str, object]) -> bool:
     """The .so always; the kernel files unless they are embedded in it."""
     return path.suffix == ".so" or (not options.get(EMBED_OPTION) and path.suffix in wheel_cuda.KERNEL_SUFFIXES)
