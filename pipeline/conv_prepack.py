@@ -18,7 +18,11 @@ that follow (a convolution with its add, its activation) carry the packed weight
 from __future__ import annotations
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
+
+try:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+except ImportError:  # a torch without custom graph passes compiles as Inductor alone would
+    CustomGraphPass = None
 
 # Part of every CPU compile's cache key: a change to what this pass does must change it.
 VERSION = "conv-prepack-1"
@@ -47,7 +51,7 @@ def _attribute(module: torch.nn.Module, qualified_name: str):
     return module
 
 
-class PrepackDynamicConvWeights(CustomGraphPass):
+class PrepackDynamicConvWeights(CustomGraphPass or object):
     # Inductor deep-copies its config, so an instance's own attributes never see a compile: the
     # packed weights show in the compiled model's constant names (``<weight>_packed``).
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -102,4 +106,4 @@ def _free_name(module: torch.nn.Module, base: str) -> str:
 
 def inductor_options() -> dict[str, object]:
     """What the CPU target adds to a compile's torch._inductor.config settings."""
-    return {"post_grad_custom_pre_pass": PrepackDynamicConvWeights()}
+    return {"post_grad_custom_pre_pass": PrepackDynamicConvWeights()} if CustomGraphPass else {}
