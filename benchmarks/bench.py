@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 
 import ort_profile  # noqa: E402
 import sampling  # noqa: E402
-from pipeline import precision, targets  # noqa: E402
+from pipeline import precision  # noqa: E402
+from pipeline import targets as build_targets  # noqa: E402
 from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs  # noqa: E402
 from pipeline.loader import load_model  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
@@ -101,7 +102,7 @@ def program_for(exported, compile_options: dict) -> tuple:
     autocast, options = precision.split_options(compile_options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
     options = {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
-    return program, {**options, **targets.get("cpu").graph_passes(options)}
+    return program, {**options, **build_targets.get("cpu").graph_passes(options)}
 
 
 def make_pt2(exported, manifest: dict, out: Path) -> Path:

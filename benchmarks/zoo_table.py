@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 import venv
 from pathlib import Path
 
