@@ -103,3 +103,15 @@ def test_the_gap_to_onnx_runtime_is_named_by_operation_group():
     assert f"| {ort_profile.OTHER} | 3.50 | 3.00 | +0.50 |" in lines
     assert "| attention | 2.00 | 0.00 | +2.00 |" in lines
     assert lines[-1] == "| all | 28.00 | 20.00 | +8.00 |"
+
+
+def test_the_benchs_own_compiles_use_the_wheels_graph_passes():
+    """The .pt2, the profiled and the bf16 builds must compile as the wheel does (packed
+    convolution weights included), or the bench compares against a different model."""
+    from types import SimpleNamespace
+
+    program, options = bench.program_for(SimpleNamespace(program="exported"),
+                                         {"freezing": True, "aot_inductor.package_constants_in_so": False})
+    assert program == "exported"
+    assert options["freezing"] is True and "aot_inductor.package_constants_in_so" not in options
+    assert type(options["post_grad_custom_pre_pass"]).__name__ == "PrepackDynamicConvWeights"
