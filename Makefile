@@ -38,6 +38,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # has (pyproject.toml admits torch 2.11 to 2.14), from wheelhouse/ when present (offline). That
 # torch is named so pip keeps what it requires (torch 2.11 needs setuptools<82).
 current-env:
+	@$(PY) -c 'import importlib.util, sys; importlib.util.find_spec("torch") or sys.exit("error: $(PY) has no torch: this target uses the interpreter'"'"'s own torch (a CUDA build on a GPU machine)\nhint: run it with PYTHON=/path/to/a/python/that/has/torch")'
 	$(PY) -m pip install --quiet $(OFFLINE) -e '.[test]' \
 	  "torch==$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))')"
 
