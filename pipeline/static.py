@@ -101,8 +101,11 @@ def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir:
 
 
 def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
-    """Each size between ``low`` and the largest static size that is not static -> the static size it pads to."""
-    return {size: next(s for s in sizes if s > size) for size in range(low, max(sizes)) if size not in sizes}
+    """Each size from ``low`` up that the wheel pads -> the static size it runs at, by the
+    runtime's own rule (``_dispatch.route``), so the gate checks what the wheel will do."""
+    record = {"static": {"sizes": {str(size): {} for size in sizes}, "pad": True}}
+    routes = {batch: wheel_dispatch.route(record, batch) for batch in range(low, max(sizes))}
+    return {batch: runs_at for batch, (_, runs_at) in routes.items() if runs_at != batch}
 
 
 def check_padding(exported: Exported, models: list[StaticModel], weights_file: Path | None, say) -> dict[str, dict]:
