@@ -314,20 +314,16 @@ def run_doctor(spec_file, loaded, say) -> list[Finding]:
     from .purity import check_purity
 
     inputs = example_inputs(spec_file)
-    fitted = []
 
     def inputs_fit() -> None:  # before dynamo: a spec error in one paragraph, not a trace of the model
         check_inputs_fit(spec_file, loaded.module, inputs, loaded.source_files)
-        fitted.append(True)
 
     findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow), inputs_fit,
                         own_folder=spec_file.path.parent)
     for finding in findings:
         if finding.severity == "warning":
             say(finding.format())
-    raise_on_errors(findings, spec_file.spec.model.name)
-    if not fitted:  # not reached while an error stops the build; kept so the check can never be skipped
-        inputs_fit()
+    raise_on_errors(findings, spec_file.spec.model.name)  # diagnose() ran inputs_fit() unless there is one
     check_signature(spec_file, loaded.module)
     check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward))
     return findings
