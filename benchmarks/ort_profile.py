@@ -30,22 +30,28 @@ def op_group(op_type: str) -> str:
     return OTHER
 
 
+def session(model: Path | str, **settings: object):
+    """An ONNX Runtime session as the bench times it: the CPU provider on all cores, plus
+    ``settings`` on its SessionOptions."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    for name, value in settings.items():
+        setattr(options, name, value)
+    return onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
 def profile(model: Path | str, arrays: list, calls: int = 10, warmup: int = 3) -> dict:
     """{"run_ms": wall ms per run() under the profiler, "groups_ms": {group: ms per call},
     "ops_ms": {op type: ms per call}} for ``model`` on ``arrays`` (numpy, in the model's input
-    order), with the session options the bench times ONNX Runtime with (all cores)."""
-    import onnxruntime
-
+    order), with the session options the bench times ONNX Runtime with (session())."""
     with tempfile.TemporaryDirectory() as scratch:
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = os.cpu_count() or 1
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(scratch) / "ort")
-        session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        feeds = {i.name: array for i, array in zip(session.get_inputs(), arrays)}
+        profiled = session(model, enable_profiling=True, profile_file_prefix=str(Path(scratch) / "ort"))
+        feeds = {i.name: array for i, array in zip(profiled.get_inputs(), arrays)}
         for _ in range(warmup + calls):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
+            profiled.run(None, feeds)
+        events = json.loads(Path(profiled.end_profiling()).read_text())
     return summarize(events, calls)
 
 

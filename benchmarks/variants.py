@@ -102,11 +102,9 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         return lambda: model(*args)
     if variant == "onnx":
         import numpy as np
-        import onnxruntime as ort
+        import ort_profile
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = os.cpu_count() or 1
-        session = ort.InferenceSession(artifact, options, providers=["CPUExecutionProvider"])
+        session = ort_profile.session(artifact)
         if spec_path and batch is not None:
             _, tensors = spec_inputs(spec_path, batch)
             feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), tensors)}
