@@ -207,10 +207,13 @@ PASSWORD = "Kx9/Vq7@Mn3:Pw5#Rt2%Ls4 Jh6"
 PASSWORD_PIECES = ("Kx9", "Vq7", "Mn3", "Pw5", "Rt2", "Ls4", "Jh6")
 
 
-def closed_port() -> int:
+@pytest.fixture
+def closed_port():
+    """A port that refuses connections for the whole test: bound, never listening, so no other
+    process (another test run's index) can take it meanwhile."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens once it is closed
+        yield sock.getsockname()[1]
 
 
 def leaked(text: str) -> list[str]:
@@ -218,10 +221,10 @@ def leaked(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("source", ["index-env", "index-flag", "index-env-with-target", "twine-env", "spec-and-index-env"])
-def test_unencoded_password_never_leaks_from_a_failing_publish(tiny_build, tmp_path, source):
+def test_unencoded_password_never_leaks_from_a_failing_publish(tiny_build, tmp_path, source, closed_port):
     build_dirs, _ = tiny_build
     wheel = next(build_dirs.dist.glob("*.whl"))
-    port = closed_port()
+    port = closed_port
     with_userinfo = f"http://alice:{PASSWORD}@127.0.0.1:{port}/"
     env = {"MODELWHEEL_INDEX_URL": "", "MODELWHEEL_SIMPLE_URL": ""}
     args = ["-v", "publish", "--wheel", str(wheel), "--build-dir", str(tmp_path / "build")]
