@@ -24,6 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import layers_alone  # noqa: E402
 import ort_profile  # noqa: E402
 import sampling  # noqa: E402
 from pipeline import precision  # noqa: E402
@@ -321,6 +322,8 @@ def limits(results: dict) -> list[str]:
         lines.append(f"| {group} | {ms:.2f} | {ms / total:.0%} | {rate} |")
     if results.get("onnx_profile"):
         lines += [""] + versus_onnx(prof["groups_ms"], results["onnx_profile"])
+    if results.get("layers_alone"):
+        lines += [""] + layers_alone.table(results["layers_alone"], prof["groups_ms"], results["onnx_profile"]["groups_ms"])
     if results.get("sampling"):
         lines += ["", f"The installed wheel itself, sampled with `perf` while it ran batch 1 through `load()` ({wheel1:.1f} ms a "
                   "call in this run's latency table; start-up not sampled), by where the samples fell:", "",
@@ -443,6 +446,8 @@ def main() -> None:
         say("==> profiling ONNX Runtime at batch 1 (its own profiler), for the side-by-side")
         results["onnx_profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "onnx", "--spec", spec,
                                             "--mode", "ort-profile", "--batch", 1, "--artifact", artifacts["onnx"]])
+        say("==> timing the model's convolutions and linear layers one at a time, in both engines (benchmarks/layers_alone.py)")
+        results["layers_alone"] = run_json([sys.executable, REPO / "benchmarks" / "layers_alone.py", "--spec", spec])
         if sampling.available():
             say("==> sampling the wheel's process with perf (batch 1, start-up not sampled)")
             cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]

@@ -46,27 +46,46 @@ def profile(model: Path | str, arrays: list, calls: int = 10, warmup: int = 3) -
     """{"run_ms": wall ms per run() under the profiler, "groups_ms": {group: ms per call},
     "ops_ms": {op type: ms per call}} for ``model`` on ``arrays`` (numpy, in the model's input
     order), with the session options the bench times ONNX Runtime with (session())."""
+    return summarize(profiled_events(model, arrays, calls + warmup), calls)
+
+
+def node_times(model: Path | str, arrays: list, calls: int, warmup: int) -> dict[str, list[float]]:
+    """{op type: [kernel ms of each of its nodes in each of the last ``calls`` runs]}."""
+    events = profiled_events(model, arrays, calls + warmup)
+    begin = _last_runs(events, calls)[0]["ts"]
+    times: dict[str, list[float]] = defaultdict(list)
+    for event in _node_events(events, begin):
+        times[event["args"]["op_name"]].append(event["dur"] / 1000)
+    return dict(times)
+
+
+def profiled_events(model: Path | str, arrays: list, runs: int) -> list[dict]:
+    """ONNX Runtime's profiler events over ``runs`` runs of ``model`` on ``arrays``."""
     with tempfile.TemporaryDirectory() as scratch:
         profiled = session(model, enable_profiling=True, profile_file_prefix=str(Path(scratch) / "ort"))
         feeds = {i.name: array for i, array in zip(profiled.get_inputs(), arrays)}
-        for _ in range(warmup + calls):
+        for _ in range(runs):
             profiled.run(None, feeds)
-        events = json.loads(Path(profiled.end_profiling()).read_text())
-    return summarize(events, calls)
+        return json.loads(Path(profiled.end_profiling()).read_text())
+
+
+def _last_runs(events: list[dict], calls: int) -> list[dict]:
+    return sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])[-calls:]
+
+
+def _node_events(events: list[dict], begin: float) -> list[dict]:
+    return [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= begin]
 
 
 def summarize(events: list[dict], calls: int) -> dict:
     """The profile's last ``calls`` runs: the nodes that ran inside them, by op type and group."""
-    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                  key=lambda e: e["ts"])[-calls:]
+    runs = _last_runs(events, calls)
     if not runs:
         return {"run_ms": 0.0, "groups_ms": {}, "ops_ms": {}}
-    begin = runs[0]["ts"]
     ops: dict[str, float] = defaultdict(float)
-    for event in events:
-        if (event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
-                and event["ts"] >= begin):
-            ops[event["args"]["op_name"]] += event["dur"] / calls / 1000
+    for event in _node_events(events, runs[0]["ts"]):
+        ops[event["args"]["op_name"]] += event["dur"] / calls / 1000
     groups: dict[str, float] = defaultdict(float)
     for op_type, ms in ops.items():
         groups[op_group(op_type)] += ms
