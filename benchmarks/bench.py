@@ -447,7 +447,8 @@ def main() -> None:
         results["onnx_profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "onnx", "--spec", spec,
                                             "--mode", "ort-profile", "--batch", 1, "--artifact", artifacts["onnx"]])
         say("==> timing the model's convolutions and linear layers one at a time, in both engines (benchmarks/layers_alone.py)")
-        results["layers_alone"] = run_json([sys.executable, REPO / "benchmarks" / "layers_alone.py", "--spec", spec])
+        results["layers_alone"] = run_json([sys.executable, REPO / "benchmarks" / "layers_alone.py", "--spec", spec,
+                                            "--library", profiled])
         if sampling.available():
             say("==> sampling the wheel's process with perf (batch 1, start-up not sampled)")
             cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]

@@ -78,9 +78,9 @@ def torch_call(kind: str, sizes: tuple):
     return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def onednn_ms(call) -> float:
-    """Median oneDNN exec_time of ``call``'s primitive over CALLS calls (its verbose log, read
-    from the process's stdout, where oneDNN writes it)."""
+def onednn_exec(call, calls: int = CALLS) -> list[tuple[str, float]]:
+    """(primitive kind, exec ms) of every oneDNN primitive ``call`` runs, over ``calls`` calls after
+    WARMUP: oneDNN's verbose log, read from the process's stdout, where oneDNN writes it."""
     for _ in range(WARMUP):
         call()
     sys.stdout.flush()
@@ -89,16 +89,38 @@ def onednn_ms(call) -> float:
         os.dup2(log.fileno(), 1)
         try:
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-                for _ in range(CALLS):
+                for _ in range(calls):
                     call()
         finally:
             os.dup2(saved, 1)
             os.close(saved)
         log.seek(0)
-        times = [float(line.rsplit(",", 1)[1]) for line in log if ",exec,cpu," in line]
-    if not times:
+        # onednn_verbose,v1,primitive,exec,cpu,<kind>,<implementation>,...,<exec ms>
+        found = [(fields[5], float(fields[-1])) for fields in (line.split(",") for line in log) if fields[3:5] == ["exec", "cpu"]]
+    if not found:
         raise RuntimeError("oneDNN wrote no verbose exec lines (a torch built without oneDNN verbose?)")
-    return statistics.median(times)
+    return found
+
+
+def onednn_ms(call) -> float:
+    """Median exec time of the one oneDNN primitive ``call`` runs."""
+    return statistics.median(ms for _, ms in onednn_exec(call))
+
+
+def in_model_ms(library: Path, inputs: tuple) -> dict[str, float]:
+    """The compiled model's oneDNN kernels, their execution only, per call and group: the same
+    kernels as alone, now inside the model (caches holding other layers' data), without the
+    dispatch a call makes to reach them."""
+    from pipeline.templates import wheel_preload
+
+    wheel_preload.load_cxx_runtime()
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+    groups = {"convolution": CONV, "inner_product": LINEAR, "matmul": LINEAR}
+    calls, totals = 10, {}
+    for kind, ms in onednn_exec(lambda: runner.run(list(inputs)), calls):
+        if kind in groups:
+            totals[groups[kind]] = totals.get(groups[kind], 0.0) + ms / calls
+    return totals
 
 
 def onnx_model(kind: str, sizes: tuple, path: Path) -> list[np.ndarray]:
@@ -145,31 +167,45 @@ def describe(kind: str, sizes: tuple) -> str:
 
 def table(alone: dict, wheel_groups: dict, onnx_groups: dict) -> list[str]:
     """The bench's lines: each group's layers alone (both engines' kernels) beside the same
-    group inside the whole model (the wheel's kernel profile, ONNX Runtime's profiler)."""
+    group inside the whole model (the wheel's oneDNN kernels alone and with their dispatch,
+    ONNX Runtime's nodes)."""
+    inside = alone.get("in_model_onednn_ms", {})
     lines = ["The same layers one at a time, at batch 1 (`benchmarks/layers_alone.py`: each engine's kernel time only, "
-             "weights warm in cache), beside the same groups inside the whole model (the profiles above):", "",
+             "weights warm in cache), beside the same groups inside the whole model (the profiles above; the wheel's "
+             "also as oneDNN's own kernel time in the model, without each call's dispatch):", "",
              "| operations | layers | alone: torch's oneDNN (the wheel's kernels) | alone: ONNX Runtime "
-             "| in the model: wheel | in the model: ONNX Runtime |", "|---|---|---|---|---|---|"]
+             "| in the model: wheel's oneDNN kernels only | in the model: wheel | in the model: ONNX Runtime |",
+             "|---|---|---|---|---|---|---|"]
     for group, total in alone["totals"].items():
+        kernels = f"{inside[group]:.2f}" if group in inside else "-"
         lines.append(f"| {group} | {total['count']} | {total['torch_ms']:.2f} | {total['onnxruntime_ms']:.2f} "
-                     f"| {wheel_groups.get(group, 0.0):.2f} | {onnx_groups.get(group, 0.0):.2f} |")
+                     f"| {kernels} | {wheel_groups.get(group, 0.0):.2f} | {onnx_groups.get(group, 0.0):.2f} |")
     lines += ["", "(In the model, ONNX Runtime's linear / matmul group also holds attention's two matmuls, "
               "which the wheel counts under attention.)"]
     conv = alone["totals"].get(CONV)
     if conv and CONV in wheel_groups and CONV in onnx_groups:
-        wheel_extra, onnx_extra = wheel_groups[CONV] - conv["torch_ms"], onnx_groups[CONV] - conv["onnxruntime_ms"]
-        faster = "faster" if conv["torch_ms"] < conv["onnxruntime_ms"] else "slower"
-        lines += ["", f"Alone, the wheel's convolution kernels are {faster} than ONNX Runtime's ({conv['torch_ms']:.2f} "
-                  f"against {conv['onnxruntime_ms']:.2f} ms); inside the model they take {wheel_extra:+.2f} ms more than "
-                  f"alone, ONNX Runtime's {onnx_extra:+.2f} ms: what the wheel loses there is around its kernels "
-                  "(each call's dispatch through ATen and oneDNN, weights arriving from memory rather than cache), "
-                  "not in them."]
+        lines += ["", _conv_sentence(conv, inside.get(CONV), wheel_groups[CONV], onnx_groups[CONV])]
     return lines
+
+
+def _conv_sentence(conv: dict, kernels_ms: float | None, wheel_ms: float, onnx_ms: float) -> str:
+    faster = "faster" if conv["torch_ms"] < conv["onnxruntime_ms"] else "slower"
+    text = (f"Alone, the wheel's convolution kernels are {faster} than ONNX Runtime's ({conv['torch_ms']:.2f} against "
+            f"{conv['onnxruntime_ms']:.2f} ms); inside the model they take {wheel_ms - conv['torch_ms']:+.2f} ms more "
+            f"than alone, ONNX Runtime's {onnx_ms - conv['onnxruntime_ms']:+.2f} ms.")
+    if kernels_ms is None:
+        return text
+    per_call = (wheel_ms - kernels_ms) / conv["count"] * 1000
+    return text + (f" Of the wheel's, {kernels_ms - conv['torch_ms']:+.2f} ms is in the kernels themselves (the same "
+                   f"kernels, slower among the other layers' data: weights and activations from memory rather than cache) "
+                   f"and {wheel_ms - kernels_ms:+.2f} ms around them: {per_call:.0f} µs a call on the way from the "
+                   "compiled model through ATen and ideep to oneDNN.")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True)
+    parser.add_argument("--library", type=Path, help="the model compiled as the wheel's (a .so): its oneDNN kernels timed in place too")
     args = parser.parse_args()
     spec_file = load_spec(args.spec)
     module = load_model(spec_file).module.eval()
@@ -183,7 +219,10 @@ def main() -> None:
     totals = {kind: {engine: sum(r[engine] * r["count"] for r in rows if r["kind"] == kind)
                      for engine in ("torch_ms", "onnxruntime_ms")} | {"count": sum(r["count"] for r in rows if r["kind"] == kind)}
               for kind in (CONV, LINEAR) if any(r["kind"] == kind for r in rows)}
-    print(json.dumps({"batch": 1, "threads": torch.get_num_threads(), "layers": rows, "totals": totals}))
+    result = {"batch": 1, "threads": torch.get_num_threads(), "layers": rows, "totals": totals}
+    if args.library:
+        result["in_model_onednn_ms"] = in_model_ms(args.library, inputs)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
