@@ -4,11 +4,15 @@ Runtime's kernel for the same layer, each engine's own kernel time.
 
     python benchmarks/layers_alone.py --spec models/unet/spec.toml
 
-Measured evidence for the bench's "what limits it": where the wheel trails ONNX Runtime in
-these kernels, no graph-level change in the pipeline can close the gap, as the kernels are
-torch's. Both sides are timed the same way: the kernel's execution only (oneDNN's verbose
+Measured evidence for the bench's "what limits it": whether the wheel trails ONNX Runtime in
+the kernels themselves (torch's, which no graph-level change in the pipeline replaces) or around
+them. Both sides are timed the same way: the kernel's execution only (oneDNN's verbose
 exec_time; ONNX Runtime's profiler node time, its layout reorders left out), the median of
 CALLS calls after WARMUP, weights warm in cache (so the totals are each engine's best case).
+With ``--library`` (the model compiled as the wheel's), the same oneDNN kernels are timed
+inside the whole model too, which splits the wheel's time in the model into its kernels' own
+and each call's way to them. Convolutions with string padding ("same") or a padding mode other
+than zeros are left out.
 Prints one JSON object.
 """
 
@@ -45,6 +49,8 @@ def layers(module: torch.nn.Module, args: tuple) -> Counter:
 
     def conv(layer, inputs, _output):
         x = inputs[0]
+        if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
+            return
         seen[(CONV, (tuple(x.shape), layer.out_channels, layer.kernel_size, layer.stride, layer.padding,
                      layer.dilation, layer.groups))] += 1
 
