@@ -34,10 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import ort_profile  # noqa: E402  (this folder is on sys.path)
-from pipeline.export import spec_inputs  # noqa: E402
-from pipeline.loader import load_model  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from pipeline.templates import wheel_inputs  # noqa: E402
+import variants  # noqa: E402
 
 WARMUP, CALLS = 5, 30
 CONV, LINEAR = "convolution", "linear / matmul"
@@ -113,17 +110,17 @@ def onednn_ms(call) -> float:
     return statistics.median(ms for _, ms in onednn_exec(call))
 
 
-def in_model_ms(library: Path, inputs: tuple) -> dict[str, float]:
+def in_model_ms(library: Path, spec: str) -> dict[str, float]:
     """The compiled model's oneDNN kernels, their execution only, per call and group: the same
     kernels as alone, now inside the model (caches holding other layers' data), without the
     dispatch a call makes to reach them."""
     from pipeline.templates import wheel_preload
 
     wheel_preload.load_cxx_runtime()
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+    run_once = variants.make_runner("so", spec, 1, str(library))  # the bench's .so runner, at batch 1
     groups = {"convolution": CONV, "inner_product": LINEAR, "matmul": LINEAR}
     calls, totals = 10, {}
-    for kind, ms in onednn_exec(lambda: runner.run(list(inputs)), calls):
+    for kind, ms in onednn_exec(run_once, calls):
         if kind in groups:
             totals[groups[kind]] = totals.get(groups[kind], 0.0) + ms / calls
     return totals
@@ -213,21 +210,23 @@ def main() -> None:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--library", type=Path, help="the model compiled as the wheel's (a .so): its oneDNN kernels timed in place too")
     args = parser.parse_args()
-    spec_file = load_spec(args.spec)
-    module = load_model(spec_file).module.eval()
-    inputs = tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), {name: 1 for name in spec_file.spec.dims}, seed=0))
+    spec_file, inputs = variants.spec_inputs(args.spec, 1)
+    module = variants.eager_module(spec_file).eval()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for (kind, sizes), count in layers(module, inputs).most_common():
+        for (kind, sizes), count in layers(module, tuple(inputs)).most_common():
             rows.append({"kind": kind, "layer": describe(kind, sizes), "count": count,
                          "torch_ms": onednn_ms(torch_call(kind, sizes)),
                          "onnxruntime_ms": onnxruntime_ms(kind, sizes, Path(scratch))})
-    totals = {kind: {engine: sum(r[engine] * r["count"] for r in rows if r["kind"] == kind)
-                     for engine in ("torch_ms", "onnxruntime_ms")} | {"count": sum(r["count"] for r in rows if r["kind"] == kind)}
-              for kind in (CONV, LINEAR) if any(r["kind"] == kind for r in rows)}
+    totals = {}
+    for kind in (CONV, LINEAR):
+        of_kind = [row for row in rows if row["kind"] == kind]
+        if of_kind:
+            totals[kind] = {engine: sum(row[engine] * row["count"] for row in of_kind) for engine in ("torch_ms", "onnxruntime_ms")}
+            totals[kind]["count"] = sum(row["count"] for row in of_kind)
     result = {"batch": 1, "threads": torch.get_num_threads(), "layers": rows, "totals": totals}
     if args.library:
-        result["in_model_onednn_ms"] = in_model_ms(args.library, inputs)
+        result["in_model_onednn_ms"] = in_model_ms(args.library, args.spec)
     print(json.dumps(result))
 
 
