@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from bench import (COLD_REPEATS, INDUCTOR_ENV, REPO, build_times, export_once, import_torch_s, judged, latency_table,
-                   make_pt2, run_json, say, targets_table)
+from bench import COLD_REPEATS, INDUCTOR_ENV, REPO, build_times, export_once, import_torch_s, judged, make_pt2, run_json, say
+from bench_report import latency_table, targets_table
 
 from pipeline.spec import load_spec  # noqa: E402  (bench put the repository on sys.path)
 

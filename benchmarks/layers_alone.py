@@ -114,9 +114,6 @@ def in_model_ms(library: Path, spec: str) -> dict[str, float]:
     """The compiled model's oneDNN kernels, their execution only, per call and group: the same
     kernels as alone, now inside the model (caches holding other layers' data), without the
     dispatch a call makes to reach them."""
-    from pipeline.templates import wheel_preload
-
-    wheel_preload.load_cxx_runtime()
     run_once = variants.make_runner("so", spec, 1, str(library))  # the bench's .so runner, at batch 1
     groups = {"convolution": CONV, "inner_product": LINEAR, "matmul": LINEAR}
     calls, totals = 10, {}

@@ -22,12 +22,10 @@ import time
 import zipfile
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline import precision  # noqa: E402
+from pipeline import precision, targets  # noqa: E402
 from pipeline.export import spec_inputs  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
 from pipeline.templates import wheel_constants, wheel_inputs, wheel_weights  # noqa: E402
@@ -78,9 +76,10 @@ def runners(wheel: Path, out: Path) -> tuple[dict, dict]:
         archive.extractall(folder)
     package = next(p for p in folder.iterdir() if p.is_dir() and not p.name.endswith(".dist-info"))
     manifest = json.loads((package / "manifest.json").read_text())
-    opened = {"dynamic": torch._C._aoti.AOTIModelContainerRunnerCpu(str(package / "artifacts" / manifest["library"]), 1)}
+    open_runner = targets.get("cpu").open_runner  # as the wheel's load() opens them
+    opened = {"dynamic": open_runner(package / "artifacts" / manifest["library"])}
     for size, record in manifest["static"]["sizes"].items():
-        opened[f"static{size}"] = torch._C._aoti.AOTIModelContainerRunnerCpu(str(package / "artifacts" / record["library"]), 1)
+        opened[f"static{size}"] = open_runner(package / "artifacts" / record["library"])
     if manifest["weights"]["external"]:
         tensors = wheel_weights.read_weights(package / manifest["weights"]["file"])
         for runner in opened.values():

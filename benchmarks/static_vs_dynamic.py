@@ -34,12 +34,12 @@ from pipeline.templates import wheel_inputs  # noqa: E402
 OPTIONS = {"freezing": True}
 
 
-def compile_at(module, args, shapes, path: Path) -> torch._C._aoti.AOTIModelContainerRunnerCpu:
+def compile_at(module, args, shapes, path: Path):
     with torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
         options = {**OPTIONS, **targets.get("cpu").graph_passes(OPTIONS), "aot_inductor.output_path": str(path)}
         torch._inductor.aot_compile(program.module(), args, options=options)
-    return torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+    return targets.get("cpu").open_runner(path)  # as the wheel's load() opens it
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -51,6 +52,15 @@ def spec_inputs(spec_path: str, batch: int | None):
         sizes = {name: batch for name in sizes}
     tensors = wheel_inputs.make_inputs(inputs_of(spec_file), sizes, seed=0)
     return spec_file, [t.to(DEVICE) for t in tensors]
+
+
+def open_so(path: str):
+    """A bare CPU .so with torch's runner, after what the wheel's load() does first (libstdc++
+    made global, freed buffers kept in the heap): pipeline/targets/cpu.py."""
+    sys.path.insert(0, REPO)
+    from pipeline import targets
+
+    return targets.get("cpu").open_runner(path)
 
 
 def eager_module(spec_file):
@@ -115,8 +125,8 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
     import torch
 
     spec_file, args = spec_inputs(spec_path, batch)
-    if variant == "so":  # a bare .so, opened with torch's runner
-        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(artifact, 1)
+    if variant == "so":  # a bare .so, opened as the wheel's load() opens it
+        runner = open_so(artifact)
         return lambda: runner.run(list(args))
     if variant == "pt2":
         model = torch._inductor.aoti_load_package(artifact)
@@ -143,15 +153,22 @@ def latency(call, min_seconds: float = MIN_SECONDS) -> dict:
     for _ in range(WARMUP - 1):
         call()
     synchronize()
-    times, started = [], time.perf_counter()
+    times, started, faults_before = [], time.perf_counter(), page_faults()
     while len(times) < MIN_RUNS or time.perf_counter() - started < min_seconds:
         t0 = time.perf_counter()
         call()
         synchronize()
         times.append((time.perf_counter() - t0) * 1000)
+    faults = page_faults() - faults_before
     times.sort()
     return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))], "runs": len(times),
-            "first_call_s": first_s}
+            "first_call_s": first_s, "page_faults_per_call": faults / len(times)}
+
+
+def page_faults() -> int:
+    """The process's minor page faults so far: a call that maps fresh memory for its buffers pays
+    one per 4 KiB page (the kernel zeroes each), a call that reuses freed memory none."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def kernel_profile(so_path: str, spec_path: str, batch: int, top: int = 12) -> dict:
@@ -161,7 +178,7 @@ def kernel_profile(so_path: str, spec_path: str, batch: int, top: int = 12) -> d
     from torch.utils.flop_counter import FlopCounterMode
 
     spec_file, args = spec_inputs(spec_path, batch)
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(so_path, 1)
+    runner = open_so(so_path)
     for _ in range(3):
         runner.run(list(args))
     calls = 5

@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 bench = pytest.importorskip("bench")
+import bench_report  # noqa: E402  (bench put benchmarks/ on the path)
 
 
 def test_rounds_rotate_so_no_variant_always_runs_first():
@@ -19,13 +20,14 @@ def test_rounds_rotate_so_no_variant_always_runs_first():
 
 
 def test_a_noisy_round_shows_as_spread_not_as_the_figure():
-    runs = [{"median_ms": 40.0, "p90_ms": 41.0, "runs": 50, "first_call_s": 9.0},
-            {"median_ms": 400.0, "p90_ms": 900.0, "runs": 10, "first_call_s": 0.1},
-            {"median_ms": 42.0, "p90_ms": 44.0, "runs": 48, "first_call_s": 0.1}]
+    runs = [{"median_ms": 40.0, "p90_ms": 41.0, "runs": 50, "first_call_s": 9.0, "page_faults_per_call": 3.0},
+            {"median_ms": 400.0, "p90_ms": 900.0, "runs": 10, "first_call_s": 0.1, "page_faults_per_call": 900.0},
+            {"median_ms": 42.0, "p90_ms": 44.0, "runs": 48, "first_call_s": 0.1, "page_faults_per_call": 4.0}]
     summary = bench.summarize(runs)
     assert summary["median_ms"] == 42.0 and summary["spread_ms"] == [40.0, 400.0]
     assert summary["first_call_s"] == 9.0  # the first round's: torch.compile's cold first call
     assert summary["rounds"] == 3 and summary["runs"] == 108
+    assert summary["page_faults_per_call"] == 4.0
 
 
 def _results(numpy_ms: float) -> dict:
@@ -46,7 +48,7 @@ def test_load_numpy_is_held_to_load_at_every_batch_size():
 
 
 def test_the_table_carries_each_figures_spread():
-    lines = bench.latency_table(_results(numpy_ms=10.0), bench.VARIANTS, bench.LABELS)
+    lines = bench_report.latency_table(_results(numpy_ms=10.0), bench.VARIANTS, bench.LABELS)
     wheel_row = next(line for line in lines if line.startswith("| this wheel, load() |"))
     assert wheel_row == "| this wheel, load() | 10.0 / 11.0 [9.5–12.0] | 10.0 / 11.0 [9.5–12.0] | 1.00 [0.90–1.20] |"
 
@@ -98,7 +100,7 @@ def test_the_gap_to_onnx_runtime_is_named_by_operation_group():
              "attention": 2.0}
     onnx = {"run_ms": 21.0, "groups_ms": {"convolution": 11.0, "linear / matmul": 6.0, ort_profile.OTHER: 3.0},
             "ops_ms": {"Conv": 11.0, "MatMul": 6.0}}
-    lines = bench.versus_onnx(wheel, onnx)
+    lines = bench_report.versus_onnx(wheel, onnx)
     assert "| convolution | 17.00 | 11.00 | +6.00 |" in lines
     assert f"| {ort_profile.OTHER} | 3.50 | 3.00 | +0.50 |" in lines
     assert "| attention | 2.00 | 0.00 | +2.00 |" in lines
@@ -148,3 +150,32 @@ def test_layers_alone_says_whether_the_gap_is_in_the_kernels_or_around_them():
                          "on the way from the compiled model through ATen and ideep to oneDNN.")
     del alone["in_model_onednn_ms"]  # an older results.json: the sentence stops before the split
     assert layers_alone.table(alone, wheel, onnx)[-1].endswith("ONNX Runtime's +0.60 ms.")
+
+
+def test_heap_ab_table_shows_both_settings_and_the_ratios():
+    import malloc_ab
+
+    def entry(ms, faults):
+        return {"median_ms": ms, "spread_ms": [ms - 0.5, ms + 0.5], "page_faults_per_call": faults}
+
+    results = {"rounds": 3, "wheel": {"kept": entry(20.0, 2), "glibc": entry(22.0, 700)},
+               "wheel-numpy": {"kept": entry(20.4, 3), "glibc": entry(26.4, 990)}}
+    lines = malloc_ab.table(results)
+    assert lines[2] == "| load() | 20.0 ms [19.5–20.5]; page faults a call: 2 | 22.0 ms [21.5–22.5]; page faults a call: 700 |"
+    assert "load_numpy() / load(): 1.02x with the heap kept, 1.20x with glibc's defaults" in lines[-1]
+    assert "load() 1.10x, load_numpy() 1.29x" in lines[-1] and "of 3 fresh processes" in lines[-1]
+
+
+def test_heap_ab_runs_every_loader_and_setting_each_round_in_rotated_order():
+    import malloc_ab
+
+    calls = []
+
+    def run_json(cmd, env):
+        calls.append((cmd[0], env.get("MODELWHEEL_MALLOC", "kept")))
+        return {"median_ms": 10.0, "page_faults_per_call": 1.0 if not env else 500.0}
+
+    results = malloc_ab.measure(run_json, lambda variant: [variant], rounds=2)
+    assert len(calls) == 8 and set(calls) == {(v, s) for v in ("wheel", "wheel-numpy") for s in ("kept", "default")}
+    assert calls[0] != calls[4], "the second round starts elsewhere"
+    assert results["wheel-numpy"]["glibc"]["page_faults_per_call"] == 500.0 and results["rounds"] == 2

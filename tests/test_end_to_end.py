@@ -114,10 +114,12 @@ def test_installed_wheel_matches_eager_in_a_new_process(installed, tmp_path, whe
         f"torch.save(results, {str(out)!r})\n"
         f"bad = [k for k in sys.modules if k.startswith({RUNTIME_FORBIDDEN!r})]\n"
         "print('compiler modules:', bad)\n"
+        "print('heap:', model_tiny._malloc._outcome)\n"
     )
     ran = run_in(installed, code)
     assert ran.returncode == 0, ran.stderr
     assert "compiler modules: []" in ran.stdout, "the runtime must not import the compiler stack"
+    assert "heap: kept" in ran.stdout, "load() keeps freed memory in the heap (_malloc.py)"
     assert "ArtifactLinkWarning" not in ran.stderr
     eager = load_model(load_spec(TINY_SPEC)).module
     tolerances = {o["name"]: o for o in manifest_of(wheel)["outputs"]}
@@ -141,10 +143,12 @@ def test_load_numpy_matches_eager_without_importing_torch(installed, tmp_path):
         "again = m(x, t)[1]\n"
         f"np.savez({str(out)!r}, x=x, t=t, features=features, logits=logits, again=again)\n"
         "print('torch imported:', 'torch' in sys.modules, type(logits).__name__, logits.flags['OWNDATA'])\n"
+        "print('heap:', model_tiny._malloc._outcome)\n"
     )
     ran = run_in(installed, code)
     assert ran.returncode == 0, ran.stderr
     assert "torch imported: False ndarray" in ran.stdout, "load_numpy() must not import torch"
+    assert "heap: kept" in ran.stdout, "load_numpy() keeps freed memory in the heap (_malloc.py)"
     saved = np.load(out)
     eager = load_model(load_spec(TINY_SPEC)).module
     with torch.no_grad():

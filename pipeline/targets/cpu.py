@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import conv_prepack
-from ..templates import wheel_preload
+from ..templates import wheel_malloc, wheel_preload
 
 if TYPE_CHECKING:
     from ..compile import Compiled
@@ -75,7 +75,9 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
 
 
 def open_runner(library: Path, num_models: int = 1) -> Any:
+    """The .so opened as the wheel's load() opens it, so what the build times and verifies is what ships."""
     wheel_preload.load_cxx_runtime()
+    wheel_malloc.keep_freed_memory()
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
 
 

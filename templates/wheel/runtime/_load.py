@@ -18,6 +18,7 @@ from ._constants import Store
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts, check_files, weights_record
+from ._malloc import keep_freed_memory
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
 from ._weights import WeightsMismatch, check_weights, load_into, read_weights
@@ -62,6 +63,7 @@ def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int,
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
     if m["target"] == "cuda":
         return _cuda.open_runner(library, kernels, device, num_models)
+    keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
 
 

@@ -22,6 +22,7 @@ from . import _dispatch
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
 from ._integrity import check_artifacts, check_files
+from ._malloc import keep_freed_memory
 from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
 
@@ -193,6 +194,7 @@ class NumpyModel:
         self._dtypes_by_code = {code: np.dtype(_NUMPY_DTYPES[name]) for name, code in self._codes.items()}
         self._cpu = self._lib.aoti_torch_device_type_cpu()
         load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
+        keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
         try:
             self._model = ctypes.CDLL(str(library))
         except OSError as exc:
