@@ -102,9 +102,8 @@ def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir:
 
 def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
     """Each size from ``low`` up that the wheel pads -> the static size it runs at, by the
-    runtime's own rule (``_dispatch.route``), so the gate checks what the wheel will do."""
-    record = {"static": {"sizes": {str(size): {} for size in sizes}, "pad": True}}
-    routes = {batch: wheel_dispatch.route(record, batch) for batch in range(low, max(sizes))}
+    runtime's own rule (``_dispatch.route_among``), so the gate checks what the wheel will do."""
+    routes = {batch: wheel_dispatch.route_among(sizes, True, batch) for batch in range(low, max(sizes))}
     return {batch: runs_at for batch, (_, runs_at) in routes.items() if runs_at != batch}
 
 

@@ -70,6 +70,15 @@ def test_route_picks_the_exact_size_else_pads_or_falls_back(pad, expected):
     assert _dispatch.route({}, 3) == (None, 3)
 
 
+def test_the_padding_gate_checks_the_sizes_the_wheel_pads():
+    from pipeline.static import padded_sizes
+
+    assert padded_sizes([1, 2, 4, 8], 1) == {3: 4, 5: 8, 6: 8, 7: 8}
+    assert padded_sizes([8, 2], 1) == {1: 2, 3: 8, 4: 8, 5: 8, 6: 8, 7: 8}
+    manifest = {"static": {"dim": "batch", "pad": True, "sizes": {"2": {}, "8": {}}}}
+    assert all(_dispatch.route(manifest, b) == (to, to) for b, to in padded_sizes([2, 8], 1).items())
+
+
 def build(spec: Path, base: Path) -> tuple[BuildDirs, object]:
     dirs = BuildDirs(root=base / "opt", dist=base / "dist", build=base / "build")
     return dirs, run_cli("build", "--spec", str(spec), *dirs.args())

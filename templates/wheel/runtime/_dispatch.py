@@ -24,11 +24,15 @@ def route(m: dict[str, Any], batch: int) -> tuple[int | None, int]:
     record = m.get("static")
     if not record:
         return None, batch
-    sizes = sorted(int(size) for size in record["sizes"])
+    return route_among([int(size) for size in record["sizes"]], record["pad"], batch)
+
+
+def route_among(sizes: list[int], pad: bool, batch: int) -> tuple[int | None, int]:
+    """route() for static ``sizes`` and the spec's ``pad`` (the build's gate asks it too)."""
     if batch in sizes:
         return batch, batch
-    if record["pad"]:
-        larger = [size for size in sizes if size > batch]
+    if pad:
+        larger = sorted(size for size in sizes if size > batch)
         if larger:
             return larger[0], larger[0]
     return None, batch
