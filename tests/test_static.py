@@ -259,7 +259,7 @@ def test_bench_section_shows_sizes_and_ratios():
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench
+    import bench_report
 
     measured = {"sizes": [1, 2, 4, 8], "options": {"freezing": True}, "external": False,
                 "dynamic": {"build_s": 82.2, "wheel_bytes": 84429767, "files": {"artifacts/model.so": 94564384}},
@@ -268,7 +268,7 @@ def test_bench_section_shows_sizes_and_ratios():
                 "latency": {"1": {"median_ms": {"dynamic": 26.75, "static": 20.57}, "static_over_dynamic": 0.769},
                             "8": {"median_ms": {"dynamic": 137.6, "static": 133.4}, "static_over_dynamic": 0.970}},
                 "wheel_ratio": 1.707, "build_ratio": 2.53}
-    table = "\n".join(bench.static_sizes_table(measured))
+    table = "\n".join(bench_report.static_sizes_table(measured))
     assert "| with static [1, 2, 4, 8] | 208.1 | 144.1 MB | constants.bin 151.8 MB, artifacts/batch1/model.so 3.1 MB |" in table
     assert "Wheel 1.71x, build 2.53x" in table
     assert "| 1 | 26.8 | 20.6 | 0.77 |" in table and "| 8 | 137.6 | 133.4 | 0.97 |" in table
