@@ -5,14 +5,14 @@ glibc's malloc serves a block above its mmap threshold (128 KiB at start, raised
 are freed) with a fresh mmap and unmaps it on free, and gives the heap's top back to the kernel
 above its trim threshold; the next call then faults every page in again and the kernel zeroes
 each one. On the unet at batch 1 that was 700 to 1000 page faults a call, and how many depended
-on what the process had freed before (``import torch`` raises the threshold), which is why
-load_numpy() and load() differed from run to run. Fixing both thresholds turns that off: a
+on what the process had freed before (``import torch`` raises the threshold): the one per-call
+difference measured between load_numpy() and load(), whose times differed from run to run. Fixing both thresholds turns that off: a
 buffer freed by one call is reused by the next. The cost is that the process keeps up to
 KEEP_AT_MOST of freed heap instead of handing it back between calls (more is still trimmed, and
 blocks above 32 MiB are still mapped and unmapped, so a swapped-out model's large weights are
 given back). Process-wide, so it is skipped where the user has chosen:
 MODELWHEEL_MALLOC=default, glibc's own MALLOC_*_ variables or tunables, or a libc that is not
-glibc. Shared, like _preload.py, by the wheel and the benchmarks.
+glibc. Shared, like _preload.py, by the wheel, the build (targets/cpu.py) and the benchmarks.
 """
 
 from __future__ import annotations
