@@ -224,7 +224,9 @@ def targets(results: dict) -> list[dict]:
         ]
     for batch in results["batches"]:
         numpy_ms, torch_ms = (lat[v][str(batch)]["median_ms"] for v in ("wheel-numpy", "wheel"))
-        checks.append((f"load_numpy() within 1.05x of load() (batch {batch})", numpy_ms / torch_ms, 1.05))
+        # either way round: the two paths are to be equal, and a noisy load() must not pass as a fast load_numpy()
+        checks.append((f"load_numpy() and load() within 1.05x of each other (batch {batch})",
+                       max(numpy_ms / torch_ms, torch_ms / numpy_ms), 1.05))
     checks.append(("unchanged rebuild <= 5 s", results["build"]["cached_s"] / 5.0, 1.0))
     return judged(checks)
 
