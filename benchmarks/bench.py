@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from bench_report import LABELS, VARIANTS, chart, markdown  # noqa: E402
 import malloc_ab  # noqa: E402
+from rounds import rotated, summarize  # noqa: E402
 import sampling  # noqa: E402
 from pipeline import precision  # noqa: E402
 from pipeline import targets as build_targets  # noqa: E402
@@ -184,22 +185,6 @@ def cold_start_s(variant_cmd: list) -> float:
     """From the parent's spawn to the child's own clock after its first result (or, for
     `import-torch`, after the import): the child's exit is not counted, for any variant."""
     return run_json(variant_cmd + ["--mode", "cold", "--batch", 1, "--start", time.time()])["first_result_s"]
-
-
-def rotated(items: list[str], by: int) -> list[str]:
-    by %= len(items)
-    return items[by:] + items[:by]
-
-
-def summarize(runs: list[dict]) -> dict:
-    """One figure per variant and batch from its rounds: the median of the per-process medians,
-    their range as the spread; the first call is the first round's (torch.compile's then ran on
-    an empty Inductor cache)."""
-    medians = [r["median_ms"] for r in runs]
-    return {"median_ms": statistics.median(medians), "p90_ms": statistics.median(r["p90_ms"] for r in runs),
-            "spread_ms": [min(medians), max(medians)], "rounds": len(runs), "runs": sum(r["runs"] for r in runs),
-            "first_call_s": runs[0]["first_call_s"],
-            "page_faults_per_call": statistics.median(r["page_faults_per_call"] for r in runs)}
 
 
 def import_torch_s(venv_python: Path) -> float:

@@ -8,8 +8,9 @@ in, and that the load_numpy()/load() gap followed glibc's defaults. bench.py run
 
 from __future__ import annotations
 
-import statistics
 from typing import Callable
+
+from rounds import rotated, summarize
 
 ROUNDS = 3
 LOADERS = {"wheel": "load()", "wheel-numpy": "load_numpy()"}
@@ -22,14 +23,12 @@ def measure(run_json: Callable[..., dict], command: Callable[[str], list], round
     pairs = [(variant, setting) for setting in SETTINGS for variant in LOADERS]
     runs: dict = {pair: [] for pair in pairs}
     for index in range(rounds):
-        for variant, setting in pairs[index % len(pairs):] + pairs[:index % len(pairs)]:
+        for variant, setting in rotated(pairs, index):
             cmd = command(variant) + ["--mode", "latency", "--batch", 1]
             runs[variant, setting].append(run_json(cmd, env=SETTINGS[setting]))
     results: dict = {"rounds": rounds, **{variant: {} for variant in LOADERS}}
     for (variant, setting), measured in runs.items():
-        medians = [r["median_ms"] for r in measured]
-        results[variant][setting] = {"median_ms": statistics.median(medians), "spread_ms": [min(medians), max(medians)],
-                                     "page_faults_per_call": statistics.median(r["page_faults_per_call"] for r in measured)}
+        results[variant][setting] = summarize(measured)
     return results
 
 

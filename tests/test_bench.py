@@ -175,7 +175,8 @@ def test_heap_ab_runs_every_loader_and_setting_each_round_in_rotated_order():
 
     def run_json(cmd, env):
         calls.append((cmd[0], env.get("MODELWHEEL_MALLOC", "kept")))
-        return {"median_ms": 10.0, "page_faults_per_call": 1.0 if not env else 500.0}
+        return {"median_ms": 10.0, "p90_ms": 11.0, "runs": 20, "first_call_s": 0.1,
+                "page_faults_per_call": 1.0 if not env else 500.0}
 
     results = malloc_ab.measure(run_json, lambda variant: [variant], rounds=2)
     assert len(calls) == 8 and set(calls) == {(v, s) for v in ("wheel", "wheel-numpy") for s in ("kept", "default")}
