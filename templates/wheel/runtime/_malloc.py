@@ -6,8 +6,9 @@ are freed) with a fresh mmap and unmaps it on free, and gives the heap's top bac
 above its trim threshold; the next call then faults every page in again and the kernel zeroes
 each one. On the unet at batch 1 that was 700 to 1000 page faults a call, and how many depended
 on what the process had freed before (``import torch`` raises the threshold): the one per-call
-difference measured between load_numpy() and load(), whose times differed from run to run. Fixing both thresholds turns that off: a
-buffer freed by one call is reused by the next. The cost is that the process keeps up to
+difference measured between load_numpy() and load(), whose times differed from run to run.
+Fixing both thresholds turns that off: a buffer freed by one call is reused by the next. The
+cost is that the process keeps up to
 KEEP_AT_MOST of freed heap instead of handing it back between calls (more is still trimmed, and
 blocks above 32 MiB are still mapped and unmapped, so a swapped-out model's large weights are
 given back). Process-wide, so it is skipped where the user has chosen:
