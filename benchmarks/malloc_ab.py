@@ -3,7 +3,7 @@
 load() and load_numpy() at batch 1, each in fresh processes, once with the runtime's setting (the
 memory a call frees stays in the heap) and once with glibc's defaults (MODELWHEEL_MALLOC=default),
 in rotated order over the rounds. What it shows: how much of a call went to faulting fresh pages
-in, and that the load_numpy()/load() gap followed glibc's defaults. bench.py runs it.
+in, and the two loaders side by side under each setting. bench.py runs it.
 """
 
 from __future__ import annotations
