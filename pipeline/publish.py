@@ -32,8 +32,11 @@ from .templates import wheel_integrity
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"
 SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
-# pypiserver's answer to a second upload of a file; other indexes say 400 "File already exists".
-EXISTS_RE = re.compile(r"409|already exists", re.I)
+# An index's refusal of a second upload of a file: pypiserver answers 409 (400 when the client is
+# twine), PyPI 400 "File already exists". twine shows the answer's body only with --verbose, and
+# 409 is matched on twine's status line alone: the digits also turn up in ports (http://host:40912/).
+# (twine's own --skip-existing would judge this, but twine 6 allows it for PyPI only.)
+EXISTS_RE = re.compile(r"\bHTTPError:\s+409\b|already\s+exist", re.I)  # \s+: twine wraps at 80 columns
 HREF_RE = re.compile(r'href="([^"#]+)')
 
 
@@ -205,7 +208,8 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
     credentials = Credentials("local", "no-auth") if index.local else index.credentials
     env = {"TWINE_USERNAME": credentials.username, "TWINE_PASSWORD": credentials.password} if credentials else None
     try:
-        _twine("upload", "--non-interactive", "--disable-progress-bar", *where, str(wheel), what=f"uploading {wheel.name}",
+        _twine("upload", "--non-interactive", "--disable-progress-bar", "--verbose", *where, str(wheel),
+               what=f"uploading {wheel.name}",
                hint="the output above is the index's answer: check its URL and the credentials", env=env)
     except UploadError as exc:
         if EXISTS_RE.search(exc.message):

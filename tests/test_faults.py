@@ -266,11 +266,22 @@ class _RefusingIndex(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _server_on_a_port_holding_409() -> http.server.ThreadingHTTPServer:
+    """A refusing index on a port such as 40912: its 403 must not be read as pypiserver's 409 "already
+    exists" (a URL's digits once were, and a refused upload passed as an already published one)."""
+    for port in range(40900, 41000):
+        try:
+            return http.server.ThreadingHTTPServer(("127.0.0.1", port), _RefusingIndex)
+        except OSError:
+            continue
+    pytest.fail("ports 40900-40999 are all in use")
+
+
 @pytest.mark.parametrize(("path", "method"), [("/", "GET"), ("/{target}/", "POST")])
 def test_unencoded_password_reaches_the_index_intact(tiny_build, tmp_path, path, method):
     """The existence check (GET) and twine's upload (POST) both send the password as typed."""
     wheel = next(tiny_build[0].dist.glob("*.whl"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingIndex)
+    server = _server_on_a_port_holding_409()
     _RefusingIndex.seen = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -361,7 +372,7 @@ def test_load_sweeps_links_left_by_uninstalled_versions_of_the_same_model(instal
 
 def test_twine_output_has_no_colour_codes(tiny_build, tmp_path):
     wheel = next(tiny_build[0].dist.glob("*.whl"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingIndex)
+    server = _server_on_a_port_holding_409()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:  # no existence check with {target}: twine's upload meets the 403 and its output is shown
         url = f"http://127.0.0.1:{server.server_port}/{{target}}/"

@@ -70,10 +70,16 @@ def manifest_version(wheel: Path) -> str:
         return json.loads(archive.read("model_tiny/manifest.json"))["full_version"]
 
 
-def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published):
+@pytest.mark.parametrize("checked_by", ["simple page", "upload"])
+def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, checked_by):
+    """Found on the simple page before any upload, or (no simple URL to check) by the index's 409 to twine."""
     home, state, wheel = published
     before = listing(Path(state["data"]))
-    ran = publish(home, wheel)
+    env = {} if checked_by == "simple page" else {
+        "MODELWHEEL_INDEX_URL": state["url"] + "{target}/", "MODELWHEEL_SIMPLE_URL": "",
+        "TWINE_USERNAME": "local", "TWINE_PASSWORD": "no-auth",  # the local index takes anonymous uploads
+    }
+    ran = publish(home, wheel, **env)
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
     assert f"error: {wheel.name} already on the index; nothing uploaded" in ran.err
     assert "bump model.version" in ran.err
