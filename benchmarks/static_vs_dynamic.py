@@ -34,12 +34,13 @@ from pipeline.templates import wheel_inputs  # noqa: E402
 OPTIONS = {"freezing": True}
 
 
-def compile_at(module, args, shapes, path: Path):
+def compile_at(spec, module, args, shapes, path: Path):
+    cpu = targets.get("cpu")
     with torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-        options = {**OPTIONS, **targets.get("cpu").graph_passes(OPTIONS), "aot_inductor.output_path": str(path)}
+        options = {**cpu.compile_options(spec), **OPTIONS, **cpu.graph_passes(OPTIONS), "aot_inductor.output_path": str(path)}
         torch._inductor.aot_compile(program.module(), args, options=options)
-    return targets.get("cpu").open_runner(path)  # as the wheel's load() opens it
+    return cpu.open_runner(path)  # as the wheel's load() opens it
 
 
 def main() -> None:
@@ -54,9 +55,10 @@ def main() -> None:
     inputs = tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), smallest, seed=0))
     with tempfile.TemporaryDirectory() as folder:
         print("compiling with dynamic dims, then with static ones ...", file=sys.stderr)
+        spec, module = spec_file.spec, loaded.module
         runners = {
-            "dynamic": compile_at(loaded.module, exported.example_inputs, dynamic_shapes(spec_file), Path(folder) / "dynamic.so"),
-            "static": compile_at(loaded.module, inputs, None, Path(folder) / "static.so"),
+            "dynamic": compile_at(spec, module, exported.example_inputs, dynamic_shapes(spec_file), Path(folder) / "dynamic.so"),
+            "static": compile_at(spec, module, inputs, None, Path(folder) / "static.so"),
         }
         times: dict[str, list[float]] = {name: [] for name in runners}
         for runner in runners.values():

@@ -24,6 +24,7 @@ REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 SHARED_CONSTANTS = True
 # Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
+DYNAMIC_THREADS_OPTION = "cpp.dynamic_threads"
 VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
 
 
@@ -32,7 +33,10 @@ def unavailable() -> str | None:
 
 
 def compile_options(spec: Spec) -> dict[str, object]:
-    return {}
+    # Inductor otherwise sizes a parallel reduction's per-thread partial results by the build
+    # machine's thread count, while the loop runs on every thread the serving process has: a
+    # model compiled with 2 threads wrote past those arrays and crashed when run with 8.
+    return {DYNAMIC_THREADS_OPTION: True}
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
