@@ -72,7 +72,8 @@ def manifest_version(wheel: Path) -> str:
 
 @pytest.mark.parametrize("checked_by", ["simple page", "upload"])
 def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, checked_by):
-    """Found on the simple page before any upload, or (no simple URL to check) by the index's 409 to twine."""
+    """Found on the simple page before any upload, or (no simple page to read) in the index's refusal of
+    twine's upload (pypiserver answers twine 400 "already exists", shown with twine's --verbose)."""
     home, state, wheel = published
     before = listing(Path(state["data"]))
     env = {} if checked_by == "simple page" else {

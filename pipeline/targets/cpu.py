@@ -23,8 +23,8 @@ DEVICE = "cpu"
 REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 SHARED_CONSTANTS = True
-# Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
 DYNAMIC_THREADS_OPTION = "cpp.dynamic_threads"
+# Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
 VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
 
 
