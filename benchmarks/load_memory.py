@@ -17,8 +17,8 @@ import argparse
 import importlib
 import json
 import os
-import statistics
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -46,8 +46,9 @@ def measure(import_name: str) -> dict:
     model(*package.example_inputs())
     after_call = rss_bytes()
     largest = max((dim["max"] for dim in manifest.get("dims", {}).values()), default=None)
+    inputs = package.example_inputs(batch=largest) if largest else package.example_inputs()
     for _ in range(10):
-        model(*package.example_inputs(batch=largest) if largest else package.example_inputs())
+        model(*inputs)
     after_calls = rss_bytes()
     weights = manifest["weights"]
     size = weights["size"] if weights["external"] else sum(a["size"] for a in manifest["artifacts"].values())
