@@ -10,6 +10,8 @@ import layers_alone
 import malloc_ab
 import ort_profile
 
+# The wheel's batch-1 latency target, as a share of ONNX Runtime's.
+ONNX_TARGET = 0.9
 # The variants bench.py times, in the order the tables and the chart show them.
 VARIANTS = ["eager", "compile", "pt2", "onnx", "wheel", "wheel-numpy"]
 LABELS = {"eager": "eager PyTorch", "compile": "torch.compile", "pt2": ".pt2 (aoti_load_package)",
@@ -110,6 +112,9 @@ def limits(results: dict) -> list[str]:
         lines += [""] + versus_onnx(prof["groups_ms"], results["onnx_profile"])
     if results.get("layers_alone"):
         lines += [""] + layers_alone.table(results["layers_alone"], prof["groups_ms"], results["onnx_profile"]["groups_ms"])
+        kernels = layers_alone.kernels_only(results["layers_alone"], prof["groups_ms"], wheel1,
+                                            results["latency_ms"]["onnx"]["1"]["median_ms"], ONNX_TARGET)
+        lines += ["", kernels] if kernels else []
     if results.get("sampling"):
         lines += ["", f"The installed wheel itself, sampled with `perf` while it ran batch 1 through `load()` ({wheel1:.1f} ms a "
                   "call in this run's latency table; start-up not sampled), by where the samples fell:", "",

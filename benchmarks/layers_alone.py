@@ -202,6 +202,24 @@ def _conv_sentence(conv: dict, kernels_ms: float | None, wheel_ms: float, onnx_m
                    "compiled model through ATen and ideep to oneDNN.")
 
 
+def kernels_only(alone: dict, wheel_groups: dict, wheel_ms: float, onnx_ms: float, target: float) -> str:
+    """Every kernel's own time inside the model added up, against the wheel's call and the target:
+    what is left of the call is spent between kernels."""
+    inside = alone.get("in_model_onednn_ms", {})
+    if CONV not in inside or LINEAR not in inside:
+        return ""
+    others = {group: wheel_groups.get(group, 0.0) for group in ("attention", "generated C++ kernels")}
+    kernels = inside[CONV] + inside[LINEAR] + sum(others.values())
+    verdict = ("within it: the rest of the call is what misses the target" if kernels <= target * onnx_ms
+               else "over it before any time between kernels is counted")
+    return (f"Every kernel's own time inside the model, added up: oneDNN's convolutions {inside[CONV]:.2f} and linear "
+            f"layers {inside[LINEAR]:.2f} ms (oneDNN's own execution times), attention {others['attention']:.2f} and the "
+            f"generated kernels {others['generated C++ kernels']:.2f} ms (the kernel profile, which adds its own record "
+            f"to each) make {kernels:.1f} ms a call; the wheel's call takes {wheel_ms:.1f} ms, so {wheel_ms - kernels:.1f} ms "
+            f"({(wheel_ms - kernels) / wheel_ms:.0%}) goes between kernels: dispatch, threads waiting for each other. "
+            f"{target}x ONNX Runtime is {target * onnx_ms:.1f} ms: the kernels alone are {verdict}.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True)

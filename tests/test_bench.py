@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 bench = pytest.importorskip("bench")
@@ -111,12 +112,15 @@ def test_the_gap_to_onnx_runtime_is_named_by_operation_group():
 
 def test_the_benchs_own_compiles_use_the_wheels_graph_passes():
     """The .pt2, the profiled and the bf16 builds must compile as the wheel does (packed
-    convolution weights included), or the bench compares against a different model."""
+    convolution weights and the CPU target's group norm included), or the bench compares against
+    a different model."""
     from types import SimpleNamespace
 
-    program, options = bench.program_for(SimpleNamespace(program="exported"),
+    norm = torch.export.export(torch.nn.GroupNorm(2, 4), (torch.randn(1, 4, 3, 3),))
+    program, options = bench.program_for(SimpleNamespace(program=norm),
                                          {"freezing": True, "aot_inductor.package_constants_in_so": False})
-    assert program == "exported"
+    ops = {node.target for node in program.graph.nodes}
+    assert torch.ops.aten.group_norm.default not in ops and torch.ops.aten.var_mean.correction in ops
     assert options["freezing"] is True and "aot_inductor.package_constants_in_so" not in options
     assert type(options["post_grad_custom_pre_pass"]).__name__ == "PrepackDynamicConvWeights"
 
@@ -182,3 +186,18 @@ def test_heap_ab_runs_every_loader_and_setting_each_round_in_rotated_order():
     assert len(calls) == 8 and set(calls) == {(v, s) for v in ("wheel", "wheel-numpy") for s in ("kept", "default")}
     assert calls[0] != calls[4], "the second round starts elsewhere"
     assert results["wheel-numpy"]["glibc"]["page_faults_per_call"] == 500.0 and results["rounds"] == 2
+
+
+def test_the_kernels_own_time_in_the_model_is_set_against_the_call_and_the_target():
+    import layers_alone
+
+    alone = {"in_model_onednn_ms": {"convolution": 9.0, "linear / matmul": 4.0}}
+    wheel = {"convolution": 11.0, "linear / matmul": 5.0, "attention": 2.5, "generated C++ kernels": 1.5}
+    within = layers_alone.kernels_only(alone, wheel, wheel_ms=20.0, onnx_ms=19.0, target=0.9)
+    assert "make 17.0 ms a call" in within and "so 3.0 ms (15%) goes between kernels" in within
+    assert within.endswith("0.9x ONNX Runtime is 17.1 ms: the kernels alone are within it: the rest of the call is "
+                           "what misses the target.")
+    over = layers_alone.kernels_only(alone, wheel, wheel_ms=20.0, onnx_ms=18.0, target=0.9)
+    assert over.endswith("0.9x ONNX Runtime is 16.2 ms: the kernels alone are over it before any time between kernels "
+                         "is counted.")
+    assert layers_alone.kernels_only({}, wheel, 20.0, 18.0, 0.9) == ""  # no in-model oneDNN times: no sentence

@@ -5,11 +5,16 @@ thread, returns eager's answer when the serving process uses 4x the build's thre
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import torch
+from torch import nn
 
-from .conftest import make_venv, pip_install, run_cli
+from pipeline.spec import load_spec
+from pipeline.targets import cpu
+
+from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
 
 MODEL = """\
 import torch
@@ -87,3 +92,46 @@ def test_wheel_built_on_few_threads_runs_on_many(dirs, tmp_path):
         done = subprocess.run([str(python), "-c", RUN, loader], capture_output=True, text=True, cwd=tmp_path, env=env)
         assert done.returncode == 0, f"{loader}() on {threads} threads: exit {done.returncode}\n{done.stderr}"
         assert float(done.stdout) < 1e-5, f"{loader}() on {threads} threads: off by {done.stdout}"
+
+
+class NormedConv(nn.Module):
+    """A convolution and a group norm of 2 channels a group: the unet's kernel that, planned for
+    the build's 2 threads, split only its batch loop among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 64, 3, padding=1)
+        self.norm = nn.GroupNorm(32, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(self.norm(self.conv(x)))
+
+
+def test_loops_are_split_for_more_threads_than_the_build_has(tmp_path):
+    options = {"freezing": True, **cpu.compile_options(load_spec(TINY_SPEC).spec)}
+    assert options[cpu.SCHEDULE_THREADS_OPTION] == cpu.SCHEDULE_THREADS > 2
+    torch.manual_seed(0)
+    model = NormedConv().eval()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    program = torch.export.export(model, (torch.randn(2, 4, 16, 16),), dynamic_shapes=({0: batch},), strict=False)
+    library = tmp_path / "out" / "model.so"
+    with torch.no_grad():
+        torch._inductor.aot_compile(program.module(), (torch.randn(2, 4, 16, 16),), options={
+            **options, **cpu.graph_passes(options), "fx_graph_cache": False, "aot_inductor.output_path": str(library)})
+    kernels = "".join(path.read_text() for path in library.parent.rglob("*.kernel.cpp"))
+    norm = re.search(r"void\s+cpp_fused\w*group_norm\w*\(.*?\n}", kernels, re.S)
+    assert norm, "no group norm kernel in the generated code"
+    # The batch loop and the groups' loop are split among threads together: batch 1 uses them all.
+    assert "#pragma omp for collapse(" in norm.group(0), norm.group(0)
+    runner = cpu.open_runner(library)
+    for size in (1, 3):
+        x = torch.randn(size, 4, 16, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(runner.run([x])[0], model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_fixed_thread_count_is_not_set_by_the_plan(tmp_path):
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(TINY_SPEC.read_text() + '\n[compile.inductor]\n"cpp.dynamic_threads" = false\n')
+    # Without dynamic threads, cpp.threads would become the kernels' thread count: 8 on 2 cores.
+    assert cpu.SCHEDULE_THREADS_OPTION not in cpu.compile_options(load_spec(str(spec_path)).spec)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import conv_prepack
+from .. import conv_prepack, group_norm
 from ..templates import wheel_malloc, wheel_preload
 
 if TYPE_CHECKING:
@@ -24,6 +24,10 @@ REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 SHARED_CONSTANTS = True
 DYNAMIC_THREADS_OPTION = "cpp.dynamic_threads"
+SCHEDULE_THREADS_OPTION = "cpp.threads"
+# The thread count Inductor plans its loops for, whatever the build machine has: which loops of a
+# kernel are split among threads is decided at compile time, from this count.
+SCHEDULE_THREADS = 8
 # Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
 VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
 
@@ -36,7 +40,17 @@ def compile_options(spec: Spec) -> dict[str, object]:
     # Inductor otherwise sizes a parallel reduction's per-thread partial results by the build
     # machine's thread count, while the loop runs on every thread the serving process has: a
     # model compiled with 2 threads wrote past those arrays and crashed when run with 8.
-    return {DYNAMIC_THREADS_OPTION: True}
+    options: dict[str, object] = {DYNAMIC_THREADS_OPTION: True}
+    # Planned for the build's 2 threads, a kernel whose outer loop is the batch (a group norm)
+    # split only that loop among threads, and at batch 1 ran on one. With the thread count fixed
+    # (dynamic threads turned off) this option would be that count, so it is left out then.
+    if spec.compile.inductor.get(DYNAMIC_THREADS_OPTION, True):
+        options[SCHEDULE_THREADS_OPTION] = SCHEDULE_THREADS
+    return options
+
+
+def lower(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    return group_norm.decompose(program)
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
@@ -55,7 +69,7 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    return (vec_isa(), conv_prepack.VERSION)
+    return (vec_isa(), conv_prepack.VERSION, group_norm.VERSION)
 
 
 def machine() -> str:
