@@ -127,11 +127,10 @@ def limits(results: dict) -> list[str]:
         sizes = ", ".join(f"{name}={size}" for name, size in fixed["sizes"].items())
         lines += ["", f"Dynamic dims cost time: compiled with `freezing` and {sizes} fixed, the model runs at "
                   f"{fixed['median_ms']['static']:.1f} ms against {fixed['median_ms']['dynamic']:.1f} ms with the spec's "
-                  f"dynamic dims, timed side by side ({fixed['static_over_dynamic']:.2f}x). Both have their convolution "
-                  "weights packed for oneDNN at compile time (Inductor packs them only for static shapes; the pipeline's "
-                  "CPU graph pass packs the dynamic model's at the example size: pipeline/conv_prepack.py), so what is "
-                  "left is code that cannot assume a size: generated kernels over symbolic sizes, oneDNN primitives "
-                  "chosen at run time. A service that only ever runs one batch size can declare it fixed in the spec."]
+                  f"dynamic dims, timed side by side ({fixed['static_over_dynamic']:.2f}x). The fixed model has every "
+                  "convolution weight packed for oneDNN at compile time; the dynamic one those whose layout is the same at "
+                  "every size (pipeline/conv_prepack.py; the rest oneDNN reorders on every call), and its code cannot "
+                  "assume a size: generated kernels over symbolic sizes, oneDNN primitives chosen at run time. A service that only ever runs one batch size can declare it fixed in the spec."]
     bf16 = results.get("bf16")
     if bf16:
         onnx1, eager1 = (results["latency_ms"][v]["1"]["median_ms"] for v in ("onnx", "eager"))

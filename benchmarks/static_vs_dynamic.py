@@ -5,8 +5,9 @@ fixed at its minimum, same options (freezing), timed side by side at that size.
 
 With a dynamic batch Inductor itself leaves convolution weights in their plain layout (it packs
 them for oneDNN at compile time only when the input shape is static); both builds here get the
-pipeline's CPU graph passes, as the wheel does, which pack them at the example size
-(pipeline/conv_prepack.py), so what is left is the cost of code that cannot assume a size.
+pipeline's CPU graph passes, as the wheel does, which pack the dynamic model's where one layout
+serves every size (pipeline/conv_prepack.py), so what is left is the cost of code that cannot
+assume a size and of the weights oneDNN still reorders on every call.
 Prints one JSON object: each build's median ms and the ratio.
 """
 
