@@ -100,10 +100,9 @@ def program_for(exported, compile_options: dict) -> tuple:
     """The exported program for these compile options (under autocast if they say so), and the
     Inductor options among them."""
     autocast, options = precision.split_options(compile_options)
-    cpu = build_targets.get("cpu")
-    program = cpu.lower(precision.export_autocast(exported, autocast) if autocast else exported.program)
+    program = precision.export_autocast(exported, autocast) if autocast else exported.program
     options = {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
-    return program, {**options, **cpu.graph_passes(options)}
+    return program, {**options, **build_targets.get("cpu").graph_passes(options)}
 
 
 def make_pt2(exported, manifest: dict, out: Path) -> Path:

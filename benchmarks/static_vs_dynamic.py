@@ -38,7 +38,7 @@ OPTIONS = {"freezing": True}
 def compile_at(spec, module, args, shapes, path: Path):
     cpu = targets.get("cpu")
     with torch.no_grad():
-        program = cpu.lower(torch.export.export(module, args, dynamic_shapes=shapes, strict=False))
+        program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
         options = {**cpu.compile_options(spec), **OPTIONS, **cpu.graph_passes(OPTIONS), "aot_inductor.output_path": str(path)}
         torch._inductor.aot_compile(program.module(), args, options=options)
     return cpu.open_runner(path)  # as the wheel's load() opens it

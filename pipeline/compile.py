@@ -154,7 +154,7 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     output_dir = library.parent
     sources_dir = work_dir / "sources"
     autocast, options = precision.split_options(options)
-    program = targets.get(target).lower(precision.export_autocast(exported, autocast) if autocast else exported.program)
+    program = precision.export_autocast(exported, autocast) if autocast else exported.program
     # The autocast wrapper takes every input by position; the model itself, as it was exported.
     args, kwargs = (exported.example_inputs, {}) if autocast else forward_arguments(exported.module, exported.example_inputs)
     work_dir.mkdir(parents=True, exist_ok=True)

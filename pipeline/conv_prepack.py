@@ -85,11 +85,14 @@ def _finite(bound) -> int | None:
 
 def _one_layout(weight: torch.Tensor, padding, stride, dilation, groups, probes: list[list[int]]) -> torch.Tensor | None:
     """The weight packed for the first probe, if oneDNN wants that very layout at every probe."""
+    layout_of = getattr(torch.ops.mkldnn, "_get_mkldnn_serialized_md", None)
+    if layout_of is None:  # a torch that cannot tell a packed weight's layout: none is packed
+        return None
     packed, layouts = None, set()
     with torch.no_grad():
         for sizes in probes:
             at_size = torch.ops.mkldnn._reorder_convolution_weight(weight, list(padding), list(stride), list(dilation), groups, sizes)
-            layouts.add(bytes(torch.ops.mkldnn._get_mkldnn_serialized_md(at_size).numpy()))
+            layouts.add(bytes(layout_of(at_size).numpy()))
             packed = at_size if packed is None else packed
             if len(layouts) > 1:
                 return None

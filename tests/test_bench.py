@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 bench = pytest.importorskip("bench")
@@ -112,15 +111,12 @@ def test_the_gap_to_onnx_runtime_is_named_by_operation_group():
 
 def test_the_benchs_own_compiles_use_the_wheels_graph_passes():
     """The .pt2, the profiled and the bf16 builds must compile as the wheel does (packed
-    convolution weights and the CPU target's group norm included), or the bench compares against
-    a different model."""
+    convolution weights included), or the bench compares against a different model."""
     from types import SimpleNamespace
 
-    norm = torch.export.export(torch.nn.GroupNorm(2, 4), (torch.randn(1, 4, 3, 3),))
-    program, options = bench.program_for(SimpleNamespace(program=norm),
+    program, options = bench.program_for(SimpleNamespace(program="exported"),
                                          {"freezing": True, "aot_inductor.package_constants_in_so": False})
-    ops = {node.target for node in program.graph.nodes}
-    assert torch.ops.aten.group_norm.default not in ops and torch.ops.aten.var_mean.correction in ops
+    assert program == "exported"
     assert options["freezing"] is True and "aot_inductor.package_constants_in_so" not in options
     assert type(options["post_grad_custom_pre_pass"]).__name__ == "PrepackDynamicConvWeights"
 

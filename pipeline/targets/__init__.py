@@ -18,8 +18,6 @@ from ..errors import SpecError, TargetUnavailableError
 from . import cpu, cuda
 
 if TYPE_CHECKING:
-    from torch.export import ExportedProgram
-
     from ..compile import Compiled
     from ..spec import Spec
 
@@ -40,9 +38,6 @@ class Target(Protocol):
 
     def compile_options(self, spec: Spec) -> dict[str, object]:
         """Inductor options the target adds to the spec's own."""
-
-    def lower(self, program: ExportedProgram) -> ExportedProgram:
-        """The exported program as this target compiles it: operations it writes its own way."""
 
     def graph_passes(self, options: Mapping[str, object]) -> dict[str, object]:
         """Inductor's graph-pass hooks for a compile with these options: objects, so kept out of the

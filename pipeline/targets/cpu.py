@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import conv_prepack, group_norm
+from .. import conv_prepack
 from ..templates import wheel_malloc, wheel_preload
 
 if TYPE_CHECKING:
@@ -49,10 +49,6 @@ def compile_options(spec: Spec) -> dict[str, object]:
     return options
 
 
-def lower(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    return group_norm.decompose(program)
-
-
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
     # Only freezing makes weights constants that can be packed at compile time.
     return conv_prepack.inductor_options() if options.get("freezing") else {}
@@ -69,7 +65,7 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    return (vec_isa(), conv_prepack.VERSION, group_norm.VERSION)
+    return (vec_isa(), conv_prepack.VERSION)
 
 
 def machine() -> str:

@@ -54,10 +54,6 @@ def compile_options(spec: Spec) -> dict[str, object]:
     return {EMBED_OPTION: spec.build.cuda.embed_kernels, MULTI_ARCH_OPTION: spec.build.cuda.multi_arch}
 
 
-def lower(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    return program  # Inductor's Triton kernels take every operation as Inductor writes it
-
-
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
     return {}
 
