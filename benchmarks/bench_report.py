@@ -130,7 +130,8 @@ def limits(results: dict) -> list[str]:
                   f"dynamic dims, timed side by side ({fixed['static_over_dynamic']:.2f}x). The fixed model has every "
                   "convolution weight packed for oneDNN at compile time; the dynamic one those whose layout is the same at "
                   "every size (pipeline/conv_prepack.py; the rest oneDNN reorders on every call), and its code cannot "
-                  "assume a size: generated kernels over symbolic sizes, oneDNN primitives chosen at run time. A service that only ever runs one batch size can declare it fixed in the spec."]
+                  "assume a size: generated kernels over symbolic sizes, oneDNN primitives chosen at run time. A service "
+                  "that only ever runs one batch size can declare it fixed in the spec."]
     bf16 = results.get("bf16")
     if bf16:
         onnx1, eager1 = (results["latency_ms"][v]["1"]["median_ms"] for v in ("onnx", "eager"))

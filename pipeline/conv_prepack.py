@@ -56,7 +56,10 @@ def _probe_sizes(shape) -> list[list[int]] | None:
     choices += [{symbol: values[symbol][0] for symbol in symbols}, {symbol: values[symbol][-1] for symbol in symbols}]
     probes: list[list[int]] = []
     for choice in choices:
-        sizes = [expr if isinstance(expr, int) else int(expr.subs(choice)) for expr in exprs]
+        try:
+            sizes = [expr if isinstance(expr, int) else int(expr.subs(choice)) for expr in exprs]
+        except TypeError:  # a size over a symbol with no example (data-dependent): left plain
+            return None
         if sizes not in probes and all(size > 0 for size in sizes):
             probes.append(sizes)
     return probes
