@@ -138,22 +138,25 @@ class PrepackDynamicConvWeights(CustomGraphPass or object):
         if key not in packed:
             probes = _probe_sizes(value.shape)
             weight_packed = _one_layout(weight, padding, stride, dilation, groups, probes) if probes else None
-            if weight_packed is None:
-                packed[key] = None
-                return
-            name = _free_name(module, f"{weight_node.target.replace('.', '_')}{PACKED_SUFFIX}")
-            module.register_buffer(name, weight_packed)
-            with graph.inserting_before(node):
-                packed[key] = graph.get_attr(name)
-            packed[key].meta["val"] = weight_node.meta.get("val")
+            packed[key] = None if weight_packed is None else _register(module, graph, node, weight_node, weight_packed)
         if packed[key] is None:
-            return  # its layout depends on the size: left plain
+            return  # its layout depends on the size, or cannot be told: left plain
         node.replace_input_with(weight_node, packed[key])
         if not weight_node.users:
             graph.erase_node(weight_node)
 
     def uuid(self) -> str:
         return VERSION
+
+
+def _register(module, graph, node: torch.fx.Node, weight_node: torch.fx.Node, weight_packed: torch.Tensor) -> torch.fx.Node:
+    """The packed weight as a buffer of the module, read by a node placed before ``node``."""
+    name = _free_name(module, f"{weight_node.target.replace('.', '_')}{PACKED_SUFFIX}")
+    module.register_buffer(name, weight_packed)
+    with graph.inserting_before(node):
+        read = graph.get_attr(name)
+    read.meta["val"] = weight_node.meta.get("val")
+    return read
 
 
 def _free_name(module: torch.nn.Module, base: str) -> str:

@@ -79,6 +79,12 @@ def test_only_frozen_cpu_compiles_get_the_pass():
     assert conv_prepack.VERSION in targets.get("cpu").key_facts(None)
 
 
+def _compile_wide(tmp_path, model: WideConvs):
+    """The model compiled as a frozen CPU build is, with the target's graph passes, batch 1 to 4."""
+    options = {"freezing": True}
+    return _compile(tmp_path, {**options, **targets.get("cpu").graph_passes(options)}, model, (8, 16, 16))
+
+
 def _layouts(conv: nn.Conv2d, sizes: tuple[int, ...], batches) -> set[bytes]:
     """The weight layouts oneDNN picks for this convolution at these batch sizes."""
     layouts = set()
@@ -91,8 +97,7 @@ def _layouts(conv: nn.Conv2d, sizes: tuple[int, ...], batches) -> set[bytes]:
 
 
 def test_no_packed_weight_is_reordered_at_any_batch_size(tmp_path, capfd):
-    options = {"freezing": True}
-    model, runner = _compile(tmp_path, {**options, **targets.get("cpu").graph_passes(options)}, WideConvs(), (8, 16, 16))
+    model, runner = _compile_wide(tmp_path, WideConvs())
     for size in (1, 2, 3, 4):
         x = torch.randn(size, 8, 16, 16)
         runner.run([x])  # oneDNN picks its primitives at the first call of a size
@@ -113,8 +118,7 @@ def test_a_weight_whose_layout_depends_on_the_batch_is_left_plain(tmp_path):
     one_layout = [name for name, size in sizes.items() if len(_layouts(getattr(model, name), size, range(1, 5))) == 1]
     if len(one_layout) == len(sizes):
         pytest.skip("this machine's oneDNN lays every weight out one way at every batch (AVX-512 does)")
-    options = {"freezing": True}
-    model, runner = _compile(tmp_path, {**options, **targets.get("cpu").graph_passes(options)}, model, (8, 16, 16))
+    model, runner = _compile_wide(tmp_path, model)
     packed = [name for name in runner.get_constant_names_to_original_fqns() if name.endswith(conv_prepack.PACKED_SUFFIX)]
     assert len(packed) == len(one_layout), (packed, one_layout)
 
