@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -88,6 +89,21 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", f"torch=={torch.__version__}", wheel],
                    check=True, capture_output=True)
     return venv / "bin" / "python"
+
+
+def shipped_so(wheel: Path, out: Path) -> Path:
+    """The model.so inside the wheel, the very bytes a service runs, unpacked (with the rest of
+    its artifacts folder) beside the bench."""
+    target = out / "shipped"
+    shutil.rmtree(target, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as archive:
+        so = next(name for name in archive.namelist() if name.endswith("/artifacts/model.so"))
+        folder = so[: -len("model.so")]
+        for name in archive.namelist():
+            if name.startswith(folder) and not name.endswith("/"):
+                (target / name[len(folder):]).parent.mkdir(parents=True, exist_ok=True)
+                (target / name[len(folder):]).write_bytes(archive.read(name))
+    return target / "model.so"
 
 
 def export_once(spec_file, target: str = "cpu"):
@@ -266,7 +282,7 @@ def main() -> None:
                                             "--mode", "ort-profile", "--batch", 1, "--artifact", artifacts["onnx"]])
         say("==> timing the model's convolutions and linear layers one at a time, in both engines (benchmarks/layers_alone.py)")
         results["layers_alone"] = run_json([sys.executable, REPO / "benchmarks" / "layers_alone.py", "--spec", spec,
-                                            "--library", profiled])
+                                            "--library", shipped_so(wheel, out)])
         if sampling.available():
             say("==> sampling the wheel's process with perf (batch 1, start-up not sampled)")
             cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]
