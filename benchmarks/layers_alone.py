@@ -12,7 +12,7 @@ CALLS calls after WARMUP, weights warm in cache (so the totals are each engine's
 With ``--library`` (the wheel's own model.so), the same oneDNN kernels are timed inside the
 whole model too, which splits the wheel's time in the model into its kernels' own and each
 call's way to them, and the model's attention calls are timed in place (attention_timer.c,
-preloaded into a child process): together a floor under the wheel's call, measured in the
+preloaded), both in a fresh process: together a floor under the wheel's call, measured in the
 shipped model itself, not in a profiled build. Convolutions with string padding ("same") or a
 padding mode other than zeros are left out.
 Prints one JSON object.
@@ -160,18 +160,27 @@ def in_model_attention(library: Path, spec: str, calls: int = 20) -> dict[str, f
     return {"attention_ms": attention_ms.value / calls, "attention_calls": attention_calls.value / calls, "call_ms": call_ms}
 
 
-def attention_in_child(library: Path, spec: str) -> dict[str, float] | None:
-    """in_model_attention() in a fresh process with the timer preloaded (it has to be there before
-    torch and the model are opened); None where it cannot be built."""
+def in_model_in_child(library: Path, spec: str) -> dict:
+    """in_model_ms() and, with the attention timer preloaded (it has to be there before torch and
+    the model are opened), in_model_attention(), in a fresh process: run after the layers alone in
+    this one, the same model's linear layers measured twice as slow as in a fresh process.
+    {"in_model_onednn_ms", "in_model_attention"}, the latter None where no C compiler is found."""
     with tempfile.TemporaryDirectory() as scratch:
         timer = attention_timer(Path(scratch))
-        if timer is None:
-            return None
-        done = subprocess.run([sys.executable, __file__, "--spec", spec, "--library", str(library), "--attention-only"],
-                              capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": str(timer)})
+        preload = {"LD_PRELOAD": str(timer)} if timer else {}
+        done = subprocess.run([sys.executable, __file__, "--spec", spec, "--library", str(library), "--in-model-only"],
+                              capture_output=True, text=True, env={**os.environ, **preload})
     if done.returncode != 0:
-        raise RuntimeError(f"timing the model's attention under the preloaded timer failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"timing the kernels inside the model failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def in_model_only(library: Path, spec: str) -> dict:
+    """The child's side of in_model_in_child(): attention first, with oneDNN's verbose log off."""
+    import ctypes
+
+    timed = in_model_attention(library, spec) if hasattr(ctypes.CDLL(None), "attention_timer_totals") else None
+    return {"in_model_onednn_ms": in_model_ms(library, spec), "in_model_attention": timed}
 
 
 def onnx_model(kind: str, sizes: tuple, path: Path) -> list[np.ndarray]:
@@ -281,11 +290,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--library", type=Path, help="the model compiled as the wheel's (a .so): its oneDNN kernels timed in place too")
-    parser.add_argument("--attention-only", action="store_true",
-                        help="with --library, under the preloaded attention timer: only time the model's attention calls")
+    parser.add_argument("--in-model-only", action="store_true",
+                        help="with --library: only time the kernels inside the model (run by --library in a fresh process)")
     args = parser.parse_args()
-    if args.attention_only:
-        print(json.dumps(in_model_attention(args.library, args.spec)))
+    if args.in_model_only:
+        print(json.dumps(in_model_only(args.library, args.spec)))
         return
     spec_file, inputs = variants.spec_inputs(args.spec, 1)
     module = variants.eager_module(spec_file).eval()
@@ -303,8 +312,7 @@ def main() -> None:
             totals[kind]["count"] = sum(row["count"] for row in of_kind)
     result = {"batch": 1, "threads": torch.get_num_threads(), "layers": rows, "totals": totals}
     if args.library:
-        result["in_model_onednn_ms"] = in_model_ms(args.library, args.spec)
-        result["in_model_attention"] = attention_in_child(args.library, args.spec)
+        result.update(in_model_in_child(args.library, args.spec))
     print(json.dumps(result))
 
 

@@ -227,8 +227,9 @@ def build():
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler to build the attention timer")
 def test_the_attention_timer_times_every_attention_call_of_a_compiled_model_in_place(tmp_path):
-    """A real .so calling torch's attention twice a call: the preloaded timer sees both calls and
-    a time that fits inside the model's call."""
+    """A real .so (frozen, as the wheel's: its linear layer runs on oneDNN) calling torch's
+    attention twice a call: the preloaded timer sees both calls and a time that fits inside the
+    model's call, and oneDNN's log its linear layer."""
     import layers_alone
     import torch
 
@@ -241,9 +242,11 @@ def test_the_attention_timer_times_every_attention_call_of_a_compiled_model_in_p
     program = torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4)},))
     library = tmp_path / "model.so"
     with torch.no_grad():
-        torch._inductor.aot_compile(program.module(), example, options={"aot_inductor.output_path": str(library)})
+        torch._inductor.aot_compile(program.module(), example, options={"freezing": True, "aot_inductor.output_path": str(library)})
     assert "scaled_dot_product_flash_attention_for_cpu" in library.read_bytes().decode("latin-1")
 
-    timed = layers_alone.attention_in_child(library, str(tmp_path / "spec.toml"))
+    inside = layers_alone.in_model_in_child(library, str(tmp_path / "spec.toml"))
+    timed = inside["in_model_attention"]
     assert timed["attention_calls"] == 2.0
+    assert inside["in_model_onednn_ms"]["linear / matmul"] > 0  # the qkv projection, oneDNN's own time
     assert 0 < timed["attention_ms"] < timed["call_ms"]
