@@ -21,6 +21,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -143,9 +145,6 @@ def in_model_attention(library: Path, spec: str, calls: int = 20) -> dict[str, f
     """The shipped model's attention calls timed in place by the preloaded attention timer (no
     oneDNN verbose on), with the model's whole call timed over the same calls: {"attention_ms",
     "attention_calls", "call_ms"}, per call of the model."""
-    import ctypes
-    import time
-
     totals = ctypes.CDLL(None).attention_timer_totals  # AttributeError: the timer is not preloaded
     run_once = variants.make_runner("so", spec, 1, str(library))
     for _ in range(WARMUP):
@@ -177,8 +176,6 @@ def in_model_in_child(library: Path, spec: str) -> dict:
 
 def in_model_only(library: Path, spec: str) -> dict:
     """The child's side of in_model_in_child(): attention first, with oneDNN's verbose log off."""
-    import ctypes
-
     timed = in_model_attention(library, spec) if hasattr(ctypes.CDLL(None), "attention_timer_totals") else None
     return {"in_model_onednn_ms": in_model_ms(library, spec), "in_model_attention": timed}
 
