@@ -101,8 +101,9 @@ def shipped_so(wheel: Path, out: Path) -> Path:
         folder = so[: -len("model.so")]
         for name in archive.namelist():
             if name.startswith(folder) and not name.endswith("/"):
-                (target / name[len(folder):]).parent.mkdir(parents=True, exist_ok=True)
-                (target / name[len(folder):]).write_bytes(archive.read(name))
+                unpacked = target / name[len(folder):]
+                unpacked.parent.mkdir(parents=True, exist_ok=True)
+                unpacked.write_bytes(archive.read(name))
     return target / "model.so"
 
 

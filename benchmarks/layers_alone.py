@@ -116,12 +116,11 @@ def onednn_ms(call) -> float:
     return statistics.median(ms for _, ms in onednn_exec(call))
 
 
-def in_model_ms(library: Path, spec: str) -> dict[str, float]:
+def in_model_ms(run_once) -> dict[str, float]:
     """The compiled model's oneDNN kernels, their execution only, per call and group: the same
     kernels as alone, now inside the model (caches holding other layers' data), without the
     dispatch a call makes to reach them. Weight reorders (the weights not packed ahead of time)
     are a group of their own."""
-    run_once = variants.make_runner("so", spec, 1, str(library))  # the bench's .so runner, at batch 1
     groups = {"convolution": CONV, "inner_product": LINEAR, "matmul": LINEAR, "reorder": REORDER}
     calls, totals = 10, {}
     for kind, ms in onednn_exec(run_once, calls):
@@ -141,12 +140,10 @@ def attention_timer(scratch: Path) -> Path | None:
     return built
 
 
-def in_model_attention(library: Path, spec: str, calls: int = 20) -> dict[str, float]:
-    """The shipped model's attention calls timed in place by the preloaded attention timer (no
-    oneDNN verbose on), with the model's whole call timed over the same calls: {"attention_ms",
-    "attention_calls", "call_ms"}, per call of the model."""
-    totals = ctypes.CDLL(None).attention_timer_totals  # AttributeError: the timer is not preloaded
-    run_once = variants.make_runner("so", spec, 1, str(library))
+def in_model_attention(run_once, totals, calls: int = 20) -> dict[str, float]:
+    """The shipped model's attention calls timed in place by the preloaded attention timer (its
+    ``totals`` function; no oneDNN verbose on), with the model's whole call timed over the same
+    calls: {"attention_ms", "attention_calls", "call_ms"}, per call of the model."""
     for _ in range(WARMUP):
         run_once()
     attention_ms, attention_calls = ctypes.c_double(), ctypes.c_long()
@@ -175,9 +172,12 @@ def in_model_in_child(library: Path, spec: str) -> dict:
 
 
 def in_model_only(library: Path, spec: str) -> dict:
-    """The child's side of in_model_in_child(): attention first, with oneDNN's verbose log off."""
-    timed = in_model_attention(library, spec) if hasattr(ctypes.CDLL(None), "attention_timer_totals") else None
-    return {"in_model_onednn_ms": in_model_ms(library, spec), "in_model_attention": timed}
+    """The child's side of in_model_in_child(), on one opening of the model at batch 1 (the bench's
+    .so runner): attention first, with oneDNN's verbose log off."""
+    run_once = variants.make_runner("so", spec, 1, str(library))
+    totals = getattr(ctypes.CDLL(None), "attention_timer_totals", None)  # None: the timer is not preloaded
+    timed = in_model_attention(run_once, totals) if totals else None
+    return {"in_model_onednn_ms": in_model_ms(run_once), "in_model_attention": timed}
 
 
 def onnx_model(kind: str, sizes: tuple, path: Path) -> list[np.ndarray]:
@@ -286,7 +286,7 @@ def kernels_only(alone: dict, wheel_groups: dict, wheel_ms: float, onnx_ms: floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True)
-    parser.add_argument("--library", type=Path, help="the model compiled as the wheel's (a .so): its oneDNN kernels timed in place too")
+    parser.add_argument("--library", type=Path, help="the wheel's own model.so: its oneDNN kernels and attention calls timed in place too")
     parser.add_argument("--in-model-only", action="store_true",
                         help="with --library: only time the kernels inside the model (run by --library in a fresh process)")
     args = parser.parse_args()

@@ -225,6 +225,7 @@ def build():
     return TwoAttentions()
 """
 
+
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler to build the attention timer")
 def test_the_attention_timer_times_every_attention_call_of_a_compiled_model_in_place(tmp_path):
     """A real .so (frozen, as the wheel's: its linear layer runs on oneDNN) calling torch's
