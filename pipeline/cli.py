@@ -16,12 +16,13 @@ import threading
 import traceback
 import warnings
 from pathlib import Path
+from typing import get_args
 
 from . import record
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
-from .spec import TARGET_NAMES, load_spec, with_overrides
+from .spec import TARGET_NAMES, CpuIsa, load_spec, with_overrides
 from .writable import check_writable
 
 DEFAULT_ROOT = "/opt/modelwheel"
@@ -48,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
     build.add_argument("--target", action="append", choices=TARGET_NAMES,
                        help="build this target instead of the spec's [build] targets (repeatable)")
+    build.add_argument("--cpu-isa", choices=get_args(CpuIsa), default=None,
+                       help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
+                            "any x86-64 CPU of the last decade (default: $MODELWHEEL_CPU_ISA, else the spec's "
+                            "[build.cpu] isa, else native)")
     build.add_argument("-q", "--quiet", action="store_true", help="print only the result (the wheel's path) or the error")
     build.add_argument("--json", action="store_true",
                        help="print one JSON record of the build on stdout (docs/how-a-build-works.md#the-json-record)")
@@ -65,10 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--wheel", nargs="+", help="upload these wheels instead of building")
     publish.add_argument("--index", help=f"index URL (may hold {{target}}); default ${'{'}MODELWHEEL_INDEX_URL{'}'} or the local index")
     publish.add_argument("--repository", help="a ~/.pypirc section to upload to (may hold {target})")
+    publish.add_argument("--skip-existing", action="store_true",
+                         help="a wheel the index already has byte for byte (same sha256) is left as it is, and the "
+                              "command succeeds: for re-running a release; a different file under its name is still refused")
     publish.add_argument("--dist", default="dist")
     publish.add_argument("--root", default=None)
     publish.add_argument("--build-dir", default="build")
-    commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON")
+    matrix = commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON")
+    matrix.add_argument("--spec", action="append", help="a spec.toml to include (repeatable; default: every models/*/spec.toml)")
+    matrix.add_argument("--models", default="models", help="the folder of <model>/spec.toml files (default: models)")
+    matrix.add_argument("--no-containers", action="store_true",
+                        help="run every job on its runner itself, not in the target's container (a local run under act)")
     return parser
 
 
@@ -166,6 +178,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
                    if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
+    passthrough += ["--cpu-isa", args.cpu_isa] if args.cpu_isa else []
     check_writable(Path(args.dist), "--dist")
     check_writable(Path(args.build_dir), "--build-dir")
     jobs = args.jobs or default_jobs(len(args.spec))
@@ -202,7 +215,11 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     trace_dir = build_dir / spec_file.spec.model.name / spec_file.spec.model.version / "trace"
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
-    from . import targets  # imports torch
+    from . import targets
+    from .targets import cpu
+
+    if cpu.NAME in target_names:  # before torch is imported: it fixes the ISA its kernels use
+        cpu.select_isa(_cpu_isa(args, spec_file.spec.build.cpu.isa))
 
     targets.require_available(target_names)  # before anything is written
     shutil.rmtree(trace_dir, ignore_errors=True)
@@ -220,6 +237,15 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
+
+
+def _cpu_isa(args: argparse.Namespace, from_spec: str) -> str:
+    from .targets import cpu
+
+    from_env = os.environ.get(cpu.ISA_ENV)
+    if from_env and from_env not in cpu.ISA_CHOICES:
+        raise UsageError(f"{cpu.ISA_ENV}={from_env!r} is not a CPU kind", f"set it to one of {', '.join(cpu.ISA_CHOICES)}")
+    return getattr(args, "cpu_isa", None) or from_env or from_spec
 
 
 def _spec_from(args: argparse.Namespace):
@@ -286,7 +312,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
     if missing:
         raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
     with progress.stage("publish", ", ".join(w.name for w in wheels)):
-        result = publish(wheels, index, progress.say)
+        result = publish(wheels, index, progress.say, skip_existing=args.skip_existing)
     progress.say(f"published {len(result.uploaded)} wheel(s); {len(result.existing)} already on the index")
     return 0
 
@@ -294,9 +320,12 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
 def _matrix(args: argparse.Namespace, progress: Progress) -> int:
     import json
 
-    from .matrix import build_matrix
+    from .matrix import build_matrix, spec_paths
 
-    print(json.dumps(build_matrix(Path("models")), separators=(",", ":")))
+    specs = [Path(s) for s in args.spec] if args.spec else spec_paths(Path(args.models))
+    if not specs:
+        raise UsageError(f"no <model>/spec.toml under {args.models}", "give --models DIR or --spec PATH")
+    print(json.dumps(build_matrix(specs, containers=not args.no_containers), separators=(",", ":")))
     return 0
 
 

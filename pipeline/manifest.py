@@ -45,6 +45,9 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "full_version": f"{spec.model.version}+{local_label(compiled.target)}",
         "description": spec.model.description,
         "target": compiled.target,
+        # The index the wheel is published to and its version's label start with (PyTorch's
+        # variant names): publish reads it without importing torch.
+        "variant": targets.get(compiled.target).variant(torch.version.cuda),
         # torch.__version__ can carry a label its distribution lacks (PyPI's CUDA builds report
         # 2.14.1+cu130 for the distribution 2.14.1): the runtime checks the first, pip pins the second.
         "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch"), "cuda": torch.version.cuda},

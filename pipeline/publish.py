@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import proc, targets
+from . import proc
 from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError
 from .index import read_state
 from .templates import wheel_integrity
@@ -37,7 +37,7 @@ SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
 # 409 is matched on twine's status line alone: the digits also turn up in ports (http://host:40912/).
 # (twine's own --skip-existing would judge this, but twine 6 allows it for PyPI only.)
 EXISTS_RE = re.compile(r"\bHTTPError:\s+409\b|already\s+exist", re.I)  # \s+: twine wraps at 80 columns
-HREF_RE = re.compile(r'href="([^"#]+)')
+HREF_RE = re.compile(r'href="([^"#]+)(?:#sha256=([0-9a-f]{64}))?')
 
 
 @dataclass(frozen=True)
@@ -155,25 +155,46 @@ def read_manifest(wheel: Path) -> dict:
     return manifest
 
 
-def on_index(index: Index, target: str, dist_name: str) -> set[str] | None:
-    """File names the index has for dist_name (None when the index gives no simple page to check)."""
+def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None:
+    """The files the index has for dist_name, by name -> their URL (with the ``#sha256=`` the
+    index gives, if any); None when the index gives no simple page to check."""
     base = index.simple_url(target)
     if base is None:
         return None
     url = base.rstrip("/") + f"/{re.sub(r'[-_.]+', '-', dist_name).lower()}/"
     try:
-        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials), timeout=30) as response:
-            page = response.read().decode()
+        page = _get(url, index).decode()
     except urllib.error.HTTPError as exc:
         if exc.code == 404 or 300 <= exc.code < 400:  # a redirect is the index's fallback: not held here
-            return set()
+            return {}
         raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
+    return {href.rsplit("/", 1)[-1]: urllib.parse.urljoin(url, href) + (f"#sha256={digest}" if digest else "")
+            for href, digest in HREF_RE.findall(page)}
+
+
+def _get(url: str, index: Index) -> bytes:
+    """GET ``url`` from the index (its simple page, or a file); errors the user can act on."""
+    try:
+        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials), timeout=30) as response:
+            return response.read()
+    except urllib.error.HTTPError:
+        raise
     except OSError as exc:
         raise IndexServerError(f"cannot reach {proc.redact(url)}: {exc}", "is the index running? (`make index`)") from exc
     except ValueError as exc:  # http.client.InvalidURL and urllib's own checks
         raise IndexServerError(f"{proc.redact(url)} is not a usable URL: {proc.redact(str(exc))}",
                                "check the index URL (a password may hold any character; the host follows its last @)") from exc
-    return {href.rsplit("/", 1)[-1] for href in HREF_RE.findall(page)}
+
+
+def published_sha256(index: Index, file_url: str) -> str:
+    """The sha256 of a file on the index: from its link's ``#sha256=``, else by downloading it."""
+    url, _, fragment = file_url.partition("#")
+    if fragment.startswith("sha256="):
+        return fragment.removeprefix("sha256=")
+    try:
+        return hashlib.sha256(_get(url, index)).hexdigest()
+    except urllib.error.HTTPError as exc:
+        raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
 
 
 class _KeepRedirects(urllib.request.HTTPRedirectHandler):
@@ -219,28 +240,44 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
 
 
 def index_variant(manifest: dict[str, Any]) -> str:
-    """The per-build index a wheel goes to, as PyTorch's are: ``cpu``, ``cu130``."""
-    return targets.get(manifest["target"]).variant(manifest["torch"]["cuda"])
+    """The per-build index a wheel goes to, as PyTorch's are: ``cpu``, ``cu130``: the variant the
+    manifest records (earlier wheels: the first part of the version's local label)."""
+    return manifest.get("variant") or manifest["full_version"].partition("+")[2].split(".")[0]
 
 
-def publish(wheels: list[Path], index: Index, say) -> Published:
+def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False) -> Published:
+    """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
+    release); one it holds under the same name with other bytes is refused all the same."""
     manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]
     for wheel, _ in manifests:
         _twine("check", "--strict", str(wheel), what=f"twine check of {wheel.name}",
                hint="the wheel's metadata is incomplete: rebuild it with this pipeline")
-    uploaded, existing = [], []
+    uploaded, existing, identical = [], [], []
     for wheel, manifest in manifests:
         target = index_variant(manifest)
         known = on_index(index, target, manifest["dist_name"])
-        if (known is not None and wheel.name in known) or not _upload(index, wheel, target):
+        if known is not None and wheel.name in known:
+            same = skip_existing and published_sha256(index, known[wheel.name]) == wheel_integrity.sha256_file(wheel)
+            say(f"    {wheel.name}: already on the index ({target}){', the same file' if same else ''}, left as it is")
+            (identical if same else existing).append(wheel.name)
+        elif not _upload(index, wheel, target):
             say(f"    {wheel.name}: already on the index ({target}), left as it is")
             existing.append(wheel.name)
         else:
             say(f"    {wheel.name}: uploaded to the {target} index")
             uploaded.append(wheel.name)
-    if existing and not uploaded:
-        raise AlreadyPublishedError(
-            f"{', '.join(existing)} already on the index; nothing uploaded",
-            "an index never replaces a published version: bump model.version in the spec to publish a change",
-        )
-    return Published(tuple(uploaded), tuple(existing))
+    if existing and (skip_existing or not uploaded):
+        raise _refusal(existing, uploaded, skip_existing)
+    return Published(tuple(uploaded), tuple(existing + identical))
+
+
+def _refusal(existing: list[str], uploaded: list[str], skip_existing: bool) -> AlreadyPublishedError:
+    hint = "an index never replaces a published version: bump model.version in the spec to publish a change"
+    if not skip_existing:
+        return AlreadyPublishedError(f"{', '.join(existing)} already on the index; nothing uploaded", hint)
+    done = f" ({len(uploaded)} other wheel(s) uploaded)" if uploaded else ""
+    return AlreadyPublishedError(
+        f"{', '.join(existing)} already on the index, but not as the same file: --skip-existing passes only a file "
+        f"the index holds byte for byte (same sha256, read from its simple page){done}",
+        hint + "; if the index has no simple page, give its URL in MODELWHEEL_SIMPLE_URL so the files can be compared",
+    )

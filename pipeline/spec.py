@@ -204,9 +204,18 @@ class CudaBuild(_Frozen):
     multi_arch: bool = Field(False, description="also ship PTX, which the driver compiles for GPUs newer than the build's")
 
 
+CpuIsa = Literal["native", "avx2", "avx512"]
+
+
+class CpuBuild(_Frozen):
+    isa: CpuIsa = Field("native", description="the CPU kind the kernels are built for: the build machine's own "
+                                              "(native), or avx2 (any x86-64 CPU of the last decade) or avx512")
+
+
 class BuildSection(_Frozen):
-    _LATE_KEYS = ("cuda",)
+    _LATE_KEYS = ("cpu", "cuda")
     targets: list[Target] = Field(["cpu"], min_length=1)
+    cpu: CpuBuild = CpuBuild()
     cuda: CudaBuild = CudaBuild()
 
     @field_validator("targets")

@@ -1,4 +1,8 @@
-"""Where the wheel template lives, and the runtime code the pipeline shares with every wheel."""
+"""Where the wheel template lives, and the runtime code the pipeline shares with every wheel.
+
+The runtime modules load on first use (``templates.wheel_inputs``): some import torch or numpy,
+and commands that need neither (``publish``, ``matrix``) must start without them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,14 @@ from types import ModuleType
 
 WHEEL_TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "wheel"
 RUNTIME_DIR = WHEEL_TEMPLATE / "runtime"
+
+# The same code makes the example inputs at build time and inside the installed wheel:
+# attribute name -> the runtime module it is.
+SHARED = {
+    "wheel_inputs": "_inputs", "wheel_compare": "_compare", "wheel_integrity": "_integrity",
+    "wheel_weights": "_weights", "wheel_cuda": "_cuda", "wheel_preload": "_preload", "wheel_malloc": "_malloc",
+    "wheel_dispatch": "_dispatch", "wheel_constants": "_constants",
+}
 
 
 def _load_runtime_module(name: str) -> ModuleType:
@@ -23,13 +35,9 @@ def _load_runtime_module(name: str) -> ModuleType:
     return module
 
 
-# The same code makes the example inputs at build time and inside the installed wheel.
-wheel_inputs = _load_runtime_module("_inputs")
-wheel_compare = _load_runtime_module("_compare")
-wheel_integrity = _load_runtime_module("_integrity")
-wheel_weights = _load_runtime_module("_weights")
-wheel_cuda = _load_runtime_module("_cuda")
-wheel_preload = _load_runtime_module("_preload")
-wheel_malloc = _load_runtime_module("_malloc")
-wheel_dispatch = _load_runtime_module("_dispatch")
-wheel_constants = _load_runtime_module("_constants")
+def __getattr__(name: str) -> ModuleType:
+    if name in SHARED:
+        module = _load_runtime_module(SHARED[name])
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

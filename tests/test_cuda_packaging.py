@@ -37,7 +37,7 @@ def test_only_the_library_and_kernels_stay_in_the_output_folder(tmp_path):
 def cuda_manifest(cpu: dict, opt_path: Path, artifacts: list[Path]) -> dict:
     """The CPU wheel's manifest as the cuda target writes it for an H100 build with torch's CUDA 13.0."""
     public = cpu["torch"]["version"].split("+")[0]
-    return {**cpu, "target": "cuda", "full_version": f"{cpu['version']}+cu130.torch{public}",
+    return {**cpu, "target": "cuda", "variant": "cu130", "full_version": f"{cpu['version']}+cu130.torch{public}",
             "torch": {**cpu["torch"], "cuda": "13.0"},
             "platform": {"machine": cpu["platform"]["machine"], "glibc": cpu["platform"]["glibc"]},
             "cuda": {**wheel_cuda.requirements("13.0", (9, 0)), "gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0",

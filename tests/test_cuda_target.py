@@ -88,8 +88,9 @@ def test_variant_label_and_index_follow_pytorch(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     public = torch.__version__.split("+")[0]
     assert local_label("cuda") == f"cu130.torch{public}" and local_label("cpu") == f"cpu.torch{public}"
-    manifest = {"target": "cuda", "torch": {"cuda": "13.0"}}
-    assert index_variant(manifest) == "cu130" and index_variant({"target": "cpu", "torch": {"cuda": None}}) == "cpu"
+    # The manifest records the variant; a wheel from before it, its version's local label.
+    assert index_variant({"variant": "cu130"}) == "cu130" and index_variant({"variant": "cpu"}) == "cpu"
+    assert index_variant({"full_version": "1.3+cu130.torch2.11.0"}) == "cu130"
     index = Index(upload="http://localhost:8080/", simple="http://localhost:8080/{target}/simple/")
     assert index.upload_url("cu130") == "http://localhost:8080/cu130/"
     assert index.simple_url("cu130") == "http://localhost:8080/cu130/simple/"

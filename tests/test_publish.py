@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -145,8 +146,44 @@ def test_matrix_lists_models_and_targets():
     ran = run_cli("matrix")
     assert ran.code == 0, ran.err
     matrix = json.loads(ran.out)
-    assert {"model": "unet", "version": "1.3", "spec": "models/unet/spec.toml", "target": "cpu",
-            "runner": "ubuntu-latest"} in matrix["include"]
+    assert {"model": "unet", "version": "1.3", "spec": "models/unet/spec.toml", "target": "cpu", "runner": "ubuntu-latest",
+            "container": "quay.io/pypa/manylinux_2_28_x86_64", "container_options": "", "torch_variant": "cpu"} in matrix["include"]
+
+
+def test_matrix_reads_specs_kept_anywhere(tmp_path):
+    spec = tmp_path / "elsewhere" / "spec.toml"
+    spec.parent.mkdir()
+    spec.write_text((REPO / "tests" / "models" / "tiny" / "spec.toml").read_text() + '\n[build]\ntargets = ["cpu", "cuda"]\n')
+    by_spec = run_cli("matrix", "--spec", str(spec), "--no-containers", cwd=tmp_path)
+    assert by_spec.code == 0, by_spec.err
+    assert [(e["target"], e["container"]) for e in json.loads(by_spec.out)["include"]] == [("cpu", ""), ("cuda", "")]
+    by_folder = run_cli("matrix", "--models", str(tmp_path), cwd=tmp_path)
+    assert [e["spec"] for e in json.loads(by_folder.out)["include"]] == [spec.as_posix()] * 2
+    empty = run_cli("matrix", "--models", str(tmp_path / "none"), cwd=tmp_path)
+    assert empty.code == 2 and "no <model>/spec.toml under" in empty.err
+
+
+def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_path):
+    """A re-run release: the identical wheel (same sha256) is left as it is and the command succeeds;
+    other bytes under the same file name are still refused, and the index keeps what it had."""
+    home, state, wheel = published
+    before = listing(Path(state["data"]))
+    again = run_cli("publish", "--skip-existing", "--wheel", str(wheel), cwd=home)
+    assert again.code == 0, again.err
+    assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in again.err
+    other = rewrite(wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data)
+    different = run_cli("publish", "--skip-existing", "--wheel", str(other), cwd=home)
+    assert different.code == AlreadyPublishedError.exit_code, different.err
+    assert "not as the same file" in different.err and "bump model.version" in different.err
+    assert listing(Path(state["data"])) == before
+
+
+def test_publish_and_matrix_import_neither_torch_nor_numpy(tmp_path):
+    ran = subprocess.run([sys.executable, "-c", "import sys; from pipeline import cli; cli.main(['matrix']); "
+                          "import pipeline.publish; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1] == "[]"
 
 
 def test_release_workflow_passes_actionlint(tmp_path):

@@ -32,6 +32,13 @@ class Target(Protocol):
     # Whether the models of a build with static batch sizes can share one constants store (constants.py)
     # instead of each .so embedding the weights.
     SHARED_CONSTANTS: bool
+    # The release workflow's job for this target (``pipeline matrix``): the runner label, the
+    # container image it builds in ("" for none) and that container's options, and the PyTorch
+    # index variant (``cpu``, ``cu130``) its torch comes from.
+    RUNNER: str | list[str]
+    CONTAINER: str
+    CONTAINER_OPTIONS: str
+    TORCH_VARIANT: str
 
     def unavailable(self) -> str | None:
         """Why this machine cannot build the target (naming what is missing), or None."""

@@ -1,18 +1,19 @@
 """The CPU target: a .so of C++ kernels that runs from any folder on any machine with at least
-the vector ISA it was compiled for."""
+the vector ISA it was compiled for.
+
+torch is imported inside the functions that use it: the registry is read by commands that
+need no torch (``matrix``, ``publish``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .. import conv_prepack
-from ..templates import wheel_malloc, wheel_preload
 
 if TYPE_CHECKING:
     from ..compile import Compiled
@@ -23,6 +24,13 @@ DEVICE = "cpu"
 REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 SHARED_CONSTANTS = True
+# The release workflow (.github/workflows/release.yml, through `pipeline matrix`): the runner
+# label, a manylinux_2_28 image with the compiler (PyPA's; torch's own wheels are manylinux_2_28,
+# so a wheel built there is no narrower than the torch it pins) and PyTorch's index variant.
+RUNNER: str | list[str] = "ubuntu-latest"
+CONTAINER = "quay.io/pypa/manylinux_2_28_x86_64"
+CONTAINER_OPTIONS = ""
+TORCH_VARIANT = "cpu"
 DYNAMIC_THREADS_OPTION = "cpp.dynamic_threads"
 SCHEDULE_THREADS_OPTION = "cpp.threads"
 # The thread count Inductor plans its loops for, whatever the build machine has: which loops of a
@@ -30,9 +38,38 @@ SCHEDULE_THREADS_OPTION = "cpp.threads"
 SCHEDULE_THREADS = 8
 # Inductor's name for the vector ISA -> the torch CPU capability the kernels need at run time.
 VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
+# The CPU kinds a build can be made for: the build machine's own, or a named one. A named kind
+# is selected for the whole build process before torch starts: ATen's kernels (the eager
+# reference), Inductor's vector ISA (it reads ATEN_CPU_CAPABILITY) and oneDNN's (which packs the
+# weights) all run as on a CPU of that kind, so verification checks what such a CPU runs.
+ISA_CHOICES = ("native", "avx2", "avx512")
+ISA_ENV = "MODELWHEEL_CPU_ISA"
+_ONEDNN_ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE"}
+
+
+def select_isa(isa: str) -> None:
+    """Build for CPUs of kind ``isa`` (one of ISA_CHOICES); call before torch is imported."""
+    if isa == "native":
+        return
+    os.environ["ATEN_CPU_CAPABILITY"] = isa
+    os.environ["ONEDNN_MAX_CPU_ISA"] = _ONEDNN_ISA[isa]
 
 
 def unavailable() -> str | None:
+    import torch
+
+    if torch.version.cuda is not None or torch.version.hip is not None:
+        # Its wheel would pin this torch, whose version (2.13.0, or 2.13.0+cu130) a CPU user's
+        # torch (2.13.0+cpu) satisfies for pip but not for the runtime's exact check.
+        return (f"torch {torch.__version__} is a GPU build; a CPU wheel pins the torch it was built with, so it is "
+                f"built with PyTorch's CPU build: pip install torch=={torch.__version__.split('+')[0]}+cpu "
+                "--index-url https://download.pytorch.org/whl/cpu")
+    asked = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    running = torch.backends.cpu.get_cpu_capability()
+    if asked and asked != "DEFAULT" and asked != running:
+        return (f"the build asks for {asked} kernels (ATEN_CPU_CAPABILITY={asked.lower()}), but this CPU runs "
+                f"{running} at most, so it cannot verify them; build with --cpu-isa {running.lower()} or native, "
+                f"or on a CPU with {asked}")
     return None
 
 
@@ -50,6 +87,8 @@ def compile_options(spec: Spec) -> dict[str, object]:
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
+    from .. import conv_prepack
+
     # Only freezing makes weights constants that can be packed at compile time.
     return conv_prepack.inductor_options() if options.get("freezing") else {}
 
@@ -65,23 +104,30 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
+    from .. import conv_prepack
+
     return (vec_isa(), conv_prepack.VERSION)
 
 
 def machine() -> str:
+    import torch
+
     return torch.backends.cpu.get_cpu_capability()
 
 
 def variant(cuda_version: str | None) -> str:
-    return NAME
+    return TORCH_VARIANT
 
 
 def manifest_facts(compiled: Compiled) -> dict[str, Any]:
+    import torch
+
     isa = vec_isa()
     return {
         "platform": {
             "machine": platform.machine(),
             "vec_isa": isa,
+            # The CPU kind the kernels were built for: a CPU without it cannot run them.
             "cpu_capability": VEC_ISA_CAPABILITY.get(isa, torch.backends.cpu.get_cpu_capability()),
             "glibc": platform.libc_ver()[1],
         },
@@ -90,6 +136,10 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
 
 def open_runner(library: Path, num_models: int = 1) -> Any:
     """The .so opened as the wheel's load() opens it, so what the build times and verifies is what ships."""
+    import torch
+
+    from ..templates import wheel_malloc, wheel_preload
+
     wheel_preload.load_cxx_runtime()
     wheel_malloc.keep_freed_memory()
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..templates import wheel_cuda, wheel_preload
 
 if TYPE_CHECKING:
@@ -23,6 +21,12 @@ if TYPE_CHECKING:
 
 NAME = "cuda"
 DEVICE = "cuda"
+# The release workflow: a GPU runner label, a manylinux_2_28 image with the CUDA toolkit
+# (PyTorch's own builder), the GPU handed to it, and the PyTorch index variant it builds against.
+RUNNER: str | list[str] = ["self-hosted", "linux", "gpu"]
+CONTAINER = "pytorch/manylinux2_28-builder:cuda13.0"
+CONTAINER_OPTIONS = "--gpus all"
+TORCH_VARIANT = "cu130"
 REFERENCE = "eager, TF32 off"  # what verification compares with: see reference()
 RELOCATABLE = False
 # Static batch sizes keep their weights in each .so: the shared store hands constants over as CPU
@@ -33,6 +37,8 @@ MULTI_ARCH_OPTION = "aot_inductor.emit_multi_arch_kernel"
 
 
 def unavailable() -> str | None:
+    import torch
+
     if torch.version.cuda is None:
         return (f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); building for CUDA needs "
                 "a CUDA build of torch and a GPU")
@@ -64,10 +70,13 @@ def ships(path: Path, options: Mapping[str, object]) -> bool:
 
 
 def _capability() -> tuple[int, int]:
+    import torch
+
     return tuple(torch.cuda.get_device_capability())  # type: ignore[return-value]
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
+    import torch
     import triton
 
     major, minor = _capability()
@@ -75,6 +84,8 @@ def key_facts(compile_dir: Path) -> tuple[str, ...]:
 
 
 def machine() -> str:
+    import torch
+
     major, minor = _capability()
     return f"{torch.cuda.get_device_name()}|sm_{major}{minor}|cuda {torch.version.cuda}|driver {wheel_cuda.driver_cuda_version()}"
 
@@ -84,6 +95,7 @@ def variant(cuda_version: str | None) -> str:
 
 
 def manifest_facts(compiled: Compiled) -> dict[str, Any]:
+    import torch
     import triton
 
     return {
@@ -101,6 +113,8 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
 
 
 def open_runner(library: Path, num_models: int = 1) -> Any:
+    import torch
+
     wheel_preload.load_cxx_runtime()
     return wheel_cuda.open_runner(library, library.parent, f"cuda:{torch.cuda.current_device()}", num_models)
 
@@ -110,4 +124,6 @@ def reference() -> contextlib.AbstractContextManager[None]:
 
 
 def synchronize() -> None:
+    import torch
+
     torch.cuda.synchronize()

@@ -7,6 +7,7 @@ without importing torch.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import warnings
 from pathlib import Path
@@ -18,6 +19,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
 # Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
 CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
+TORCH_INDEX = "https://download.pytorch.org/whl"  # one index per torch build: /cpu, /cu130
 
 _manifest: dict[str, Any] | None = None
 _warned = False
@@ -41,15 +43,35 @@ def manifest() -> dict[str, Any]:
 
 
 def incompatibilities(m: dict[str, Any], torch_version: str, cpu_capability: str) -> list[str]:
+    """Each way this process differs from what the model was built for, with what fixes it."""
     problems = []
     if torch_version != m["torch"]["version"]:
-        problems.append(f"torch is {torch_version}, the model was built with torch {m['torch']['version']}")
+        index = f"{TORCH_INDEX}/{variant(m)}"
+        problems.append(f"torch is {torch_version}, the model was built with torch {m['torch']['version']}: install the "
+                        f"wheel built for this torch, or `pip install torch=={m['torch']['distribution']}` from {index}")
     if platform.machine() != m["platform"]["machine"]:
-        problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}")
+        problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}: "
+                        f"install the wheel built for {platform.machine()}")
     needed = m["platform"].get("cpu_capability")  # CPU kernels only; a CUDA wheel's GPU is checked by _cuda.py
     if needed is not None and _lacks(cpu_capability, needed):
-        problems.append(f"this CPU supports {cpu_capability}, the model's kernels need {needed}")
+        problems.append(_cpu_kind_problem(cpu_capability, needed))
     return problems
+
+
+def variant(m: dict[str, Any]) -> str:
+    """PyTorch's name for the torch build the wheel pins (``cpu``, ``cu130``): its index's name."""
+    return m.get("variant") or m["full_version"].partition("+")[2].split(".")[0]
+
+
+def _cpu_kind_problem(have: str, needed: str) -> str:
+    forced = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    why = (f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks" if forced.upper() == have
+           else f"this CPU supports {have}")
+    fix = (f"unset ATEN_CPU_CAPABILITY, or install a wheel built for {have.lower()} (modelwheel build --cpu-isa "
+           f"{have.lower()})" if forced.upper() == have else
+           f"run it on a CPU with {needed}, or install a wheel built for {have.lower()} (modelwheel build --cpu-isa "
+           f"{have.lower()})")
+    return f"{why}, but the model's kernels were built for {needed} CPUs: {fix}"
 
 
 def _lacks(have: str, needed: str) -> bool:
@@ -59,14 +81,11 @@ def _lacks(have: str, needed: str) -> bool:
 
 
 def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
-    """Raise IncompatibleRuntime listing every problem (``gpu_problems``: a CUDA wheel's, from _cuda.py)."""
+    """Raise IncompatibleRuntime listing every problem, each with its fix (``gpu_problems``: a
+    CUDA wheel's, from _cuda.py)."""
     problems = incompatibilities(m, torch_version, cpu_capability) + list(gpu_problems)
     if problems:
-        raise IncompatibleRuntime(
-            f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems)
-            + f". Install the wheel built for this torch, or `pip install torch=={m['torch']['distribution']}`"
-            + (" from the index of its CUDA version" if m["target"] == "cuda" else "") + "."
-        )
+        raise IncompatibleRuntime(f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems) + ".")
 
 
 def artifacts_dir() -> Path:

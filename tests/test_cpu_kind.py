@@ -1,0 +1,74 @@
+"""The CPU kind a cpu wheel is built for is chosen, recorded and checked: `--cpu-isa`, the spec's
+`[build.cpu] isa` and MODELWHEEL_CPU_ISA; a GPU torch never builds a CPU wheel; a wheel refused
+at load says which CPU kind it needs and what to do, not to reinstall a torch that is there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from pipeline.errors import TargetUnavailableError, UsageError
+
+from .conftest import REPO, TINY_SPEC, run_cli
+
+
+def build_patched(patch: str, *args: str, cwd) -> subprocess.CompletedProcess:
+    """The CLI's build in a process whose torch is altered by ``patch`` first (what this machine
+    cannot be: a CUDA build of torch, a CPU of another kind)."""
+    code = f"import sys, torch; {patch}; from pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "build", "--spec", str(TINY_SPEC), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_cpu_wheel_is_never_built_with_a_gpu_torch(dirs):
+    """Its pin (torch==2.13.0, or +cu130) would install beside a CPU user's torch, whose version
+    (+cpu) the runtime then refuses: the build is refused instead, before anything is written."""
+    ran = build_patched("torch.version.cuda = '13.0'", *dirs.args(), cwd=REPO)
+    assert ran.returncode == TargetUnavailableError.exit_code, ran.stderr
+    assert "is a GPU build; a CPU wheel pins the torch it was built with" in ran.stderr
+    assert "+cpu --index-url https://download.pytorch.org/whl/cpu" in ran.stderr
+    assert dirs.leftovers() == []
+
+
+def test_a_cpu_kind_this_machine_cannot_run_is_refused(dirs):
+    ran = build_patched("torch.backends.cpu.get_cpu_capability = lambda: 'AVX2'", "--cpu-isa", "avx512", *dirs.args(),
+                        cwd=REPO)
+    assert ran.returncode == TargetUnavailableError.exit_code, ran.stderr
+    assert "asks for AVX512 kernels" in ran.stderr and "this CPU runs AVX2 at most" in ran.stderr
+    assert dirs.leftovers() == []
+
+
+def test_an_unknown_cpu_kind_in_the_environment_is_a_usage_error(dirs):
+    ran = run_cli("build", "--spec", str(TINY_SPEC), *dirs.args(), env={"MODELWHEEL_CPU_ISA": "sse9"})
+    assert ran.code == UsageError.exit_code
+    assert "MODELWHEEL_CPU_ISA='sse9' is not a CPU kind" in ran.err and "native, avx2, avx512" in ran.err
+
+
+def test_the_spec_names_a_cpu_kind(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text() + '\n[build.cpu]\nisa = "avx3"\n')
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "d"),
+                  "--build-dir", str(tmp_path / "b"))
+    assert ran.code == 3 and "key 'build.cpu.isa'" in ran.err and "'native', 'avx2' or 'avx512'" in ran.err
+
+
+def test_a_wheel_refused_for_its_cpu_kind_says_so(installed, wheel):
+    """The session's wheel is built for this machine's own kind; with ATEN_CPU_CAPABILITY=avx2 the
+    torch that is installed runs AVX2 kernels, and the refusal says that, not to install torch."""
+    with zipfile.ZipFile(wheel) as archive:
+        needs = json.loads(archive.read("model_tiny/manifest.json"))["platform"]["cpu_capability"]
+    if needs != "AVX512":
+        pytest.skip(f"the wheel is built for {needs} (this CPU has no AVX-512): nothing runs below it here")
+    for loader in ("load", "load_numpy"):
+        ran = subprocess.run([str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"], capture_output=True,
+                             text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
+        assert ran.returncode != 0
+        message = ran.stderr.strip().splitlines()[-1]
+        assert "torch runs AVX2 kernels here, as ATEN_CPU_CAPABILITY=avx2 asks" in message
+        assert "built for AVX512 CPUs" in message and "--cpu-isa avx2" in message
+        assert "pip install torch" not in message

@@ -1,0 +1,171 @@
+"""The release workflow as CI runs it: each job's own `run:` steps, read out of release.yml itself,
+run in a fresh venv that holds only what the job installs (the stand-in for setup-python), in a
+copy of the checkout (the stand-in for actions/checkout), so the file and this test cannot drift.
+
+The chain is the real one on a spec with two targets: `matrix` gives one job per target, the cpu
+job builds only cpu (for the portable CPU kind the workflow sets), and `publish` uploads its wheel
+to a local index, then passes over it when the release is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO, make_venv, pip_install, run_cli
+
+WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
+EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+# The two shapes of expression the workflow's run steps and conditions use beyond a plain lookup.
+CHOICE = re.compile(r"^([\w.]+) && '([^']*)' \|\| '([^']*)'$")
+COMPARISON = re.compile(r"^([\w.]+) (==|!=) '([^']*)'$")
+
+
+def workflow() -> dict:
+    return yaml.safe_load(WORKFLOW.read_text())
+
+
+def evaluate(expression: str, context: dict):
+    """The value of a GitHub expression of the forms the workflow uses; an unknown name fails the test."""
+    if match := CHOICE.match(expression):
+        return match[2] if lookup(match[1], context) else match[3]
+    if match := COMPARISON.match(expression):
+        equal = str(lookup(match[1], context)) == match[3]
+        return equal if match[2] == "==" else not equal
+    return lookup(expression, context)
+
+
+def lookup(name: str, context: dict):
+    value = context
+    for part in name.split("."):
+        assert isinstance(value, dict) and part in value, f"release.yml uses ${{{{ {name} }}}}, which this test does not provide"
+        value = value[part]
+    return value
+
+
+def expand(text: str, context: dict) -> str:
+    return EXPRESSION.sub(lambda match: str(evaluate(match[1], context)), text)
+
+
+def run_job(name: str, context: dict, workspace: Path, python: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """Every `run:` step of the job whose `if:` holds, in order, as the runner runs them: bash -e,
+    in the workspace, with the workflow's, the job's and the step's env, `python` first on PATH."""
+    document = workflow()
+    job = document["jobs"][name]
+    output = tmp / f"{name}.output"
+    output.write_text("")
+    env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "GITHUB_OUTPUT": str(output),
+           "GITHUB_PATH": str(tmp / "path"), "CI": "true"}
+    env.pop("VIRTUAL_ENV", None)
+    for scope in (document, job):
+        env.update({key: expand(str(value), context) for key, value in scope.get("env", {}).items()})
+    done = subprocess.CompletedProcess([], 0, "", "")
+    for step in job["steps"]:
+        if "run" not in step or not evaluate(EXPRESSION.sub(r"\1", step.get("if", "true")), {**context, "true": True}):
+            continue
+        step_env = {**env, **{key: expand(str(value), context) for key, value in step.get("env", {}).items()}}
+        done = subprocess.run(["bash", "-e", "-c", expand(step["run"], context)], cwd=workspace, env=step_env,
+                              capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, f"job {name}, step {step.get('name') or step['run'][:60]!r}:\n{done.stdout}{done.stderr}"
+    return done
+
+
+def outputs(tmp: Path, job: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in (tmp / f"{job}.output").read_text().splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """The checkout as actions/checkout gives it (tracked and untracked files, nothing ignored),
+    with one model: the tiny one, for both targets."""
+    copy = tmp_path_factory.mktemp("workspace") / "repo"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file() and not name.startswith("models/"):
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    shutil.copytree(REPO / "tests" / "models" / "tiny", copy / "models" / "tiny")
+    spec = copy / "models" / "tiny" / "spec.toml"
+    spec.write_text(spec.read_text() + '\n[build]\ntargets = ["cpu", "cuda"]\n')
+    return copy
+
+
+@pytest.fixture(scope="module")
+def matrix(workspace, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("matrix")
+    python = make_venv(tmp / "python")
+    run_job("matrix", {"inputs": {"no_containers": True}}, workspace, python, tmp)
+    return json.loads(outputs(tmp, "matrix")["matrix"])
+
+
+@pytest.fixture(scope="module")
+def built(workspace, matrix, tmp_path_factory) -> Path:
+    """The cpu job's steps, on its matrix entry; returns the wheel it left in dist/."""
+    tmp = tmp_path_factory.mktemp("build")
+    python = make_venv(tmp / "python")
+    job = next(entry for entry in matrix["include"] if entry["target"] == "cpu")
+    run_job("build", {"matrix": job}, workspace, python, tmp)
+    wheels = sorted((workspace / "dist").glob("*.whl"))
+    assert len(wheels) == 1 and wheels[0].name.startswith("model_tiny-0.1+cpu.torch"), wheels  # no cuda wheel tried
+    return wheels[0]
+
+
+def test_the_matrix_job_gives_one_job_per_target_with_only_its_own_install_line(matrix, workspace, tmp_path):
+    assert [(entry["model"], entry["target"]) for entry in matrix["include"]] == [("tiny", "cpu"), ("tiny", "cuda")]
+    assert all(entry["container"] == "" for entry in matrix["include"])  # the local run: on the runner itself
+    python = make_venv(tmp_path / "python")
+    run_job("matrix", {"inputs": {"no_containers": False}}, workspace, python, tmp_path)
+    jobs = {entry["target"]: entry for entry in json.loads(outputs(tmp_path, "matrix")["matrix"])["include"]}
+    assert "manylinux_2_28" in jobs["cpu"]["container"] and jobs["cpu"]["torch_variant"] == "cpu"
+    assert "manylinux2_28" in jobs["cuda"]["container"] and "--gpus" in jobs["cuda"]["container_options"]
+    assert jobs["cuda"]["runner"] != jobs["cpu"]["runner"] and jobs["cuda"]["torch_variant"].startswith("cu")
+
+
+def test_the_cpu_job_builds_only_cpu_for_the_portable_cpu_kind(built, workspace):
+    with zipfile.ZipFile(built) as archive:
+        manifest = json.loads(archive.read("model_tiny/manifest.json"))
+    assert manifest["target"] == "cpu" and manifest["variant"] == "cpu"
+    assert manifest["platform"]["cpu_capability"] == "AVX2", manifest["platform"]
+    assert (workspace / "dist" / "model_tiny-0.1+cpu.torch" f"{manifest['torch']['version'].split('+')[0]}.report.json").is_file()
+    assert (workspace / "build" / "tiny" / "0.1" / "trace").is_dir(), "the trace the workflow uploads"
+
+
+def test_a_wheel_built_for_avx2_loads_where_torch_runs_avx2_kernels(built, tmp_path):
+    python = make_venv(tmp_path / "env")
+    pip_install(python, str(built))
+    ran = subprocess.run([str(python), "-c", "import model_tiny as m; print(m.load()(*m.example_inputs())[1].shape); "
+                          "print(m.load_numpy()(*[t.numpy() for t in m.example_inputs()])[1].shape)"],
+                         capture_output=True, text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["torch.Size([2,", "4])", "(2,", "4)"]
+
+
+@pytest.fixture
+def index(tmp_path):
+    started = run_cli("index", "start", "--port", "0", "--data", str(tmp_path / "data"), cwd=tmp_path)
+    assert started.code == 0, started.err
+    yield json.loads((tmp_path / "build" / "index" / "state.json").read_text())["url"], tmp_path / "data"
+    run_cli("index", "stop", cwd=tmp_path)
+
+
+def test_the_publish_job_uploads_with_its_own_install_line_and_passes_on_a_rerun(built, workspace, index, tmp_path):
+    url, data = index
+    secrets = {"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_INDEX_USERNAME": "local", "MODELWHEEL_INDEX_PASSWORD": "no-auth"}
+    python = make_venv(tmp_path / "python")  # no torch, no numpy: what the job installs and nothing else
+    first = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)
+    assert f"{built.name}: uploaded to the cpu index" in first.stderr
+    assert (data / "cpu" / built.name).is_file()
+    again = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)  # a re-run release
+    assert f"{built.name}: already on the index (cpu), the same file, left as it is" in again.stderr
+    installed = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('numpy'))"],
+                               capture_output=True, text=True)
+    assert installed.stdout.split() == ["None", "None"]
