@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import importlib.metadata
 import logging
 import os
 import shutil
@@ -29,11 +30,36 @@ DEFAULT_ROOT = "/opt/modelwheel"
 ROOT_ENV = "MODELWHEEL_ROOT"
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("modelwheel")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: running from a checkout)"
+
+
+def _common_flags(json_help: str | None = None) -> argparse.ArgumentParser:
+    """-v and -q (and --json) wherever a user puts them: before the command or after it.
+    SUPPRESS as the default keeps a command's parser from resetting what the top level set."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log subprocess commands and show tracebacks")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="print only the result, or the error")
+    if json_help:
+        common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline", description="Build compiled PyTorch models into wheels.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log subprocess commands and show tracebacks")
+    parser = argparse.ArgumentParser(prog="modelwheel", description="Build compiled PyTorch models into wheels.",
+                                     parents=[_common_flags()],
+                                     epilog="`python -m pipeline` is the same command, from a checkout.")
+    parser.set_defaults(verbose=False, quiet=False, json=False)
+    parser.add_argument("--version", action="version", version=f"modelwheel {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="export, compile, verify and package one model spec")
+    build = commands.add_parser("build", help="export, compile, verify and package one model spec",
+                                parents=[_common_flags("print one JSON record of the build on stdout "
+                                                       "(docs/how-a-build-works.md#the-json-record)")])
     build.add_argument("--spec", required=True, action="append",
                        help="path to a model's spec.toml (or its folder); repeat to build several in parallel")
     build.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds (default: the machine's cores)")
@@ -53,18 +79,24 @@ def _parser() -> argparse.ArgumentParser:
                        help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
                             "any x86-64 CPU of the last decade (default: $MODELWHEEL_CPU_ISA, else the spec's "
                             "[build.cpu] isa, else native)")
-    build.add_argument("-q", "--quiet", action="store_true", help="print only the result (the wheel's path) or the error")
-    build.add_argument("--json", action="store_true",
-                       help="print one JSON record of the build on stdout (docs/how-a-build-works.md#the-json-record)")
     build.add_argument("--json-out", help=argparse.SUPPRESS)  # where a parallel build's child writes its record
-    doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work")
+    doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work",
+                                 parents=[_common_flags("print one JSON record of the findings on stdout")])
     doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
-    index = commands.add_parser("index", help="the embedded package index (pypiserver on 127.0.0.1)")
+    index = commands.add_parser("index", help="the embedded package index (pypiserver on 127.0.0.1)",
+                                parents=[_common_flags()])
     index.add_argument("action", choices=["start", "stop", "serve"])
     index.add_argument("--port", type=int, default=None, help="default: 8765; 0 picks a free port")
     index.add_argument("--data", default="build/index/data", help="where the index keeps its files")
-    publish = commands.add_parser("publish", help="check and upload wheels (building first if needed)")
+    index.add_argument("--torch-url", default=None,
+                       help="where torch comes from when the index holds none, {variant} standing for cpu or cuNNN "
+                            "(default: PyTorch's own index, https://download.pytorch.org/whl/{variant}/)")
+    index.add_argument("--fallback-url", default=None,
+                       help="where every other package the index does not hold comes from (default: PyPI; "
+                            "\"\" for nowhere)")
+    publish = commands.add_parser("publish", help="check and upload wheels (building first if needed)",
+                                  parents=[_common_flags("print one JSON record of what was uploaded on stdout")])
     publish.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     publish.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
     publish.add_argument("--wheel", nargs="+", help="upload these wheels instead of building")
@@ -76,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--dist", default="dist")
     publish.add_argument("--root", default=None)
     publish.add_argument("--build-dir", default="build")
-    matrix = commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON")
+    matrix = commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON",
+                                 parents=[_common_flags()])
     matrix.add_argument("--spec", action="append", help="a spec.toml to include (repeatable; default: every models/*/spec.toml)")
     matrix.add_argument("--models", default="models", help="the folder of <model>/spec.toml files (default: models)")
     matrix.add_argument("--no-containers", action="store_true",
@@ -169,6 +202,13 @@ def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
     return BuildInterrupted(f"build stopped by {name} before it wrote anything", "run the build again")
 
 
+def _check_outputs(args: argparse.Namespace, root: Path) -> None:
+    """Every folder the build writes, before any work: a file there, no permission, a full disk."""
+    check_writable(Path(args.dist), "--dist")
+    check_writable(Path(args.build_dir), "--build-dir")
+    check_writable(root, f"--root (or ${ROOT_ENV})")
+
+
 def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     from .parallel import build_many, default_jobs
 
@@ -179,8 +219,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
     passthrough += ["--cpu-isa", args.cpu_isa] if args.cpu_isa else []
-    check_writable(Path(args.dist), "--dist")
-    check_writable(Path(args.build_dir), "--build-dir")
+    _check_outputs(args, _artifact_root(args.root))
     jobs = args.jobs or default_jobs(len(args.spec))
     logs: dict[str, Path] = {}
     try:
@@ -208,8 +247,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     if weights or version:
         spec_file = with_overrides(spec_file, version=version, weights=weights)
     root = _artifact_root(args.root)
-    check_writable(Path(args.dist), "--dist")  # before any work: a file there, no permission, a full disk
-    check_writable(Path(args.build_dir), "--build-dir")
+    _check_outputs(args, root)
     build_dir = Path(args.build_dir).resolve()
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
     trace_dir = build_dir / spec_file.spec.model.name / spec_file.spec.model.version / "trace"
@@ -251,7 +289,7 @@ def _cpu_isa(args: argparse.Namespace, from_spec: str) -> str:
 def _spec_from(args: argparse.Namespace):
     if bool(args.model) == bool(args.spec):
         raise UsageError(
-            "give a model name or --spec PATH (one of them)", f"e.g. python -m pipeline {args.command} unet"
+            "give a model name or --spec PATH (one of them)", f"e.g. modelwheel {args.command} --spec models/unet/spec.toml"
         )
     return load_spec(args.spec or Path("models") / args.model / "spec.toml")
 
@@ -262,6 +300,7 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
     from .loader import load_model
 
     findings = run_doctor(spec_file, load_model(spec_file), progress.say)
+    args.extra["doctor"] = {"model": spec_file.spec.model.name, "warnings": [f.format() for f in findings]}
     progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({len(findings)} warning(s))")
     return 0
 
@@ -273,13 +312,17 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
         progress.say("local index stopped" if index.stop() else "no local index was running")
         return 0
     port = index.DEFAULT_PORT if args.port is None else args.port
+    upstreams = {"fallback_url": index.FALLBACK_URL if args.fallback_url is None else args.fallback_url,
+                 "torch_url": args.torch_url or index.TORCH_URL}
     if args.action == "serve":
-        index.serve(Path(args.data), port)
+        index.serve(Path(args.data), port, **upstreams)
         return 0
-    state = index.start(Path(args.data), port)
+    state = index.start(Path(args.data), port, **upstreams)
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
     progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
                  "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)")
+    progress.say(f"  torch comes from {state.get('torch_url', index.TORCH_URL)} (redirected), every other package "
+                 f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}")
     return 0
 
 
@@ -313,6 +356,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
         raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
     with progress.stage("publish", ", ".join(w.name for w in wheels)):
         result = publish(wheels, index, progress.say, skip_existing=args.skip_existing)
+    args.extra["published"] = {"uploaded": list(result.uploaded), "existing": list(result.existing)}
     progress.say(f"published {len(result.uploaded)} wheel(s); {len(result.existing)} already on the index")
     return 0
 
@@ -344,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _raise_interrupted)
     sys.unraisablehook = _redeliver_swallowed_interrupt
     args.records = []  # what --json prints: one entry per wheel built
-    progress = for_stream(sys.stderr, quiet=getattr(args, "quiet", False), json=getattr(args, "json", False))
+    args.extra = {}  # and what other commands add to it (doctor's findings, publish's uploads)
+    progress = for_stream(sys.stderr, quiet=args.quiet, json=args.json)
     error: PipelineError | None = None
     try:
         code = COMMANDS[args.command](args, progress)
@@ -365,6 +410,6 @@ def main(argv: list[str] | None = None) -> int:
         print(redact(f"error: {error.message}"), file=sys.stderr)
         if error.hint:
             print(redact(f"hint: {error.hint}"), file=sys.stderr)
-    if getattr(args, "json", False) or getattr(args, "json_out", None):
-        record.emit(record.of_command(args, code, error), args.json_out)
+    if args.json or getattr(args, "json_out", None):
+        record.emit(record.of_command(args, code, error), getattr(args, "json_out", None))
     return code

@@ -302,7 +302,7 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
         raise DoctorError(
             f"{model}: {len(errors)} problem(s) that stop compilation:\n" + "\n".join(f.format() for f in errors),
             "fix each line above (docs/writing-models.md explains every check); "
-            "`python -m pipeline doctor --spec SPEC` re-checks without building",
+            "`modelwheel doctor --spec SPEC` re-checks without building",
             check=errors[0].check,
         )
 

@@ -5,9 +5,12 @@
     python -m pipeline index serve     # in the foreground
 
 Uploads need no credentials (it listens on 127.0.0.1 only) and never overwrite: pypiserver
-answers 409 for a file it already has. A package it does not hold (a wheel's dependency such
-as safetensors) redirects to the public index, pypiserver's fallback, so
-`pip install model-x --index-url <index>/cpu/simple` resolves dependencies too.
+answers 409 for a file it already has. A package it does not hold redirects elsewhere, so
+`pip install model-x --index-url <index>/cpu/simple` alone resolves every dependency: torch to
+PyTorch's index for the variant (a CPU wheel pins torch==2.13.0+cpu, which only PyTorch's CPU
+index carries), anything else (safetensors, numpy) to PyPI, pypiserver's fallback. Both
+upstreams can be given (``--torch-url``, ``--fallback-url``), e.g. a company mirror; an empty
+``--fallback-url ""`` serves only what the index holds.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from .errors import IndexServerError
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
 DEFAULT_PORT = 8765
+FALLBACK_URL = "https://pypi.org/simple/"
+TORCH_URL = "https://download.pytorch.org/whl/{variant}/"  # PyTorch's simple index per build variant
+TORCH_PAGE = re.compile(r"^simple/torch/?$")
 STATE_DIR = Path("build") / "index"
 
 
-def make_app(data_dir: Path):
+def make_app(data_dir: Path, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL):
     """A WSGI app dispatching /<target>/... to a pypiserver app rooted at data_dir/<target>."""
     import pypiserver
 
@@ -43,22 +49,25 @@ def make_app(data_dir: Path):
             body = b"modelwheel index: one index per target, e.g. /cpu/simple/\n"
             start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
             return [body]
+        root = data_dir / target
+        if TORCH_PAGE.match(rest) and not any(root.glob("torch-*")):
+            start_response("303 See Other", [("Location", torch_url.format(variant=target).rstrip("/") + "/torch/"),
+                                             ("Content-Length", "0")])
+            return [b""]
         if target not in apps:
-            root = data_dir / target
             root.mkdir(parents=True, exist_ok=True)
-            apps[target] = pypiserver.app(
-                roots=[str(root)], authenticate=[], password_file=".", overwrite=False, disable_fallback=False
-            )
+            apps[target] = pypiserver.app(roots=[str(root)], authenticate=[], password_file=".", overwrite=False,
+                                          disable_fallback=not fallback_url, fallback_url=fallback_url or FALLBACK_URL)
         environ = {**environ, "SCRIPT_NAME": environ.get("SCRIPT_NAME", "") + f"/{target}", "PATH_INFO": "/" + rest}
         return apps[target](environ, start_response)
 
     return dispatch
 
 
-def serve(data_dir: Path, port: int) -> None:
+def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL) -> None:
     import waitress
 
-    waitress.serve(make_app(data_dir), host="127.0.0.1", port=port, threads=4, _quiet=True)
+    waitress.serve(make_app(data_dir, fallback_url, torch_url), host="127.0.0.1", port=port, threads=4, _quiet=True)
 
 
 def _free_port() -> int:
@@ -88,7 +97,8 @@ def read_state(state_dir: Path = STATE_DIR) -> dict | None:
     return state
 
 
-def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR) -> dict:
+def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: str = FALLBACK_URL,
+          torch_url: str = TORCH_URL) -> dict:
     running = read_state(state_dir)
     if running:
         return running
@@ -97,7 +107,8 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR) -> dict:
     data_dir.mkdir(parents=True, exist_ok=True)
     log = (state_dir / "server.log").open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "index", "serve", "--port", str(port), "--data", str(data_dir)],
+        [sys.executable, "-m", "pipeline", "index", "serve", "--port", str(port), "--data", str(data_dir),
+         "--fallback-url", fallback_url, "--torch-url", torch_url],
         stdout=log, stderr=log, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/"
@@ -110,7 +121,8 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR) -> dict:
                 "another program may hold the port: choose another with --port",
             )
         time.sleep(0.2)
-    state = {"url": url, "pid": process.pid, "data": str(data_dir.resolve()), "port": port}
+    state = {"url": url, "pid": process.pid, "data": str(data_dir.resolve()), "port": port,
+             "fallback_url": fallback_url, "torch_url": torch_url}
     (state_dir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     return state
 

@@ -48,6 +48,7 @@ def _import_factory(spec_file: SpecFile):
     if spec_dir not in sys.path:
         sys.path.insert(0, spec_dir)
     key = f"{spec_file.path}: key 'model.factory'"
+    _refuse_a_second_pipeline(key, module_name, Path(spec_dir))
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -67,6 +68,19 @@ def _import_factory(spec_file: SpecFile):
             "name a function or nn.Module class that builds the model",
         )
     return factory
+
+
+def _refuse_a_second_pipeline(key: str, module_name: str, spec_dir: Path) -> None:
+    """``pipeline`` is this tool's own import name and is already imported: a package of the
+    user's by that name (beside the spec, or the factory's own) would never be the one loaded."""
+    theirs = [p for p in (spec_dir / "pipeline", spec_dir / "pipeline.py") if p.exists()]
+    if module_name.split(".")[0] == "pipeline" or theirs:
+        where = theirs[0] if theirs else f"module {module_name!r}"
+        raise ModelLoadError(
+            f"{key}: {where} is named `pipeline`, which is modelwheel's own import package: Python would give your "
+            "model code modelwheel's `pipeline`, not yours",
+            "rename your package (or move the model's code into a folder of another name); see README.md, "
+            "\"A package of your own named pipeline\"")
 
 
 def _import_failed(key: str, module_name: str, exc: BaseException) -> ModelLoadError:

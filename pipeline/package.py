@@ -19,6 +19,7 @@ from .templates import RUNTIME_DIR, WHEEL_TEMPLATE
 
 # Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.
 SOURCE_DATE_EPOCH = "315532800"
+TORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's index, one per build variant (/cpu, /cu130)
 MANYLINUX_FLOOR = 28  # torch's own wheels need glibc 2.28
 GLIBC_SYMBOL = re.compile(rb"GLIBC_2\.(\d+)")
 
@@ -88,6 +89,9 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
         "dist_name": manifest["dist_name"],
         "import_name": manifest["import_name"],
         "full_version": manifest["full_version"],
+        "version": manifest["version"],
+        "variant": manifest["variant"],
+        "torch_index": f"{TORCH_INDEX}/{manifest['variant']}",
         "torch_version": manifest["torch"]["distribution"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,

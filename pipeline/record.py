@@ -36,6 +36,7 @@ def of_command(args, exit_code: int, error) -> dict[str, Any]:
         "failures": [r for r in args.records if "spec" in r],
         # an index URL in an error must not leak through the record either
         "error": None if error is None else {"message": redact(error.message), "hint": redact(error.hint)},
+        **getattr(args, "extra", {}),
     }
 
 

@@ -541,13 +541,15 @@ def test_a_file_given_as_a_folder_is_refused_before_building(tmp_path, flag):
     assert not (tmp_path / "dist").exists() and not (tmp_path / "build").exists()
 
 
-@pytest.mark.parametrize("flag", ["--dist", "--build-dir"])
+@pytest.mark.parametrize("flag", ["--dist", "--build-dir", "--root"])
 def test_a_read_only_folder_is_refused_before_building(tmp_path, flag):
+    """--root too: an unwritable root was reported only after load, doctor and export (exit 10)."""
     with tmpfs(tmp_path / "read-only", 1 << 20, read_only=True) as read_only:
-        dist, build = (read_only / "dist", tmp_path / "build") if flag == "--dist" else (tmp_path / "dist", read_only)
-        ran = build_into(tmp_path, dist, build)
-        refused_early(ran, tmp_path, f"error: {flag} {dist if flag == '--dist' else build}: cannot write there")
-        assert "Read-only file system" in ran.err
+        folders = {"--dist": tmp_path / "dist", "--build-dir": tmp_path / "build", "--root": tmp_path / "opt",
+                   flag: read_only / "here"}
+        ran = run_cli("build", "--spec", str(TINY_SPEC), *(a for pair in folders.items() for a in map(str, pair)))
+        refused_early(ran, tmp_path, f"{folders[flag]}: cannot write there (it would be made in {read_only})")
+        assert f"error: {flag}" in ran.err and "Read-only file system" in ran.err
         assert "hint: give " + flag in ran.err
 
 

@@ -168,9 +168,10 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
     other bytes under the same file name are still refused, and the index keeps what it had."""
     home, state, wheel = published
     before = listing(Path(state["data"]))
-    again = run_cli("publish", "--skip-existing", "--wheel", str(wheel), cwd=home)
+    again = run_cli("publish", "--skip-existing", "--wheel", str(wheel), "--json", cwd=home)
     assert again.code == 0, again.err
     assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in again.err
+    assert json.loads(again.out)["published"] == {"uploaded": [], "existing": [wheel.name]}
     other = rewrite(wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data)
     different = run_cli("publish", "--skip-existing", "--wheel", str(other), cwd=home)
     assert different.code == AlreadyPublishedError.exit_code, different.err

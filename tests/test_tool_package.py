@@ -1,0 +1,69 @@
+"""modelwheel as a package: `pip install .` (not editable) into a fresh venv, then the `modelwheel`
+command builds a spec kept anywhere, from any folder; the command line a user meets."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import zipfile
+
+from .conftest import REPO, TINY_SPEC, make_venv, pip_install, run_cli
+
+
+def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp_path):
+    python = make_venv(tmp_path / "env")
+    pip_install(python, str(REPO), f"torch=={importlib.metadata.version('torch')}")  # the torch of this suite
+    spec_dir = tmp_path / "x"
+    shutil.copytree(TINY_SPEC.parent, spec_dir)
+    modelwheel = str(python.parent / "modelwheel")
+    version = subprocess.run([modelwheel, "--version"], capture_output=True, text=True, cwd="/")
+    assert version.stdout.strip() == f"modelwheel {importlib.metadata.version('modelwheel')}", version.stderr
+    out = tmp_path / "out"
+    ran = subprocess.run([modelwheel, "build", "--spec", str(spec_dir / "spec.toml"), "--root", str(out / "opt"),
+                          "--dist", str(out / "dist"), "--build-dir", str(out / "build"), "-q"],
+                         capture_output=True, text=True, cwd="/", timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    wheel = ran.stdout.strip()
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "model_tiny/manifest.json" in names and "model_tiny/_load.py" in names, names
+    installed = subprocess.run([str(python), "-c", "import pipeline, sys; print(pipeline.__file__)"],
+                               capture_output=True, text=True, cwd="/")
+    assert "site-packages" in installed.stdout, "built by the installed package, not a checkout"
+
+
+def test_verbose_and_quiet_go_before_or_after_the_command(tmp_path):
+    missing = str(tmp_path / "none.toml")
+    for args in (["-v", "build", "--spec", missing], ["build", "--spec", missing, "--verbose"]):
+        ran = run_cli(*args, cwd=tmp_path)
+        assert ran.code == 3 and "Traceback" in ran.err and "error: " in ran.err, (args, ran.err)
+    quiet = run_cli("matrix", "-q", "--spec", str(TINY_SPEC), cwd=tmp_path)
+    assert quiet.code == 0 and json.loads(quiet.out)["include"][0]["model"] == "tiny"
+
+
+def test_help_and_errors_name_the_modelwheel_command(tmp_path):
+    ran = run_cli("--help", cwd=tmp_path)
+    assert ran.out.startswith("usage: modelwheel") and "python -m pipeline` is the same command" in ran.out
+    ran = run_cli("doctor", cwd=tmp_path)
+    assert ran.code == 2 and "e.g. modelwheel doctor --spec" in ran.err
+
+
+def test_doctor_prints_one_json_record(tmp_path):
+    ran = run_cli("doctor", "--spec", str(TINY_SPEC), "--json", cwd=tmp_path)
+    assert ran.code == 0, ran.err
+    record = json.loads(ran.out)
+    assert record["exit_code"] == 0 and record["doctor"]["model"] == "tiny" and record["doctor"]["warnings"] == []
+
+
+def test_a_package_of_the_users_named_pipeline_is_named_as_the_problem(tmp_path):
+    spec_dir = tmp_path / "x"
+    shutil.copytree(TINY_SPEC.parent, spec_dir)
+    (spec_dir / "pipeline").mkdir()
+    (spec_dir / "pipeline" / "__init__.py").write_text("")
+    ran = run_cli("build", "--spec", str(spec_dir), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "d"),
+                  "--build-dir", str(tmp_path / "b"), cwd=tmp_path)
+    assert ran.code == 4, ran.err
+    assert f"{spec_dir / 'pipeline'} is named `pipeline`, which is modelwheel's own import package" in ran.err
+    assert "hint: rename your package" in ran.err
