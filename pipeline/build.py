@@ -26,7 +26,7 @@ from .tune import Tuned
 from .doctor import run_doctor
 from .export import content_hash, export_program, prepare
 from .loader import load_model
-from .manifest import build_manifest
+from .manifest import build_manifest, sha256_file
 from .outdir import claim_output_dir, output_path, signals_deferred
 from .package import Wheel, package_wheel
 from .progress import Progress, check_stop, stop_requested
@@ -44,16 +44,18 @@ class BuildResult:
 
 def build(
     spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress, use_cache: bool = True,
-    target_names: list[str] | None = None,
+    target_names: list[str] | None = None, overwrite: bool = False,
 ) -> list[BuildResult]:
-    """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
+    """Build every target the spec names (or ``target_names``, from --target), one wheel each.
+    ``overwrite``: replace a wheel of the same name in dist/ even where its contents differ."""
     names = target_names or list(spec_file.spec.build.targets)
     targets.require_available(names)
     results: list[BuildResult] = []
     try:
         for target in names:
             results.append(build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir,
-                                        progress=progress, store=cache.Cache(build_dir / "cache", reuse=use_cache)))
+                                        progress=progress, store=cache.Cache(build_dir / "cache", reuse=use_cache),
+                                        overwrite=overwrite))
     except KeyboardInterrupt:
         raise interrupted(spec_file, build_dir, root, dist_dir, results) from None
     except (PipelineError, OSError) as exc:
@@ -85,7 +87,7 @@ def interrupted(spec_file: SpecFile, build_dir: Path, root: Path, dist_dir: Path
 
 def build_target(
     spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress,
-    store: cache.Cache,
+    store: cache.Cache, overwrite: bool = False,
 ) -> BuildResult:
     spec = spec_file.spec
     work_dir = work_path(build_dir, spec.model.name, spec.model.version, target)
@@ -99,7 +101,7 @@ def build_target(
     build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir),
                                 cxx_version=cxx_version, machine=facts.machine())
     if store.has(build_key):
-        return _reuse_build(store, build_key, work_dir, dist_dir, progress)
+        return _reuse_build(store, build_key, work_dir, dist_dir, progress, overwrite)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded, target)
@@ -137,7 +139,8 @@ def build_target(
             report["static"] = static.report(statics, padding)
         report["doctor"] = [f.format() for f in findings]
         report["build_cache"] = {"key": build_key, "reused": False}
-        return commit(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"], (store, build_key))
+        return commit(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"], (store, build_key),
+                      overwrite=overwrite)
 
 
 def work_path(build_dir: Path, name: str, version: str, target: str) -> Path:
@@ -161,18 +164,20 @@ def hold_work_dir(work_dir: Path) -> Iterator[Path]:
         lock.release()
 
 
-def _reuse_build(store: cache.Cache, key: str, work_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
+def _reuse_build(store: cache.Cache, key: str, work_dir: Path, dist_dir: Path, progress: Progress,
+                 overwrite: bool) -> BuildResult:
     """Nothing the wheel depends on changed since it was built and verified: copy it to dist/."""
     # Per process: two builds of one unchanged spec may both take this path at once.
     restored_dir = work_dir / f"from-cache-{os.getpid()}"
     try:
         restored_dir.mkdir(parents=True)
-        return _restore_to_dist(store, key, restored_dir, dist_dir, progress)
+        return _restore_to_dist(store, key, restored_dir, dist_dir, progress, overwrite)
     finally:
         shutil.rmtree(restored_dir, ignore_errors=True)
 
 
-def _restore_to_dist(store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress) -> BuildResult:
+def _restore_to_dist(store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress,
+                     overwrite: bool) -> BuildResult:
     files = store.restore(key, restored_dir) or ()
     wheel_path = next(p for p in files if p.suffix == ".whl")
     report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())
@@ -181,7 +186,19 @@ def _restore_to_dist(store: cache.Cache, key: str, restored_dir: Path, dist_dir:
     report["build_cache"] = {"key": key, "reused": True}
     wheel = Wheel(path=wheel_path, sha256=report["wheel"]["sha256"], size=report["wheel"]["size"],
                   platform_tag=report["wheel"]["platform_tag"])
-    return commit(wheel, report, dist_dir, report["import_name"], report["version"])
+    return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
+
+
+def _keep_what_was_tested(existing: Path, sha256: str) -> None:
+    """A wheel of the same name (model, version, torch, platform) already in dist/ with other
+    contents is the one that was tested, and perhaps published: replacing it would lose it."""
+    if existing.is_file() and sha256_file(existing) != sha256:
+        raise OutputDirError(
+            f"{existing} already holds a different build of this version (sha256 {sha256_file(existing)[:16]}…, "
+            f"this build's {sha256[:16]}…); it is left as it is, and this build is not kept (not in dist/, not in the "
+            "build cache)",
+            "bump model.version in the spec (or --version) for a changed model, or pass --overwrite to replace it",
+        )
 
 
 def make_report(
@@ -211,7 +228,7 @@ def make_report(
 
 
 def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: str, full_version: str,
-           cache_entry: tuple[cache.Cache, str] | None = None) -> BuildResult:
+           cache_entry: tuple[cache.Cache, str] | None = None, *, overwrite: bool = False) -> BuildResult:
     """The wheel and its report into dist/, and the build into the cache: all or nothing.
 
     Everything is written aside first (hidden files in dist/, a staged cache entry), so a full
@@ -225,6 +242,8 @@ def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: st
         exc.filename = exc.filename or str(report_file)
         raise
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
+    if not overwrite:
+        _keep_what_was_tested(finals[1], wheel.sha256)
     hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
     made, staged_entry = [], None
     try:

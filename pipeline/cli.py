@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import get_args
 
 from . import record
+from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
@@ -73,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--weights", help="build with this .safetensors file instead of the spec's weights (needs --version)")
     build.add_argument("--version", help="build as this version instead of the spec's model.version")
     build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
+    build.add_argument("--overwrite", action="store_true",
+                       help="replace a wheel of the same name in --dist even where its contents differ (default: refused, "
+                            "as that wheel is the one that was tested)")
     build.add_argument("--target", action="append", choices=TARGET_NAMES,
                        help="build this target instead of the spec's [build] targets (repeatable)")
     build.add_argument("--cpu-isa", choices=get_args(CpuIsa), default=None,
@@ -219,6 +223,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
     passthrough += ["--cpu-isa", args.cpu_isa] if args.cpu_isa else []
+    passthrough += ["--overwrite"] if args.overwrite else []
     _check_outputs(args, _artifact_root(args.root))
     jobs = args.jobs or default_jobs(len(args.spec))
     logs: dict[str, Path] = {}
@@ -271,7 +276,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
 
     use_cache = not getattr(args, "no_cache", False)
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress,
-                        use_cache=use_cache, target_names=target_names):
+                        use_cache=use_cache, target_names=target_names, overwrite=getattr(args, "overwrite", False)):
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
@@ -389,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.unraisablehook = _redeliver_swallowed_interrupt
     args.records = []  # what --json prints: one entry per wheel built
     args.extra = {}  # and what other commands add to it (doctor's findings, publish's uploads)
+    json_stream = json_stdout() if args.json else None
     progress = for_stream(sys.stderr, quiet=args.quiet, json=args.json)
     error: PipelineError | None = None
     try:
@@ -411,5 +417,5 @@ def main(argv: list[str] | None = None) -> int:
         if error.hint:
             print(redact(f"hint: {error.hint}"), file=sys.stderr)
     if args.json or getattr(args, "json_out", None):
-        record.emit(record.of_command(args, code, error), getattr(args, "json_out", None))
+        record.emit(record.of_command(args, code, error), getattr(args, "json_out", None), json_stream)
     return code

@@ -49,6 +49,12 @@ def _import_factory(spec_file: SpecFile):
         sys.path.insert(0, spec_dir)
     key = f"{spec_file.path}: key 'model.factory'"
     _refuse_a_second_pipeline(key, module_name, Path(spec_dir))
+    if module_name.split(".")[0] in sys.stdlib_module_names:  # before importing or calling anything of it
+        raise ModelLoadError(
+            f"{key}: {spec_file.spec.model.factory!r} is from Python's standard library, not a model: a spec's factory "
+            "is called by the build, so it must be your model's own function or nn.Module class",
+            "name the function or class that builds your model (package.module:callable); a spec is code: build "
+            "only specs you trust")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -66,6 +72,12 @@ def _import_factory(spec_file: SpecFile):
         raise ModelLoadError(
             f"{key}: module {module_name!r} has no callable {attr!r}",
             "name a function or nn.Module class that builds the model",
+        )
+    if inspect.isbuiltin(factory) or not (inspect.isfunction(factory) or inspect.ismethod(factory)
+                                          or (inspect.isclass(factory) and issubclass(factory, torch.nn.Module))):
+        raise ModelLoadError(
+            f"{key}: {module_name}:{attr} is a {type(factory).__name__}, not a Python function or nn.Module class",
+            "name a function (def build(...)) or an nn.Module subclass that builds the model",
         )
     return factory
 

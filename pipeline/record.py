@@ -62,9 +62,10 @@ def children(specs: list[str], logs: dict[str, Path]) -> list[dict[str, Any]]:
     return found
 
 
-def emit(record: dict[str, Any], path: str | None) -> None:
+def emit(record: dict[str, Any], path: str | None, stream=None) -> None:
+    """To ``path`` (a parallel build's child), else ``stream`` (the stdout --json kept aside)."""
     text = json.dumps(record, sort_keys=True)
     if path:
         Path(path).write_text(text + "\n")
     else:
-        print(text, file=sys.stdout, flush=True)
+        print(text, file=stream or sys.stdout, flush=True)

@@ -40,6 +40,10 @@ class _Frozen(BaseModel):
         return data
 
 
+# Core metadata's Summary: PyPI and warehouse-compatible indexes refuse a longer one.
+MAX_SUMMARY = 512
+
+
 class ModelSection(_Frozen):
     model_config = ConfigDict(allow_inf_nan=True)  # kwargs are the factory's to judge
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
@@ -74,6 +78,9 @@ class ModelSection(_Frozen):
         if found := DESCRIPTION_REFUSED.search(value):
             raise ValueError(f"holds {found.group()!r} at position {found.start()}: the description is the wheel's "
                              f"one-line summary, so it cannot hold a backslash, a line break or other control characters")
+        if len(value) > MAX_SUMMARY:
+            raise ValueError(f"is {len(value)} characters; the wheel's summary (and its README's first line) may hold "
+                             f"at most {MAX_SUMMARY}, what package indexes accept: shorten it")
         return value
 
     @field_validator("factory")
@@ -380,7 +387,8 @@ def load_spec(path: str | Path) -> SpecFile:
     if not spec_path.is_file():
         raise SpecError(f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml (e.g. models/unet/spec.toml)")
     try:
-        raw = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (Windows editors write one) is read past, not a TOML error
+        raw = tomllib.loads(spec_path.read_text(encoding="utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{spec_path}: not valid TOML: {exc}", "fix the TOML syntax at the position given") from exc
     try:
@@ -402,8 +410,13 @@ def load_spec(path: str | Path) -> SpecFile:
     spec_file = SpecFile(path=spec_path, spec=spec)
     weights = spec_file.weights_path
     if weights is not None and not weights.is_file():
-        raise SpecError(f"{spec_path}: key 'weights.file': {weights} does not exist", "give a path relative to the spec file")
+        raise SpecError(f"{spec_path}: key 'weights.file': {weights} {_not_a_file(weights)}",
+                        "give the path of a .safetensors file, relative to the spec file")
     return spec_file
+
+
+def _not_a_file(path: Path) -> str:
+    return "is not a regular file" if path.exists() else "does not exist"
 
 
 def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: str | None = None) -> SpecFile:
@@ -420,5 +433,6 @@ def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: 
         raise SpecError(f"--version/--weights: {problems}", "give a PEP 440 version and a .safetensors file") from exc
     overridden = SpecFile(path=spec_file.path, spec=spec)
     if overridden.weights_path is not None and not overridden.weights_path.is_file():
-        raise SpecError(f"--weights: {weights} does not exist", "give the path of a .safetensors file")
+        raise SpecError(f"--weights: {weights} {_not_a_file(overridden.weights_path)}",
+                        "give the path of a .safetensors file")
     return overridden

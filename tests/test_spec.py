@@ -101,3 +101,23 @@ def test_dim_names_that_cannot_be_keywords_are_refused(tmp_path, name):
     spec.write_text(TINY_SPEC.read_text().replace("[dims.batch]", f'[dims."{name}"]').replace('"batch"', f'"{name}"'))
     with pytest.raises(SpecError, match=rf"key 'dims': dim name '{name}' cannot be used: dims are keyword arguments"):
         load_spec(spec)
+
+
+def test_a_spec_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Windows editors write one: it gave `not valid TOML: Invalid statement (at line 1, column 1)`."""
+    path = tmp_path / "spec.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_spec(path).spec.model.name == "tiny"
+
+
+def test_weights_that_are_not_a_regular_file_are_named_so(tmp_path):
+    (tmp_path / "zero.safetensors").symlink_to("/dev/zero")  # it said "does not exist"
+    message = spec_error(tmp_path, GOOD.replace("seed = 0", 'file = "zero.safetensors"'))
+    assert "key 'weights.file': /dev/zero is not a regular file" in message
+
+
+def test_a_summary_longer_than_indexes_accept_is_refused(tmp_path):
+    """A 50 MB description made a 105 MB METADATA that twine check --strict passed."""
+    message = spec_error(tmp_path, GOOD.replace('description = "Tiny test model"', f'description = "{"x" * 513}"'))
+    assert "key 'model.description'" in message and "is 513 characters" in message and "at most 512" in message
+    assert load_spec(write(tmp_path, GOOD.replace('description = "Tiny test model"', f'description = "{"x" * 512}"')))
