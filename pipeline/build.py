@@ -251,6 +251,7 @@ def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: st
         sweep_partials(dist_dir)
         for source, aside in zip((report_file, wheel.path), hidden):
             shutil.copyfile(source, aside)
+            os.chmod(aside, 0o644)  # whatever the umask: a wheel others install is theirs to read, not to change
         if cache_entry:
             staged_entry = cache_entry[0].stage(cache_entry[1], (wheel.path, report_file))
         check_stop()

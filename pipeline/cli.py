@@ -25,6 +25,7 @@ from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
 from .spec import TARGET_NAMES, CpuIsa, load_spec, with_overrides
+from .outdir import check_trusted, output_path
 from .writable import check_writable
 
 DEFAULT_ROOT = "/opt/modelwheel"
@@ -261,6 +262,8 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     from . import targets
     from .targets import cpu
 
+    for name in target_names:  # a root another user controls is refused before any work
+        check_trusted(output_path(root, spec_file.spec.model.name, spec_file.spec.model.version, name))
     if cpu.NAME in target_names:  # before torch is imported: it fixes the ISA its kernels use
         cpu.select_isa(_cpu_isa(args, spec_file.spec.build.cpu.isa))
 

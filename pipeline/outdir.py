@@ -22,6 +22,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from .errors import OutputDirError
+from .templates import wheel_trust
 from .progress import stop_requested
 
 MARKER = ".modelwheel-build"
@@ -32,13 +33,25 @@ def output_path(root: Path, name: str, version: str, target: str) -> Path:
 
 
 def _make_parents(path: Path) -> list[Path]:
-    """Create the missing parents of ``path``; return those created, deepest first."""
+    """Create the missing parents of ``path`` (mode 0755 whatever the umask: other users must
+    not be able to write where models load from); return those created, deepest first."""
     created = []
     for parent in reversed(path.parents):
         if not parent.exists():
             parent.mkdir()
+            os.chmod(parent, wheel_trust.FOLDER_MODE)
             created.append(parent)
     return created[::-1]
+
+
+def check_trusted(path: Path) -> None:
+    """The folders above ``path`` (the root, model and version folders, and all above them)
+    are this user's or root's, and no one else can write them: refused before anything is written."""
+    try:
+        wheel_trust.check_chain(path.parent)
+    except wheel_trust.UntrustedPath as exc:
+        raise OutputDirError(str(exc), "build into a root that only you (or root) can write: --root DIR or "
+                                       "MODELWHEEL_ROOT; remove or fix the folder named") from None
 
 
 def _say(text: str) -> None:
@@ -111,7 +124,9 @@ def _make_marked(path: Path) -> None:
     """Made aside and renamed into place: the folder at ``path`` always holds its marker."""
     staging = path.parent / f".{path.name}.new-{os.getpid()}"
     staging.mkdir()
+    os.chmod(staging, wheel_trust.FOLDER_MODE)
     (staging / MARKER).write_text(f"this folder is removed when its build ends; made by pid {os.getpid()}\n")
+    os.chmod(staging / MARKER, wheel_trust.FILE_MODE)
     staging.rename(path)
 
 
@@ -136,6 +151,7 @@ def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
     made = False
     try:
         with signals_deferred():
+            check_trusted(path)
             try:
                 created = _make_parents(path)
             except OSError as exc:
@@ -149,6 +165,7 @@ def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
                 raise OutputDirError(f"another build is writing {path}", "wait for it to finish") from None
             _take_over_stale(path, lock_file, say)
             lock_file.write_text(f"{os.getpid()}\n")  # emptied by a clean release (unlinked)
+            os.chmod(lock_file, wheel_trust.FILE_MODE)
             if path.is_symlink():
                 path.rename(displaced)
             _make_marked(path)

@@ -22,7 +22,7 @@ RUNTIME_DIR = WHEEL_TEMPLATE / "runtime"
 SHARED = {
     "wheel_inputs": "_inputs", "wheel_compare": "_compare", "wheel_integrity": "_integrity",
     "wheel_weights": "_weights", "wheel_cuda": "_cuda", "wheel_preload": "_preload", "wheel_malloc": "_malloc",
-    "wheel_dispatch": "_dispatch", "wheel_constants": "_constants",
+    "wheel_dispatch": "_dispatch", "wheel_constants": "_constants", "wheel_trust": "_trust",
 }
 
 

@@ -58,11 +58,13 @@ def write_error(exc: OSError) -> OutputDirError:
 
 
 def made_folders(path: Path) -> list[Path]:
-    """Create ``path`` and its missing parents; return those created, deepest first."""
+    """Create ``path`` and its missing parents (0755, whatever the umask); return those created,
+    deepest first."""
     created = []
     for folder in [*reversed(path.parents), path]:
         if not folder.exists():
             folder.mkdir()
+            os.chmod(folder, 0o755)
             created.append(folder)
     return created[::-1]
 

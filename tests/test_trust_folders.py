@@ -1,0 +1,62 @@
+"""Folders another local user controls are never trusted (ssh's StrictModes): a build into a
+root whose model folder is a symlink to someone else's folder, or a folder anyone can write, is
+refused naming the path and the owner, before anything is written; what the build makes gets
+explicit modes whatever the umask."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.errors import OutputDirError
+from pipeline.templates import wheel_trust
+
+from .conftest import REPO, TINY_SPEC
+
+NOBODY = 65534
+
+
+def build(dirs, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), *dirs.args()],
+                          capture_output=True, text=True, cwd=REPO, timeout=600, **popen)
+
+
+@pytest.fixture
+def as_root():
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user (chown) needs root")
+
+
+def test_a_model_folder_planted_as_a_link_to_another_users_folder_is_refused(dirs, tmp_path, as_root):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    dirs.root.mkdir(parents=True)
+    (dirs.root / "tiny").symlink_to(theirs)
+    ran = build(dirs)
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    assert f"error: {dirs.root / 'tiny'} (a symlink to {theirs}) is owned by" in ran.stderr
+    assert f"(uid {NOBODY}), not by this user or root" in ran.stderr and "==> load" not in ran.stderr
+    assert list(theirs.iterdir()) == [], "nothing was written in the other user's folder"
+
+
+def test_a_folder_anyone_can_write_is_refused(dirs, as_root):
+    version = dirs.root / "tiny" / "0.1"
+    version.mkdir(parents=True)
+    os.chmod(version, 0o777)
+    ran = build(dirs)
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    assert f"error: {version} can be written by everyone (mode 777, no sticky bit)" in ran.stderr
+    os.chmod(version, 0o1777)  # the sticky bit (as /tmp): others cannot replace what is not theirs
+    assert wheel_trust.problem(version) is None
+
+
+def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
+    ran = build(dirs, preexec_fn=lambda: os.umask(0))
+    assert ran.returncode == 0, ran.stderr
+    assert oct(dirs.dist.stat().st_mode & 0o777) == oct(0o755)
+    for made in dirs.dist.iterdir():
+        assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
