@@ -110,6 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--skip-existing", action="store_true",
                          help="a wheel the index already has byte for byte (same sha256) is left as it is, and the "
                               "command succeeds: for re-running a release; a different file under its name is still refused")
+    publish.add_argument("--allow-insecure-http", action="store_true",
+                         help="let plain http (and the credentials sent with it) reach a host outside loopback; "
+                              "only for a network you trust, as pip's --trusted-host")
     publish.add_argument("--dist", default="dist")
     publish.add_argument("--root", default=None)
     publish.add_argument("--build-dir", default="build")
@@ -357,7 +360,7 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
     from .publish import publish, resolve_index
 
-    index = resolve_index(args.index, args.repository, dict(os.environ))
+    index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
     missing = [str(w) for w in wheels if not w.is_file()]
     if missing:

