@@ -44,6 +44,8 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "version": spec.model.version,
         "full_version": f"{spec.model.version}+{local_label(compiled.target)}",
         "description": spec.model.description,
+        "license": spec.model.license,  # SPDX expression, or None
+        "urls": dict(spec.model.urls),  # label -> URL
         "target": compiled.target,
         # The index the wheel is published to and its version's label start with (PyTorch's
         # variant names): publish reads it without importing torch.

@@ -93,6 +93,54 @@ def test_wheel_metadata_and_manifest(wheel):
     assert manifest["opt_path"].endswith("/tiny/0.1/cpu")
 
 
+def test_wheel_is_lean_and_self_describing(tiny_build, wheel):
+    """The .so ships without debug info, the package is marked typed, Requires-Python is what the
+    pinned torch needs, and a spec without license or URLs adds neither."""
+    build_dirs, _ = tiny_build
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/METADATA").decode()
+        so_bytes = archive.read("model_tiny/artifacts/model.so")
+    assert b".debug_info" not in so_bytes and len(so_bytes) < 800_000, len(so_bytes)  # 1.55 MB with debug info
+    report = json.loads((build_dirs.dist / "model_tiny-0.1+cpu.torch2.13.0.report.json").read_text())
+    assert report["debug_info"] == "stripped"
+    assert "model_tiny/py.typed" in names
+    torch_needs = importlib.metadata.metadata("torch")["Requires-Python"]
+    assert f"Requires-Python: {torch_needs}" in metadata.splitlines(), metadata
+    assert "License-Expression" not in metadata and "Project-URL" not in metadata
+    assert manifest_of(wheel)["license"] is None and manifest_of(wheel)["urls"] == {}
+
+
+def test_keep_debug_license_and_urls_reach_the_wheel(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text().replace(
+        'description = "Tiny test model"\n',
+        'description = "Tiny test model"\nlicense = "apache-2.0 OR mit"\n'
+        'urls = { Homepage = "https://example.com/tiny", "Source code" = "http://example.com/src?a=1&b=$x" }\n'))
+    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    ran = run_cli("build", "--spec", str(spec), "--keep-debug", "--root", str(tmp_path / "opt"),
+                  "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"))
+    assert ran.code == 0, ran.err
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/METADATA").decode().splitlines()
+        so_bytes = archive.read("model_tiny/artifacts/model.so")
+    assert b".debug_info" in so_bytes
+    assert json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())["debug_info"] == "kept"
+    assert "License-Expression: Apache-2.0 OR MIT" in metadata
+    assert "Project-URL: Homepage, https://example.com/tiny" in metadata
+    assert "Project-URL: Source code, http://example.com/src?a=1&b=$x" in metadata
+
+
+def test_missing_strip_is_named_before_compiling(tmp_path):
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"), env={"STRIP": str(tmp_path / "no-such-strip")})
+    assert ran.code == 6, ran.err  # ToolchainError
+    assert f"cannot run '{tmp_path / 'no-such-strip'}'" in ran.err
+    assert "apt-get install binutils" in ran.err and "--keep-debug" in ran.err
+    assert "==> compile" not in ran.err
+
+
 def test_rebuild_gives_identical_wheel_bytes(tiny_build, wheel, tmp_path):
     build_dirs, _ = tiny_build
     first = wheel.read_bytes()
