@@ -20,7 +20,7 @@ import torch
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
 
-from .conftest import TINY_SPEC, run_cli
+from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
 
 RUNTIME_FORBIDDEN = ("torch._inductor", "torch._dynamo")
 
@@ -228,6 +228,28 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
         lower = run_in(installed, "import model_tiny; model_tiny.load_numpy()", ATEN_CPU_CAPABILITY="avx2")
         assert lower.returncode != 0 and "IncompatibleRuntime" in lower.stderr
         assert "this CPU supports AVX2, the model's kernels need AVX512" in lower.stderr
+
+
+def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_path):
+    """numpy and safetensors are imported where they are used: with neither installed (pip install
+    --no-deps), import and load() work, and load_numpy() and verify name the package to install."""
+    python = make_venv(tmp_path / "env")
+    pip_install(python, "--no-deps", str(wheel))
+    pip_install(python, f"torch=={importlib.metadata.version('torch')}", "filelock")
+    assert run_in(python, "import numpy").returncode != 0 and run_in(python, "import safetensors").returncode != 0
+    ran = run_in(python, "import model_tiny; m = model_tiny.load(); print(m(*model_tiny.example_inputs())[1].shape)")
+    assert ran.returncode == 0, ran.stderr
+    assert "torch.Size([2, 4])" in ran.stdout
+    numpy = run_in(python, "import model_tiny\ntry:\n    model_tiny.load_numpy()\n"
+                           "except model_tiny.MissingDependency as e:\n    print(e)")
+    assert numpy.returncode == 0, numpy.stderr
+    assert numpy.stdout.strip() == "load_numpy() (numpy arrays in and out) needs the package numpy, which is not " \
+                                   "installed here: pip install numpy"
+    cli = subprocess.run([str(python.parent / "model-tiny"), "verify"], capture_output=True, text=True)
+    assert cli.returncode == 6, cli.stdout + cli.stderr
+    # (torch itself warns first, on import, that it found no numpy)
+    assert "error: verify() (reading the golden cases) needs the package safetensors, which is not installed here: " \
+           "pip install safetensors" in cli.stderr and "Traceback" not in cli.stderr
 
 
 def test_load_links_opt_path_to_the_installed_package(installed, wheel):

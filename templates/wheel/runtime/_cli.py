@@ -1,7 +1,8 @@
 """The wheel's console script: ``model-<name> link | verify | info``.
 
 Exit codes: 0 ok, 1 golden outputs differ, 2 usage, 3 incompatible torch or machine,
-4 an artifact differs from the manifest, 5 the /opt link cannot be made.
+4 an artifact differs from the manifest, 5 the /opt link cannot be made, 6 a package the
+command needs (safetensors) is not installed.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import json
 import sys
 from pathlib import Path
 
+from ._deps import MissingDependency
 from ._golden import GoldenMismatch
 from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link
 from ._load import verify
 from ._manifest import ARTIFACTS_DIR, IncompatibleRuntime, manifest
 
-EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4}
+EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}
 
 
 def _link(m: dict) -> int:

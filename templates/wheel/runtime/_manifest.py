@@ -30,6 +30,10 @@ class IncompatibleRuntime(RuntimeError):
     """The running torch or machine differs from the one the model was built for."""
 
 
+class NativeRuntimeError(RuntimeError):
+    """load_numpy(): the model's C interface reported an error, or torch's libraries could not be opened."""
+
+
 class ArtifactLinkWarning(UserWarning):
     """The /opt link could not be made; the model loads from the package directory instead."""
 

@@ -16,15 +16,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import _dispatch
+from ._deps import require
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
 from ._integrity import check_artifacts, check_files
 from ._malloc import keep_freed_memory
-from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
+from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, NativeRuntimeError, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
+
+np = require("numpy", "numpy", "load_numpy() (numpy arrays in and out)")
 
 _handle = ctypes.c_void_p
 _NUMPY_DTYPES = {
@@ -33,10 +34,6 @@ _NUMPY_DTYPES = {
 }
 _libtorch: ctypes.CDLL | None = None
 _libtorch_lock = threading.Lock()
-
-
-class NativeRuntimeError(RuntimeError):
-    """The model's C interface reported an error, or torch's libraries could not be opened."""
 
 
 def _torch_dir() -> Path:
