@@ -252,6 +252,33 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
            "pip install safetensors" in cli.stderr and "Traceback" not in cli.stderr
 
 
+@pytest.mark.parametrize("loader", ["load", "load_numpy"])
+def test_call_names_its_inputs_and_outputs(installed, loader):
+    """The call's signature and help() name the inputs and outputs; outputs stay a plain tuple
+    (torch.load refuses any other class) and are reachable by name through named()."""
+    inputs = ("model_tiny.example_inputs()" if loader == "load" else
+              "(np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, np.float32))")
+    code = (
+        "import inspect, pydoc, numpy as np, model_tiny\n"
+        f"m = model_tiny.{loader}()\n"
+        f"out = m(*{inputs})\n"
+        "print(type(out).__name__, list(m.named(out)), m.named(out)['logits'] is out[1])\n"
+        "print(inspect.signature(m), m.input_names, m.output_names)\n"
+        "print(pydoc.render_doc(m, renderer=pydoc.plaintext))\n"
+    )
+    ran = run_in(installed, code)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "tuple ['features', 'logits'] True"
+    assert lines[1] == "(x, t, /) ('x', 't') ('features', 'logits')"
+    kind = "tensors" if loader == "load" else "arrays"
+    assert f"inputs ({kind}, in this order):" in ran.stdout
+    for line in ("x: float32 ['batch', 3, 8, 8]", "t: float32 ['batch']", "dims: batch from 1 to 4",
+                 "returns a tuple, in this order (output_names):", "features: float32", "logits: float32",
+                 "__call__(self, x, t, /)"):
+        assert line in ran.stdout, line
+
+
 def test_load_links_opt_path_to_the_installed_package(installed, wheel):
     opt_path = Path(manifest_of(wheel)["opt_path"])
     ran = run_in(installed, "import model_tiny; print(model_tiny.load().library)")

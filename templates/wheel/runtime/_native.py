@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import _dispatch
+from . import _describe, _dispatch
 from ._deps import require
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
@@ -177,6 +177,10 @@ class NumpyModel:
     Outputs are the model's own buffers, handed over without a copy; each call returns new ones.
     """
 
+    # Set from the manifest when this module is imported (_describe.py), with named(outputs) -> dict
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
     def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None,
                  store: tuple[Store, str] | None = None) -> None:
         self._manifest = m
@@ -240,6 +244,7 @@ class NumpyModel:
         return _dispatch.describe(self._manifest, batch)
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run the model on its inputs (numpy arrays), by position."""
         arrays = self._checked(args)
         model, batch, runs_at = self, 0, 0
         if self._static:
@@ -285,6 +290,9 @@ class NumpyModel:
 
     def __repr__(self) -> str:
         return f"<NumpyModel {self._manifest['dist_name']} {self._manifest['full_version']} from {self.library}>"
+
+
+_describe.describe(NumpyModel, manifest(), "arrays")  # input_names, output_names, help(model)
 
 
 def load_numpy(num_models: int = 1) -> NumpyModel:
