@@ -123,7 +123,12 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
         "urls_table": urls_table,
         "package_data": json.dumps(["manifest.json", "py.typed", "artifacts/*", "artifacts/*/*", *sorted(extra.name for extra in extras)]),
         "target": manifest["target"],
-        "opt_path": manifest["opt_path"],
+        "link_note": (f"It loads from its own folder in site-packages and writes nothing (`{manifest['dist_name']} link` "
+                      f"makes the `{manifest['opt_path']}` link only if asked; CUDA wheels use it)."
+                      if manifest["relocatable"] else
+                      f"`load()` reaches it through the `{manifest['opt_path']}` link, made where the process may write "
+                      f"there (else it loads from site-packages); `{manifest['dist_name']} link` makes it ahead, "
+                      "e.g. as root in a Dockerfile step."),
         "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),
         "outputs_summary": ", ".join(f"`{o['name']}` {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in manifest["outputs"]),
     }

@@ -1,6 +1,6 @@
 """A compiled PyTorch model packaged by modelwheel.
 
-    model = load()                       # opens the AOTInductor .so (through its /opt link)
+    model = load()                       # opens the AOTInductor .so (a CUDA wheel's through its /opt link)
     outputs = model(*example_inputs())   # tensors in, tensors out
     manifest()                           # torch version, target, input specs, tolerances, hashes
     verify()                             # re-run the golden cases recorded at build time
