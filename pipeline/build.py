@@ -20,7 +20,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from . import cache, static, targets, tune
-from .compile import Compiled, find_cxx
+from .compile import Compiled, find_cxx, find_strip
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .tune import Tuned
 from .doctor import run_doctor
@@ -44,10 +44,11 @@ class BuildResult:
 
 def build(
     spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress, use_cache: bool = True,
-    target_names: list[str] | None = None, overwrite: bool = False,
+    target_names: list[str] | None = None, overwrite: bool = False, keep_debug: bool = False,
 ) -> list[BuildResult]:
     """Build every target the spec names (or ``target_names``, from --target), one wheel each.
-    ``overwrite``: replace a wheel of the same name in dist/ even where its contents differ."""
+    ``overwrite``: replace a wheel of the same name in dist/ even where its contents differ;
+    ``keep_debug`` (--keep-debug) ships the .so files with their debug info."""
     names = target_names or list(spec_file.spec.build.targets)
     targets.require_available(names)
     results: list[BuildResult] = []
@@ -55,7 +56,7 @@ def build(
         for target in names:
             results.append(build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir,
                                         progress=progress, store=cache.Cache(build_dir / "cache", reuse=use_cache),
-                                        overwrite=overwrite))
+                                        overwrite=overwrite, keep_debug=keep_debug))
     except KeyboardInterrupt:
         raise interrupted(spec_file, build_dir, root, dist_dir, results) from None
     except (PipelineError, OSError) as exc:
@@ -87,7 +88,7 @@ def interrupted(spec_file: SpecFile, build_dir: Path, root: Path, dist_dir: Path
 
 def build_target(
     spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress,
-    store: cache.Cache, overwrite: bool = False,
+    store: cache.Cache, overwrite: bool = False, keep_debug: bool = False,
 ) -> BuildResult:
     spec = spec_file.spec
     work_dir = work_path(build_dir, spec.model.name, spec.model.version, target)
@@ -98,14 +99,17 @@ def build_target(
     with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
         loaded = load_model(spec_file)
     cxx_version = find_cxx()
+    if not keep_debug:  # checked before minutes of compiling, not after
+        find_strip()
     build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir),
-                                cxx_version=cxx_version, machine=facts.machine())
+                                cxx_version=cxx_version, machine=facts.machine(),
+                                debug_info="kept" if keep_debug else "stripped")
     if store.has(build_key):
         return _reuse_build(store, build_key, work_dir, dist_dir, progress, overwrite)
     with progress.stage("doctor"):
         findings = run_doctor(spec_file, loaded, progress.say)
         exported = prepare(spec_file, loaded, target)
-    planned, skipped = tune.plans(exported, cxx_version, out_dir)
+    planned, skipped = tune.plans(exported, cxx_version, out_dir, keep_debug)
     if not all(store.has(plan.key) for plan in [p for _, p in planned] + tune.final_plans(exported, planned, out_dir)):
         with progress.stage("export"):
             exported = export_program(exported, loaded.source_files)
@@ -211,6 +215,7 @@ def make_report(
         "target": manifest["target"],
         "wheel": {"name": wheel.path.name, "sha256": wheel.sha256, "size": wheel.size, "platform_tag": wheel.platform_tag},
         "artifacts": manifest["artifacts"],
+        "debug_info": compiled.debug_info,  # "stripped" (the default) or "kept" (--keep-debug)
         "opt_path": manifest["opt_path"],
         "stages_s": dict(timings),
         "verification": verified.report(),

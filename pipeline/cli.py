@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
                             "any x86-64 CPU of the last decade (default: $MODELWHEEL_CPU_ISA, else the spec's "
                             "[build.cpu] isa, else native)")
+    build.add_argument("--keep-debug", action="store_true",
+                       help="ship the .so with its debug info (by default it is stripped with strip --strip-debug: "
+                            "about a quarter of the size)")
     build.add_argument("--json-out", help=argparse.SUPPRESS)  # where a parallel build's child writes its record
     doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work",
                                  parents=[_common_flags("print one JSON record of the findings on stdout")])
@@ -226,6 +229,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
                    if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
+    passthrough += ["--keep-debug"] if args.keep_debug else []
     passthrough += ["--cpu-isa", args.cpu_isa] if args.cpu_isa else []
     passthrough += ["--overwrite"] if args.overwrite else []
     _check_outputs(args, _artifact_root(args.root))
@@ -282,7 +286,8 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
 
     use_cache = not getattr(args, "no_cache", False)
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress,
-                        use_cache=use_cache, target_names=target_names, overwrite=getattr(args, "overwrite", False)):
+                        use_cache=use_cache, target_names=target_names, overwrite=getattr(args, "overwrite", False),
+                        keep_debug=getattr(args, "keep_debug", False)):
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0

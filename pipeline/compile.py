@@ -32,6 +32,7 @@ class Compiled:
     cache_key: str
     from_cache: bool
     constants: Path | None = None  # the folder of its constants store (static sizes, embedded weights: constants.py)
+    debug_info: str = "kept"  # "stripped": the shipped .so files hold no debug sections (strip --strip-debug)
 
 
 def find_cxx() -> str:
@@ -44,6 +45,26 @@ def find_cxx() -> str:
         hint="AOTInductor needs a C++ compiler: install g++ (apt-get install g++) or set CXX to one",
     )
     return (version.splitlines() or [compiler])[0]
+
+
+def find_strip() -> str:
+    """The ``strip`` that removes the .so files' debug info (``STRIP`` or strip), checked to run."""
+    tool = os.environ.get("STRIP", "strip")
+    proc.run([tool, "--version"], error=ToolchainError, what=f"strip check ({tool})", hint=STRIP_HINT)
+    return tool
+
+
+STRIP_HINT = ("the build strips debug info from the shipped .so with binutils' strip: install it (apt-get install binutils) "
+              "or set STRIP to one, or build with --keep-debug to ship the .so as compiled")
+
+
+def strip_debug(libraries: list[Path]) -> None:
+    """Remove debug sections in place (a quarter of the size of the tiny .so is what is left);
+    the code, symbols and embedded weights are untouched."""
+    if libraries:
+        tool = os.environ.get("STRIP", "strip")
+        proc.run([tool, "--strip-debug", *libraries], error=ToolchainError, what=f"stripping debug info ({tool})",
+                 hint=STRIP_HINT)
 
 
 def inductor_options(exported: Exported, target: str) -> dict[str, object]:
@@ -98,10 +119,12 @@ class CompilePlan:
     key: str
     cxx_version: str
     overrides: dict[str, object] = field(hash=False)  # the candidate's options beyond the spec's
+    # Not in the key: the cache keeps the .so as AOTInductor wrote it, each copy taken out is stripped.
+    keep_debug: bool = False
 
 
 def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir: Path,
-                 overrides: dict[str, object] | None = None) -> CompilePlan:
+                 overrides: dict[str, object] | None = None, keep_debug: bool = False) -> CompilePlan:
     """``cxx_version``: find_cxx()'s answer, part of the cache key (the compiler shapes the .so)."""
     options = {**inductor_options(exported, target), **(overrides or {})}
     spec = exported.spec_file.spec
@@ -115,17 +138,18 @@ def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir:
         target=target, cxx_version=cxx_version, target_facts=targets.get(target).key_facts(compile_dir),
     )
     return CompilePlan(target=target, options=options, compile_dir=compile_dir, key=key, cxx_version=cxx_version,
-                       overrides=dict(overrides or {}))
+                       overrides=dict(overrides or {}), keep_debug=keep_debug)
 
 
 def plan_in(exported: Exported, plan: CompilePlan, compile_dir: Path) -> CompilePlan:
     """The same compile, in another folder."""
-    return plan_compile(exported, plan.cxx_version, plan.target, compile_dir, plan.overrides)
+    return plan_compile(exported, plan.cxx_version, plan.target, compile_dir, plan.overrides, plan.keep_debug)
 
 
 def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: cache.Cache) -> Compiled:
     """The .so (in ``plan.compile_dir``) from the cache when it has the plan's key, else from
-    AOTInductor (then cached)."""
+    AOTInductor (then cached). Stripped of debug info unless ``plan.keep_debug``, before anything
+    opens or hashes it: what is verified and timed is what ships."""
     output_dir = plan.compile_dir
     library = output_dir / LIBRARY_NAME
     restored = store.restore(plan.key, output_dir)
@@ -136,6 +160,8 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
         artifacts = _aot_compile(exported, plan.target, options, work_dir, library)
         store.store(plan.key, artifacts)
     files = restored or artifacts
+    if not plan.keep_debug:
+        strip_debug([path for path in files if path.suffix == ".so"])
     store = [path for path in files if path.name in (constants.INDEX_FILE, constants.BLOB_FILE)]
     return Compiled(
         target=plan.target,
@@ -147,6 +173,7 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
         options=plan.options,
         cache_key=plan.key,
         from_cache=restored is not None,
+        debug_info="kept" if plan.keep_debug else "stripped",
     )
 
 

@@ -44,6 +44,8 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "version": spec.model.version,
         "full_version": f"{spec.model.version}+{local_label(compiled.target)}",
         "description": spec.model.description,
+        "license": spec.model.license,  # SPDX expression, or None
+        "urls": dict(spec.model.urls),  # label -> URL
         "target": compiled.target,
         # The index the wheel is published to and its version's label start with (PyTorch's
         # variant names): publish reads it without importing torch.
@@ -53,6 +55,10 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch"), "cuda": torch.version.cuda},
         **targets.get(compiled.target).manifest_facts(compiled),
         "opt_path": str(compiled.output_dir),
+        # Whether the .so runs from wherever it is installed (CPU), or must be reached at opt_path,
+        # where it was compiled (CUDA: its kernels are addressed by absolute path): the runtime
+        # makes the link only then.
+        "relocatable": targets.get(compiled.target).RELOCATABLE,
         "library": compiled.library.name,
         "artifacts": {
             path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in compiled.artifacts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -11,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from packaging.specifiers import SpecifierSet
 
 from . import proc
 from .errors import PackageError
@@ -22,6 +25,10 @@ SOURCE_DATE_EPOCH = "315532800"
 TORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's index, one per build variant (/cpu, /cu130)
 MANYLINUX_FLOOR = 28  # torch's own wheels need glibc 2.28
 GLIBC_SYMBOL = re.compile(rb"GLIBC_2\.(\d+)")
+# The oldest Python the runtime's own code runs on: str.removeprefix, dict | dict, and list[str]
+# in __init__.py's annotations (evaluated there) are 3.9; it uses no match, tomllib or X | Y
+# outside annotations (every other module has `from __future__ import annotations`).
+RUNTIME_PYTHON = "3.9"
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,25 @@ def audited_tag(wheel: Path) -> str:
     return facts["sym_tag"]
 
 
+def requires_python() -> str:
+    """The wheel's Requires-Python: the runtime's floor, or the pinned torch's own Requires-Python
+    where that is stricter (torch 2.11 to 2.14 need 3.10): a wheel claiming less would be chosen
+    by pip on a Python where its torch cannot install."""
+    torch_needs = importlib.metadata.metadata("torch").get("Requires-Python") or ""
+    if torch_needs and not SpecifierSet(torch_needs).contains(RUNTIME_PYTHON):
+        return torch_needs
+    return f">={RUNTIME_PYTHON}"
+
+
+def project_links(manifest: dict[str, Any]) -> tuple[str, str]:
+    """The pyproject lines for the spec's optional license and URLs ("" for each one not given);
+    JSON strings are valid TOML basic strings."""
+    license_line = f"license = {json.dumps(manifest['license'])}\n" if manifest.get("license") else ""
+    urls = manifest.get("urls") or {}
+    table = "".join(f"{json.dumps(label)} = {json.dumps(url)}\n" for label, url in urls.items())
+    return license_line, f"\n[project.urls]\n{table}" if table else ""
+
+
 def _render(template: Path, destination: Path, values: dict[str, str]) -> None:
     destination.write_text(string.Template(template.read_text()).substitute(values))
 
@@ -76,7 +102,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
     shutil.rmtree(staging, ignore_errors=True)
     package_dir = staging / manifest["import_name"]
     (package_dir / "artifacts").mkdir(parents=True)
-    for source in sorted(RUNTIME_DIR.glob("*.py")):
+    for source in [*sorted(RUNTIME_DIR.glob("*.py")), RUNTIME_DIR / "py.typed"]:  # py.typed: the runtime is typed
         shutil.copyfile(source, package_dir / source.name)
     for artifact in artifacts:  # static batch sizes' in their own folders (batch<N>/model.so)
         name = artifact.relative_to(manifest["opt_path"]) if artifact.is_relative_to(manifest["opt_path"]) else artifact.name
@@ -85,6 +111,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
     for extra in extras:  # golden cases, external weights
         shutil.copyfile(extra, package_dir / extra.name)
     (package_dir / "manifest.json").write_text(dumps(manifest))
+    license_line, urls_table = project_links(manifest)
     values = {
         "dist_name": manifest["dist_name"],
         "import_name": manifest["import_name"],
@@ -95,9 +122,17 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
         "torch_version": manifest["torch"]["distribution"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
-        "package_data": json.dumps(["manifest.json", "artifacts/*", "artifacts/*/*", *sorted(extra.name for extra in extras)]),
+        "requires_python": requires_python(),
+        "license_line": license_line,
+        "urls_table": urls_table,
+        "package_data": json.dumps(["manifest.json", "py.typed", "artifacts/*", "artifacts/*/*", *sorted(extra.name for extra in extras)]),
         "target": manifest["target"],
-        "opt_path": manifest["opt_path"],
+        "link_note": (f"It loads from its own folder in site-packages and writes nothing (`{manifest['dist_name']} link` "
+                      f"makes the `{manifest['opt_path']}` link only if asked; CUDA wheels use it)."
+                      if manifest["relocatable"] else
+                      f"`load()` reaches it through the `{manifest['opt_path']}` link, made where the process may write "
+                      f"there (else it loads from site-packages); `{manifest['dist_name']} link` makes it ahead, "
+                      "e.g. as root in a Dockerfile step."),
         "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),
         "outputs_summary": ", ".join(f"`{o['name']}` {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in manifest["outputs"]),
     }

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
+from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer, model_validator
 
@@ -46,11 +48,14 @@ MAX_SUMMARY = 512
 
 class ModelSection(_Frozen):
     model_config = ConfigDict(allow_inf_nan=True)  # kwargs are the factory's to judge
+    _LATE_KEYS = ("license", "urls")
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
     version: str
     factory: str = Field(description="importable 'package.module:callable' returning the nn.Module")
     kwargs: dict[str, int | float | str | bool | list[int]] = {}
     description: str = ""
+    license: str | None = Field(None, description="an SPDX license expression: the wheel's License-Expression")
+    urls: dict[str, str] = Field({}, description="label -> http(s) URL: the wheel's Project-URL entries")
 
     @field_validator("name")
     @classmethod
@@ -81,6 +86,29 @@ class ModelSection(_Frozen):
         if len(value) > MAX_SUMMARY:
             raise ValueError(f"is {len(value)} characters; the wheel's summary (and its README's first line) may hold "
                              f"at most {MAX_SUMMARY}, what package indexes accept: shorten it")
+        return value
+
+    @field_validator("license")
+    @classmethod
+    def _license(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:  # one spelling in the wheel's metadata, as PyPI wants it ("apache-2.0" -> "Apache-2.0")
+            return canonicalize_license_expression(value)
+        except InvalidLicenseExpression as exc:
+            raise ValueError(f"{value!r} is not an SPDX license expression ({exc}); e.g. 'Apache-2.0' or "
+                             "'MIT OR Apache-2.0', identifiers from https://spdx.org/licenses/") from None
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for label, url in value.items():
+            if not label.strip() or DESCRIPTION_REFUSED.search(label) or "," in label:
+                raise ValueError(f"label {label!r} must be a non-empty line of text without commas or control "
+                                 "characters (it is written as 'Project-URL: <label>, <url>')")
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or DESCRIPTION_REFUSED.search(url) or " " in url:
+                raise ValueError(f"{label!r}: {url!r} is not an http(s) URL (e.g. 'https://example.com/models/unet')")
         return value
 
     @field_validator("factory")

@@ -75,7 +75,8 @@ def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_ver
         step(f"static {index + 1}/{len(sizes)} {dim}={size}: compiling")
         fixed = prepare(fixed_spec(spec_file, dim, size), loaded, exported.target)
         shared = {constants.OPTION: False} if constants.shared(exported.target, spec_file.spec) else {}
-        plan = plan_compile(fixed, cxx_version, exported.target, output_dir / folder(size), {**tuned.plan.overrides, **shared})
+        plan = plan_compile(fixed, cxx_version, exported.target, output_dir / folder(size), {**tuned.plan.overrides, **shared},
+                            tuned.plan.keep_debug)
         if not store.has(plan.key):
             fixed = export_program(fixed, loaded.source_files)
         plan.compile_dir.mkdir(parents=True, exist_ok=True)

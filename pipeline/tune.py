@@ -145,7 +145,8 @@ def screen_autocast(exported: Exported) -> str | None:
     return None
 
 
-def plans(exported: Exported, cxx_version: str, output_dir: Path) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+def plans(exported: Exported, cxx_version: str, output_dir: Path,
+          keep_debug: bool = False) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
     """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
     build of this model version (the .so records where it was compiled, and wheels must be
     reproducible) and different for every candidate (a process cannot load two .so at one path).
@@ -153,7 +154,7 @@ def plans(exported: Exported, cxx_version: str, output_dir: Path) -> tuple[list[
     found, skipped = candidates(exported)
     in_place = len(found) == 1 and not targets.get(exported.target).RELOCATABLE
     where = lambda name: output_dir if in_place else output_dir / ".candidates" / name  # noqa: E731
-    return [(name, plan_compile(exported, cxx_version, exported.target, where(name), overrides))
+    return [(name, plan_compile(exported, cxx_version, exported.target, where(name), overrides, keep_debug))
             for name, overrides in found], skipped
 
 

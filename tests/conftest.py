@@ -89,7 +89,7 @@ def tiny_build(tmp_path_factory) -> tuple[BuildDirs, Ran]:
     build_dirs = BuildDirs(root=base / "opt", dist=base / "dist", build=base / "build")
     ran = run_cli("build", "--spec", str(TINY_SPEC), *build_dirs.args())
     assert ran.code == 0, ran.err
-    # Checked here, before any test loads the wheel (load() makes the /opt link under this root).
+    # Checked here, before any test runs the wheel's `link` command (which makes the /opt link under this root).
     assert not build_dirs.root.exists(), "the build leaves the artifact root as it found it"
     return build_dirs, ran
 

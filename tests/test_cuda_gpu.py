@@ -95,7 +95,7 @@ def test_rootless_install_finds_its_kernels_without_the_link(cuda_wheel):
         ran = run_in(python, "import model_tiny as t; m = t.load(); print(m.library); print(all(r.passed for r in t.verify(m)))")
         assert ran.returncode == 0, ran.stderr
         assert "site-packages/model_tiny/artifacts/" in ran.stdout and ran.stdout.split()[-1] == "True"
-        assert "ArtifactLinkWarning" in ran.stderr
+        assert "ArtifactLinkWarning" not in ran.stderr  # the fallback works, so it is not warned about
     finally:
         dirs.root.unlink()
 

@@ -42,7 +42,7 @@ def cuda_manifest(cpu: dict, opt_path: Path, artifacts: list[Path]) -> dict:
             "platform": {"machine": cpu["platform"]["machine"], "glibc": cpu["platform"]["glibc"]},
             "cuda": {**wheel_cuda.requirements("13.0", (9, 0)), "gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0",
                      "embed_kernels": False, "multi_arch": False, "kernels": sorted(KERNELS)},
-            "opt_path": str(opt_path),
+            "opt_path": str(opt_path), "relocatable": False,
             "artifacts": {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in artifacts}}
 
 

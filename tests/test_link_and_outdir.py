@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import subprocess
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -118,3 +123,63 @@ def test_claim_refuses_while_another_build_holds_it(tmp_path):
                 pass
         assert out.is_dir(), "the refused claim must not remove the holder's folder"
         assert (out.parent / ".cpu.build.lock").exists(), "nor the holder's lock file"
+
+
+NOBODY = 65534
+START = (
+    "import numpy as np, model_tiny\n"
+    "m = model_tiny.load()\n"
+    "m(*model_tiny.example_inputs())\n"
+    "n = model_tiny.load_numpy()\n"
+    "n(np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, np.float32))\n"
+)
+
+
+def _tree(root: Path) -> list[str] | None:
+    return sorted(str(p) for p in root.rglob("*")) if root.exists() else None
+
+
+def _let_others_through(path: Path) -> list[tuple[Path, int]]:
+    """o+x on ``path``'s folders that lack it (pytest's are 0700), so another user can reach it;
+    returns the modes to put back."""
+    changed = []
+    for folder in [path, *path.parents]:
+        mode = folder.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            folder.chmod(mode | stat.S_IXOTH)
+            changed.append((folder, mode))
+    return changed
+
+
+def _as_nobody() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_cpu_wheel_starts_writing_nothing_and_printing_nothing(installed, wheel, tmp_path, user):
+    """A CPU .so loads from site-packages as it is: load() and load_numpy() in a fresh process make
+    no /opt link and no lock file (even where they could: as root), and warn about nothing (even
+    where they could not: as a non-root user whose HOME it may not read). Warnings are errors here."""
+    if os.geteuid() != 0:
+        pytest.skip("runs the loader as root and as uid 65534: the tests must run as root for that")
+    with zipfile.ZipFile(wheel) as archive:
+        opt_path = Path(json.loads(archive.read("model_tiny/manifest.json"))["opt_path"])
+    root = opt_path.parents[2]  # the artifact root the build compiled under
+    if opt_path.is_symlink():  # made by another test's `model-tiny link`
+        opt_path.unlink()
+    before = _tree(root)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)  # root's: uid 65534 can neither read nor write it
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"} | {"HOME": str(home)}
+    restore = _let_others_through(installed.parent) + _let_others_through(tmp_path) if user == "nobody" else []
+    try:
+        ran = subprocess.run([str(installed), "-W", "error", "-c", START], capture_output=True, text=True, env=env,
+                             cwd="/", preexec_fn=_as_nobody if user == "nobody" else None, timeout=300)
+    finally:
+        for folder, mode in reversed(restore):
+            folder.chmod(mode)
+    assert ran.returncode == 0, ran.stderr
+    assert (ran.stdout, ran.stderr) == ("", "")
+    assert _tree(root) == before, "nothing is written under the artifact root"

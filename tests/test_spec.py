@@ -48,6 +48,10 @@ def test_the_shipped_specs_are_valid():
         ("max = 4", "max = 0", "dims.batch.max", "greater than or equal to 1"),
         ("max = 4", "max = 4\nexample = 9", "dims.batch", "outside"),
         ('name = "logits"\nrtol', 'name = "logits"\nrtl', "outputs[1].rtl", "unknown key"),
+        ('version = "0.1"', 'version = "0.1"\nlicense = "Apache 2"', "model.license", "not an SPDX license expression"),
+        ('version = "0.1"', 'version = "0.1"\nurls = { Home = "ftp://example.com" }', "model.urls", "not an http(s) URL"),
+        ('version = "0.1"', 'version = "0.1"\nurls = { Home = "example.com" }', "model.urls", "not an http(s) URL"),
+        ('version = "0.1"', 'version = "0.1"\nurls = { "a, b" = "https://example.com" }', "model.urls", "without commas"),
     ],
 )
 def test_bad_spec_names_file_and_key(tmp_path, old, new, key, says):

@@ -1,6 +1,6 @@
 """A compiled PyTorch model packaged by modelwheel.
 
-    model = load()                       # opens the AOTInductor .so (through its /opt link)
+    model = load()                       # opens the AOTInductor .so (a CUDA wheel's through its /opt link)
     outputs = model(*example_inputs())   # tensors in, tensors out
     manifest()                           # torch version, target, input specs, tolerances, hashes
     verify()                             # re-run the golden cases recorded at build time
@@ -8,21 +8,21 @@
     model.swap_weights("v2.safetensors") # switch weights in place, without downtime
     fast = load_numpy()                  # numpy arrays in and out, without importing torch
 
-Importing this package does not import torch: ``load_numpy()`` users never pay for it, and
-``load()`` imports it on first use.
+Importing this package imports neither torch nor numpy: ``load_numpy()`` users never pay for
+torch, ``load()`` users need no numpy, and each loads on first use.
 """
 
 from importlib import import_module
 from typing import Any
 
+from ._deps import MissingDependency
 from ._integrity import IntegrityError
-from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, manifest
-from ._native import NativeRuntimeError, NumpyModel, load_numpy
+from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, NativeRuntimeError, manifest
 
-# name -> the module defining it; these import torch, so they load when first asked for
+# name -> the module defining it; these import torch (or numpy: NumpyModel), so they load when first asked for
 _TORCH_SIDE = {
     "CompiledModel": "._load", "example_inputs": "._load", "load": "._load", "verify": "._load",
-    "GoldenMismatch": "._golden", "WeightsMismatch": "._weights",
+    "GoldenMismatch": "._golden", "WeightsMismatch": "._weights", "NumpyModel": "._native",
 }
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "GoldenMismatch",
     "IncompatibleRuntime",
     "IntegrityError",
+    "MissingDependency",
     "NativeRuntimeError",
     "NumpyModel",
     "WeightsMismatch",
@@ -41,6 +42,14 @@ __all__ = [
     "verify",
 ]
 __version__ = manifest()["full_version"]
+
+
+def load_numpy(num_models: int = 1) -> Any:
+    """Open the compiled model without importing torch; call it with numpy arrays (see
+    ``_native.load_numpy``). Without numpy installed it raises MissingDependency."""
+    from ._native import load_numpy as load_with_numpy
+
+    return load_with_numpy(num_models)
 
 
 def __getattr__(name: str) -> Any:

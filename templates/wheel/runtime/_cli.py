@@ -1,7 +1,8 @@
 """The wheel's console script: ``model-<name> link | verify | info``.
 
 Exit codes: 0 ok, 1 golden outputs differ, 2 usage, 3 incompatible torch or machine,
-4 an artifact differs from the manifest, 5 the /opt link cannot be made.
+4 an artifact differs from the manifest, 5 the /opt link cannot be made, 6 a package the
+command needs (safetensors) is not installed.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import json
 import sys
 from pathlib import Path
 
+from ._deps import MissingDependency
 from ._golden import GoldenMismatch
 from ._integrity import IntegrityError, check_artifacts
-from ._link import ensure_link
+from ._link import ensure_link, sweep_dangling
 from ._load import verify
-from ._manifest import ARTIFACTS_DIR, IncompatibleRuntime, manifest
+from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, IncompatibleRuntime, manifest
 
-EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4}
+EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}
 
 
 def _link(m: dict) -> int:
@@ -25,6 +27,8 @@ def _link(m: dict) -> int:
     ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
     if ok:
         print(detail)
+        for gone in sweep_dangling(Path(m["opt_path"]).parents[1], PACKAGE_DIR.name):
+            print(f"removed {gone} (its version was uninstalled)")
         return 0
     print(f"error: {detail}", file=sys.stderr)
     print(f"hint: run with write access to {Path(m['opt_path']).parent}; load() still works from the package directory", file=sys.stderr)
@@ -44,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     m = manifest()
     parser = argparse.ArgumentParser(prog=m["dist_name"], description=f"{m['dist_name']} {m['full_version']}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("link", help=f"check the artifacts, then create or repair {m['opt_path']}")
+    commands.add_parser("link", help=f"check the artifacts, then create or repair {m['opt_path']} -> this package's "
+                        "artifacts. Needed only by CUDA wheels (their kernels are addressed by that path) in processes "
+                        "that may not write there themselves, e.g. as a Dockerfile step run as root; a CPU wheel loads "
+                        "from site-packages without it")
     commands.add_parser("verify", help="re-run the golden cases recorded at build time on this machine")
     commands.add_parser("info", help="print the build manifest as JSON")
     args = parser.parse_args(argv)

@@ -5,7 +5,8 @@ per model and constant, which bytes and how to read them (dtype, shape, strides,
 tensor its memory descriptor). The file is memory-mapped read-only, and each constant is made a
 tensor over that memory by torch's own C shim (``aoti_torch_create_tensor_from_blob_v2``, the call
 a .so makes for the constants it embeds), so no weight is copied and the models share the pages.
-Shared by the build (verification) and the wheel (``load()``, ``load_numpy()``); imports no torch.
+Shared by the build (verification) and the wheel (``load()``, ``load_numpy()``); imports no torch,
+and numpy only when a store is opened.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import mmap
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from ._deps import require
 
 INDEX_FILE, BLOB_FILE = "constants.json", "constants.bin"
 _i64 = ctypes.c_int64
@@ -35,6 +36,7 @@ class Store:
         with (folder / BLOB_FILE).open("rb") as handle:
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         # numpy gives the read-only mapping's address; the kernels only read their constants
+        np = require("numpy", "numpy", "a model with static batch sizes (its shared constants store)")
         self._bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.empty(0, np.uint8)
 
     def _address(self, key: str) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ._compare import OutputDiff, compare
+from ._deps import require
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,7 @@ def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: 
                cases: list[str] | None = None) -> list[GoldenResult]:
     """``cases``: default the dynamic model's (manifest["golden"]["cases"]); a static size's are
     named ``batch<N>/golden<i>``."""
-    from safetensors.torch import load_file  # only verification needs it
-
+    load_file = require("safetensors.torch", "safetensors", "verify() (reading the golden cases)").load_file
     tensors = load_file(str(golden_file))
     results = []
     for case in manifest["golden"]["cases"] if cases is None else cases:

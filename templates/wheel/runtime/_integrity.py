@@ -37,6 +37,13 @@ def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
     return _stamp_dir() / hashlib.sha256(key.encode()).hexdigest()
 
 
+def _stamped(stamp: Path) -> bool:
+    try:
+        return stamp.exists()
+    except OSError:  # a cache this user may not read (HOME of another user): hash again
+        return False
+
+
 def weights_record(manifest: dict[str, Any]) -> dict[str, Any]:
     """The external weights file's sha256 and size (the manifest keeps them as weights.file_sha256, .size)."""
     return {"sha256": manifest["weights"]["file_sha256"], "size": manifest["weights"]["size"]}
@@ -71,7 +78,7 @@ def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bo
                 "the file was truncated or replaced; reinstall the wheel (pip install --force-reinstall)"
             )
         stamp = _stamp(path, stat, record["sha256"])
-        if not full and stamp.exists():
+        if not full and _stamped(stamp):
             continue
         actual = sha256_file(path)
         if actual != record["sha256"]:

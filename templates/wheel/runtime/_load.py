@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from . import _cuda, _dispatch
+from . import _cuda, _describe, _dispatch
 from ._constants import Store
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
@@ -76,6 +76,10 @@ class CompiledModel:
     With static batch sizes, each call runs on the model compiled for its batch (see
     ``route()``); ``last_library`` is the .so that ran the latest call."""
 
+    # Set from the manifest when this module is imported (_describe.py), with named(outputs) -> dict
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
     def __init__(self, runner: Any, m: dict[str, Any], library: Path, device: str,
                  static: dict[int, tuple[Any, Path]] | None = None) -> None:
         self._runner = runner
@@ -115,6 +119,7 @@ class CompiledModel:
         return _dispatch.describe(self._manifest, batch)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Run the model on its inputs, by position."""
         m = self._manifest
         check_inputs(m["inputs"], m["dims"], args, self.device)
         outputs = self._run([arg.contiguous() for arg in args])
@@ -135,6 +140,8 @@ class CompiledModel:
     def __repr__(self) -> str:
         return f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} on {self.device} from {self.library}>"
 
+
+_describe.describe(CompiledModel, manifest(), "tensors")  # input_names, output_names, help(model)
 
 _EMBEDDED = (
     "{dist_name} {full_version} has its weights compiled into the .so; build it with "

@@ -7,9 +7,9 @@ without importing torch.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +22,21 @@ CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 TORCH_INDEX = "https://download.pytorch.org/whl"  # one index per torch build: /cpu, /cu130
 
 _manifest: dict[str, Any] | None = None
-_warned = False
 _swept = False
+log = logging.getLogger(__name__)
 
 
 class IncompatibleRuntime(RuntimeError):
     """The running torch or machine differs from the one the model was built for."""
 
 
+class NativeRuntimeError(RuntimeError):
+    """load_numpy(): the model's C interface reported an error, or torch's libraries could not be opened."""
+
+
 class ArtifactLinkWarning(UserWarning):
-    """The /opt link could not be made; the model loads from the package directory instead."""
+    """Kept for code that imports it; no longer issued: a load that cannot make the /opt link
+    loads from the package directory, which works, and says so only in a debug log line."""
 
 
 def manifest() -> dict[str, Any]:
@@ -88,22 +93,28 @@ def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gp
         raise IncompatibleRuntime(f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems) + ".")
 
 
+def relocatable(m: dict[str, Any]) -> bool:
+    """Whether the .so runs from the installed package as it is (CPU builds); manifests from
+    before the build recorded it: a CPU wheel is."""
+    return bool(m.get("relocatable", m["target"] == "cpu"))
+
+
 def artifacts_dir() -> Path:
-    """Where to load from: the /opt link when it can be made, else this package (warning once)."""
-    global _warned, _swept
+    """Where to load from. A relocatable build loads from this package and writes nothing. A CUDA
+    build loads through the /opt link where this process can make it, else from this package
+    (the runtime passes the installed kernel folder as cubin_dir, so it works either way)."""
+    global _swept
     m = manifest()
-    ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
+    if relocatable(m):
+        return ARTIFACTS_DIR
+    opt_path = Path(m["opt_path"])
+    ok, detail = ensure_link(opt_path, ARTIFACTS_DIR)
     if not _swept:  # once per process: links left by `pip uninstall` of other versions of this model
         _swept = True
-        sweep_dangling(Path(m["opt_path"]).parents[1], PACKAGE_DIR.name)
+        sweep_dangling(opt_path.parents[1], PACKAGE_DIR.name)
     if ok:
-        return Path(m["opt_path"])
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            f"{m['dist_name']}: {detail}; loading from {ARTIFACTS_DIR} instead. "
-            f"Run `{m['dist_name']} link` with write access to {Path(m['opt_path']).parent} to fix this.",
-            ArtifactLinkWarning,
-            stacklevel=3,
-        )
+        return opt_path
+    # Expected on a read-only root or as a non-root user: not worth a warning on every start.
+    log.debug("%s: %s; loading from %s (`%s link` with write access makes the link)", m["dist_name"], detail,
+              ARTIFACTS_DIR, m["dist_name"])
     return ARTIFACTS_DIR

@@ -16,15 +16,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from . import _dispatch
+from . import _describe, _dispatch
+from ._deps import require
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
 from ._integrity import check_artifacts, check_files
 from ._malloc import keep_freed_memory
-from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
+from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, NativeRuntimeError, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
+
+np = require("numpy", "numpy", "load_numpy() (numpy arrays in and out)")
 
 _handle = ctypes.c_void_p
 _NUMPY_DTYPES = {
@@ -33,10 +34,6 @@ _NUMPY_DTYPES = {
 }
 _libtorch: ctypes.CDLL | None = None
 _libtorch_lock = threading.Lock()
-
-
-class NativeRuntimeError(RuntimeError):
-    """The model's C interface reported an error, or torch's libraries could not be opened."""
 
 
 def _torch_dir() -> Path:
@@ -180,6 +177,10 @@ class NumpyModel:
     Outputs are the model's own buffers, handed over without a copy; each call returns new ones.
     """
 
+    # Set from the manifest when this module is imported (_describe.py), with named(outputs) -> dict
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
     def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None,
                  store: tuple[Store, str] | None = None) -> None:
         self._manifest = m
@@ -243,6 +244,7 @@ class NumpyModel:
         return _dispatch.describe(self._manifest, batch)
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run the model on its inputs (numpy arrays), by position."""
         arrays = self._checked(args)
         model, batch, runs_at = self, 0, 0
         if self._static:
@@ -288,6 +290,9 @@ class NumpyModel:
 
     def __repr__(self) -> str:
         return f"<NumpyModel {self._manifest['dist_name']} {self._manifest['full_version']} from {self.library}>"
+
+
+_describe.describe(NumpyModel, manifest(), "arrays")  # input_names, output_names, help(model)
 
 
 def load_numpy(num_models: int = 1) -> NumpyModel:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ._deps import require
+
 if TYPE_CHECKING:  # the wheel's package imports this module without importing torch
     import torch
 
@@ -21,8 +23,7 @@ class WeightsMismatch(ValueError):
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+    load_file = require("safetensors.torch", "safetensors", "reading external weights").load_file
     try:
         return load_file(str(path))
     except FileNotFoundError:
