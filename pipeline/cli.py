@@ -25,7 +25,6 @@ from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
 from .spec import TARGET_NAMES, CpuIsa, load_spec, with_overrides
-from .outdir import check_trusted, output_path
 from .writable import check_writable
 
 DEFAULT_ROOT = "/opt/modelwheel"
@@ -268,6 +267,8 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets
     from .targets import cpu
+
+    from .outdir import check_trusted, output_path
 
     for name in target_names:  # a root another user controls is refused before any work
         check_trusted(output_path(root, spec_file.spec.model.name, spec_file.spec.model.version, name))

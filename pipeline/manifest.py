@@ -18,7 +18,8 @@ from .export import Exported, export_sizes, spec_inputs
 from .loader import weight_tensors
 from .templates import wheel_integrity, wheel_weights
 from .tune import Tuned
-from .verify import Verified
+from .errors import PackageError
+from .verify import VERIFIED_SHA256, Verified
 
 FORMAT = 1
 
@@ -61,7 +62,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "relocatable": targets.get(compiled.target).RELOCATABLE,
         "library": compiled.library.name,
         "artifacts": {
-            path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in compiled.artifacts
+            path.name: {"sha256": _as_verified(path), "size": path.stat().st_size} for path in compiled.artifacts
         },
         "inputs": spec_inputs(exported.spec_file),
         "dims": {name: {"min": d.min, "max": d.max, "example": example[name]} for name, d in spec.dims.items()},
@@ -89,6 +90,16 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         },
         "content_hash": exported.content_hash,
     }
+
+
+def _as_verified(path) -> str:
+    """The file's sha256, which must be that of the bytes verification loaded from it."""
+    digest = sha256_file(path)
+    loaded = VERIFIED_SHA256.get(path)
+    if loaded is not None and loaded != digest:
+        raise PackageError(f"{path} changed after it was verified (sha256 {loaded[:16]}… loaded, {digest[:16]}… now)",
+                           "another process wrote into the build's output folder: build again, into a root only you can write")
+    return digest
 
 
 def _weights_record(exported: Exported, verified: Verified) -> dict[str, Any]:

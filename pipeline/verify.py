@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -212,10 +213,24 @@ def _to_fp64(tensors):
     return [t.double() if t.dtype.is_floating_point else t for t in tensors]
 
 
+# Each .so verification opened -> the sha256 of the bytes it loaded: the manifest's hash of the
+# file must be the same (manifest.py), so the wheel ships what was verified.
+VERIFIED_SHA256: dict[Path, str] = {}
+
+
 def open_runner(compiled: Compiled, weights_file: Path | None):
-    """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if any."""
+    """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if
+    any. The .so is opened once, hashed through that descriptor and loaded through it."""
     target = targets.get(compiled.target)
-    runner = target.open_runner(compiled.library)
+    fd = os.open(compiled.library, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        digest = hashlib.sha256()
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
+            digest.update(block)
+        runner = target.open_runner(Path(f"/proc/self/fd/{fd}"), kernels=compiled.library.parent)
+    finally:
+        os.close(fd)
+    VERIFIED_SHA256[compiled.library] = digest.hexdigest()
     if weights_file is not None:
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)

@@ -60,3 +60,21 @@ def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
     assert oct(dirs.dist.stat().st_mode & 0o777) == oct(0o755)
     for made in dirs.dist.iterdir():
         assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
+
+
+def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
+    """Verification hashes the .so through the descriptor it loads; the manifest's hash of the
+    file must be that one (a write into the output folder between the two is refused)."""
+    import hashlib
+
+    from pipeline.errors import PackageError
+    from pipeline.manifest import _as_verified
+    from pipeline.verify import VERIFIED_SHA256
+
+    library = tmp_path / "model.so"
+    library.write_bytes(b"the verified bytes")
+    VERIFIED_SHA256[library] = hashlib.sha256(b"the verified bytes").hexdigest()
+    assert _as_verified(library) == VERIFIED_SHA256[library]
+    library.write_bytes(b"other bytes, same name")
+    with pytest.raises(PackageError, match="changed after it was verified"):
+        _as_verified(library)

@@ -65,8 +65,9 @@ class Target(Protocol):
     def manifest_facts(self, compiled: Compiled) -> dict[str, Any]:
         """Top-level manifest entries describing what the wheel needs to run."""
 
-    def open_runner(self, library: Path, num_models: int = 1) -> Any:
-        """The compiled model as the wheel opens it (for verification and timing)."""
+    def open_runner(self, library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
+        """The compiled model as the wheel opens it (for verification and timing); ``kernels``:
+        where its kernel files are, when not beside ``library`` (a /proc/self/fd path)."""
 
     def reference(self) -> AbstractContextManager[None]:
         """Settings the eager reference runs under."""

@@ -134,7 +134,7 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
     }
 
 
-def open_runner(library: Path, num_models: int = 1) -> Any:
+def open_runner(library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
     """The .so opened as the wheel's load() opens it, so what the build times and verifies is what ships."""
     import torch
 

@@ -112,11 +112,13 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
     }
 
 
-def open_runner(library: Path, num_models: int = 1) -> Any:
+def open_runner(library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
+    """``kernels``: the folder of the kernel files (default: the library's own; verification
+    loads the .so through /proc/self/fd and names the folder)."""
     import torch
 
     wheel_preload.load_cxx_runtime()
-    return wheel_cuda.open_runner(library, library.parent, f"cuda:{torch.cuda.current_device()}", num_models)
+    return wheel_cuda.open_runner(library, kernels or library.parent, f"cuda:{torch.cuda.current_device()}", num_models)
 
 
 def reference() -> contextlib.AbstractContextManager[None]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ._deps import MissingDependency
 from ._integrity import IntegrityError
-from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, NativeRuntimeError, manifest
+from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, NativeRuntimeError, UntrustedPathWarning, manifest
 
 # name -> the module defining it; these import torch (or numpy: NumpyModel), so they load when first asked for
 _TORCH_SIDE = {
@@ -34,6 +34,7 @@ __all__ = [
     "MissingDependency",
     "NativeRuntimeError",
     "NumpyModel",
+    "UntrustedPathWarning",
     "WeightsMismatch",
     "example_inputs",
     "load",
@@ -41,7 +42,6 @@ __all__ = [
     "manifest",
     "verify",
 ]
-__version__ = manifest()["full_version"]
 
 
 def load_numpy(num_models: int = 1) -> Any:
@@ -53,6 +53,8 @@ def load_numpy(num_models: int = 1) -> Any:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read on first use: a damaged manifest fails load(), not the import
+        return manifest()["full_version"]
     if name in _TORCH_SIDE:
         value = getattr(import_module(_TORCH_SIDE[name], __name__), name)
         globals()[name] = value

@@ -16,7 +16,6 @@ from ._deps import MissingDependency
 from ._golden import GoldenMismatch
 from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link, sweep_dangling
-from ._load import verify
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, IncompatibleRuntime, manifest
 
 EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}
@@ -36,6 +35,8 @@ def _link(m: dict) -> int:
 
 
 def _verify(m: dict) -> int:
+    from ._load import verify  # imports torch; and _load reads the manifest as it is imported
+
     results = verify()
     for result in results:
         for diff in result.outputs:
@@ -45,7 +46,11 @@ def _verify(m: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    m = manifest()
+    try:
+        m = manifest()
+    except IntegrityError as exc:  # a damaged install, not drifting numerics (exit 1)
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CODES[IntegrityError]
     parser = argparse.ArgumentParser(prog=m["dist_name"], description=f"{m['dist_name']} {m['full_version']}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("link", help=f"check the artifacts, then create or repair {m['opt_path']} -> this package's "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +40,23 @@ def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
 
 
 def _stamped(stamp: Path) -> bool:
+    """A stamp counts only in a folder no one else can write: one who could would plant stamps
+    that skip the hash of a file they altered."""
     try:
-        return stamp.exists()
-    except OSError:  # a cache this user may not read (HOME of another user): hash again
+        folder = os.stat(stamp.parent)
+        private = folder.st_uid == os.geteuid() and not folder.st_mode & 0o022
+        return private and stamp.exists()
+    except OSError:  # no cache yet, or one this user may not read (HOME of another user): hash again
         return False
+
+
+def _write_stamp(stamp: Path) -> None:
+    try:
+        stamp.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(stamp.parent, 0o700)  # mkdir's mode is cut by the umask, never widened; make it exact
+        stamp.touch(mode=0o600)
+    except OSError:
+        pass  # no writable cache: the next load hashes again, which is slower but still safe
 
 
 def weights_record(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -67,27 +82,43 @@ def check_artifacts(directory: Path, manifest: dict[str, Any], *, full: bool = F
 def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bool = False) -> None:
     """Raise IntegrityError naming the first file that is missing, resized or altered."""
     for name, record in sorted(records.items()):
-        path = directory / name
-        try:
-            stat = path.stat()
-        except OSError as exc:
-            raise IntegrityError(f"artifact {path} is missing ({exc.strerror}): reinstall the wheel") from None
-        if stat.st_size != record["size"]:
-            raise IntegrityError(
-                f"artifact {path} is {stat.st_size} bytes, the manifest says {record['size']}: "
-                "the file was truncated or replaced; reinstall the wheel (pip install --force-reinstall)"
-            )
-        stamp = _stamp(path, stat, record["sha256"])
-        if not full and _stamped(stamp):
-            continue
-        actual = sha256_file(path)
-        if actual != record["sha256"]:
-            raise IntegrityError(
-                f"artifact {path} has sha256 {actual}, the manifest says {record['sha256']}: "
-                "the file was altered; reinstall the wheel (pip install --force-reinstall)"
-            )
-        try:
-            stamp.parent.mkdir(parents=True, exist_ok=True)
-            stamp.touch()
-        except OSError:
-            pass  # no writable cache: the next load hashes again, which is slower but still safe
+        with opened_verified(directory / name, record, full=full):
+            pass
+
+
+@contextmanager
+def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False) -> Iterator[str]:
+    """``path`` opened once, checked against ``record`` through that descriptor, and yielded as
+    ``/proc/self/fd/N`` for the caller to load: what is loaded is what was checked, whatever
+    replaces ``path`` in the meantime (a swapped link, a renamed file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise IntegrityError(f"artifact {path} is missing ({exc.strerror}): reinstall the wheel") from None
+    try:
+        _check_descriptor(path, fd, record, full)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _check_descriptor(path: Path, fd: int, record: dict[str, Any], full: bool) -> None:
+    stat = os.fstat(fd)
+    if stat.st_size != record["size"]:
+        raise IntegrityError(
+            f"artifact {path} is {stat.st_size} bytes, the manifest says {record['size']}: "
+            "the file was truncated or replaced; reinstall the wheel (pip install --force-reinstall)"
+        )
+    stamp = _stamp(path, stat, record["sha256"])
+    if not full and _stamped(stamp):
+        return
+    digest = hashlib.sha256()
+    for block in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(block)
+    os.lseek(fd, 0, os.SEEK_SET)
+    if digest.hexdigest() != record["sha256"]:
+        raise IntegrityError(
+            f"artifact {path} has sha256 {digest.hexdigest()}, the manifest says {record['sha256']}: "
+            "the file was altered; reinstall the wheel (pip install --force-reinstall)"
+        )
+    _write_stamp(stamp)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from ._trust import FILE_MODE, FOLDER_MODE, UntrustedPath, check_chain
+
 LOCK_TIMEOUT_S = 60
 
 
@@ -25,11 +27,14 @@ def points_to(link: Path, target: Path) -> bool:
 
 def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
     """Make ``link`` point at ``target``. Returns (ok, what happened or why it could not)."""
+    untrusted = _untrusted(link.parent)  # before the link is followed, or anything is made beside it
+    if untrusted:
+        return False, untrusted
     if points_to(link, target):
         return True, f"{link} -> {target} (already in place)"
     try:
-        link.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S):
+        _make_folders(link.parent)
+        with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE):
             if points_to(link, target):
                 return True, f"{link} -> {target} (made by another process)"
             if link.exists() and not link.is_symlink():
@@ -44,6 +49,23 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
         return False, f"timed out after {LOCK_TIMEOUT_S}s waiting for the lock beside {link}"
     except OSError as exc:
         return False, f"cannot write {link}: {exc.strerror or exc}"
+
+
+def _untrusted(folder: Path) -> str | None:
+    try:
+        check_chain(folder)
+    except UntrustedPath as exc:
+        return str(exc)
+    return None
+
+
+def _make_folders(folder: Path) -> None:
+    """``folder`` and its missing parents, 0755 whatever the umask (under umask 000 they were
+    left writable by everyone, who could then swap the link)."""
+    missing = [p for p in [*reversed(folder.parents), folder] if not p.exists()]
+    for path in missing:
+        path.mkdir(exist_ok=True)
+        os.chmod(path, FOLDER_MODE)
 
 
 def _made_for(link: Path, package: str) -> bool:
@@ -70,7 +92,7 @@ def sweep_dangling(model_dir: Path, package: str) -> list[Path]:
         if not _made_for(link, package):
             continue
         try:
-            with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S):
+            with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE):
                 if link.is_symlink() and not link.exists():  # not re-made by a reinstall meanwhile
                     link.unlink()
                     removed.append(link)

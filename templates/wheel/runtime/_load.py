@@ -17,7 +17,7 @@ from . import _cuda, _describe, _dispatch
 from ._constants import Store
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
-from ._integrity import check_artifacts, check_files, weights_record
+from ._integrity import check_artifacts, check_files, opened_verified, weights_record
 from ._malloc import keep_freed_memory
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
@@ -58,13 +58,17 @@ def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, 
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR) -> Any:
-    """``kernels``: where a CUDA .so's kernel files are (a static size's: its own folder)."""
+def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR,
+                 record: dict[str, Any] | None = None) -> Any:
+    """``kernels``: where a CUDA .so's kernel files are (a static size's: its own folder).
+    ``record``: the .so's sha256 and size: it is opened once, checked, and loaded through that
+    descriptor, so the file checked is the file loaded."""
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
-    if m["target"] == "cuda":
-        return _cuda.open_runner(library, kernels, device, num_models)
-    keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
-    return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
+    with opened_verified(library, record) if record else contextlib.nullcontext(str(library)) as loadable:
+        if m["target"] == "cuda":
+            return _cuda.open_runner(Path(loadable), kernels, device, num_models)
+        keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
+        return torch._C._aoti.AOTIModelContainerRunnerCpu(loadable, num_models)
 
 
 _BY_BATCH = -1  # CompiledModel._run: pick the model by the batch of the call
@@ -163,16 +167,18 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability(), gpu_problems)
     tensors = None
     if external:
-        if weights is None:
-            check_files(PACKAGE_DIR, {m["weights"]["file"]: weights_record(m)})
-            weights = PACKAGE_DIR / m["weights"]["file"]
-        tensors = _weights_from(weights, m, where)  # checked before anything is loaded
+        if weights is None:  # the packaged file: read (memory-mapped) through the descriptor its hash was checked on
+            with opened_verified(PACKAGE_DIR / m["weights"]["file"], weights_record(m)) as opened:
+                tensors = _weights_from(Path(opened), m, where)
+        else:
+            tensors = _weights_from(weights, m, where)  # checked before anything is loaded
     directory = artifacts_dir()
     check_artifacts(directory, m)
     library = directory / m["library"]
     static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name), path)
               for size, path in _dispatch.static_libraries(m, directory).items()}
-    model = CompiledModel(_open_runner(m, library, where, num_models), m, library, where, static)
+    runner = _open_runner(m, library, where, num_models, record=m["artifacts"][m["library"]])
+    model = CompiledModel(runner, m, library, where, static)
     if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
         check_files(PACKAGE_DIR, m["constants"])
         model._store = Store(PACKAGE_DIR)
@@ -186,12 +192,12 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
 def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
     """Re-run the golden cases recorded at build time; raise GoldenMismatch naming any output off."""
     m = manifest()
-    check_files(PACKAGE_DIR, {m["golden"]["file"]: m["golden"]}, full=True)
     model = model or load()
     # the golden outputs were recorded under the build's reference settings (TF32 off on a GPU)
     settings = _cuda.exact_float32() if m["target"] == "cuda" else contextlib.nullcontext()
-    golden = PACKAGE_DIR / m["golden"]["file"]
-    with settings:  # the dynamic model's cases on it, each static size's on that size's model
+    # read through the descriptor its hash was checked on
+    with opened_verified(PACKAGE_DIR / m["golden"]["file"], m["golden"], full=True) as opened, settings:
+        golden = Path(opened)  # the dynamic model's cases on it, each static size's on that size's model
         results = run_golden(_on(model, None), m, golden, model.device)
         for size, record in m.get("static", {}).get("sizes", {}).items():
             results += run_golden(_on(model, int(size)), m, golden, model.device, record["golden_cases"])

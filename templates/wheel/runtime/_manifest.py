@@ -10,9 +10,11 @@ import json
 import logging
 import os
 import platform
+import warnings
 from pathlib import Path
 from typing import Any
 
+from ._integrity import IntegrityError
 from ._link import ensure_link, sweep_dangling
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -34,6 +36,11 @@ class NativeRuntimeError(RuntimeError):
     """load_numpy(): the model's C interface reported an error, or torch's libraries could not be opened."""
 
 
+class UntrustedPathWarning(UserWarning):
+    """A folder on the way to the /opt link can be changed by another user: the link is neither
+    made nor followed, and the model loads from this package."""
+
+
 class ArtifactLinkWarning(UserWarning):
     """Kept for code that imports it; no longer issued: a load that cannot make the /opt link
     loads from the package directory, which works, and says so only in a debug log line."""
@@ -43,7 +50,14 @@ def manifest() -> dict[str, Any]:
     """The build manifest (torch version, target, inputs, tolerances, hashes). Treat as read-only."""
     global _manifest
     if _manifest is None:
-        _manifest = json.loads((PACKAGE_DIR / "manifest.json").read_text(encoding="utf-8"))
+        path = PACKAGE_DIR / "manifest.json"
+        try:
+            _manifest = json.loads(path.read_text(encoding="utf-8"))
+            _manifest["dist_name"], _manifest["full_version"]  # noqa: B018  # what every message names
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            name = PACKAGE_DIR.name.replace("_", "-")
+            raise IntegrityError(f"{path} is unreadable or corrupt ({type(exc).__name__}: {exc}): the installed "
+                                 f"package is damaged; reinstall it (pip install --force-reinstall {name})") from None
     return _manifest
 
 
@@ -109,6 +123,10 @@ def artifacts_dir() -> Path:
         return ARTIFACTS_DIR
     opt_path = Path(m["opt_path"])
     ok, detail = ensure_link(opt_path, ARTIFACTS_DIR)
+    if not ok and "another user could" in detail:  # a planted folder: worth saying on every start
+        warnings.warn(f"{m['dist_name']}: {detail}; loading from {ARTIFACTS_DIR} instead", UntrustedPathWarning,
+                      stacklevel=3)
+        return ARTIFACTS_DIR
     if not _swept:  # once per process: links left by `pip uninstall` of other versions of this model
         _swept = True
         sweep_dangling(opt_path.parents[1], PACKAGE_DIR.name)

@@ -8,6 +8,7 @@ this loader opens that library and the model with ctypes and calls the model con
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -20,7 +21,7 @@ from . import _describe, _dispatch
 from ._deps import require
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
-from ._integrity import check_artifacts, check_files
+from ._integrity import check_artifacts, check_files, opened_verified
 from ._malloc import keep_freed_memory
 from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, NativeRuntimeError, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
@@ -182,7 +183,9 @@ class NumpyModel:
     output_names: tuple[str, ...]
 
     def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None,
-                 store: tuple[Store, str] | None = None) -> None:
+                 store: tuple[Store, str] | None = None, record: dict[str, Any] | None = None) -> None:
+        """``record``: the .so's sha256 and size: it is opened once, checked, and loaded through
+        that descriptor, so the file checked is the file loaded."""
         self._manifest = m
         self.library = library
         self._constants: dict[str, int] = {}
@@ -197,7 +200,8 @@ class NumpyModel:
         load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
         keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
         try:
-            self._model = ctypes.CDLL(str(library))
+            with opened_verified(library, record) if record else contextlib.nullcontext(str(library)) as loadable:
+                self._model = ctypes.CDLL(loadable)
         except OSError as exc:
             raise NativeRuntimeError(f"cannot open {library}: {exc}") from None
         self._container = _handle()
@@ -320,4 +324,5 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
         check_files(PACKAGE_DIR, m["constants"])
         store = (Store(PACKAGE_DIR), m["library"])
-    return NumpyModel(m, directory / m["library"], num_models, _dispatch.static_libraries(m, directory), store)
+    return NumpyModel(m, directory / m["library"], num_models, _dispatch.static_libraries(m, directory), store,
+                      record=m["artifacts"][m["library"]])
