@@ -216,6 +216,9 @@ def _to_fp64(tensors):
 # Each .so verification opened -> the sha256 of the bytes it loaded: the manifest's hash of the
 # file must be the same (manifest.py), so the wheel ships what was verified.
 VERIFIED_SHA256: dict[Path, str] = {}
+# Their descriptors stay open while the build runs: dlopen() knows a library by its name first,
+# and a /proc/self/fd/N reused by the next candidate's .so would be handed the earlier library.
+_LOADED_FDS: list[int] = []
 
 
 def open_runner(compiled: Compiled, weights_file: Path | None):
@@ -223,13 +226,11 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     any. The .so is opened once, hashed through that descriptor and loaded through it."""
     target = targets.get(compiled.target)
     fd = os.open(compiled.library, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        digest = hashlib.sha256()
-        for block in iter(lambda: os.read(fd, 1 << 20), b""):
-            digest.update(block)
-        runner = target.open_runner(Path(f"/proc/self/fd/{fd}"), kernels=compiled.library.parent)
-    finally:
-        os.close(fd)
+    _LOADED_FDS.append(fd)
+    digest = hashlib.sha256()
+    for block in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(block)
+    runner = target.open_runner(Path(f"/proc/self/fd/{fd}"), kernels=compiled.library.parent)
     VERIFIED_SHA256[compiled.library] = digest.hexdigest()
     if weights_file is not None:
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}

@@ -144,3 +144,25 @@ def test_a_corrupt_manifest_is_a_damaged_install(linked, restore):
     verified = subprocess.run([str(python.parent / "model-tiny"), "verify"], capture_output=True, text=True, cwd="/")
     assert verified.returncode == 4, verified.stderr
     assert verified.stderr.startswith(f"error: {manifest_file} is unreadable or corrupt")
+
+
+def test_two_libraries_loaded_through_descriptors_stay_two(tmp_path):
+    """dlopen() knows a library by its name first: had the first descriptor been closed, the second
+    library would reuse its /proc/self/fd/N and be handed the first (the build's verification of a
+    static batch size ran the dynamic model, and crashed)."""
+    import ctypes
+    import hashlib
+
+    from pipeline.templates import wheel_integrity
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler")
+    values = []
+    for value in (1, 2):
+        source, library = tmp_path / f"v{value}.c", tmp_path / f"v{value}.so"
+        source.write_text(f"int value(void) {{ return {value}; }}\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+        record = {"sha256": hashlib.sha256(library.read_bytes()).hexdigest(), "size": library.stat().st_size}
+        with wheel_integrity.opened_verified(library, record, hold=True) as loadable:
+            values.append(ctypes.CDLL(loadable).value())
+    assert values == [1, 2]

@@ -86,20 +86,31 @@ def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bo
             pass
 
 
+# Descriptors of loaded libraries, open for the life of the process: dlopen() knows a library by
+# its name first, so a /proc/self/fd/N reused by another file would be handed the first library.
+_HELD: list[int] = []
+
+
 @contextmanager
-def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False) -> Iterator[str]:
+def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False, hold: bool = False) -> Iterator[str]:
     """``path`` opened once, checked against ``record`` through that descriptor, and yielded as
     ``/proc/self/fd/N`` for the caller to load: what is loaded is what was checked, whatever
-    replaces ``path`` in the meantime (a swapped link, a renamed file)."""
+    replaces ``path`` in the meantime (a swapped link, a renamed file). ``hold``: for a library
+    to dlopen, the descriptor stays open (see _HELD)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise IntegrityError(f"artifact {path} is missing ({exc.strerror}): reinstall the wheel") from None
+    kept = False
     try:
         _check_descriptor(path, fd, record, full)
         yield f"/proc/self/fd/{fd}"
+        kept = hold
     finally:
-        os.close(fd)
+        if kept:
+            _HELD.append(fd)
+        else:
+            os.close(fd)
 
 
 def _check_descriptor(path: Path, fd: int, record: dict[str, Any], full: bool) -> None:
