@@ -28,15 +28,15 @@ SHARED = {
 
 # Runtime modules the shared ones import relatively (``from ._deps import require``): loaded
 # under the name that import looks for here, pipeline.<name>.
-RELATIVE_IMPORTS = ("_deps",)
+RELATIVE_IMPORTS = ("_deps", "_trust")
 
 
 def _load_runtime_module(name: str) -> ModuleType:
     qualified = f"pipeline.{name}" if name in RELATIVE_IMPORTS else f"pipeline._wheel_{name.lstrip('_')}"
     if qualified in sys.modules:
         return sys.modules[qualified]
-    for helper in RELATIVE_IMPORTS:
-        if helper != name:
+    if name not in RELATIVE_IMPORTS:  # the helpers import nothing of each other
+        for helper in RELATIVE_IMPORTS:
             _load_runtime_module(helper)
     spec = importlib.util.spec_from_file_location(qualified, RUNTIME_DIR / f"{name}.py")
     assert spec is not None and spec.loader is not None  # the file ships with this repository
