@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import _thread
 import argparse
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -17,115 +16,15 @@ import threading
 import traceback
 import warnings
 from pathlib import Path
-from typing import get_args
 
 from . import record
+from .arguments import DEFAULT_ROOT, ROOT_ENV, parser
 from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
-from .spec import TARGET_NAMES, CpuIsa, load_spec, with_overrides
+from .spec import load_spec, with_overrides
 from .writable import check_writable
-
-DEFAULT_ROOT = "/opt/modelwheel"
-ROOT_ENV = "MODELWHEEL_ROOT"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("modelwheel")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed: running from a checkout)"
-
-
-def _common_flags(json_help: str | None = None) -> argparse.ArgumentParser:
-    """-v and -q (and --json) wherever a user puts them: before the command or after it.
-    SUPPRESS as the default keeps a command's parser from resetting what the top level set."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="log subprocess commands and show tracebacks")
-    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                        help="print only the result, or the error")
-    if json_help:
-        common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
-    return common
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="modelwheel", description="Build compiled PyTorch models into wheels.",
-                                     parents=[_common_flags()],
-                                     epilog="`python -m pipeline` is the same command, from a checkout.")
-    parser.set_defaults(verbose=False, quiet=False, json=False)
-    parser.add_argument("--version", action="version", version=f"modelwheel {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="export, compile, verify and package one model spec",
-                                parents=[_common_flags("print one JSON record of the build on stdout "
-                                                       "(docs/how-a-build-works.md#the-json-record)")])
-    build.add_argument("--spec", required=True, action="append",
-                       help="path to a model's spec.toml (or its folder); repeat to build several in parallel")
-    build.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds (default: the machine's cores)")
-    build.add_argument(
-        "--root",
-        default=None,
-        help=f"absolute artifact root the .so is compiled under (default: ${ROOT_ENV} or {DEFAULT_ROOT})",
-    )
-    build.add_argument("--dist", default="dist", help="where the wheel and its report go (default: dist)")
-    build.add_argument("--build-dir", default="build", help="work folder: traces, generated sources (default: build)")
-    build.add_argument("--weights", help="build with this .safetensors file instead of the spec's weights (needs --version)")
-    build.add_argument("--version", help="build as this version instead of the spec's model.version")
-    build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
-    build.add_argument("--overwrite", action="store_true",
-                       help="replace a wheel of the same name in --dist even where its contents differ (default: refused, "
-                            "as that wheel is the one that was tested)")
-    build.add_argument("--target", action="append", choices=TARGET_NAMES,
-                       help="build this target instead of the spec's [build] targets (repeatable)")
-    build.add_argument("--cpu-isa", choices=get_args(CpuIsa), default=None,
-                       help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
-                            "any x86-64 CPU of the last decade (default: $MODELWHEEL_CPU_ISA, else the spec's "
-                            "[build.cpu] isa, else native)")
-    build.add_argument("--keep-debug", action="store_true",
-                       help="ship the .so with its debug info (by default it is stripped with strip --strip-debug: "
-                            "about a quarter of the size)")
-    build.add_argument("--json-out", help=argparse.SUPPRESS)  # where a parallel build's child writes its record
-    doctor = commands.add_parser("doctor", help="check a model against the practices that make compilation work",
-                                 parents=[_common_flags("print one JSON record of the findings on stdout")])
-    doctor.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
-    doctor.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
-    index = commands.add_parser("index", help="the embedded package index (pypiserver on 127.0.0.1)",
-                                parents=[_common_flags()])
-    index.add_argument("action", choices=["start", "stop", "serve"])
-    index.add_argument("--port", type=int, default=None, help="default: 8765; 0 picks a free port")
-    index.add_argument("--data", default="build/index/data", help="where the index keeps its files")
-    index.add_argument("--torch-url", default=None,
-                       help="where torch comes from when the index holds none, {variant} standing for cpu or cuNNN "
-                            "(default: PyTorch's own index, https://download.pytorch.org/whl/{variant}/)")
-    index.add_argument("--fallback-url", default=None,
-                       help="where every other package the index does not hold comes from (default: PyPI; "
-                            "\"\" for nowhere)")
-    publish = commands.add_parser("publish", help="check and upload wheels (building first if needed)",
-                                  parents=[_common_flags("print one JSON record of what was uploaded on stdout")])
-    publish.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
-    publish.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
-    publish.add_argument("--wheel", nargs="+", help="upload these wheels instead of building")
-    publish.add_argument("--index", help=f"index URL (may hold {{target}}); default ${'{'}MODELWHEEL_INDEX_URL{'}'} or the local index")
-    publish.add_argument("--repository", help="a ~/.pypirc section to upload to (may hold {target})")
-    publish.add_argument("--skip-existing", action="store_true",
-                         help="a wheel the index already has byte for byte (same sha256) is left as it is, and the "
-                              "command succeeds: for re-running a release; a different file under its name is still refused")
-    publish.add_argument("--allow-insecure-http", action="store_true",
-                         help="let plain http (and the credentials sent with it) reach a host outside loopback; "
-                              "only for a network you trust, as pip's --trusted-host")
-    publish.add_argument("--dist", default="dist")
-    publish.add_argument("--root", default=None)
-    publish.add_argument("--build-dir", default="build")
-    matrix = commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON",
-                                 parents=[_common_flags()])
-    matrix.add_argument("--spec", action="append", help="a spec.toml to include (repeatable; default: every models/*/spec.toml)")
-    matrix.add_argument("--models", default="models", help="the folder of <model>/spec.toml files (default: models)")
-    matrix.add_argument("--no-containers", action="store_true",
-                        help="run every job on its runner itself, not in the target's container (a local run under act)")
-    return parser
-
 
 def _artifact_root(flag: str | None) -> Path:
     value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
@@ -394,7 +293,7 @@ COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _pub
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())

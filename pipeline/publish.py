@@ -15,26 +15,24 @@ and the build's report where it lies beside the wheel.
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import http.client
 import ipaddress
-import json
 import os
 import re
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import proc
-from .errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
+from .errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
 from .index import read_state
 from .templates import wheel_integrity
+from .wheel_check import read_manifest
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"
 SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
@@ -174,126 +172,6 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
             f"start the local one with `make index`, or set {INDEX_ENV} (and TWINE_USERNAME/TWINE_PASSWORD) for another",
         )
     return Index(upload=state["url"], simple=state["url"] + "{target}/simple/", local=True)
-
-
-def hashed_files(package: str, manifest: dict) -> dict[str, dict]:
-    """Every file the manifest records a sha256 and size for, by its path in the wheel (the same
-    records the installed wheel checks itself against)."""
-    return {f"{package}/{path}": record for path, record in wheel_integrity.packaged_files(manifest).items()}
-
-
-def _member_sha256(archive: zipfile.ZipFile, name: str) -> tuple[int, bytes]:
-    """Size and sha256 of a wheel member, read in blocks (external weights can be several GB)."""
-    digest, size = hashlib.sha256(), 0
-    with archive.open(name) as member:
-        for block in iter(lambda: member.read(1 << 20), b""):
-            digest.update(block)
-            size += len(block)
-    return size, digest.digest()
-
-
-REPORT_HINT = ("the wheel or its report was changed after the build: rebuild, or publish the wheel with the "
-               "report its build wrote (a report left from another build of the same version does not fit)")
-ALTERED_HINT = "the wheel was altered after its build: rebuild it"
-
-
-def read_manifest(wheel: Path) -> dict:
-    """The wheel's manifest, after checking the chain of hashes that ties it to its build: verification
-    passed, every file matches the manifest, every member matches the wheel's RECORD (so the manifest
-    itself is the one built), and the build's report beside the wheel, if any, matches both."""
-    try:
-        archive = zipfile.ZipFile(wheel)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise UnverifiedWheelError(f"{wheel}: not a readable wheel: {exc}", "rebuild it") from exc
-    with archive:
-        names = [n for n in archive.namelist() if n.endswith("/manifest.json") and n.count("/") == 1]
-        if not names:
-            raise UnverifiedWheelError(f"{wheel}: no manifest.json: not a wheel built by this pipeline", "build it with `make build`")
-        package = names[0].split("/")[0]
-        manifest = json.loads(archive.read(names[0]))
-        verification = manifest.get("verification") or {}
-        if verification.get("passed") is not True:
-            raise UnverifiedWheelError(
-                f"{wheel}: its manifest does not record a passed verification", "build it with `make build`, which verifies"
-            )
-        # Every member hashed once: the manifest and RECORD checks both read these.
-        digests = {info.filename: _member_sha256(archive, info.filename) for info in archive.infolist() if not info.is_dir()}
-        _check_manifest_hashes(wheel, package, manifest, digests)
-        _check_record(wheel, archive, digests)
-    _check_report(wheel, manifest)
-    return manifest
-
-
-def _check_manifest_hashes(wheel: Path, package: str, manifest: dict, digests: dict[str, tuple[int, bytes]]) -> None:
-    for name, record in sorted(hashed_files(package, manifest).items()):
-        if name not in digests:
-            raise UnverifiedWheelError(f"{wheel}: {name} is missing", "rebuild the wheel")
-        size, digest = digests[name]
-        if size != record["size"] or digest.hex() != record["sha256"]:
-            raise UnverifiedWheelError(f"{wheel}: {name} does not match the sha256 in its manifest", ALTERED_HINT)
-
-
-def _record_hash(digest: bytes) -> str:
-    """The wheel spec's form of a hash in RECORD: sha256=, urlsafe base64 without padding."""
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tuple[int, bytes]]) -> None:
-    """Every member but RECORD (and its signatures) is listed in RECORD with its own sha256 and
-    size, and RECORD lists nothing the wheel lacks. The manifest's hashes alone prove nothing
-    when the manifest was rewritten too; the build wrote RECORD over every file, manifest included."""
-    records = [name for name in digests if re.fullmatch(r"[^/]+\.dist-info/RECORD", name)]
-    if len(records) != 1:
-        raise UnverifiedWheelError(f"{wheel}: {'no' if not records else 'more than one'} *.dist-info/RECORD",
-                                   "not a wheel as pip builds them: rebuild it with `make build`")
-    record = records[0]
-    try:
-        rows = [row for row in csv.reader(archive.read(record).decode().splitlines()) if row]
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise UnverifiedWheelError(f"{wheel}: its RECORD ({record}) is unreadable: {exc}", ALTERED_HINT) from exc
-    listed = {row[0]: tuple(row[1:3]) for row in rows}
-    unlisted_allowed = {record, record + ".jws", record + ".p7s"}  # RECORD's signatures, as the spec allows
-    wrong, unlisted = [], []
-    for name, (size, digest) in sorted(digests.items()):
-        if name in unlisted_allowed:
-            continue
-        if name not in listed:
-            unlisted.append(name)
-        elif listed[name] != (_record_hash(digest), str(size)):
-            wrong.append(name)
-    missing = sorted(set(listed) - set(digests) - unlisted_allowed)
-    for names, says in ((wrong, "does not match its RECORD entry"), (unlisted, "is not listed in its RECORD"),
-                        (missing, "is listed in its RECORD but not in the wheel")):
-        if names:
-            others = f" (and {len(names) - 1} other file(s): {', '.join(names[1:])})" if len(names) > 1 else ""
-            raise UnverifiedWheelError(f"{wheel}: {names[0]} {says} ({record}){others}", ALTERED_HINT)
-
-
-def _check_report(wheel: Path, manifest: dict) -> None:
-    """Where the build's report lies beside the wheel (as `make build` and the CI hand-off leave
-    them), the wheel must be the file it describes: its sha256 and size, and the same artifacts."""
-    path = wheel.parent / f"{manifest['import_name']}-{manifest['full_version']}.report.json"
-    if not path.is_file():
-        return
-    beside = f"{wheel}: the report beside it ({path})"
-    try:
-        report = json.loads(path.read_text())
-        recorded, artifacts = report["wheel"], report["artifacts"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UnverifiedWheelError(f"{beside} cannot be read as a build report: {exc!r}", REPORT_HINT) from exc
-    if recorded.get("name") != wheel.name:
-        raise UnverifiedWheelError(f"{beside} is for {recorded.get('name')}, not this wheel", REPORT_HINT)
-    actual = {"sha256": wheel_integrity.sha256_file(wheel), "size": wheel.stat().st_size}
-    for key, value in actual.items():
-        if recorded.get(key) != value:
-            raise UnverifiedWheelError(f"{beside} records {key} {recorded.get(key)} for the wheel, the file has {value}", REPORT_HINT)
-    built = manifest["artifacts"]
-    for name in sorted(set(built) | set(artifacts)):
-        mine, theirs = built.get(name) or {}, artifacts.get(name) or {}
-        for key in ("sha256", "size"):
-            if mine.get(key) != theirs.get(key):
-                raise UnverifiedWheelError(f"{beside} records {key} {theirs.get(key)} for artifacts/{name}, "
-                                           f"the wheel's manifest {mine.get(key)}", REPORT_HINT)
 
 
 def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None:
