@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
 from .loader import call_forward, weight_tensors
 from .spec import OutputSpec
-from .templates import wheel_compare, wheel_inputs, wheel_weights
+from .templates import wheel_compare, wheel_inputs, wheel_integrity, wheel_weights
 
 OutputDiff = wheel_compare.OutputDiff
 SEEDS = (0, 1, 2)
@@ -216,9 +215,6 @@ def _to_fp64(tensors):
 # Each .so verification opened -> the sha256 of the bytes it loaded: the manifest's hash of the
 # file must be the same (manifest.py), so the wheel ships what was verified.
 VERIFIED_SHA256: dict[Path, str] = {}
-# Their descriptors stay open while the build runs: dlopen() knows a library by its name first,
-# and a /proc/self/fd/N reused by the next candidate's .so would be handed the earlier library.
-_LOADED_FDS: list[int] = []
 
 
 def open_runner(compiled: Compiled, weights_file: Path | None):
@@ -226,12 +222,9 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     any. The .so is opened once, hashed through that descriptor and loaded through it."""
     target = targets.get(compiled.target)
     fd = os.open(compiled.library, os.O_RDONLY | os.O_CLOEXEC)
-    _LOADED_FDS.append(fd)
-    digest = hashlib.sha256()
-    for block in iter(lambda: os.read(fd, 1 << 20), b""):
-        digest.update(block)
-    runner = target.open_runner(Path(f"/proc/self/fd/{fd}"), kernels=compiled.library.parent)
-    VERIFIED_SHA256[compiled.library] = digest.hexdigest()
+    VERIFIED_SHA256[compiled.library] = wheel_integrity.sha256_fd(fd)
+    # held open as the wheel's loaders hold theirs (dlopen knows a library by its name first)
+    runner = target.open_runner(Path(wheel_integrity.hold(fd)), kernels=compiled.library.parent)
     if weights_file is not None:
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)

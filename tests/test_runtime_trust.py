@@ -163,6 +163,6 @@ def test_two_libraries_loaded_through_descriptors_stay_two(tmp_path):
         source.write_text(f"int value(void) {{ return {value}; }}\n")
         subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
         record = {"sha256": hashlib.sha256(library.read_bytes()).hexdigest(), "size": library.stat().st_size}
-        with wheel_integrity.opened_verified(library, record, hold=True) as loadable:
+        with wheel_integrity.opened_verified(library, record, hold_open=True) as loadable:
             values.append(ctypes.CDLL(loadable).value())
     assert values == [1, 2]

@@ -17,13 +17,17 @@ from ._golden import GoldenMismatch
 from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link, sweep_dangling
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, IncompatibleRuntime, manifest
+from ._trust import UntrustedPath
 
 EXIT_CODES = {GoldenMismatch: 1, IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}
 
 
 def _link(m: dict) -> int:
     check_artifacts(ARTIFACTS_DIR, m, full=True)
-    ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
+    try:
+        ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
+    except UntrustedPath as exc:
+        ok, detail = False, str(exc)
     if ok:
         print(detail)
         for gone in sweep_dangling(Path(m["opt_path"]).parents[1], PACKAGE_DIR.name):

@@ -13,9 +13,19 @@ from pathlib import Path
 from typing import Any
 
 
+def static_library_names(m: dict[str, Any]) -> dict[int, str]:
+    """Each static size's .so by its path in artifacts/ (its key in the manifest's "artifacts")."""
+    return {int(size): record["library"] for size, record in m.get("static", {}).get("sizes", {}).items()}
+
+
 def static_libraries(m: dict[str, Any], directory: Path) -> dict[int, Path]:
     """Each static size's .so under ``directory`` (empty for a wheel without static sizes)."""
-    return {int(size): directory / record["library"] for size, record in m.get("static", {}).get("sizes", {}).items()}
+    return {size: directory / name for size, name in static_library_names(m).items()}
+
+
+def library_names(m: dict[str, Any]) -> list[str]:
+    """Every .so a loader opens (each checked as it is opened, through its own descriptor)."""
+    return [m["library"], *static_library_names(m).values()]
 
 
 def route(m: dict[str, Any], batch: int) -> tuple[int | None, int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,20 @@ def _stamp_dir() -> Path:
 
 
 def sha256_file(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return sha256_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_fd(fd: int) -> str:
+    """The sha256 of what ``fd`` holds, read from its start; it is left at its start again."""
+    os.lseek(fd, 0, os.SEEK_SET)
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for block in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(block)
+    os.lseek(fd, 0, os.SEEK_SET)
     return digest.hexdigest()
 
 
@@ -74,9 +84,11 @@ def packaged_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return files
 
 
-def check_artifacts(directory: Path, manifest: dict[str, Any], *, full: bool = False) -> None:
-    """check_files() on the compiled artifacts (the .so, kernels) in ``directory``."""
-    check_files(directory, manifest["artifacts"], full=full)
+def check_artifacts(directory: Path, manifest: dict[str, Any], *, full: bool = False, skip: Iterable[str] = ()) -> None:
+    """check_files() on the compiled artifacts (the .so, kernels) in ``directory``; ``skip``: the
+    ones the caller checks as it opens them (opened_verified), which would be hashed twice."""
+    left_out = set(skip)
+    check_files(directory, {name: r for name, r in manifest["artifacts"].items() if name not in left_out}, full=full)
 
 
 def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bool = False) -> None:
@@ -91,26 +103,32 @@ def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bo
 _HELD: list[int] = []
 
 
+def hold(fd: int) -> str:
+    """Keep ``fd`` open for the life of the process; returns the name a library is loaded by."""
+    _HELD.append(fd)
+    return f"/proc/self/fd/{fd}"
+
+
 @contextmanager
-def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False, hold: bool = False) -> Iterator[str]:
+def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False, hold_open: bool = False) -> Iterator[str]:
     """``path`` opened once, checked against ``record`` through that descriptor, and yielded as
     ``/proc/self/fd/N`` for the caller to load: what is loaded is what was checked, whatever
-    replaces ``path`` in the meantime (a swapped link, a renamed file). ``hold``: for a library
-    to dlopen, the descriptor stays open (see _HELD)."""
+    replaces ``path`` in the meantime (a swapped link, a renamed file). ``hold_open``: for a
+    library to dlopen, the descriptor stays open (see hold())."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise IntegrityError(f"artifact {path} is missing ({exc.strerror}): reinstall the wheel") from None
-    kept = False
     try:
         _check_descriptor(path, fd, record, full)
         yield f"/proc/self/fd/{fd}"
-        kept = hold
-    finally:
-        if kept:
-            _HELD.append(fd)
-        else:
-            os.close(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if hold_open:
+        hold(fd)
+    else:
+        os.close(fd)
 
 
 def _check_descriptor(path: Path, fd: int, record: dict[str, Any], full: bool) -> None:
@@ -123,13 +141,10 @@ def _check_descriptor(path: Path, fd: int, record: dict[str, Any], full: bool) -
     stamp = _stamp(path, stat, record["sha256"])
     if not full and _stamped(stamp):
         return
-    digest = hashlib.sha256()
-    for block in iter(lambda: os.read(fd, 1 << 20), b""):
-        digest.update(block)
-    os.lseek(fd, 0, os.SEEK_SET)
-    if digest.hexdigest() != record["sha256"]:
+    actual = sha256_fd(fd)
+    if actual != record["sha256"]:
         raise IntegrityError(
-            f"artifact {path} has sha256 {digest.hexdigest()}, the manifest says {record['sha256']}: "
+            f"artifact {path} has sha256 {actual}, the manifest says {record['sha256']}: "
             "the file was altered; reinstall the wheel (pip install --force-reinstall)"
         )
     _write_stamp(stamp)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ._trust import FILE_MODE, FOLDER_MODE, UntrustedPath, check_chain
+from ._trust import FILE_MODE, FOLDER_MODE, check_chain
 
 LOCK_TIMEOUT_S = 60
 
@@ -26,10 +26,10 @@ def points_to(link: Path, target: Path) -> bool:
 
 
 def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
-    """Make ``link`` point at ``target``. Returns (ok, what happened or why it could not)."""
-    untrusted = _untrusted(link.parent)  # before the link is followed, or anything is made beside it
-    if untrusted:
-        return False, untrusted
+    """Make ``link`` point at ``target``. Returns (ok, what happened or why it could not).
+    Raises UntrustedPath, before the link is followed or anything is made beside it, where a
+    folder above it is another user's."""
+    check_chain(link.parent)
     if points_to(link, target):
         return True, f"{link} -> {target} (already in place)"
     try:
@@ -49,14 +49,6 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
         return False, f"timed out after {LOCK_TIMEOUT_S}s waiting for the lock beside {link}"
     except OSError as exc:
         return False, f"cannot write {link}: {exc.strerror or exc}"
-
-
-def _untrusted(folder: Path) -> str | None:
-    try:
-        check_chain(folder)
-    except UntrustedPath as exc:
-        return str(exc)
-    return None
 
 
 def _make_folders(folder: Path) -> None:

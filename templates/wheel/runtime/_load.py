@@ -64,7 +64,7 @@ def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int,
     ``record``: the .so's sha256 and size: it is opened once, checked, and loaded through that
     descriptor, so the file checked is the file loaded."""
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
-    with opened_verified(library, record, hold=True) if record else contextlib.nullcontext(str(library)) as loadable:
+    with opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library)) as loadable:
         if m["target"] == "cuda":
             return _cuda.open_runner(Path(loadable), kernels, device, num_models)
         keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
@@ -173,10 +173,11 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
         else:
             tensors = _weights_from(weights, m, where)  # checked before anything is loaded
     directory = artifacts_dir()
-    check_artifacts(directory, m)
+    check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
     library = directory / m["library"]
+    names = _dispatch.static_library_names(m)
     static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name,
-                                  record=m["artifacts"][m["static"]["sizes"][str(size)]["library"]]), path)
+                                  record=m["artifacts"][names[size]]), path)
               for size, path in _dispatch.static_libraries(m, directory).items()}
     runner = _open_runner(m, library, where, num_models, record=m["artifacts"][m["library"]])
     model = CompiledModel(runner, m, library, where, static)

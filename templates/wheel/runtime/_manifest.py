@@ -16,6 +16,7 @@ from typing import Any
 
 from ._integrity import IntegrityError
 from ._link import ensure_link, sweep_dangling
+from ._trust import UntrustedPath
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
@@ -122,9 +123,10 @@ def artifacts_dir() -> Path:
     if relocatable(m):
         return ARTIFACTS_DIR
     opt_path = Path(m["opt_path"])
-    ok, detail = ensure_link(opt_path, ARTIFACTS_DIR)
-    if not ok and "another user could" in detail:  # a planted folder: worth saying on every start
-        warnings.warn(f"{m['dist_name']}: {detail}; loading from {ARTIFACTS_DIR} instead", UntrustedPathWarning,
+    try:
+        ok, detail = ensure_link(opt_path, ARTIFACTS_DIR)
+    except UntrustedPath as exc:  # a planted folder: worth saying on every start
+        warnings.warn(f"{m['dist_name']}: {exc}; loading from {ARTIFACTS_DIR} instead", UntrustedPathWarning,
                       stacklevel=3)
         return ARTIFACTS_DIR
     if not _swept:  # once per process: links left by `pip uninstall` of other versions of this model

@@ -172,11 +172,6 @@ def _as_c_abi_array(array: np.ndarray) -> np.ndarray:
     return np.require(array, dtype=native, requirements=["C_CONTIGUOUS", "ALIGNED", "ENSUREARRAY"])
 
 
-def _library(m: dict[str, Any], size: int) -> str:
-    """A static size's .so, by its path in artifacts/ (its key in the manifest's artifacts)."""
-    return m["static"]["sizes"][str(size)]["library"]
-
-
 class NumpyModel:
     """Call it like the original module, with numpy arrays: arrays in, an array (or tuple) out.
 
@@ -195,8 +190,9 @@ class NumpyModel:
         self.library = library
         self._constants: dict[str, int] = {}
         # One model per static batch size, each called by route(); last_library: the latest call's .so.
-        self._static = {size: NumpyModel(m, path, num_models, store=store and (store[0], _library(m, size)),
-                                         record=m["artifacts"][_library(m, size)])
+        names = _dispatch.static_library_names(m)
+        self._static = {size: NumpyModel(m, path, num_models, store=store and (store[0], names[size]),
+                                         record=m["artifacts"][names[size]])
                         for size, path in (static or {}).items()}
         self.last_library: Path | None = None
         self._lib = _open_libtorch()
@@ -206,7 +202,7 @@ class NumpyModel:
         load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
         keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
         try:
-            with opened_verified(library, record, hold=True) if record else contextlib.nullcontext(str(library)) as loadable:
+            with opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library)) as loadable:
                 self._model = ctypes.CDLL(loadable)
         except OSError as exc:
             raise NativeRuntimeError(f"cannot open {library}: {exc}") from None
@@ -325,7 +321,7 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
         raise NativeRuntimeError(f"inputs {unsupported} have dtypes numpy has no type for: use load()")
     check_runtime(m, torch_version(), cpu_capability())
     directory = artifacts_dir()
-    check_artifacts(directory, m)
+    check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
     store = None
     if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
         check_files(PACKAGE_DIR, m["constants"])
