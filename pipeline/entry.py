@@ -5,6 +5,7 @@ them forever, past the build's own result, and a CI job would never end)."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -29,13 +30,22 @@ def run() -> NoReturn:
 
 
 def end(code: int) -> NoReturn:
-    """Exit with ``code``: normally, or, where threads the model started are still running,
-    at once, after flushing what was written (the interpreter's exit would wait on them)."""
+    """Exit with ``code``: normally; or, where threads the model started are still running, or
+    the command was stopped by a signal, at once, after flushing what was written."""
+    from .progress import stop_requested
+
     left = [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if not left:
+    if not left and not stop_requested:
         sys.exit(code)
-    logging.getLogger(__name__).info("exiting past %d thread(s) the model left running: %s", len(left), ", ".join(left))
+    if left:  # the interpreter's exit would wait on them
+        logging.getLogger(__name__).info("exiting past %d thread(s) the model left running: %s", len(left), ", ".join(left))
+    else:
+        # A stop that landed while C code ran Python through PyRun_String (torch does, compiling)
+        # leaves CPython's "unhandled KeyboardInterrupt" flag set, though the CLI handled it; the
+        # interpreter's own exit would then kill the process by SIGINT (exit -2), past the code
+        # the CLI chose and printed. The exit handlers still run (torch's compile workers end).
+        atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
