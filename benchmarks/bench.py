@@ -143,14 +143,14 @@ def compile_so(exported, compile_options: dict, path: Path) -> Path:
 def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | None:
     """What bfloat16 autocast would give this model (latency, difference from float32 eager), when
     the search did not ship it: the speed the spec's tolerances leave on the table."""
-    if precision.AUTOCAST_OPTION in manifest["compile_options"] or not precision.bf16_is_native():
+    if precision.AUTOCAST_OPTION in manifest["compile_options"] or not build_targets.get("cpu").bf16_native():
         return None
     say("==> compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)")
     options = {**manifest["compile_options"], "freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE}
     library = compile_so(exported, options, out / "bf16" / "model.so")
     timing = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec, "--mode", "latency",
                        "--batch", 1, "--artifact", library])
-    runner = build_targets.get("cpu").open_runner(library)
+    runner = build_targets.open_runner(build_targets.get("cpu"), library)
     spec_file, diffs = exported.spec_file, {}
     for seed in range(3):
         args = wheel_inputs.make_inputs(spec_inputs(spec_file), {n: 1 for n in spec_file.spec.dims}, seed)

@@ -60,7 +60,7 @@ def open_so(path: str):
     sys.path.insert(0, REPO)
     from pipeline import targets
 
-    return targets.get("cpu").open_runner(path)
+    return targets.open_runner(targets.get("cpu"), path)
 
 
 def eager_module(spec_file):

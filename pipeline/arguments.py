@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-from typing import get_args
 
-from .spec import TARGET_NAMES, CpuIsa
+from . import targets
 
 DEFAULT_ROOT = "/opt/modelwheel"
 ROOT_ENV = "MODELWHEEL_ROOT"
+# The build flags the targets added (parser() fills it): a parallel build passes them on.
+TARGET_FLAGS: list[argparse.Action] = []
 
 
 def _version() -> str:
@@ -58,12 +59,11 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--overwrite", action="store_true",
                        help="replace a wheel of the same name in --dist even where its contents differ (default: refused, "
                             "as that wheel is the one that was tested)")
-    build.add_argument("--target", action="append", choices=TARGET_NAMES,
+    build.add_argument("--target", action="append", choices=targets.names(),
                        help="build this target instead of the spec's [build] targets (repeatable)")
-    build.add_argument("--cpu-isa", choices=get_args(CpuIsa), default=None,
-                       help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
-                            "any x86-64 CPU of the last decade (default: $MODELWHEEL_CPU_ISA, else the spec's "
-                            "[build.cpu] isa, else native)")
+    TARGET_FLAGS.clear()
+    for target in targets.all():  # each target's own flags (the cpu target's --cpu-isa)
+        TARGET_FLAGS.extend(target.add_arguments(build))
     build.add_argument("--keep-debug", action="store_true",
                        help="ship the .so with its debug info (by default it is stripped with strip --strip-debug: "
                             "about a quarter of the size)")

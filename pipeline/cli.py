@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from . import record
-from .arguments import DEFAULT_ROOT, ROOT_ENV, parser
+from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
 from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
@@ -128,7 +128,9 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
     passthrough += ["--keep-debug"] if args.keep_debug else []
-    passthrough += ["--cpu-isa", args.cpu_isa] if args.cpu_isa else []
+    for flag in TARGET_FLAGS:  # each target's own (--cpu-isa)
+        value = getattr(args, flag.dest, None)
+        passthrough += ([flag.option_strings[0]] if flag.nargs == 0 else [flag.option_strings[0], str(value)]) if value else []
     passthrough += ["--overwrite"] if args.overwrite else []
     _check_outputs(args, _artifact_root(args.root))
     jobs = args.jobs or default_jobs(len(args.spec))
@@ -165,14 +167,13 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets
-    from .targets import cpu
 
     from .outdir import check_trusted, output_path
 
     for name in target_names:  # a root another user controls is refused before any work
         check_trusted(output_path(root, spec_file.spec.model.name, spec_file.spec.model.version, name))
-    if cpu.NAME in target_names:  # before torch is imported: it fixes the ISA its kernels use
-        cpu.select_isa(_cpu_isa(args, spec_file.spec.build.cpu.isa))
+    for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
+        targets.get(name).before_torch(spec_file.spec.build.options(name), args)
 
     targets.require_available(target_names)  # before anything is written
     shutil.rmtree(trace_dir, ignore_errors=True)
@@ -191,15 +192,6 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
-
-
-def _cpu_isa(args: argparse.Namespace, from_spec: str) -> str:
-    from .targets import cpu
-
-    from_env = os.environ.get(cpu.ISA_ENV)
-    if from_env and from_env not in cpu.ISA_CHOICES:
-        raise UsageError(f"{cpu.ISA_ENV}={from_env!r} is not a CPU kind", f"set it to one of {', '.join(cpu.ISA_CHOICES)}")
-    return getattr(args, "cpu_isa", None) or from_env or from_spec
 
 
 def _spec_from(args: argparse.Namespace):

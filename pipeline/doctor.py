@@ -313,7 +313,7 @@ def run_doctor(spec_file, loaded, say) -> list[Finding]:
     from .export import check_inputs_fit, check_signature, example_inputs, where_defined
     from .purity import check_purity
 
-    inputs = example_inputs(spec_file)
+    inputs = example_inputs(spec_file, None)  # beside the module as it was loaded
 
     def inputs_fit() -> None:  # before dynamo: a spec error in one paragraph, not a trace of the model
         check_inputs_fit(spec_file, loaded.module, inputs, loaded.source_files)

@@ -174,11 +174,13 @@ def content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def example_inputs(spec_file: SpecFile, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    return tuple(t.to(device) for t in wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED))
+def example_inputs(spec_file: SpecFile, device: str | None) -> tuple[torch.Tensor, ...]:
+    """The seeded example inputs, on ``device`` (None: in host memory, where they are made)."""
+    made = wheel_inputs.make_inputs(spec_inputs(spec_file), export_sizes(spec_file), EXAMPLE_SEED)
+    return tuple(made if device is None else (t.to(device) for t in made))
 
 
-def prepare(spec_file: SpecFile, loaded: LoadedModel, target: str = "cpu") -> Exported:
+def prepare(spec_file: SpecFile, loaded: LoadedModel, target: str) -> Exported:
     """Everything the later stages need but the exported program: inputs, output structure, hashes,
     with the module and inputs on the target's device (AOTInductor compiles for that device).
 

@@ -31,7 +31,7 @@ sha256_file = wheel_integrity.sha256_file
 def local_label(target: str) -> str:
     """Tells wheels of one model version apart by target and torch build: ``cpu.torch2.13.0``,
     ``cu130.torch2.11.0``."""
-    return f"{targets.get(target).variant(torch.version.cuda)}.torch{torch.__version__.split('+')[0]}"
+    return f"{targets.get(target).index_variant()}.torch{torch.__version__.split('+')[0]}"
 
 
 def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned) -> dict[str, Any]:
@@ -47,13 +47,16 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "description": spec.model.description,
         "license": spec.model.license,  # SPDX expression, or None
         "urls": dict(spec.model.urls),  # label -> URL
+        # The runtime opens the model through its target's module (runtime/_targets.py) and
+        # places tensors on the device kind.
         "target": compiled.target,
+        "device": targets.get(compiled.target).DEVICE,
         # The index the wheel is published to and its version's label start with (PyTorch's
         # variant names): publish reads it without importing torch.
-        "variant": targets.get(compiled.target).variant(torch.version.cuda),
+        "variant": targets.get(compiled.target).index_variant(),
         # torch.__version__ can carry a label its distribution lacks (PyPI's CUDA builds report
         # 2.14.1+cu130 for the distribution 2.14.1): the runtime checks the first, pip pins the second.
-        "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch"), "cuda": torch.version.cuda},
+        "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch")},
         **targets.get(compiled.target).manifest_facts(compiled),
         "opt_path": str(compiled.output_dir),
         # Whether the .so runs from wherever it is installed (CPU), or must be reached at opt_path,

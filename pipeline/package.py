@@ -15,10 +15,11 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from . import proc
+from . import proc, targets
 from .errors import PackageError
 from .manifest import dumps, sha256_file
-from .templates import RUNTIME_DIR, WHEEL_TEMPLATE
+from .targets import Target
+from .templates import RUNTIME_DIR, WHEEL_TEMPLATE, wheel_targets
 
 # Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.
 SOURCE_DATE_EPOCH = "315532800"
@@ -49,16 +50,15 @@ def platform_tag(artifacts: list[Path], machine: str) -> str:
     return f"manylinux_2_{newest}_{machine}"
 
 
-def torch_libraries() -> set[str]:
-    """Shared libraries the pinned torch brings (libtorch_cpu.so, libc10.so, its libgomp.so.1, and
-    on CUDA the nvidia-* packages' libraries), plus the NVIDIA driver's libcuda.so.1."""
+def torch_libraries(target: Target) -> set[str]:
+    """Shared libraries the pinned torch brings: libtorch_cpu.so, libc10.so, its libgomp.so.1, and
+    those of the target's torch build (on CUDA, the nvidia-* packages' and the driver's libcuda)."""
     import torch
 
-    roots = [Path(torch.__file__).parent / "lib"] + [Path(p) / "nvidia" for p in sys.path if (Path(p) / "nvidia").is_dir()]
-    return {lib.name for root in roots for lib in root.rglob("*.so*")} | {"libcuda.so.1"}
+    return {lib.name for lib in (Path(torch.__file__).parent / "lib").rglob("*.so*")} | target.provided_libraries()
 
 
-def audited_tag(wheel: Path) -> str:
+def audited_tag(wheel: Path, target: Target) -> str:
     """The platform tag auditwheel gives the wheel (its symbol-version policy: glibc and
     libstdc++), with the libraries torch brings excluded, as pip installs them with the pinned
     torch. A library neither the manylinux baseline nor torch provides is refused."""
@@ -67,7 +67,7 @@ def audited_tag(wheel: Path) -> str:
                       hint="auditwheel could not read the wheel; the output above says why")
     lines = output.splitlines()  # its warnings (a .cubin "with unknown architecture") come first
     facts = json.loads("\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("{")):]))
-    foreign = sorted(set(facts["external_libs"]) - torch_libraries())
+    foreign = sorted(set(facts["external_libs"]) - torch_libraries(target))
     if foreign:
         raise PackageError(f"the compiled model needs shared libraries that neither the manylinux baseline nor torch "
                            f"provides: {', '.join(foreign)}",
@@ -103,7 +103,10 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
     package_dir = staging / manifest["import_name"]
     (package_dir / "artifacts").mkdir(parents=True)
     for source in [*sorted(RUNTIME_DIR.glob("*.py")), RUNTIME_DIR / "py.typed"]:  # py.typed: the runtime is typed
-        shutil.copyfile(source, package_dir / source.name)
+        if not source.name.startswith(wheel_targets.module_name("")):  # every target's but its own
+            shutil.copyfile(source, package_dir / source.name)
+    runtime_side = targets.get(manifest["target"]).RUNTIME_FILE
+    shutil.copyfile(runtime_side, package_dir / f"{wheel_targets.module_name(manifest['target'])}.py")
     for artifact in artifacts:  # static batch sizes' in their own folders (batch<N>/model.so)
         name = artifact.relative_to(manifest["opt_path"]) if artifact.is_relative_to(manifest["opt_path"]) else artifact.name
         (package_dir / "artifacts" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +153,7 @@ def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[
     out_dir = work_dir / "wheel"
     tag = platform_tag(artifacts, manifest["platform"]["machine"])
     wheel = _build_wheel(staging, out_dir, manifest, artifacts, extras, tag)
-    audited = audited_tag(wheel)
+    audited = audited_tag(wheel, targets.get(manifest["target"]))
     if audited != tag:  # e.g. libstdc++'s GLIBCXX_3.4.30 needs glibc 2.35 systems
         tag = audited
         wheel = _build_wheel(staging, out_dir, manifest, artifacts, extras, tag)

@@ -55,19 +55,6 @@ def split_options(options: dict[str, object]) -> tuple[str | None, dict[str, obj
     return inductor.pop(AUTOCAST_OPTION, None), inductor
 
 
-NOT_NATIVE = {
-    "cpu": "this CPU has no native bfloat16 instructions (AVX512-BF16 or AMX): it would run slower",
-    "cuda": "this GPU has no native bfloat16 support (compute capability below 8.0): it would run slower",
-}
-
-
-def bf16_is_native(device: str = "cpu") -> bool:
-    """bfloat16 matmuls run on dedicated instructions here (else they are emulated and slower)."""
-    if device == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 def export_autocast(exported: Exported, dtype_name: str) -> torch.export.ExportedProgram:
     """torch.export of the wrapped model: the autocast region is recorded in the graph."""
     stderr = io.StringIO()

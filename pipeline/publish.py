@@ -26,12 +26,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import proc
 from .errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
 from .index import read_state
-from .templates import wheel_integrity
+from .templates import wheel_integrity, wheel_targets
 from .wheel_check import read_manifest
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"
@@ -309,23 +308,17 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
     return True
 
 
-def index_variant(manifest: dict[str, Any]) -> str:
-    """The per-build index a wheel goes to, as PyTorch's are: ``cpu``, ``cu130``: the variant the
-    manifest records (earlier wheels: the first part of the version's local label)."""
-    return manifest.get("variant") or manifest["full_version"].partition("+")[2].split(".")[0]
-
-
 def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False) -> Published:
     """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
     release); one it holds under the same name with other bytes is refused all the same."""
     manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]  # every wheel checked before any upload
-    check_transport(index, {index_variant(manifest) for _, manifest in manifests})
+    check_transport(index, {wheel_targets.variant(manifest) for _, manifest in manifests})
     for wheel, _ in manifests:
         _twine("check", "--strict", str(wheel), what=f"twine check of {wheel.name}",
                hint="the wheel's metadata is incomplete: rebuild it with this pipeline")
     uploaded, existing, identical = [], [], []
     for wheel, manifest in manifests:
-        target = index_variant(manifest)
+        target = wheel_targets.variant(manifest)
         known = on_index(index, target, manifest["dist_name"])
         if known is not None and wheel.name in known:
             same = skip_existing and published_sha256(index, known[wheel.name]) == wheel_integrity.sha256_file(wheel)

@@ -7,13 +7,15 @@ import re
 import tomllib
 import urllib.parse
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Literal
 
 from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
+from . import targets
 from .errors import SpecError
+from .frozen import Frozen
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
@@ -26,20 +28,7 @@ FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 DESCRIPTION_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
-class _Frozen(BaseModel):
-    # Every number the build computes with is finite (a NaN 'low' passed the 'high > low' check).
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    # Keys added after specs were first hashed (content hash, cache keys, the manifest): left out
-    # of dumps while at their default, so a spec that does not use them hashes as before.
-    _LATE_KEYS: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _omit_unused_late_keys(self, handler: Any) -> Any:
-        data = handler(self)
-        for key in self._LATE_KEYS:
-            if isinstance(data, dict) and key in data and getattr(self, key) == type(self).model_fields[key].default:
-                del data[key]
-        return data
+_Frozen = Frozen
 
 
 # Core metadata's Summary: PyPI and warehouse-compatible indexes refuse a longer one.
@@ -218,47 +207,45 @@ class Tolerance(_Frozen):
     atol: Annotated[float, Field(ge=0)] | None = None
 
 
-class OutputSpec(_Frozen):
-    """``rtol``/``atol`` apply to every target; ``[outputs.cpu]`` / ``[outputs.cuda]`` override them
-    for one (GPU kernels reorder sums differently from CPU ones)."""
+class _OutputBase(_Frozen):
+    """``rtol``/``atol`` apply to every target; ``[outputs.<target>]`` (``[outputs.cuda]``)
+    overrides them for one (GPU kernels reorder sums differently from CPU ones)."""
 
-    _LATE_KEYS = ("cpu", "cuda")
     name: str
     rtol: Annotated[float, Field(ge=0)] | None = None
     atol: Annotated[float, Field(ge=0)] | None = None
-    cpu: Tolerance | None = None
-    cuda: Tolerance | None = None
+
+    def tolerance_for(self, target: str) -> Tolerance | None:
+        return getattr(self, target, None)
 
 
-Target = Literal["cpu", "cuda"]
-TARGET_NAMES = get_args(Target)
-
-
-class CudaBuild(_Frozen):
-    embed_kernels: bool = Field(False, description="put the kernel binaries inside the .so: one file to ship")
-    multi_arch: bool = Field(False, description="also ship PTX, which the driver compiles for GPUs newer than the build's")
-
-
-CpuIsa = Literal["native", "avx2", "avx512"]
-
-
-class CpuBuild(_Frozen):
-    isa: CpuIsa = Field("native", description="the CPU kind the kernels are built for: the build machine's own "
-                                              "(native), or avx2 (any x86-64 CPU of the last decade) or avx512")
-
-
-class BuildSection(_Frozen):
-    _LATE_KEYS = ("cpu", "cuda")
-    targets: list[Target] = Field(["cpu"], min_length=1)
-    cpu: CpuBuild = CpuBuild()
-    cuda: CudaBuild = CudaBuild()
+class _BuildBase(_Frozen):
+    targets: list[str] = Field(["cpu"], min_length=1)
 
     @field_validator("targets")
     @classmethod
-    def _once_each(cls, value: list[str]) -> list[str]:
+    def _known_once_each(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in targets.names()]
+        if unknown:
+            raise ValueError(f"unknown target {unknown[0]!r}: choose from {', '.join(targets.names())}")
         if len(set(value)) != len(value):
             raise ValueError(f"names a target twice: {value}")
         return value
+
+    def options(self, target: str) -> Frozen:
+        """The target's own ``[build.<target>]`` section (its defaults when the spec has none)."""
+        return getattr(self, target)
+
+
+# One optional section per registered target, declared by the target (targets/*.py): a new target
+# adds its keys without an edit here. Left out of dumps at their defaults, as keys added after
+# specs were first hashed are.
+OutputSpec = create_model("OutputSpec", __base__=_OutputBase,
+                          **{t.NAME: (Tolerance | None, None) for t in targets.all()})  # type: ignore[call-overload]
+OutputSpec._LATE_KEYS = tuple(targets.names())
+BuildSection = create_model("BuildSection", __base__=_BuildBase,
+                            **{t.NAME: (t.BUILD_OPTIONS, t.BUILD_OPTIONS()) for t in targets.all()})  # type: ignore[call-overload]
+BuildSection._LATE_KEYS = tuple(targets.names())
 
 
 class CompileSection(_Frozen):

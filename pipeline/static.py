@@ -126,7 +126,7 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
         runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
         inputs = tuple(t.to(exported.device) for t in wheel_inputs.make_inputs(
             spec_inputs(exported.spec_file), {**sizes, dim: batch}, PAD_SEED + batch))
-        with torch.no_grad(), target.reference():
+        with torch.no_grad(), targets.reference(target):
             want = as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
             got = runner.run(wheel_dispatch.pad(list(inputs), to, torch.cat))
         case = f"{dim}={batch} padded to {to}"

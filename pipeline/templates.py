@@ -21,24 +21,33 @@ RUNTIME_DIR = WHEEL_TEMPLATE / "runtime"
 # attribute name -> the runtime module it is.
 SHARED = {
     "wheel_inputs": "_inputs", "wheel_compare": "_compare", "wheel_integrity": "_integrity",
-    "wheel_weights": "_weights", "wheel_cuda": "_cuda", "wheel_preload": "_preload", "wheel_malloc": "_malloc",
+    "wheel_weights": "_weights", "wheel_cuda": "_target_cuda", "wheel_targets": "_targets", "wheel_preload": "_preload", "wheel_malloc": "_malloc",
     "wheel_dispatch": "_dispatch", "wheel_constants": "_constants", "wheel_trust": "_trust",
 }
 
 
 # Runtime modules the shared ones import relatively (``from ._deps import require``): loaded
 # under the name that import looks for here, pipeline.<name>.
-RELATIVE_IMPORTS = ("_deps", "_trust")
+RELATIVE_IMPORTS = ("_deps", "_trust", "_malloc", "_integrity")
 
 
 def _load_runtime_module(name: str) -> ModuleType:
     qualified = f"pipeline.{name}" if name in RELATIVE_IMPORTS else f"pipeline._wheel_{name.lstrip('_')}"
+    return _load(qualified, RUNTIME_DIR / f"{name}.py", helpers=name not in RELATIVE_IMPORTS)
+
+
+def runtime_target(name: str, path: Path) -> ModuleType:
+    """A target's runtime-side module (the wheel's _target_<name>.py), from its file."""
+    return _load(f"pipeline._wheel_target_{name}", path, helpers=True)
+
+
+def _load(qualified: str, path: Path, helpers: bool) -> ModuleType:
     if qualified in sys.modules:
         return sys.modules[qualified]
-    if name not in RELATIVE_IMPORTS:  # the helpers import nothing of each other
+    if helpers:  # the helpers import nothing of each other
         for helper in RELATIVE_IMPORTS:
             _load_runtime_module(helper)
-    spec = importlib.util.spec_from_file_location(qualified, RUNTIME_DIR / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(qualified, path)
     assert spec is not None and spec.loader is not None  # the file ships with this repository
     module = importlib.util.module_from_spec(spec)
     sys.modules[qualified] = module

@@ -115,8 +115,9 @@ def reduced_precision_refusal(exported: Exported) -> str | None:
         return "external weights stay float32 tensors the runtime supplies; reduced precision needs them folded into the .so"
     if "float32" not in exported.output_dtypes:
         return "the model has no float32 output"
-    if not precision.bf16_is_native(exported.device):
-        return precision.NOT_NATIVE[exported.device]
+    target = targets.get(exported.target)
+    if not target.bf16_native():
+        return target.BF16_SLOW
     return screen_autocast(exported)
 
 

@@ -146,7 +146,7 @@ def applied_tolerances(outputs: list[OutputSpec], dtypes: tuple[str, ...], targe
     result = {}
     for index, (output, dtype) in enumerate(zip(outputs, dtypes)):
         defaults = dict(zip(("rtol", "atol"), DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))))
-        layers = ((f"outputs[{index}].{target}", getattr(output, target, None)), (f"outputs[{index}]", output))
+        layers = ((f"outputs[{index}].{target}", output.tolerance_for(target)), (f"outputs[{index}]", output))
         chosen = {}
         for number in ("rtol", "atol"):
             given = [(getattr(holder, number), key) for key, holder in layers if holder is not None and getattr(holder, number) is not None]
@@ -224,7 +224,7 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     fd = os.open(compiled.library, os.O_RDONLY | os.O_CLOEXEC)
     VERIFIED_SHA256[compiled.library] = wheel_integrity.sha256_fd(fd)
     # held open as the wheel's loaders hold theirs (dlopen knows a library by its name first)
-    runner = target.open_runner(Path(wheel_integrity.hold(fd)), kernels=compiled.library.parent)
+    runner = targets.open_runner(target, Path(wheel_integrity.hold(fd)), kernels=compiled.library.parent)
     if weights_file is not None:
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
@@ -283,7 +283,7 @@ def _large_case_against_fp64(exported: Exported, case: Case, diffs, got, eager, 
     names = [d.name for d in diffs]
     if ref64 is None:
         try:
-            with torch.no_grad(), targets.get(exported.target).reference():
+            with torch.no_grad(), targets.reference(targets.get(exported.target)):
                 ref64 = as_tuple(call_forward(_fp64_module(exported), _to_fp64(case.inputs)), exported.returns_tuple)
         except (RuntimeError, TypeError, NotImplementedError):  # an op without float64: the miss stands as it is
             return diffs, {}
@@ -305,7 +305,7 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     reference = "eager float64" if reference_module is not None else target.REFERENCE
     results, golden = [], {}
     for case in verification_cases(exported):
-        with torch.no_grad(), target.reference():
+        with torch.no_grad(), targets.reference(target):
             eager = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
             got = _run_compiled(runner, case, exported)
             eager_error, ref64 = None, None

@@ -54,7 +54,7 @@ def _compile(tmp_path, options: dict, model: nn.Module | None = None, example_si
     with torch.no_grad():
         torch._inductor.aot_compile(program.module(), example, options={
             **options, "fx_graph_cache": False, "aot_inductor.output_path": str(library)})
-    return model, targets.get("cpu").open_runner(library)
+    return model, targets.open_runner(targets.get("cpu"), library)
 
 
 def test_dynamic_batch_convolutions_get_packed_weights_and_match_eager(tmp_path):

@@ -14,7 +14,8 @@ import torch
 from pipeline import targets
 from pipeline.errors import SpecError, TargetUnavailableError
 from pipeline.manifest import local_label
-from pipeline.publish import Index, index_variant
+from pipeline.publish import Index
+from pipeline.templates import wheel_targets
 from pipeline.spec import Tolerance as SpecTolerance
 from pipeline.spec import load_spec
 from pipeline.targets import cuda
@@ -89,8 +90,8 @@ def test_variant_label_and_index_follow_pytorch(monkeypatch):
     public = torch.__version__.split("+")[0]
     assert local_label("cuda") == f"cu130.torch{public}" and local_label("cpu") == f"cpu.torch{public}"
     # The manifest records the variant; a wheel from before it, its version's local label.
-    assert index_variant({"variant": "cu130"}) == "cu130" and index_variant({"variant": "cpu"}) == "cpu"
-    assert index_variant({"full_version": "1.3+cu130.torch2.11.0"}) == "cu130"
+    assert wheel_targets.variant({"variant": "cu130"}) == "cu130" and wheel_targets.variant({"variant": "cpu"}) == "cpu"
+    assert wheel_targets.variant({"full_version": "1.3+cu130.torch2.11.0"}) == "cu130"
     index = Index(upload="http://localhost:8080/", simple="http://localhost:8080/{target}/simple/")
     assert index.upload_url("cu130") == "http://localhost:8080/cu130/"
     assert index.simple_url("cu130") == "http://localhost:8080/cu130/simple/"

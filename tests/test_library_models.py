@@ -260,7 +260,7 @@ def test_keyword_only_forward_argument_under_autocast(tmp_path):
     spec_file = load_spec(keyword_only_model(tmp_path))
     sys.path.insert(0, str(tmp_path))
     try:
-        exported = prepare(spec_file, load_model(spec_file))
+        exported = prepare(spec_file, load_model(spec_file), "cpu")
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("model", None)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pipeline.spec import load_spec
+from pipeline import targets
 from pipeline.targets import cpu
 
 from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
@@ -123,7 +124,7 @@ def test_loops_are_split_for_more_threads_than_the_build_has(tmp_path):
     assert norm, "no group norm kernel in the generated code"
     # The batch loop and the groups' loop are split among threads together: batch 1 uses them all.
     assert "#pragma omp for collapse(" in norm.group(0), norm.group(0)
-    runner = cpu.open_runner(library)
+    runner = targets.open_runner(cpu, library)
     for size in (1, 3):
         x = torch.randn(size, 4, 16, 16)
         with torch.no_grad():

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import precision, tune
+from pipeline import targets, tune
 from pipeline.export import prepare
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
 
 from .conftest import TINY_SPEC, run_cli
 
-needs_bf16 = pytest.mark.skipif(not precision.bf16_is_native(), reason="this CPU has no native bfloat16 instructions")
+needs_bf16 = pytest.mark.skipif(not targets.get("cpu").bf16_native(), reason="this CPU has no native bfloat16 instructions")
 
 
 def tiny_copy(folder: Path, *, search: bool, loose: bool = False, extra_compile: str = "") -> Path:
@@ -51,7 +51,7 @@ def test_search_tries_candidates_and_records_the_choice(tmp_path):
     # the tiny spec's tolerances (1e-5 on logits) leave no room for bfloat16: screened out, not compiled
     assert [c["name"] for c in search["not_tried"]] == ["bf16-autocast"]
     assert "    candidate bf16-autocast: not tried: " in ran.err
-    if precision.bf16_is_native():
+    if targets.get("cpu").bf16_native():
         assert "the spec's tolerances refuse it: eager under bfloat16 autocast, case seed0: output" in ran.err
     passed = [c for c in search["candidates"] if c["passed"]]
     assert passed and all(c["median_ms"] > 0 for c in passed)
@@ -77,7 +77,7 @@ def test_loose_tolerances_admit_the_bf16_candidate_and_tight_ones_refuse_it(tmp_
     found = {}
     for folder, is_loose in ((loose, True), (tight, False)):
         spec_file = load_spec(tiny_copy(folder, search=True, loose=is_loose))
-        found[folder] = tune.candidates(prepare(spec_file, load_model(spec_file)))
+        found[folder] = tune.candidates(prepare(spec_file, load_model(spec_file), "cpu"))
     names, skipped = found[loose]
     assert names[-1] == ("bf16-autocast", {"freezing": True, "autocast": "bfloat16"}) and skipped == []
     names, skipped = found[tight]
@@ -223,7 +223,7 @@ def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
             raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].\nmore")
 
     spec_file = load_spec(TINY_SPEC)
-    exported = prepare(spec_file, load_model(spec_file))
+    exported = prepare(spec_file, load_model(spec_file), "cpu")
     with pytest.raises(VerificationError) as caught:
         _run_compiled(Raising(), Case("batch=min(1)", {"batch": 1}, ()), exported)
     assert caught.value.message == ("the compiled model raised on case batch=min(1) (sizes {'batch': 1}) where eager "

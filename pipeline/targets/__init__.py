@@ -1,18 +1,28 @@
-"""What differs between build targets (CPU, CUDA), behind one interface.
+"""What differs between build targets (CPU, CUDA), behind one interface and one registry.
 
-Each target is a module (``cpu.py``, ``cuda.py``) offering what ``Target`` declares: PEP 544
-lets a module satisfy a Protocol, as cibuildwheel's ``platforms/`` modules do. The rest of the
-pipeline asks ``get(name)`` and never tests a target's name, so a third target (ROCm, say) is
-one new module and one registry entry.
+A target is one module on each side: here, what the build does differently (``cpu.py``,
+``cuda.py``), and in the wheel's runtime, how the model loads (``RUNTIME_FILE``:
+templates/wheel/runtime/_target_<name>.py). PEP 544 lets a module satisfy a Protocol, as
+cibuildwheel's ``platforms/`` modules do. The registry below is the only list of target names:
+the spec, the command line, the release matrix and the manifest ask it, and nothing else tests
+a target's name.
+
+A target from outside this repository registers under the ``modelwheel.targets`` entry-point
+group (``name = "package.module"``); its runtime file ships in the wheels it builds.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.metadata
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
 
 from ..errors import SpecError, TargetUnavailableError
 from . import cpu, cuda
@@ -21,10 +31,12 @@ if TYPE_CHECKING:
     from ..compile import Compiled
     from ..spec import Spec
 
+ENTRY_POINT_GROUP = "modelwheel.targets"
+
 
 class Target(Protocol):
     NAME: str
-    DEVICE: str  # where export, the eager reference and the compiled model run
+    DEVICE: str  # torch's device kind: where export, the eager reference and the compiled model run
     REFERENCE: str  # what verification compares with, as the report and manifest name it
     # Whether a compiled folder still runs after it is copied elsewhere; CUDA kernels are found
     # by the absolute path they were compiled at, so a CUDA .so is compiled where it ships from.
@@ -39,6 +51,15 @@ class Target(Protocol):
     CONTAINER: str
     CONTAINER_OPTIONS: str
     TORCH_VARIANT: str
+    BUILD_OPTIONS: type[BaseModel]  # the spec's [build.<NAME>] section: its keys, defaults and checks
+    RUNTIME_FILE: Path  # the wheel's side of the target (runtime/_targets.py's RuntimeTarget)
+    BF16_SLOW: str  # why bfloat16 autocast is not tried where the device has no native bfloat16
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> list[argparse.Action]:
+        """Command-line flags of its own for ``modelwheel build`` (what add_argument returned)."""
+
+    def before_torch(self, options: Any, args: argparse.Namespace) -> None:
+        """Set up the process for a build of this target before torch is imported."""
 
     def unavailable(self) -> str | None:
         """Why this machine cannot build the target (naming what is missing), or None."""
@@ -59,40 +80,90 @@ class Target(Protocol):
     def machine(self) -> str:
         """The build machine's facts a cached wheel must match to be reused."""
 
-    def variant(self, cuda_version: str | None) -> str:
-        """The wheel's local-label prefix and its index: ``cpu``, ``cu130``."""
+    def index_variant(self) -> str:
+        """The wheel's local-label prefix and its index, from the running torch: ``cpu``, ``cu130``."""
+
+    def provided_libraries(self) -> set[str]:
+        """Shared libraries the target's torch brings beyond torch/lib (the nvidia-* packages')."""
+
+    def bf16_native(self) -> bool:
+        """Whether the device runs bfloat16 natively (else autocast would only slow it down)."""
 
     def manifest_facts(self, compiled: Compiled) -> dict[str, Any]:
         """Top-level manifest entries describing what the wheel needs to run."""
-
-    def open_runner(self, library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
-        """The compiled model as the wheel opens it (for verification and timing); ``kernels``:
-        where its kernel files are, when not beside ``library`` (a /proc/self/fd path)."""
-
-    def reference(self) -> AbstractContextManager[None]:
-        """Settings the eager reference runs under."""
 
     def synchronize(self) -> None:
         """Wait for queued device work (around every timing)."""
 
 
-TARGETS: dict[str, ModuleType] = {"cpu": cpu, "cuda": cuda}
+BUILT_IN: tuple[Target, ...] = (cpu, cuda)
+
+
+@cache
+def registry() -> dict[str, Target]:
+    """Name -> target: the built-in ones, then those installed packages register."""
+    found: dict[str, Target] = {target.NAME: target for target in BUILT_IN}
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        module: Target = importlib.import_module(entry.value)  # type: ignore[assignment]  # checked below
+        missing = [name for name in Target.__annotations__ if not hasattr(module, name)]
+        missing += [name for name in _METHODS if not callable(getattr(module, name, None))]
+        if missing or module.NAME != entry.name or module.NAME in found:
+            raise SpecError(f"target {entry.name!r} ({entry.value}, entry point group {ENTRY_POINT_GROUP}) is not a "
+                            f"target: " + (f"it lacks {', '.join(missing)}" if missing else
+                                           f"its NAME is {module.NAME!r}, or another target has that name"),
+                            "see pipeline/targets/__init__.py's Target for what a target module defines")
+        found[module.NAME] = module
+    return found
+
+
+_METHODS = [name for name, value in vars(Target).items() if callable(value) and not name.startswith("_")]
+
+
+def names() -> list[str]:
+    return list(registry())
+
+
+def all() -> list[Target]:  # noqa: A001  # targets.all(), as the registry reads
+    return list(registry().values())
 
 
 def get(name: str) -> Target:
     try:
-        return TARGETS[name]  # type: ignore[return-value]  # a module satisfying the Protocol
+        return registry()[name]
     except KeyError:
-        raise SpecError(f"unknown target {name!r}", f"choose from {', '.join(sorted(TARGETS))}") from None
+        raise SpecError(f"unknown target {name!r}", f"choose from {', '.join(names())}") from None
 
 
-def require_available(names: list[str]) -> None:
+def require_available(chosen: list[str]) -> None:
     """Refuse, before anything is written, a target this machine cannot build."""
-    for name in names:
+    for name in chosen:
         reason = get(name).unavailable()
         if reason:
-            others = [t for t in TARGETS if t != name and get(t).unavailable() is None]
+            others = [t for t in names() if t != name and get(t).unavailable() is None]
             raise TargetUnavailableError(
                 f"cannot build target {name!r} here: {reason}",
                 f"build it on a machine that has what is missing{f', or build {others[0]!r} here with --target {others[0]}' if others else ''}",
             )
+
+
+def runtime(target: Target) -> Any:
+    """The target's runtime-side module (runtime/_targets.py's RuntimeTarget), loaded from the
+    file the wheel ships: the build opens and checks models exactly as the wheel will."""
+    from ..templates import runtime_target
+
+    return runtime_target(target.NAME, target.RUNTIME_FILE)
+
+
+def open_runner(target: Target, library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
+    """The compiled model as the wheel opens it (for verification and timing); ``kernels``: where
+    its kernel files are, when not beside ``library`` (a /proc/self/fd path)."""
+    from ..templates import wheel_preload
+
+    wheel_preload.load_cxx_runtime()
+    side = runtime(target)
+    return side.open_runner(library, kernels or library.parent, side.device(None), num_models)
+
+
+def reference(target: Target) -> AbstractContextManager[None]:
+    """The settings the eager reference runs under (TF32 off on a GPU), as the wheel's verify() does."""
+    return runtime(target).reference()

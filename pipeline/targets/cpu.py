@@ -7,13 +7,18 @@ need no torch (``matrix``, ``publish``).
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import os
 import platform
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import Field
+
+from ..errors import UsageError
+from ..frozen import Frozen
+from ..templates import RUNTIME_DIR
 
 if TYPE_CHECKING:
     from ..compile import Compiled
@@ -45,6 +50,31 @@ VEC_ISA_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "none": "DEFAULT"}
 ISA_CHOICES = ("native", "avx2", "avx512")
 ISA_ENV = "MODELWHEEL_CPU_ISA"
 _ONEDNN_ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE"}
+RUNTIME_FILE = RUNTIME_DIR / "_target_cpu.py"
+BF16_SLOW = "this CPU has no native bfloat16 instructions (AVX512-BF16 or AMX): it would run slower"
+
+
+class BUILD_OPTIONS(Frozen):  # noqa: N801  # the Target protocol's name for it
+    """The spec's [build.cpu] section."""
+
+    isa: Literal["native", "avx2", "avx512"] = Field(
+        "native", description="the CPU kind the kernels are built for: the build machine's own (native), or avx2 (any "
+                              "x86-64 CPU of the last decade) or avx512")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [parser.add_argument("--cpu-isa", choices=ISA_CHOICES, default=None,
+                        help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
+                             f"any x86-64 CPU of the last decade (default: ${ISA_ENV}, else the spec's [build.cpu] isa, "
+                             "else native)")]
+
+
+def before_torch(options: BUILD_OPTIONS, args: argparse.Namespace) -> None:
+    """The CPU kind is fixed before torch is imported: it decides the ISA its kernels use."""
+    from_env = os.environ.get(ISA_ENV)
+    if from_env and from_env not in ISA_CHOICES:
+        raise UsageError(f"{ISA_ENV}={from_env!r} is not a CPU kind", f"set it to one of {', '.join(ISA_CHOICES)}")
+    select_isa(getattr(args, "cpu_isa", None) or from_env or options.isa)
 
 
 def select_isa(isa: str) -> None:
@@ -115,8 +145,18 @@ def machine() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def variant(cuda_version: str | None) -> str:
+def index_variant() -> str:
     return TORCH_VARIANT
+
+
+def provided_libraries() -> set[str]:
+    return set()
+
+
+def bf16_native() -> bool:
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def manifest_facts(compiled: Compiled) -> dict[str, Any]:
@@ -132,22 +172,6 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
             "glibc": platform.libc_ver()[1],
         },
     }
-
-
-def open_runner(library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
-    """The .so opened as the wheel's load() opens it, so what the build times and verifies is what ships."""
-    import torch
-
-    from ..templates import wheel_malloc, wheel_preload
-
-    wheel_preload.load_cxx_runtime()
-    wheel_malloc.keep_freed_memory()
-    return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
-
-
-@contextlib.contextmanager
-def reference() -> Iterator[None]:
-    yield
 
 
 def synchronize() -> None:

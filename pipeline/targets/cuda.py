@@ -7,13 +7,17 @@ The .so records the absolute path of every kernel file, so it is compiled where 
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import platform
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..templates import wheel_cuda, wheel_preload
+from pydantic import Field
+
+from ..frozen import Frozen
+from ..templates import RUNTIME_DIR, wheel_cuda
 
 if TYPE_CHECKING:
     from ..compile import Compiled
@@ -34,6 +38,23 @@ RELOCATABLE = False
 SHARED_CONSTANTS = False
 EMBED_OPTION = "aot_inductor.embed_kernel_binary"
 MULTI_ARCH_OPTION = "aot_inductor.emit_multi_arch_kernel"
+RUNTIME_FILE = RUNTIME_DIR / "_target_cuda.py"
+BF16_SLOW = "this GPU has no native bfloat16 support (compute capability below 8.0): it would run slower"
+
+
+class BUILD_OPTIONS(Frozen):  # noqa: N801  # the Target protocol's name for it
+    """The spec's [build.cuda] section."""
+
+    embed_kernels: bool = Field(False, description="put the kernel binaries inside the .so: one file to ship")
+    multi_arch: bool = Field(False, description="also ship PTX, which the driver compiles for GPUs newer than the build's")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return []
+
+
+def before_torch(options: BUILD_OPTIONS, args: argparse.Namespace) -> None:
+    pass
 
 
 def unavailable() -> str | None:
@@ -57,7 +78,8 @@ def unavailable() -> str | None:
 
 
 def compile_options(spec: Spec) -> dict[str, object]:
-    return {EMBED_OPTION: spec.build.cuda.embed_kernels, MULTI_ARCH_OPTION: spec.build.cuda.multi_arch}
+    options: BUILD_OPTIONS = spec.build.options(NAME)
+    return {EMBED_OPTION: options.embed_kernels, MULTI_ARCH_OPTION: options.multi_arch}
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
@@ -90,8 +112,22 @@ def machine() -> str:
     return f"{torch.cuda.get_device_name()}|sm_{major}{minor}|cuda {torch.version.cuda}|driver {wheel_cuda.driver_cuda_version()}"
 
 
-def variant(cuda_version: str | None) -> str:
-    return wheel_cuda.variant(cuda_version)
+def index_variant() -> str:
+    import torch
+
+    return wheel_cuda.variant(torch.version.cuda)
+
+
+def provided_libraries() -> set[str]:
+    """The nvidia-* packages' libraries (pip installs them with the pinned torch) and the driver's libcuda."""
+    roots = [Path(p) / "nvidia" for p in sys.path if (Path(p) / "nvidia").is_dir()]
+    return {lib.name for root in roots for lib in root.rglob("*.so*")} | {"libcuda.so.1"}
+
+
+def bf16_native() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_bf16_supported())
 
 
 def manifest_facts(compiled: Compiled) -> dict[str, Any]:
@@ -110,19 +146,6 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
             "kernels": sorted(p.name for p in compiled.artifacts if p.suffix in wheel_cuda.KERNEL_SUFFIXES),
         },
     }
-
-
-def open_runner(library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
-    """``kernels``: the folder of the kernel files (default: the library's own; verification
-    loads the .so through /proc/self/fd and names the folder)."""
-    import torch
-
-    wheel_preload.load_cxx_runtime()
-    return wheel_cuda.open_runner(library, kernels or library.parent, f"cuda:{torch.cuda.current_device()}", num_models)
-
-
-def reference() -> contextlib.AbstractContextManager[None]:
-    return wheel_cuda.exact_float32()
 
 
 def synchronize() -> None:

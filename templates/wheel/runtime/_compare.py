@@ -33,7 +33,7 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol:
     if got.shape != want.shape or got.dtype != want.dtype:
         problem = f"got {tuple(got.shape)} {got.dtype}, expected {tuple(want.shape)} {want.dtype}"
         return OutputDiff(name, float("inf"), float("inf"), rtol, atol, False, problem)
-    got64, want64 = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
+    got64, want64 = got.detach().cpu().to(torch.float64), want.detach().cpu().to(torch.float64)
     if got64.numel() == 0:
         return OutputDiff(name, 0.0, 0.0, rtol, atol, True)
     both_nan = got64.isnan() & want64.isnan()

@@ -27,7 +27,7 @@ class GoldenMismatch(AssertionError):
     """The installed model's outputs differ from the recorded eager outputs beyond tolerance."""
 
 
-def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: str = "cpu",
+def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: str,
                cases: list[str] | None = None) -> list[GoldenResult]:
     """``cases``: default the dynamic model's (manifest["golden"]["cases"]); a static size's are
     named ``batch<N>/golden<i>``."""

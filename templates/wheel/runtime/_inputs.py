@@ -43,7 +43,7 @@ def check_inputs(
     inputs: Sequence[Mapping[str, Any]],
     dims: Mapping[str, Mapping[str, int]],
     args: Sequence[object],
-    device: str = "cpu",
+    device: str,
 ) -> None:
     """Raise ValueError naming the argument when ``args`` do not fit the input specs."""
     import torch

@@ -6,31 +6,28 @@ Imports torch and nothing of its compiler stack (torch._inductor, torch._dynamo)
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from . import _cuda, _describe, _dispatch
+from . import _describe, _dispatch, _targets
 from ._constants import Store
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts, check_files, opened_verified, weights_record
-from ._malloc import keep_freed_memory
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
 from ._weights import WeightsMismatch, check_weights, load_into, read_weights
 
 
 def _device(m: dict[str, Any], device: str | torch.device | None) -> str:
-    """The device this wheel's model runs on: ``cpu`` for a CPU wheel, ``cuda:N`` for a CUDA one."""
-    if m["target"] == "cuda":
-        return _cuda.resolve_device(None if device is None else str(device))
-    if device is not None and str(device) != "cpu":
-        raise ValueError(f"device {str(device)!r}: {m['dist_name']} {m['full_version']} is a CPU build; install its CUDA wheel to run on a GPU")
-    return "cpu"
+    """The device this wheel's model runs on, as its target resolves it (``cpu``, ``cuda:N``)."""
+    try:
+        return _targets.for_manifest(m).device(None if device is None else str(device))
+    except ValueError as exc:
+        raise ValueError(f"{m['dist_name']} {m['full_version']}: {exc}") from None
 
 
 def example_inputs(seed: int = 0, *, device: str | torch.device | None = None, **sizes: int) -> tuple[torch.Tensor, ...]:
@@ -64,11 +61,11 @@ def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int,
     ``record``: the .so's sha256 and size: it is opened once, checked, and loaded through that
     descriptor, so the file checked is the file loaded."""
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
-    with opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library)) as loadable:
-        if m["target"] == "cuda":
-            return _cuda.open_runner(Path(loadable), kernels, device, num_models)
-        keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
-        return torch._C._aoti.AOTIModelContainerRunnerCpu(loadable, num_models)
+    target = _targets.for_manifest(m)
+    if record is None:
+        return target.open_runner(library, kernels, device, num_models)
+    with opened_verified(library, record, hold_open=True) as loadable:
+        return target.open_runner(Path(loadable), kernels, device, num_models)
 
 
 _BY_BATCH = -1  # CompiledModel._run: pick the model by the batch of the call
@@ -163,8 +160,8 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     if weights is not None and not external:
         raise WeightsMismatch(_EMBEDDED.format(**m))
     where = _device(m, device)
-    gpu_problems = _cuda.problems(m, device=where, **_cuda.device_facts(where)) if m["target"] == "cuda" else []
-    check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability(), gpu_problems)
+    check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability(),
+                  _targets.for_manifest(m).problems_here(m, where))
     tensors = None
     if external:
         if weights is None:  # the packaged file: read (memory-mapped) through the descriptor its hash was checked on
@@ -196,7 +193,7 @@ def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
     m = manifest()
     model = model or load()
     # the golden outputs were recorded under the build's reference settings (TF32 off on a GPU)
-    settings = _cuda.exact_float32() if m["target"] == "cuda" else contextlib.nullcontext()
+    settings = _targets.for_manifest(m).reference()
     # read through the descriptor its hash was checked on
     with opened_verified(PACKAGE_DIR / m["golden"]["file"], m["golden"], full=True) as opened, settings:
         golden = Path(opened)  # the dynamic model's cases on it, each static size's on that size's model

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._integrity import IntegrityError
+from ._targets import variant
 from ._link import ensure_link, sweep_dangling
 from ._trust import UntrustedPath
 
@@ -78,11 +79,6 @@ def incompatibilities(m: dict[str, Any], torch_version: str, cpu_capability: str
     return problems
 
 
-def variant(m: dict[str, Any]) -> str:
-    """PyTorch's name for the torch build the wheel pins (``cpu``, ``cu130``): its index's name."""
-    return m.get("variant") or m["full_version"].partition("+")[2].split(".")[0]
-
-
 def _cpu_kind_problem(have: str, needed: str) -> str:
     forced = os.environ.get("ATEN_CPU_CAPABILITY", "")
     why = (f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks" if forced.upper() == have
@@ -109,9 +105,8 @@ def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gp
 
 
 def relocatable(m: dict[str, Any]) -> bool:
-    """Whether the .so runs from the installed package as it is (CPU builds); manifests from
-    before the build recorded it: a CPU wheel is."""
-    return bool(m.get("relocatable", m["target"] == "cpu"))
+    """Whether the .so runs from the installed package as it is (CPU builds), as the build recorded."""
+    return bool(m["relocatable"])
 
 
 def artifacts_dir() -> Path:

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import _describe, _dispatch
+from . import _describe, _dispatch, _targets
 from ._deps import require
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
@@ -208,7 +208,7 @@ class NumpyModel:
             raise NativeRuntimeError(f"cannot open {library}: {exc}") from None
         self._container = _handle()
         self._call("AOTInductorModelContainerCreateWithDevice", "opening the model",
-                   ctypes.byref(self._container), ctypes.c_size_t(num_models), b"cpu", None)
+                   ctypes.byref(self._container), ctypes.c_size_t(num_models), m["device"].encode(), None)
         count = ctypes.c_size_t()
         self._call("AOTInductorModelContainerGetNumOutputs", "reading the model", self._container, ctypes.byref(count))
         self._num_outputs = count.value
@@ -307,7 +307,7 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     For processes that do not otherwise use PyTorch: start-up skips ``import torch`` (about a
     second). Models with external weights need ``load()``, which can hand the weights over."""
     m = manifest()
-    if m["target"] != "cpu":
+    if not _targets.for_manifest(m).NUMPY:
         raise NativeRuntimeError(
             f"{m['dist_name']} {m['full_version']} is a {m['target'].upper()} build; load_numpy() runs CPU builds only: use load()"
         )

@@ -1,7 +1,9 @@
-"""CUDA wheels: what the GPU, driver and torch must be for the kernels to run, and opening the .so.
+"""The runtime side of the CUDA target (_targets.py): what the GPU, driver and torch must be for
+the kernels to run, the device a call runs on, and opening the .so.
 
-Shared, like _inputs.py, by the build (the cuda target records these facts in the manifest) and
-the wheel (load() checks them). Imports torch only inside the functions that need it.
+Shared, like _inputs.py, by the build (pipeline/targets/cuda.py records these facts in the
+manifest, and opens and checks the model through this file) and the wheel (load() checks them).
+Imports torch only inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from typing import Any
 # newest CUDA a driver supports, so a driver is new enough when it reports at least major.0.
 MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 KERNEL_SUFFIXES = (".cubin", ".fatbin", ".ptx")
+# The .so records the absolute path of its kernel files: it runs where it was compiled (the /opt
+# link), or with its installed kernel folder passed as cubin_dir (open_runner).
+RELOCATABLE = False
+NUMPY = False  # load_numpy()'s C interface runs host (CPU) models only
 
 
 def variant(cuda_version: str | None) -> str:
@@ -112,6 +118,11 @@ def device_facts(device: str) -> dict[str, Any]:
     return facts
 
 
+def problems_here(m: dict[str, Any], device: str) -> list[str]:
+    """Why this CUDA wheel cannot run on ``device`` in this process ([] if it can)."""
+    return problems(m, device=device, **device_facts(device))
+
+
 def resolve_device(device: str | None) -> str:
     """``None`` or ``"cuda"`` -> the current CUDA device as ``cuda:N``; ``"cuda:N"`` as given."""
     import torch
@@ -133,6 +144,18 @@ def open_runner(library: Path, kernel_dir: Path, device: str, num_models: int) -
     import torch
 
     return torch._C._aoti.AOTIModelContainerRunnerCuda(str(library), num_models, device, str(kernel_dir))
+
+
+def device(asked: str | None) -> str:
+    """The device a call runs on: the current GPU, or the one asked for (``cuda:1``)."""
+    return resolve_device(asked)
+
+
+@contextlib.contextmanager
+def reference() -> Iterator[None]:
+    """The settings the build's reference and the golden outputs were recorded under."""
+    with exact_float32():
+        yield
 
 
 @contextlib.contextmanager

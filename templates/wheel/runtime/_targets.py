@@ -1,0 +1,58 @@
+"""The runtime's table of targets: what differs between wheels of different targets when they
+load, one module per target (``_target_<name>.py``), as the build has one per target in
+pipeline/targets/. A wheel ships its own target's module; its manifest names the target.
+
+Imports neither torch nor numpy: load_numpy() asks it too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from ._integrity import IntegrityError
+
+
+class RuntimeTarget(Protocol):
+    RELOCATABLE: bool  # whether the .so runs from the installed package as it is
+    NUMPY: bool  # whether load_numpy()'s C interface (host memory) can run it
+
+    def device(self, asked: str | None) -> str:
+        """The device calls run on (``cpu``, ``cuda:0``); ValueError for one this wheel cannot use."""
+
+    def problems_here(self, m: dict[str, Any], device: str) -> list[str]:
+        """Why the model cannot run on ``device`` in this process, each with its fix; [] if it can."""
+
+    def open_runner(self, library: Path, kernel_dir: Path, device: str, num_models: int) -> Any:
+        """torch's AOTInductor runner for the .so at ``library`` (its kernel files in ``kernel_dir``)."""
+
+    def reference(self) -> AbstractContextManager[None]:
+        """The settings the golden outputs were recorded under."""
+
+
+def for_manifest(m: dict[str, Any]) -> RuntimeTarget:
+    name = m["target"]
+    qualified = f"{__package__}.{module_name(name)}"
+    try:
+        if not name.isidentifier():
+            raise ModuleNotFoundError(name=qualified)
+        return cast(RuntimeTarget, importlib.import_module(qualified))
+    except ModuleNotFoundError as exc:
+        if exc.name != qualified:  # a package the target's module needs: that message says which
+            raise
+        raise IntegrityError(f"{m['dist_name']} {m['full_version']} is built for target {name!r}, but its runtime "
+                             f"module {module_name(name)}.py is missing: the installed package is damaged; reinstall it "
+                             f"(pip install --force-reinstall {m['dist_name']})") from None
+
+
+def variant(m: dict[str, Any]) -> str:
+    """PyTorch's name for the torch build the wheel pins (``cpu``, ``cu130``): the index it is
+    published to, and its torch's. Wheels from before the manifest recorded it: the first part of
+    the version's local label."""
+    return m.get("variant") or m["full_version"].partition("+")[2].split(".")[0]
+
+
+def module_name(target: str) -> str:
+    return f"_target_{target}"
