@@ -70,7 +70,7 @@ def _raw(tensor: torch.Tensor) -> tuple[bytes, dict]:
         return data, {"layout": "mkldnn", "dtype": dtype, "shape": list(tensor.shape), "stride": [0] * tensor.dim(),
                       "offset": 0, "md": md}
     storage = tensor.untyped_storage()
-    cpu = storage.cpu() if storage.device.type != "cpu" else storage
+    cpu = storage.cpu()  # itself when already in host memory
     data = bytes((ctypes.c_ubyte * cpu.nbytes()).from_address(cpu.data_ptr())) if cpu.nbytes() else b""
     return data, {"layout": "strided", "dtype": dtype, "shape": list(tensor.shape), "stride": list(tensor.stride()),
                   "offset": tensor.storage_offset()}

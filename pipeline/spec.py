@@ -220,7 +220,7 @@ class _OutputBase(_Frozen):
 
 
 class _BuildBase(_Frozen):
-    targets: list[str] = Field(["cpu"], min_length=1)
+    targets: list[str] = Field(default_factory=lambda: [targets.DEFAULT], min_length=1)
 
     @field_validator("targets")
     @classmethod

@@ -97,6 +97,7 @@ class Target(Protocol):
 
 
 BUILT_IN: tuple[Target, ...] = (cpu, cuda)
+DEFAULT = cpu.NAME  # what a spec without [build] targets builds
 
 
 @cache

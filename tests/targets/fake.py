@@ -1,0 +1,91 @@
+"""A third build target, for the tests only: the whole of its build side, in one file.
+
+It runs on the host, as the cpu target does (it borrows the cpu target's compile), but it has its
+own name, runner, container, index variant, [build.fake] section, flag and runtime module
+(``_target_fake.py``, beside it). tests/test_targets.py registers it as an installed package
+would (a ``modelwheel.targets`` entry point) and builds, lists, installs and loads it: no file
+of pipeline/ or templates/ names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from pipeline.frozen import Frozen
+from pipeline.targets import cpu
+
+NAME = "fake"
+DEVICE = cpu.DEVICE  # the host: the fake device is a CPU in disguise
+REFERENCE = "eager, on the fake device"
+RELOCATABLE = True
+SHARED_CONSTANTS = True
+RUNNER: str | list[str] = ["self-hosted", "fake-accelerator"]
+CONTAINER = "registry.example.org/fake-builder:1"
+CONTAINER_OPTIONS = "--device /dev/fake0"
+TORCH_VARIANT = cpu.TORCH_VARIANT  # its torch is the CPU build
+RUNTIME_FILE = Path(__file__).with_name("_target_fake.py")
+BF16_SLOW = "the fake device has no bfloat16"
+_chosen = {"label": "plain"}
+
+
+class BUILD_OPTIONS(Frozen):  # noqa: N801
+    """The spec's [build.fake] section."""
+
+    label: str = Field("plain", pattern=r"^[a-z]+$", description="a word the manifest records")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [parser.add_argument("--fake-label", default=None, help="the fake target's label (default: [build.fake] label)")]
+
+
+def before_torch(options: BUILD_OPTIONS, args: argparse.Namespace) -> None:
+    _chosen["label"] = getattr(args, "fake_label", None) or options.label
+
+
+def unavailable() -> str | None:
+    return None
+
+
+def compile_options(spec: Any) -> dict[str, object]:
+    return cpu.compile_options(spec)
+
+
+def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
+    return {}
+
+
+def ships(path: Path, options: Mapping[str, object]) -> bool:
+    return path.suffix == ".so"
+
+
+def key_facts(compile_dir: Path) -> tuple[str, ...]:
+    return (*cpu.key_facts(compile_dir), NAME)
+
+
+def machine() -> str:
+    return f"fake|{cpu.machine()}"
+
+
+def index_variant() -> str:
+    return "fake"
+
+
+def provided_libraries() -> set[str]:
+    return set()
+
+
+def bf16_native() -> bool:
+    return False
+
+
+def manifest_facts(compiled: Any) -> dict[str, Any]:
+    return {**cpu.manifest_facts(compiled), "fake": {"label": _chosen["label"]}}
+
+
+def synchronize() -> None:
+    pass
