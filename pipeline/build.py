@@ -24,13 +24,15 @@ from .compile import Compiled, find_cxx, find_strip
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .tune import Tuned
 from .doctor import run_doctor
-from .export import content_hash, export_program, prepare
-from .loader import load_model
+from .export import Exported, content_hash, export_program, prepare
+from .layout import WorkLayout
+from .loader import LoadedModel, load_model
 from .manifest import build_manifest, sha256_file
 from .outdir import claim_output_dir, output_path, signals_deferred
 from .package import Wheel, package_wheel
 from .progress import Progress, check_stop, stop_requested
 from .spec import SpecFile
+from .targets import Target
 from .verify import Verified, verify_model, write_weights
 from .writable import NO_ROOM, NOT_ALLOWED, made_folders, remove_if_empty, sweep_partials, write_error
 
@@ -42,38 +44,64 @@ class BuildResult:
     report: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class BuildContext:
+    """One target's build of one spec: what it builds, where it reads and writes, and with what.
+    The folders come from the layouts (layout.py, outdir.output_path), spelled nowhere else."""
+
+    spec_file: SpecFile
+    target: Target
+    work_dir: Path  # build/<model>/<version>/<target>/
+    out_dir: Path  # <root>/<model>/<version>/<target>/: where the .so is compiled and ships from
+    dist_dir: Path
+    store: cache.Cache
+    progress: Progress
+    overwrite: bool  # replace a wheel of the same name in dist/ even where its contents differ
+    keep_debug: bool  # ship the .so files with their debug info (--keep-debug)
+
+
+@dataclass(frozen=True)
+class Packaged:
+    wheel: Wheel
+    manifest: dict[str, Any]
+    statics: list  # static.SizeBuild per static batch size ([] without [dims.*] static)
+    padding: Any
+
+
 def build(
-    spec_file: SpecFile, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress, use_cache: bool = True,
+    spec_file: SpecFile, *, root: Path, dist_dir: Path, layout: WorkLayout, progress: Progress, use_cache: bool = True,
     target_names: list[str] | None = None, overwrite: bool = False, keep_debug: bool = False,
 ) -> list[BuildResult]:
-    """Build every target the spec names (or ``target_names``, from --target), one wheel each.
-    ``overwrite``: replace a wheel of the same name in dist/ even where its contents differ;
-    ``keep_debug`` (--keep-debug) ships the .so files with their debug info."""
+    """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
     names = target_names or list(spec_file.spec.build.targets)
     targets.require_available(names)
+    model = spec_file.spec.model
     results: list[BuildResult] = []
     try:
-        for target in names:
-            results.append(build_target(spec_file, target, root=root, dist_dir=dist_dir, build_dir=build_dir,
-                                        progress=progress, store=cache.Cache(build_dir / "cache", reuse=use_cache),
-                                        overwrite=overwrite, keep_debug=keep_debug))
+        for name in names:
+            context = BuildContext(
+                spec_file=spec_file, target=targets.get(name), work_dir=layout.work_dir(model.name, model.version, name),
+                out_dir=output_path(root, model.name, model.version, name), dist_dir=dist_dir,
+                store=cache.Cache(layout.cache_dir, reuse=use_cache), progress=progress, overwrite=overwrite,
+                keep_debug=keep_debug)
+            results.append(build_target(context))
     except KeyboardInterrupt:
-        raise interrupted(spec_file, build_dir, root, dist_dir, results) from None
+        raise interrupted(spec_file, layout, root, dist_dir, results) from None
     except (PipelineError, OSError) as exc:
         if stop_requested:  # e.g. the C++ compiler killed by the same Ctrl-C: report the stop, not its side effect
-            raise interrupted(spec_file, build_dir, root, dist_dir, results) from None
+            raise interrupted(spec_file, layout, root, dist_dir, results) from None
         if isinstance(exc, OSError) and (exc.filename or exc.errno in NO_ROOM + NOT_ALLOWED):
             raise write_error(exc) from exc
         raise
     return results
 
 
-def interrupted(spec_file: SpecFile, build_dir: Path, root: Path, dist_dir: Path,
+def interrupted(spec_file: SpecFile, layout: WorkLayout, root: Path, dist_dir: Path,
                 finished: list[BuildResult]) -> BuildInterrupted:
     """What the stopped build left, exactly: the work files it keeps, and any wheel it finished
     before the stop. The root, dist/ and the build cache hold nothing of the unfinished target."""
     model = spec_file.spec.model
-    work = build_dir / model.name / model.version
+    work = layout.model_dir(model.name, model.version)
     name = stop_requested[0] if stop_requested else "SIGINT"
     kept = (f"its work files in {work}/ (trace, generated sources so far, the work folder's lock) are kept for "
             f"inspection; the next build of {model.name} {model.version} replaces them" if work.exists()
@@ -86,77 +114,98 @@ def interrupted(spec_file: SpecFile, build_dir: Path, root: Path, dist_dir: Path
     )
 
 
-def build_target(
-    spec_file: SpecFile, target: str, *, root: Path, dist_dir: Path, build_dir: Path, progress: Progress,
-    store: cache.Cache, overwrite: bool = False, keep_debug: bool = False,
-) -> BuildResult:
-    spec = spec_file.spec
-    work_dir = work_path(build_dir, spec.model.name, spec.model.version, target)
-    out_dir = output_path(root, spec.model.name, spec.model.version, target)
-    facts = targets.get(target)
-    progress.timings.clear()
-    progress.expect(store.stage_times(spec.model.name, target))
-    with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
-        loaded = load_model(spec_file)
+def build_target(ctx: BuildContext) -> BuildResult:
+    """The stages, in order. A build whose inputs are all unchanged reuses its verified wheel."""
+    ctx.progress.timings.clear()
+    ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME))
+    loaded = load_stage(ctx)
     cxx_version = find_cxx()
-    if not keep_debug:  # checked before minutes of compiling, not after
+    if not ctx.keep_debug:  # checked before minutes of compiling, not after
         find_strip()
-    build_key = cache.build_key(content_hash=content_hash(spec_file, loaded), target=target, root=str(out_dir),
-                                cxx_version=cxx_version, machine=facts.machine(),
-                                debug_info="kept" if keep_debug else "stripped")
-    if store.has(build_key):
-        return _reuse_build(store, build_key, work_dir, dist_dir, progress, overwrite)
-    with progress.stage("doctor"):
-        findings = run_doctor(spec_file, loaded, progress.say)
-        exported = prepare(spec_file, loaded, target)
-    planned, skipped = tune.plans(exported, cxx_version, out_dir, keep_debug)
-    if not all(store.has(plan.key) for plan in [p for _, p in planned] + tune.final_plans(exported, planned, out_dir)):
-        with progress.stage("export"):
-            exported = export_program(exported, loaded.source_files)
+    build_key = cache.build_key(content_hash=content_hash(ctx.spec_file, loaded), target=ctx.target.NAME,
+                                root=str(ctx.out_dir), cxx_version=cxx_version, machine=ctx.target.machine(),
+                                debug_info="kept" if ctx.keep_debug else "stripped")
+    if ctx.store.has(build_key):
+        return _reuse_build(ctx, build_key)
+    findings, exported = doctor_stage(ctx, loaded)
+    planned, skipped = tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug)
+    exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.
-    with hold_work_dir(work_dir):
-        with claim_output_dir(out_dir, progress.say):
-            weights_file = write_weights(exported, work_dir)
-            with progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {out_dir}"):
-                tuned = tune.tune(exported, planned, skipped, weights_file, work_dir, store, progress.say, progress.step)
-                compiled = tune.install(tuned, exported, out_dir, work_dir, store)
-                if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
-                    progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
-                progress.say(f"    chose {tuned.chosen}")
-                statics = static.compile_sizes(exported, loaded, tuned, cxx_version, out_dir, work_dir, store,
-                                               progress.say, progress.step)
-            with progress.stage("verify"):
-                verified = verify_model(exported, compiled, work_dir, weights_file)
-                statics = static.verify_sizes(statics, weights_file, work_dir, progress.say, progress.step)
-                padding = (static.check_padding(exported, statics, weights_file, progress.say)
-                           if statics and spec.dims[spec.static_dim].pad else None)
-                static.merge_golden(verified.golden_file, statics)
-            with progress.stage("package"):
-                shared = static.shared_store(compiled, statics, work_dir)
-                manifest = static.add_to_manifest(build_manifest(exported, compiled, verified, tuned), exported, statics, shared)
-                extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
-                artifacts = list(compiled.artifacts) + [p for m in statics for p in m.compiled.artifacts]
-                wheel = package_wheel(manifest, artifacts, extras, work_dir)
-        report = make_report(manifest, verified, wheel, progress.timings, compiled, tuned)
-        if statics:
-            report["static"] = static.report(statics, padding)
-        report["doctor"] = [f.format() for f in findings]
-        report["build_cache"] = {"key": build_key, "reused": False}
-        return commit(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"], (store, build_key),
-                      overwrite=overwrite)
+    with hold_work_dir(ctx.work_dir):
+        with claim_output_dir(ctx.out_dir, ctx.progress.say):
+            weights_file = write_weights(exported, ctx.work_dir)
+            tuned, compiled, statics = compile_stage(ctx, exported, loaded, planned, skipped, weights_file, cxx_version)
+            verified, statics, padding = verify_stage(ctx, exported, compiled, statics, weights_file)
+            packaged = package_stage(ctx, exported, compiled, verified, tuned, statics, padding)
+        report = make_report(packaged, verified, ctx.progress.timings, compiled, tuned, findings, build_key)
+        return commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
+                      packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
 
 
-def work_path(build_dir: Path, name: str, version: str, target: str) -> Path:
-    """Per version: builds of several versions of one model run at once without sharing files."""
-    return build_dir / name / version / target
+def load_stage(ctx: BuildContext) -> LoadedModel:
+    with ctx.progress.stage("load", f"{ctx.spec_file.spec.model.factory} ({ctx.spec_file.path})"):
+        return load_model(ctx.spec_file)
+
+
+def doctor_stage(ctx: BuildContext, loaded: LoadedModel) -> tuple[list, Exported]:
+    """The doctor's findings, and the model prepared for export: on the target's device, its
+    outputs described (one eager call)."""
+    with ctx.progress.stage("doctor"):
+        findings = run_doctor(ctx.spec_file, loaded, ctx.progress.say)
+        return findings, prepare(ctx.spec_file, loaded, ctx.target.NAME)
+
+
+def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned) -> Exported:
+    """torch.export, unless every compile the build plans is in the cache already."""
+    plans = [plan for _, plan in planned] + tune.final_plans(exported, planned, ctx.out_dir)
+    if all(ctx.store.has(plan.key) for plan in plans):
+        return exported
+    with ctx.progress.stage("export"):
+        return export_program(exported, loaded.source_files)
+
+
+def compile_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned, skipped,
+                  weights_file: Path | None, cxx_version: str) -> tuple[Tuned, Compiled, list]:
+    say = ctx.progress.say
+    with ctx.progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {ctx.out_dir}"):
+        tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, say, ctx.progress.step)
+        compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
+        if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
+            say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
+        say(f"    chose {tuned.chosen}")
+        statics = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store,
+                                       say, ctx.progress.step)
+    return tuned, compiled, statics
+
+
+def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, statics: list,
+                 weights_file: Path | None) -> tuple[Verified, list, Any]:
+    say, spec = ctx.progress.say, ctx.spec_file.spec
+    with ctx.progress.stage("verify"):
+        verified = verify_model(exported, compiled, ctx.work_dir, weights_file)
+        statics = static.verify_sizes(statics, weights_file, ctx.work_dir, say, ctx.progress.step)
+        padding = (static.check_padding(exported, statics, weights_file, say)
+                   if statics and spec.dims[spec.static_dim].pad else None)
+        static.merge_golden(verified.golden_file, statics)
+    return verified, statics, padding
+
+
+def package_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned,
+                  statics: list, padding: Any) -> Packaged:
+    with ctx.progress.stage("package"):
+        shared = static.shared_store(compiled, statics, ctx.work_dir)
+        manifest = static.add_to_manifest(build_manifest(exported, compiled, verified, tuned), exported, statics, shared)
+        extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
+        artifacts = list(compiled.artifacts) + [p for m in statics for p in m.compiled.artifacts]
+        return Packaged(package_wheel(manifest, artifacts, extras, ctx.work_dir), manifest, statics, padding)
 
 
 @contextmanager
 def hold_work_dir(work_dir: Path) -> Iterator[Path]:
     """Builds into other roots but the same --build-dir would share ``work_dir``: one at a time."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(work_dir.parent / f".{work_dir.name}.lock"), blocking=False)
+    lock = FileLock(str(WorkLayout.work_lock(work_dir)), blocking=False)
     try:
         lock.acquire()
     except Timeout:
@@ -168,14 +217,13 @@ def hold_work_dir(work_dir: Path) -> Iterator[Path]:
         lock.release()
 
 
-def _reuse_build(store: cache.Cache, key: str, work_dir: Path, dist_dir: Path, progress: Progress,
-                 overwrite: bool) -> BuildResult:
+def _reuse_build(ctx: BuildContext, key: str) -> BuildResult:
     """Nothing the wheel depends on changed since it was built and verified: copy it to dist/."""
     # Per process: two builds of one unchanged spec may both take this path at once.
-    restored_dir = work_dir / f"from-cache-{os.getpid()}"
+    restored_dir = ctx.work_dir / f"from-cache-{os.getpid()}"
     try:
         restored_dir.mkdir(parents=True)
-        return _restore_to_dist(store, key, restored_dir, dist_dir, progress, overwrite)
+        return _restore_to_dist(ctx.store, key, restored_dir, ctx.dist_dir, ctx.progress, ctx.overwrite)
     finally:
         shutil.rmtree(restored_dir, ignore_errors=True)
 
@@ -205,10 +253,10 @@ def _keep_what_was_tested(existing: Path, sha256: str) -> None:
         )
 
 
-def make_report(
-    manifest: dict[str, Any], verified: Verified, wheel: Wheel, timings: dict[str, float], compiled: Compiled, tuned: Tuned
-) -> dict[str, Any]:
-    return {
+def make_report(packaged: Packaged, verified: Verified, timings: dict[str, float], compiled: Compiled, tuned: Tuned,
+                findings: list, build_key: str) -> dict[str, Any]:
+    manifest, wheel = packaged.manifest, packaged.wheel
+    report = {
         "model": manifest["name"],
         "import_name": manifest["import_name"],
         "version": manifest["full_version"],
@@ -230,6 +278,11 @@ def make_report(
             "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
         },
     }
+    if packaged.statics:
+        report["static"] = static.report(packaged.statics, packaged.padding)
+    report["doctor"] = [f.format() for f in findings]
+    report["build_cache"] = {"key": build_key, "reused": False}
+    return report
 
 
 def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: str, full_version: str,

@@ -23,7 +23,8 @@ from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
 from .progress import Progress, QuietProgress, for_stream, stop_requested
-from .spec import load_spec, with_overrides
+from .layout import WorkLayout
+from .spec import SpecFile, load_spec, with_overrides
 from .writable import check_writable
 
 def _artifact_root(flag: str | None) -> Path:
@@ -104,7 +105,7 @@ def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
     if args.command != "build":
         return BuildInterrupted(f"{args.command} stopped by {name}", "run the command again")
     if isinstance(args.spec, list) and len(args.spec) > 1:
-        logs = Path(args.build_dir) / "logs"
+        logs = WorkLayout(Path(args.build_dir)).logs_dir
         return BuildInterrupted(f"build stopped by {name}: each build's log in {logs}/ says what it left "
                                 f"(nothing under the artifact root, in {args.dist} or in the build cache)",
                                 "run the build again")
@@ -136,7 +137,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     jobs = args.jobs or default_jobs(len(args.spec))
     logs: dict[str, Path] = {}
     try:
-        return build_many(args.spec, passthrough, jobs, Path(args.build_dir) / "logs", progress, logs)
+        return build_many(args.spec, passthrough, jobs, WorkLayout(Path(args.build_dir)).logs_dir, progress, logs)
     finally:
         args.records.extend(record.children(args.spec, logs))
 
@@ -159,11 +160,18 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         )
     if weights or version:
         spec_file = with_overrides(spec_file, version=version, weights=weights)
+    return _run_build(spec_file, args, progress)
+
+
+def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress) -> int:
+    """Build one spec with the command's folders, targets and flags (``build``, or ``publish``
+    building what dist/ lacks: its parser has the folders, and the defaults stand for the rest)."""
     root = _artifact_root(args.root)
     _check_outputs(args, root)
-    build_dir = Path(args.build_dir).resolve()
+    layout = WorkLayout(Path(args.build_dir).resolve())
+    model = spec_file.spec.model
     # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
-    trace_dir = build_dir / spec_file.spec.model.name / spec_file.spec.model.version / "trace"
+    trace_dir = layout.trace_dir(model.name, model.version)
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets
@@ -171,7 +179,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     from .outdir import check_trusted, output_path
 
     for name in target_names:  # a root another user controls is refused before any work
-        check_trusted(output_path(root, spec_file.spec.model.name, spec_file.spec.model.version, name))
+        check_trusted(output_path(root, model.name, model.version, name))
     for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
         targets.get(name).before_torch(spec_file.spec.build.options(name), args)
 
@@ -185,10 +193,9 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
         torch._logging.set_logs(all=logging.ERROR)
 
-    use_cache = not getattr(args, "no_cache", False)
-    for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), build_dir=build_dir, progress=progress,
-                        use_cache=use_cache, target_names=target_names, overwrite=getattr(args, "overwrite", False),
-                        keep_debug=getattr(args, "keep_debug", False)):
+    for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), layout=layout, progress=progress,
+                        use_cache=not getattr(args, "no_cache", False), target_names=target_names,
+                        overwrite=getattr(args, "overwrite", False), keep_debug=getattr(args, "keep_debug", False)):
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
@@ -245,7 +252,7 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
     found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     if not all(found.values()):
         progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
-        _build(argparse.Namespace(**{**vars(args), "spec": str(spec_file.path)}), progress)
+        _run_build(spec_file, args, progress)
         found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     missing = [f"{prefix}*.whl" for t, prefix in wanted.items() if not found[t]]
     if missing:

@@ -73,7 +73,7 @@ def incompatibilities(m: dict[str, Any], torch_version: str, cpu_capability: str
     if platform.machine() != m["platform"]["machine"]:
         problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}: "
                         f"install the wheel built for {platform.machine()}")
-    needed = m["platform"].get("cpu_capability")  # CPU kernels only; a CUDA wheel's GPU is checked by _cuda.py
+    needed = m["platform"].get("cpu_capability")  # CPU kernels only; a CUDA wheel's GPU is checked by _target_cuda.py
     if needed is not None and _lacks(cpu_capability, needed):
         problems.append(_cpu_kind_problem(cpu_capability, needed))
     return problems
@@ -98,7 +98,7 @@ def _lacks(have: str, needed: str) -> bool:
 
 def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
     """Raise IncompatibleRuntime listing every problem, each with its fix (``gpu_problems``: a
-    CUDA wheel's, from _cuda.py)."""
+    CUDA wheel's, from _target_cuda.py)."""
     problems = incompatibilities(m, torch_version, cpu_capability) + list(gpu_problems)
     if problems:
         raise IncompatibleRuntime(f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems) + ".")

@@ -1,0 +1,42 @@
+"""The build folder (``--build-dir``, default ``build/``): the only place its layout is spelled.
+
+    build/
+      cache/                       finished builds and compiled models, by content key (cache.py)
+      logs/                        one log per spec of a parallel build (parallel.py)
+      <model>/<version>/
+        trace/                     the compile's TORCH_TRACE
+        <target>/                  one target's work folder: generated sources, candidates, the wheel
+        .<target>.lock             held while a build uses that work folder
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkLayout:
+    build_dir: Path
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.build_dir / "cache"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.build_dir / "logs"
+
+    def model_dir(self, name: str, version: str) -> Path:
+        """Per version: builds of several versions of one model run at once without sharing files."""
+        return self.build_dir / name / version
+
+    def trace_dir(self, name: str, version: str) -> Path:
+        return self.model_dir(name, version) / "trace"
+
+    def work_dir(self, name: str, version: str, target: str) -> Path:
+        return self.model_dir(name, version) / target
+
+    @staticmethod
+    def work_lock(work_dir: Path) -> Path:
+        return work_dir.parent / f".{work_dir.name}.lock"
