@@ -100,20 +100,21 @@ matrix: $(SETUP)
 
 # Side by side: the wheel, eager, torch.compile, the .pt2 loader, ONNX Runtime (build/bench/<model>/).
 # TARGET=cuda: on the current GPU against eager and torch.compile (benchmarks/bench_cuda.py);
-# it installs nothing, as GPU images often have no network.
+# it installs nothing, as GPU images often have no network. benchmarks/ is a package, run from here.
 bench: $(SETUP)
 ifeq ($(TARGET),cuda)
-	$(PY) benchmarks/bench_cuda.py --spec $(SPEC) $(ARGS)
+	$(PY) -m benchmarks.bench_cuda --spec $(SPEC) $(ARGS)
 else
 	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt
-	$(PY) benchmarks/bench.py --spec $(SPEC) $(ARGS)
+	$(PY) -m benchmarks.bench --spec $(SPEC) $(ARGS)
 endif
 
-# Resident memory of a fresh process loading the built wheel, against its weights' size.
+# Resident memory of a fresh process loading the built wheel, against its weights' size: the
+# wheel's own virtualenv, run from / with the checkout on its path for the benchmarks package only.
 bench-memory: $(SETUP)
 	python3 -m venv --clear build/bench-venv
 	build/bench-venv/bin/pip install --quiet dist/model_$(MODEL)-*.whl
-	cd / && $(CURDIR)/build/bench-venv/bin/python $(CURDIR)/benchmarks/load_memory.py model_$(MODEL)
+	cd / && PYTHONPATH=$(CURDIR) $(CURDIR)/build/bench-venv/bin/python -m benchmarks.load_memory model_$(MODEL)
 
 # The release workflow (.github/workflows/release.yml) for real, under act, on this machine:
 # matrix -> build -> publish to the local index -> pip install from it, and the model runs.

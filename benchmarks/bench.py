@@ -2,8 +2,10 @@
 ONNX Runtime, measured side by side in one run. Writes results.json, results.md and chart.png
 under build/bench/<model>/.
 
-Every measurement runs in a fresh process (benchmarks/variants.py); the wheel runs from a fresh
-virtualenv it was pip-installed into, as a service would run it.
+Every measurement runs in a fresh process (`python -m benchmarks.variants`, from the repository
+root); the wheel runs from a fresh virtualenv it was pip-installed into, as a service would run it.
+
+    python -m benchmarks.bench --spec models/unet/spec.toml      # what `make bench` runs
 """
 
 from __future__ import annotations
@@ -17,24 +19,24 @@ import statistics
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks import sampling
+from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
+from benchmarks.rounds import rotated, summarize
+from pipeline import precision
+from pipeline import targets as build_targets
+from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs
+from pipeline.loader import load_model
+from pipeline.spec import load_spec
+from pipeline.templates import wheel_inputs
 
-from bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown  # noqa: E402
-import malloc_ab  # noqa: E402
-from rounds import rotated, summarize  # noqa: E402
-import sampling  # noqa: E402
-from pipeline import precision  # noqa: E402
-from pipeline import targets as build_targets  # noqa: E402
-from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs  # noqa: E402
-from pipeline.loader import load_model  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from pipeline.templates import wheel_inputs  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+# A variants process: `python -m` with the repository root as its working directory, so a fresh
+# virtualenv's python (the wheel's) imports the benchmarks package from the checkout.
+VARIANTS_MODULE = ["-m", "benchmarks.variants"]
 
 WHEEL_VARIANTS = {"wheel": "load()", "wheel-numpy": "load_numpy()"}
 COLD_REPEATS = 5
@@ -91,22 +93,6 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def shipped_so(wheel: Path, out: Path) -> Path:
-    """The model.so inside the wheel, the very bytes a service runs, unpacked (with the rest of
-    its artifacts folder) beside the bench."""
-    target = out / "shipped"
-    shutil.rmtree(target, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as archive:
-        so = next(name for name in archive.namelist() if name.endswith("/artifacts/model.so"))
-        folder = so[: -len("model.so")]
-        for name in archive.namelist():
-            if name.startswith(folder) and not name.endswith("/"):
-                unpacked = target / name[len(folder):]
-                unpacked.parent.mkdir(parents=True, exist_ok=True)
-                unpacked.write_bytes(archive.read(name))
-    return target / "model.so"
-
-
 def export_once(spec_file, target: str = "cpu"):
     """The model exported as the build exports it: every compile below starts from this."""
     loaded = load_model(spec_file)
@@ -148,7 +134,7 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
     say("==> compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)")
     options = {**manifest["compile_options"], "freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE}
     library = compile_so(exported, options, out / "bf16" / "model.so")
-    timing = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec, "--mode", "latency",
+    timing = run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec, "--mode", "latency",
                        "--batch", 1, "--artifact", library])
     runner = build_targets.open_runner(build_targets.get("cpu"), library)
     spec_file, diffs = exported.spec_file, {}
@@ -172,7 +158,7 @@ def make_onnx(exported, out: Path) -> Path:
 
 def variant_cmd(variant: str, spec: Path, artifacts: dict, venv_python: Path) -> list:
     python = venv_python if variant in WHEEL_VARIANTS or variant == "import-torch" else sys.executable
-    cmd = [python, REPO / "benchmarks" / "variants.py", variant, "--spec", spec]
+    cmd = [python, *VARIANTS_MODULE, variant, "--spec", spec]
     return cmd + (["--artifact", artifacts[variant]] if variant in artifacts else [])
 
 
@@ -206,7 +192,7 @@ def cold_start_s(variant_cmd: list) -> float:
 
 def import_torch_s(venv_python: Path) -> float:
     """`import torch` alone in a fresh process, timed as cold_start_s() times the variants."""
-    return statistics.median(cold_start_s([venv_python, REPO / "benchmarks" / "variants.py", "import-torch"])
+    return statistics.median(cold_start_s([venv_python, *VARIANTS_MODULE, "import-torch"])
                              for _ in range(COLD_REPEATS))
 
 
@@ -269,33 +255,21 @@ def main() -> None:
         "search": json.loads(next((out / "dist").glob("*.report.json")).read_text())["compile_search"],
     }
     results["targets"] = targets(results)
-    say("==> the wheel with and without its heap setting, batch 1 (benchmarks/malloc_ab.py)")
-    results["malloc_ab"] = malloc_ab.measure(run_json, lambda variant: variant_cmd(variant, spec, artifacts, venv_python))
     if not all(t["met"] for t in results["targets"]):
         say("==> profiling the compiled kernels (a target was not met)")
         say("==> compiling the wheel's model again with kernel profiling on (cpp.enable_kernel_profile)")
         profiled = compile_so(exported, {**manifest["compile_options"], "cpp.enable_kernel_profile": True},
                               out / "profile" / "model.so")
-        results["profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "so", "--spec", spec,
+        results["profile"] = run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec,
                                        "--mode", "kernels", "--batch", 1, "--artifact", profiled])
         say("==> profiling ONNX Runtime at batch 1 (its own profiler), for the side-by-side")
-        results["onnx_profile"] = run_json([sys.executable, REPO / "benchmarks" / "variants.py", "onnx", "--spec", spec,
+        results["onnx_profile"] = run_json([sys.executable, *VARIANTS_MODULE, "onnx", "--spec", spec,
                                             "--mode", "ort-profile", "--batch", 1, "--artifact", artifacts["onnx"]])
-        say("==> timing the model's convolutions and linear layers one at a time, in both engines (benchmarks/layers_alone.py)")
-        results["layers_alone"] = run_json([sys.executable, REPO / "benchmarks" / "layers_alone.py", "--spec", spec,
-                                            "--library", shipped_so(wheel, out)])
         if sampling.available():
             say("==> sampling the wheel's process with perf (batch 1, start-up not sampled)")
             cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]
-            results["sampling"] = sampling.profile(cmd, out, skip_s=results["cold_start_s"]["wheel"] + 1.0)
+            results["sampling"] = sampling.profile(cmd, out, skip_s=results["cold_start_s"]["wheel"] + 1.0, cwd=REPO)
         results["bf16"] = bf16_comparison(exported, spec, manifest, out)
-        if spec_file.spec.dims:
-            say("==> compiling with every dim fixed at its minimum, for comparison (benchmarks/static_vs_dynamic.py)")
-            results["static_vs_dynamic"] = run_json([sys.executable, REPO / "benchmarks" / "static_vs_dynamic.py", "--spec", spec])
-    if "batch" in spec_file.spec.dims:
-        say("==> building again with static batch sizes [1, 2, 4, 8] and without, options pinned (benchmarks/static_sizes.py)")
-        results["static_sizes"] = run_json([sys.executable, REPO / "benchmarks" / "static_sizes.py", "--spec", spec,
-                                            "--options", json.dumps(manifest["compile_options"])])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     chart(results, out / "chart.png")

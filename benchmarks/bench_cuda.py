@@ -2,9 +2,11 @@
 reduce-overhead) and the .pt2 loader on the current GPU, measured side by side in one run.
 Writes results.json and results.md under build/bench/<model>-cuda/.
 
-Every measurement runs in a fresh process (benchmarks/variants.py --device cuda) and synchronizes
+Every measurement runs in a fresh process (`python -m benchmarks.variants --device cuda`) and synchronizes
 the GPU around every timed call. Runs with the interpreter's own CUDA torch and no network: the
 wheel goes into a virtualenv that sees that torch (--system-site-packages).
+
+    python -m benchmarks.bench_cuda --spec models/unet/spec.toml      # what `make bench TARGET=cuda` runs
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from bench import COLD_REPEATS, INDUCTOR_ENV, REPO, build_times, export_once, import_torch_s, judged, make_pt2, run_json, say
-from bench_report import latency_table, targets_table
-
-from pipeline.spec import load_spec  # noqa: E402  (bench put the repository on sys.path)
+from benchmarks.bench import (COLD_REPEATS, INDUCTOR_ENV, REPO, VARIANTS_MODULE, build_times, export_once, import_torch_s,
+                               judged, make_pt2, run_json, say)
+from benchmarks.bench_report import latency_table, targets_table
+from pipeline.spec import load_spec
 
 VARIANTS = ["eager", "compile", "compile-ro", "pt2", "wheel"]
 LABELS = {"eager": "eager PyTorch", "compile": "torch.compile", "compile-ro": "torch.compile reduce-overhead",
@@ -44,7 +46,7 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
 
 def variant_cmd(variant: str, spec: Path, artifacts: dict, venv_python: Path, *mode: object) -> list:
     python = venv_python if variant == "wheel" else sys.executable
-    cmd = [python, REPO / "benchmarks" / "variants.py", variant, "--spec", spec, "--device", "cuda", *mode]
+    cmd = [python, *VARIANTS_MODULE, variant, "--spec", spec, "--device", "cuda", *mode]
     return cmd + (["--artifact", artifacts[variant]] if variant in artifacts else [])
 
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import layers_alone
-import malloc_ab
-import ort_profile
+from benchmarks import ort_profile
 
 # The wheel's batch-1 latency target, as a share of ONNX Runtime's.
 ONNX_TARGET = 0.9
@@ -59,34 +57,12 @@ def markdown(results: dict) -> str:
               *targets_table(results)]
     lines += search_table(results["search"])
     faults = ", ".join(f"{LABELS[v]} {results['latency_ms'][v]['1']['page_faults_per_call']:.0f}" for v in VARIANTS)
-    lines += ["", "## The wheel's heap setting", "", f"Page faults per call at batch 1, each a fresh 4 KiB page a buffer "
-              f"was mapped into and the kernel zeroed: {faults}. The runtime keeps the memory a call frees in the heap "
-              "for the next call (templates/wheel/runtime/_malloc.py); the same wheel with glibc's defaults, side by side:",
-              "", *malloc_ab.table(results["malloc_ab"])]
-    if results.get("static_sizes"):
-        lines += ["", "## Static batch sizes", ""] + static_sizes_table(results["static_sizes"])
+    lines += ["", f"Page faults per call at batch 1, each a fresh 4 KiB page a buffer was mapped into and the kernel "
+              f"zeroed: {faults}. The runtime keeps the memory a call frees in the heap for the next call "
+              "(templates/wheel/runtime/_malloc.py)."]
     if results.get("profile"):
         lines += ["", "## What limits it", ""] + limits(results)
     return "\n".join(lines) + "\n"
-
-
-def static_sizes_table(static: dict) -> list[str]:
-    """Built without and with `static = [1, 2, 4, 8]` (options pinned), and the two timed side by side."""
-    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
-    dynamic, built = static["dynamic"], static["static"]
-    lines = [f"The model built again with its options pinned ({', '.join(f'{k}={v}' for k, v in static['options'].items())}), "
-             f"without and with `static = {static['sizes']}`:", "",
-             "| | build (s, no cache) | wheel | largest files |", "|---|---|---|---|"]
-    for label, entry in (("dynamic only", dynamic), (f"with static {static['sizes']}", built)):
-        files = ", ".join(f"{name} {mb(size)}" for name, size in sorted(entry["files"].items(), key=lambda f: -f[1])[:3])
-        lines.append(f"| {label} | {entry['build_s']:.1f} | {mb(entry['wheel_bytes'])} | {files} |")
-    lines += ["", f"Wheel {static['wheel_ratio']:.2f}x, build {static['build_ratio']:.2f}x. Latency, the static model against "
-              "the dynamic one, side by side in one process (median ms):", "",
-              "| batch | dynamic | static | static / dynamic |", "|---|---|---|---|"]
-    for batch, entry in static["latency"].items():
-        ms = entry["median_ms"]
-        lines.append(f"| {batch} | {ms['dynamic']:.1f} | {ms['static']:.1f} | {entry['static_over_dynamic']:.2f} |")
-    return lines
 
 
 def limits(results: dict) -> list[str]:
@@ -110,11 +86,6 @@ def limits(results: dict) -> list[str]:
         lines.append(f"| {group} | {ms:.2f} | {ms / total:.0%} | {rate} |")
     if results.get("onnx_profile"):
         lines += [""] + versus_onnx(prof["groups_ms"], results["onnx_profile"])
-    if results.get("layers_alone"):
-        lines += [""] + layers_alone.table(results["layers_alone"], prof["groups_ms"], results["onnx_profile"]["groups_ms"])
-        kernels = layers_alone.kernels_only(results["layers_alone"], prof["groups_ms"], wheel1,
-                                            results["latency_ms"]["onnx"]["1"]["median_ms"], ONNX_TARGET)
-        lines += ["", kernels] if kernels else []
     if results.get("sampling"):
         lines += ["", f"The installed wheel itself, sampled with `perf` while it ran batch 1 through `load()` ({wheel1:.1f} ms a "
                   "call in this run's latency table; start-up not sampled), by where the samples fell:", "",
@@ -122,16 +93,6 @@ def limits(results: dict) -> list[str]:
         lines += [f"| {group} | {share:.0%} |" for group, share in results["sampling"]["groups"].items()]
     lines += ["", "Heaviest kernels:", "", "| kernel | ms per call | calls |", "|---|---|---|"]
     lines += [f"| `{k['kernel']}` | {k['ms_per_call']:.2f} | {k['calls']} |" for k in prof["kernels"]]
-    fixed = results.get("static_vs_dynamic")
-    if fixed:
-        sizes = ", ".join(f"{name}={size}" for name, size in fixed["sizes"].items())
-        lines += ["", f"Dynamic dims cost time: compiled with `freezing` and {sizes} fixed, the model runs at "
-                  f"{fixed['median_ms']['static']:.1f} ms against {fixed['median_ms']['dynamic']:.1f} ms with the spec's "
-                  f"dynamic dims, timed side by side ({fixed['static_over_dynamic']:.2f}x). The fixed model has every "
-                  "convolution weight packed for oneDNN at compile time; the dynamic one those whose layout is the same at "
-                  "every size (pipeline/conv_prepack.py; the rest oneDNN reorders on every call), and its code cannot "
-                  "assume a size: generated kernels over symbolic sizes, oneDNN primitives chosen at run time. A service "
-                  "that only ever runs one batch size can declare it fixed in the spec."]
     bf16 = results.get("bf16")
     if bf16:
         onnx1, eager1 = (results["latency_ms"][v]["1"]["median_ms"] for v in ("onnx", "eager"))

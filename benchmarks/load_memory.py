@@ -1,8 +1,10 @@
 """Resident memory of a fresh process that loads an installed model wheel, against its weights' size.
 
-    python benchmarks/load_memory.py model_unet [--json]
+    PYTHONPATH=REPO python -m benchmarks.load_memory model_unet [--json]      # what `make bench-memory` runs
+    python REPO/benchmarks/load_memory.py model_unet [--json]                   # the same, by path
 
-Run it with the python of the environment the wheel is installed in. It prints RSS after
+Run it with the python of the environment the wheel is installed in; it imports nothing of the
+repository, and measures in fresh processes of this file. It prints RSS after
 `import torch`, after `load()`, after one call and after 10 calls at the largest batch, the
 weights' size (the external weights file, else the .so), and the ratio of the first call's RSS
 to that size. Without --json it measures fresh processes in pairs, one with the runtime's heap

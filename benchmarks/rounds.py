@@ -1,6 +1,5 @@
 """Measuring in rounds: each round runs every variant once, in fresh processes, in an order
-rotated from round to round, and a variant's rounds are summarised with their spread (bench.py,
-malloc_ab.py)."""
+rotated from round to round, and a variant's rounds are summarised with their spread (bench.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""One measurement of one way to run a model, in a fresh process (benchmarks/bench.py runs this).
+"""One measurement of one way to run a model, in a fresh process (benchmarks/bench.py runs this,
+from the repository root, with whichever python the variant needs).
 
-    python variants.py VARIANT --spec SPEC --mode latency --batch N [--artifact PATH]
-    python variants.py VARIANT --spec SPEC --mode cold --start EPOCH [--artifact PATH]
+    python -m benchmarks.variants VARIANT --spec SPEC --mode latency --batch N [--artifact PATH]
+    python -m benchmarks.variants VARIANT --spec SPEC --mode cold --start EPOCH [--artifact PATH]
 
-    python variants.py so --spec SPEC --mode kernels --batch N --artifact MODEL.so
+    python -m benchmarks.variants so --spec SPEC --mode kernels --batch N --artifact MODEL.so
 
 VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-numpy | import-torch (compile-ro is
 torch.compile's ``reduce-overhead`` mode, CUDA graphs on a GPU). ``--device cuda`` runs the torch
@@ -13,20 +14,18 @@ load() and torch tensors, `wheel-numpy` load_numpy() and numpy arrays, never imp
 `onnx` in cold mode imports only onnxruntime and numpy; `import-torch` (cold mode only) imports
 torch and nothing else. `so` with `--mode kernels` profiles a
 .so compiled with cpp.enable_kernel_profile; `onnx` with `--mode ort-profile` runs ONNX Runtime's
-profiler (ort_profile.py). Prints one JSON object.
+profiler (ort_profile.py). Prints one JSON object. The wheel's variants import nothing of the
+repository but this package (their virtualenv has only torch and the wheel).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIN_RUNS, MIN_SECONDS, WARMUP = 10, 2.0, 3
 
 
@@ -41,7 +40,6 @@ def synchronize() -> None:
 
 
 def spec_inputs(spec_path: str, batch: int | None):
-    sys.path.insert(0, REPO)
     from pipeline.export import export_sizes, spec_inputs as inputs_of
     from pipeline.spec import load_spec
     from pipeline.templates import wheel_inputs
@@ -57,7 +55,6 @@ def spec_inputs(spec_path: str, batch: int | None):
 def open_so(path: str):
     """A bare CPU .so with torch's runner, after what the wheel's load() does first (libstdc++
     made global, freed buffers kept in the heap): pipeline/targets/cpu.py."""
-    sys.path.insert(0, REPO)
     from pipeline import targets
 
     return targets.open_runner(targets.get("cpu"), path)
@@ -112,7 +109,8 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         return lambda: model(*args)
     if variant == "onnx":
         import numpy as np
-        import ort_profile
+
+        from benchmarks import ort_profile
 
         session = ort_profile.session(artifact)
         if spec_path and batch is not None:
@@ -276,7 +274,7 @@ def main() -> None:
         print(json.dumps(kernel_profile(args.artifact, args.spec, args.batch)))
         return
     if args.mode == "ort-profile":  # ONNX Runtime's own profile, grouped as kernel_profile's
-        import ort_profile
+        from benchmarks import ort_profile
 
         _, tensors = spec_inputs(args.spec, args.batch)
         print(json.dumps(ort_profile.profile(args.artifact, [t.numpy() for t in tensors])))

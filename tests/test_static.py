@@ -254,21 +254,3 @@ def test_static_sizes_enter_the_cache_keys(tmp_path):
     assert len({keys[2], keys[3], dynamic}) == 3
     assert fixed_spec(ours, "batch", 3).spec.inputs[0].shape == [3, 3, 8, 8] and "batch" not in fixed_spec(ours, "batch", 3).spec.dims
 
-
-def test_bench_section_shows_sizes_and_ratios():
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench_report
-
-    measured = {"sizes": [1, 2, 4, 8], "options": {"freezing": True}, "external": False,
-                "dynamic": {"build_s": 82.2, "wheel_bytes": 84429767, "files": {"artifacts/model.so": 94564384}},
-                "static": {"build_s": 208.1, "wheel_bytes": 144144200,
-                           "files": {"constants.bin": 151819392, "artifacts/batch1/model.so": 3056752}},
-                "latency": {"1": {"median_ms": {"dynamic": 26.75, "static": 20.57}, "static_over_dynamic": 0.769},
-                            "8": {"median_ms": {"dynamic": 137.6, "static": 133.4}, "static_over_dynamic": 0.970}},
-                "wheel_ratio": 1.707, "build_ratio": 2.53}
-    table = "\n".join(bench_report.static_sizes_table(measured))
-    assert "| with static [1, 2, 4, 8] | 208.1 | 144.1 MB | constants.bin 151.8 MB, artifacts/batch1/model.so 3.1 MB |" in table
-    assert "Wheel 1.71x, build 2.53x" in table
-    assert "| 1 | 26.8 | 20.6 | 0.77 |" in table and "| 8 | 137.6 | 133.4 | 0.97 |" in table

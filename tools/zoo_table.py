@@ -1,6 +1,6 @@
 """Build the model zoo (tests/zoo/) and print docs/model-zoo.md's table.
 
-    .venv/bin/python benchmarks/zoo_table.py [NAME ...]      # after `make test-deps`
+    .venv/bin/python tools/zoo_table.py [NAME ...]      # after `make test-deps`
 
 Per model: the build's wall time (no cache), the wheel's size, the worst max abs diff of any
 verification case and output, and the latency at batch 1 of the installed wheel (a fresh venv
@@ -44,7 +44,6 @@ inputs = m.example_inputs(batch=1)
 run = lambda: model(*inputs)
 """
 EAGER_SETUP = """
-sys.path.insert(0, {repo!r})
 from pipeline.loader import call_forward, load_model
 from pipeline.spec import load_spec
 from pipeline.export import spec_inputs
@@ -56,9 +55,9 @@ run = lambda: call_forward(module, inputs)
 """
 
 
-def timed_ms(python: Path, setup: str) -> float:
+def timed_ms(python: Path, setup: str, env: dict[str, str] | None = None) -> float:
     code = TIMER.format(setup=setup, warmup=WARMUP, calls=CALLS)
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/")
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/", env=env)
     if done.returncode:
         raise SystemExit(f"timing failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])["ms"]
@@ -101,7 +100,8 @@ def row(name: str, bench_python: Path) -> dict:
         "max_abs": worst,
         "chosen": report.get("compile_search", {}).get("chosen", "pinned"),
         "wheel_ms": timed_ms(bench_python, WHEEL_SETUP.format(module=module)),
-        "eager_ms": timed_ms(Path(sys.executable), EAGER_SETUP.format(repo=str(REPO), spec=str(spec))),
+        # the eager module in this venv, the repository (pipeline/) on its path
+        "eager_ms": timed_ms(Path(sys.executable), EAGER_SETUP.format(spec=str(spec)), env={**os.environ, "PYTHONPATH": str(REPO)}),
     }
 
 
