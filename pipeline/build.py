@@ -30,7 +30,7 @@ from .loader import LoadedModel, load_model
 from .manifest import build_manifest, sha256_file
 from .outdir import claim_output_dir, output_path, signals_deferred
 from .package import Wheel, package_wheel
-from .progress import Progress, check_stop, stop_requested
+from .progress import Progress, check_stop, reporting, stop_requested
 from .spec import SpecFile
 from .targets import Target
 from .verify import Verified, verify_model, write_weights
@@ -64,8 +64,7 @@ class BuildContext:
 class Packaged:
     wheel: Wheel
     manifest: dict[str, Any]
-    statics: list  # static.SizeBuild per static batch size ([] without [dims.*] static)
-    padding: Any
+    sizes: static.StaticSizes  # the static batch sizes' models (none without [dims.*] static)
 
 
 def build(
@@ -84,7 +83,8 @@ def build(
                 out_dir=output_path(root, model.name, model.version, name), dist_dir=dist_dir,
                 store=cache.Cache(layout.cache_dir, reuse=use_cache), progress=progress, overwrite=overwrite,
                 keep_debug=keep_debug)
-            results.append(build_target(context))
+            with reporting(progress):  # what the stages say() goes to this display
+                results.append(build_target(context))
     except KeyboardInterrupt:
         raise interrupted(spec_file, layout, root, dist_dir, results) from None
     except (PipelineError, OSError) as exc:
@@ -133,11 +133,11 @@ def build_target(ctx: BuildContext) -> BuildResult:
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.
     with hold_work_dir(ctx.work_dir):
-        with claim_output_dir(ctx.out_dir, ctx.progress.say):
+        with claim_output_dir(ctx.out_dir):
             weights_file = write_weights(exported, ctx.work_dir)
             tuned, compiled, statics = compile_stage(ctx, exported, loaded, planned, skipped, weights_file, cxx_version)
-            verified, statics, padding = verify_stage(ctx, exported, compiled, statics, weights_file)
-            packaged = package_stage(ctx, exported, compiled, verified, tuned, statics, padding)
+            verified, sizes = verify_stage(ctx, exported, compiled, statics, weights_file)
+            packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
         report = make_report(packaged, verified, ctx.progress.timings, compiled, tuned, findings, build_key)
         return commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
                       packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
@@ -174,31 +174,25 @@ def compile_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pl
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
         say(f"    chose {tuned.chosen}")
-        statics = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store,
-                                       say, ctx.progress.step)
+        statics = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
     return tuned, compiled, statics
 
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, statics: list,
-                 weights_file: Path | None) -> tuple[Verified, list, Any]:
-    say, spec = ctx.progress.say, ctx.spec_file.spec
+                 weights_file: Path | None) -> tuple[Verified, static.StaticSizes]:
     with ctx.progress.stage("verify"):
         verified = verify_model(exported, compiled, ctx.work_dir, weights_file)
-        statics = static.verify_sizes(statics, weights_file, ctx.work_dir, say, ctx.progress.step)
-        padding = (static.check_padding(exported, statics, weights_file, say)
-                   if statics and spec.dims[spec.static_dim].pad else None)
-        static.merge_golden(verified.golden_file, statics)
-    return verified, statics, padding
+        return verified, static.verify_all(exported, statics, verified, weights_file, ctx.work_dir)
 
 
 def package_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned,
-                  statics: list, padding: Any) -> Packaged:
+                  sizes: static.StaticSizes) -> Packaged:
     with ctx.progress.stage("package"):
-        shared = static.shared_store(compiled, statics, ctx.work_dir)
-        manifest = static.add_to_manifest(build_manifest(exported, compiled, verified, tuned), exported, statics, shared)
+        manifest, shared, static_libraries = static.package(build_manifest(exported, compiled, verified, tuned),
+                                                            exported, compiled, sizes, ctx.work_dir)
         extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
-        artifacts = list(compiled.artifacts) + [p for m in statics for p in m.compiled.artifacts]
-        return Packaged(package_wheel(manifest, artifacts, extras, ctx.work_dir), manifest, statics, padding)
+        artifacts = list(compiled.artifacts) + static_libraries
+        return Packaged(package_wheel(manifest, artifacts, extras, ctx.work_dir), manifest, sizes)
 
 
 @contextmanager
@@ -278,8 +272,8 @@ def make_report(packaged: Packaged, verified: Verified, timings: dict[str, float
             "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
         },
     }
-    if packaged.statics:
-        report["static"] = static.report(packaged.statics, packaged.padding)
+    if packaged.sizes.models:
+        report["static"] = static.report(packaged.sizes)
     report["doctor"] = [f.format() for f in findings]
     report["build_cache"] = {"key": build_key, "reused": False}
     return report

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import torch
 
+from . import doctor_checks
+from .doctor_checks import (ARGS_NON_TENSOR, ARGS_OPTIONAL, ARGS_VARIADIC, DATA_DEPENDENT, GRAPH_BREAK, SELF_WRITE,
+                            VERSION_CHECK)
 from .doctor_trace import ForwardRun, trace_forwards
 
 VALUE_READS = {"item", "tolist", "numpy"}
@@ -89,7 +92,7 @@ class _ForwardVisitor(ast.NodeVisitor):
         for target in targets:
             name = self._self_target(target)
             if name:
-                self.add(node, "error", "self-write", f"forward writes self.{name}",
+                self.add(node, "error", SELF_WRITE.name, f"forward writes self.{name}",
                          "keep state outside the model: return the value and let the caller keep it")
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -108,20 +111,20 @@ class _ForwardVisitor(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Name) and func.id == "setattr" and node.args and isinstance(node.args[0], ast.Name) \
                 and node.args[0].id == "self":
-            self.add(node, "error", "self-write", "forward calls setattr(self, ...)", "set attributes in __init__ only")
+            self.add(node, "error", SELF_WRITE.name, "forward calls setattr(self, ...)", "set attributes in __init__ only")
         if isinstance(func, ast.Attribute):
             owner = self._self_target(func.value) if isinstance(func.value, (ast.Attribute, ast.Subscript)) else None
             if owner and func.attr.endswith("_") and not func.attr.startswith("_"):
-                self.add(node, "error", "self-write", f"forward changes self.{owner} in place ({func.attr}())",
+                self.add(node, "error", SELF_WRITE.name, f"forward changes self.{owner} in place ({func.attr}())",
                          "compute a new tensor instead of updating a parameter or buffer")
             if func.attr in VALUE_READS:
-                self.add(node, "error", "data-dependent", f".{func.attr}() reads a tensor's value into Python",
+                self.add(node, "error", DATA_DEPENDENT.name, f".{func.attr}() reads a tensor's value into Python",
                          "keep values as tensors; a Python number from a tensor is frozen at export or fails it")
             root = func.value
             while isinstance(root, ast.Attribute):
                 root = root.value
             if isinstance(root, ast.Name) and root.id in FROZEN_MODULES:
-                self.add(node, "error", "graph-break", f"{root.id}.{func.attr}() uses {FROZEN_MODULES[root.id]} in forward",
+                self.add(node, "error", GRAPH_BREAK.name, f"{root.id}.{func.attr}() uses {FROZEN_MODULES[root.id]} in forward",
                          "do it in __init__: it breaks torch.compile graphs and is evaluated only once at export")
             if isinstance(root, ast.Name) and root.id in {"logging", "log", "logger"}:
                 self.add(node, "warning", "side-effect", "logging in forward",
@@ -133,7 +136,7 @@ class _ForwardVisitor(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in {"__version__", "version_info"}:
-            self.add(node, "error", "version-check", f"forward reads {ast.unparse(node)}",
+            self.add(node, "error", VERSION_CHECK.name, f"forward reads {ast.unparse(node)}",
                      "decide version-dependent behaviour in __init__")
         self.generic_visit(node)
 
@@ -155,7 +158,7 @@ class _ForwardVisitor(ast.NodeVisitor):
 
     def _check_branch(self, node: ast.If | ast.While | ast.IfExp) -> None:
         if self._reads_value(node.test):
-            self.add(node, "error", "data-dependent", f"`{ast.unparse(node.test)}` branches on a tensor value",
+            self.add(node, "error", DATA_DEPENDENT.name, f"`{ast.unparse(node.test)}` branches on a tensor value",
                      "use torch.where(cond, a, b), or torch.cond for whole branches", span=node.test)
 
     def visit_If(self, node: ast.If) -> None:
@@ -175,15 +178,15 @@ def _signature_findings(func: ast.FunctionDef, path: str, offset: int) -> list[F
     args = func.args
     if args.vararg or args.kwarg:
         star = f"*{args.vararg.arg}" if args.vararg else f"**{args.kwarg.arg}"
-        findings.append(Finding(path, line, "error", "args-variadic", f"forward takes {star}",
+        findings.append(Finding(path, line, "error", ARGS_VARIADIC.name, f"forward takes {star}",
                                 "give forward one named tensor parameter per input"))
     with_defaults = args.args[len(args.args) - len(args.defaults):] if args.defaults else []
     for arg in with_defaults + [a for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]:
-        findings.append(Finding(path, line, "error", "args-optional", f"forward parameter {arg.arg!r} is optional",
+        findings.append(Finding(path, line, "error", ARGS_OPTIONAL.name, f"forward parameter {arg.arg!r} is optional",
                                 "remove the default; decide optional behaviour in __init__"))
     for arg in args.args[1:] + args.kwonlyargs:
         if arg.annotation is not None and "Tensor" not in ast.unparse(arg.annotation):
-            findings.append(Finding(path, line, "error", "args-non-tensor",
+            findings.append(Finding(path, line, "error", ARGS_NON_TENSOR.name,
                                     f"forward parameter {arg.arg!r} is annotated {ast.unparse(arg.annotation)}, not a tensor",
                                     "pass tensors only; make other settings constructor arguments"))
     return findings
@@ -257,7 +260,7 @@ def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], 
         findings.append(Finding(
             frame.filename if frame else "?", frame.lineno if frame else 0,
             "error",
-            "data-dependent" if data_dependent else "graph-break",
+            DATA_DEPENDENT.name if data_dependent else GRAPH_BREAK.name,
             f"torch._dynamo graph break: {text}",
             "use torch.where/torch.cond instead of a Python branch on a tensor" if data_dependent
             else "move this call to __init__ or replace it with tensor operations",
@@ -303,7 +306,7 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
             f"{model}: {len(errors)} problem(s) that stop compilation:\n" + "\n".join(f.format() for f in errors),
             "fix each line above (docs/writing-models.md explains every check); "
             "`modelwheel doctor --spec SPEC` re-checks without building",
-            check=errors[0].check,
+            exit_code=first_check.exit_code if (first_check := doctor_checks.first([f.check for f in errors])) else None,
         )
 
 

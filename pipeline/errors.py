@@ -82,24 +82,16 @@ class OutputDirError(PipelineError):
 class DoctorError(PipelineError):
     """The module breaks a practice that compilation depends on (found by `pipeline doctor`).
 
-    Each check has its own exit code; with several problems, the first one's code is used.
+    Each check has its own exit code (doctor_checks.py); with several problems, the code of the
+    first in that table's order.
     """
 
     exit_code = 11
     kind = "doctor"
-    CHECK_EXIT_CODES = {
-        "args-variadic": 20,
-        "args-optional": 21,
-        "args-non-tensor": 22,
-        "self-write": 23,
-        "data-dependent": 24,
-        "graph-break": 25,
-        "version-check": 26,
-    }
 
-    def __init__(self, message: str, hint: str = "", check: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", exit_code: int | None = None) -> None:
         super().__init__(message, hint)
-        self.exit_code = self.CHECK_EXIT_CODES.get(check, DoctorError.exit_code)
+        self.exit_code = exit_code or DoctorError.exit_code
 
 
 class PurityError(PipelineError):

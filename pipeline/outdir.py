@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from filelock import FileLock, Timeout
 
 from .errors import OutputDirError
 from .templates import wheel_trust
-from .progress import stop_requested
+from .progress import say, stop_requested
 
 MARKER = ".modelwheel-build"
 
@@ -52,10 +51,6 @@ def check_trusted(path: Path) -> None:
     except wheel_trust.UntrustedPath as exc:
         raise OutputDirError(str(exc), "build into a root that only you (or root) can write: --root DIR or "
                                        "MODELWHEEL_ROOT; remove or fix the folder named") from None
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -93,7 +88,7 @@ def _holder(path: Path) -> str:
     return found.group(1) if found else ""
 
 
-def _take_over_stale(path: Path, lock_file: Path, say) -> None:
+def _take_over_stale(path: Path, lock_file: Path) -> None:
     """With the lock held, what a build that is gone left (killed outright: SIGKILL, power
     loss) is removed, and a link it moved aside is put back, with a line saying so."""
     left = sorted(path.parent.glob(f".{path.name}.new-*")) + sorted(path.parent.glob(f".{path.name}.removing-*"))
@@ -138,7 +133,7 @@ def _remove_marked(path: Path) -> None:
 
 
 @contextmanager
-def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
+def claim_output_dir(path: Path) -> Iterator[Path]:
     """Yield an empty ``path`` to compile into; restore what was there before on exit.
 
     Setting up and cleaning up run with SIGINT/SIGTERM deferred, so an interrupt never leaves
@@ -163,7 +158,7 @@ def claim_output_dir(path: Path, say=_say) -> Iterator[Path]:
                 lock.acquire()
             except Timeout:
                 raise OutputDirError(f"another build is writing {path}", "wait for it to finish") from None
-            _take_over_stale(path, lock_file, say)
+            _take_over_stale(path, lock_file)
             lock_file.write_text(f"{os.getpid()}\n")  # emptied by a clean release (unlinked)
             os.chmod(lock_file, wheel_trust.FILE_MODE)
             if path.is_symlink():

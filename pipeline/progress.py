@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TextIO
 
@@ -103,6 +104,37 @@ class Progress:
         self.timings[name] = round(elapsed, 3)
         self.current, self.detail = None, ""
         self.say(f"    {name} done in {elapsed:.1f}s")
+
+
+# The display the running command reports to: stages and the features under them say what they
+# do through say() and step(), not through callbacks passed down their signatures.
+_ACTIVE: ContextVar[Progress | None] = ContextVar("modelwheel_progress", default=None)
+
+
+@contextmanager
+def reporting(progress: Progress) -> Iterator[Progress]:
+    """Make ``progress`` the display say() and step() reach while inside."""
+    token = _ACTIVE.set(progress)
+    try:
+        yield progress
+    finally:
+        _ACTIVE.reset(token)
+
+
+def say(text: str) -> None:
+    """A line of the running command's output (on stderr where no command set a display)."""
+    active = _ACTIVE.get()
+    if active is None:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        active.say(text)
+
+
+def step(text: str) -> None:
+    """What the running stage is doing now (``static 2/4 batch=4: compiling``): the live status."""
+    active = _ACTIVE.get()
+    if active is not None:
+        active.step(text)
 
 
 class QuietProgress(Progress):

@@ -13,7 +13,7 @@ from packaging.licenses import InvalidLicenseExpression, canonicalize_license_ex
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from . import targets
+from . import doctor_checks, targets
 from .errors import SpecError
 from .frozen import Frozen
 
@@ -270,13 +270,16 @@ class VerifySection(_Frozen):
     golden_cases: Annotated[int, Field(ge=1, le=8)] = Field(2, description="cases recorded in the wheel")
 
 
-DoctorCheck = Literal[
-    "args-variadic", "args-optional", "args-non-tensor", "self-write", "data-dependent", "graph-break", "version-check"
-]
-
-
 class DoctorSection(_Frozen):
-    allow: list[DoctorCheck] = Field([], description="doctor checks reported as warnings instead of stopping the build")
+    allow: list[str] = Field([], description="doctor checks reported as warnings instead of stopping the build")
+
+    @field_validator("allow")
+    @classmethod
+    def _known_checks(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in doctor_checks.NAMES]
+        if unknown:
+            raise ValueError(f"unknown check {unknown[0]!r}: choose from {', '.join(doctor_checks.NAMES)}")
+        return value
 
 
 RESERVED_DIM_NAMES = ("seed", "device")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .progress import say, step
 from . import constants, targets
 from .cache import Cache
 from .compile import Compiled, compile_model, plan_compile
@@ -62,7 +63,7 @@ def fixed_spec(spec_file: SpecFile, dim: str, size: int) -> SpecFile:
 
 
 def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_version: str, output_dir: Path,
-                  work_dir: Path, store: Cache, say, step=lambda text: None) -> list[StaticModel]:
+                  work_dir: Path, store: Cache) -> list[StaticModel]:
     """Export and compile each static size with the chosen candidate's options (from the cache when
     it holds them)."""
     spec_file = exported.spec_file
@@ -88,8 +89,7 @@ def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_ver
     return models
 
 
-def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir: Path, say,
-                 step=lambda text: None) -> list[StaticModel]:
+def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir: Path) -> list[StaticModel]:
     """Each size verified like the dynamic model, on its own cases at that size."""
     verified = []
     for model in models:
@@ -108,7 +108,7 @@ def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
     return {batch: runs_at for batch, (_, runs_at) in routes.items() if runs_at != batch}
 
 
-def check_padding(exported: Exported, models: list[StaticModel], weights_file: Path | None, say) -> dict[str, dict]:
+def check_padding(exported: Exported, models: list[StaticModel], weights_file: Path | None) -> dict[str, dict]:
     """The batch-independence gate of ``pad = true``: for the smallest and largest size that pads to
     each static size, the static model's padded, sliced outputs against eager at the unpadded size."""
     spec = exported.spec_file.spec
@@ -200,12 +200,40 @@ def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel
     return manifest
 
 
-def report(models: list[StaticModel], padding: dict[str, dict] | None) -> dict:
+@dataclass(frozen=True)
+class StaticSizes:
+    """The static sizes' models, verified, and the padding gate's cases (None: padding not allowed)."""
+
+    models: list[StaticModel]
+    padding: dict[str, dict] | None
+
+
+def verify_all(exported: Exported, models: list[StaticModel], verified: Verified, weights_file: Path | None,
+               work_dir: Path) -> StaticSizes:
+    """The verify stage's part: each size on its own cases, the padding gate, and every size's
+    golden cases merged into the wheel's one golden file."""
+    models = verify_sizes(models, weights_file, work_dir)
+    spec = exported.spec_file.spec
+    padding = check_padding(exported, models, weights_file) if models and spec.dims[spec.static_dim].pad else None
+    merge_golden(verified.golden_file, models)
+    return StaticSizes(models, padding)
+
+
+def package(manifest: dict, exported: Exported, compiled: Compiled, sizes: StaticSizes,
+            work_dir: Path) -> tuple[dict, tuple[Path, ...], list[Path]]:
+    """The package stage's part: the manifest with the sizes' files and section, the shared
+    constants store, and the sizes' .so files to ship."""
+    store = shared_store(compiled, sizes.models, work_dir)
+    libraries = [path for model in sizes.models for path in model.compiled.artifacts]
+    return add_to_manifest(manifest, exported, sizes.models, store), store, libraries
+
+
+def report(sizes: StaticSizes) -> dict:
     """The build report's "static" section: each size's verification, and the padding gate's cases."""
     return {
         "sizes": {str(m.size): {"verification": m.verified.report(), "compile_cache_key": m.compiled.cache_key,
-                                "from_cache": m.compiled.from_cache} for m in models},
-        "padding": padding,
+                                "from_cache": m.compiled.from_cache} for m in sizes.models},
+        "padding": sizes.padding,
     }
 
 

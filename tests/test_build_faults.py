@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import progress
 from pipeline.errors import BuildInterrupted, ModelLoadError, OutputDirError, SpecError, UsageError
 from pipeline.spec import load_spec
 
@@ -260,7 +261,7 @@ def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypa
     monkeypatch.setattr(outdir.shutil, "rmtree", interrupted_rmtree)
     out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
     with pytest.raises(KeyboardInterrupt):
-        with outdir.claim_output_dir(out, say=lambda _: None):
+        with progress.reporting(progress.QuietProgress(result_stream=None)), outdir.claim_output_dir(out):
             (out / "model.so").write_bytes(b"half")
             raise KeyboardInterrupt  # the first Ctrl-C
     assert not (tmp_path / "root").exists(), sorted(map(str, (tmp_path / "root").rglob("*")))
@@ -281,7 +282,12 @@ def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
     (out.parent / f".cpu.removing-{gone.pid}").mkdir()
     (out.parent / f".cpu.displaced-{gone.pid}").symlink_to(installed)  # the wheel's link, moved aside
     said = []
-    with claim_output_dir(out, say=said.append):
+
+    class Recorded(progress.Progress):
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    with progress.reporting(Recorded()), claim_output_dir(out):
         assert sorted(p.name for p in out.iterdir()) == [MARKER]
     assert len(said) == 1 and f"taking over {out}: a build (pid {gone.pid}) that is no longer running" in said[0]
     assert sorted(p.name for p in out.parent.iterdir()) == ["cpu"]

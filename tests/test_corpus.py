@@ -3,14 +3,18 @@ hint and exit code, before anything is compiled where possible, and leaves nothi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from pipeline.errors import DoctorError, ExportError, PurityError, VerificationError
+from pipeline import doctor_checks
+from pipeline.errors import ExportError, PurityError, VerificationError
 
 from .conftest import BROKEN, run_cli
 
 SOURCE = (BROKEN / "broken_models.py").read_text().splitlines()
-CODES = DoctorError.CHECK_EXIT_CODES
+CODES = {check.name: check.exit_code for check in doctor_checks.CHECKS}
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "writing-models.md"
 
 
 def line_of(text: str) -> int:
@@ -20,7 +24,8 @@ def line_of(text: str) -> int:
 CORPUS = [
     # spec, exit code, text the error must contain, source line it must name (None: not a line-level problem)
     ("variadic", CODES["args-variadic"], "[args-variadic] forward takes *xs", "def forward(self, *xs"),
-    ("optional_argument", CODES["args-non-tensor"], "[args-optional] forward parameter 'scale' is optional", "scale: float = 1.0"),
+    # two findings (args-optional, args-non-tensor): the first in the checks' table order decides
+    ("optional_argument", CODES["args-optional"], "[args-optional] forward parameter 'scale' is optional", "scale: float = 1.0"),
     ("non_tensor_argument", CODES["args-non-tensor"], "[args-non-tensor] forward parameter 'repeats' is annotated int", "repeats: int"),
     ("writes_self", CODES["self-write"], "[self-write] forward writes self.calls", "self.calls += 1"),
     ("data_dependent", CODES["data-dependent"], "[data-dependent] `x.sum() > 0` branches on a tensor value", "if x.sum() > 0"),
@@ -43,6 +48,12 @@ def test_broken_model_is_refused_before_compiling(dirs, spec, code, says, line):
     assert "\nhint: " in ran.err and "Traceback" not in ran.err
     assert "==> compile" not in ran.err
     assert dirs.leftovers() == []
+
+
+def test_every_check_is_documented_as_declared():
+    """docs/writing-models.md's table of checks is doctor_checks.py's, row for row, in its order."""
+    rows = [line for line in DOCS.read_text().splitlines() if line.startswith("| `") and "| error |" in line]
+    assert rows == [check.docs_row() for check in doctor_checks.CHECKS]
 
 
 def test_exit_codes_are_distinct_per_kind():

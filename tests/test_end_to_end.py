@@ -7,7 +7,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -429,14 +428,14 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
 
 
 def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build, tmp_path):
-    from pipeline.errors import DoctorError
+    from pipeline import doctor_checks
 
     from .conftest import BROKEN
 
     build_dirs, _ = tiny_build
     ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(BROKEN / "data_dependent.toml"), "-j", "2",
                   "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist"), "--build-dir", str(build_dirs.build))
-    assert ran.code == DoctorError.CHECK_EXIT_CODES["data-dependent"], ran.err
+    assert ran.code == doctor_checks.DATA_DEPENDENT.exit_code, ran.err
     assert "1 of 2 builds succeeded" in ran.err and "(2 at a time)" in ran.err
     assert "data_dependent.toml FAILED (exit 24)" in ran.err and "branches on a tensor value" in ran.err
     assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [wheel.name for wheel in build_dirs.dist.glob("*.whl")]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import DoctorError, ModelLoadError, VerificationError
+from pipeline import doctor_checks
+from pipeline.errors import ModelLoadError, VerificationError
 from pipeline import precision
 from pipeline.export import prepare, where_defined
 from pipeline.loader import load_model, state_sha256
@@ -192,7 +193,7 @@ def test_doctor_names_the_decorated_forwards_own_file_and_line(tmp_path):
         return -y
         """)
     ran = run_cli("doctor", "--spec", str(tmp_path / "spec.toml"))
-    assert ran.code == DoctorError.CHECK_EXIT_CODES["data-dependent"], ran.err
+    assert ran.code == doctor_checks.DATA_DEPENDENT.exit_code, ran.err
     assert f"{model}:{line_of(model, 'if y.sum().item()')}: error [data-dependent]" in ran.err
     assert "helpers.py" not in ran.err
 
