@@ -96,7 +96,8 @@ def build_target(
     facts = targets.get(target)
     progress.timings.clear()
     progress.expect(store.stage_times(spec.model.name, target))
-    with progress.stage("load", f"{spec.model.factory} ({spec_file.path})"):
+    source = spec.model.factory or f"{spec.model.hf} for {spec.model.task}"
+    with progress.stage("load", f"{source} ({spec_file.path})"):
         loaded = load_model(spec_file)
     cxx_version = find_cxx()
     if not keep_debug:  # checked before minutes of compiling, not after
@@ -142,6 +143,8 @@ def build_target(
         if statics:
             report["static"] = static.report(statics, padding)
         report["doctor"] = [f.format() for f in findings]
+        if "checkpoint" in manifest:  # the manifest names the folder; the report says where it was
+            report["checkpoint"] = {**manifest["checkpoint"], "path": spec.model.hf}
         report["build_cache"] = {"key": build_key, "reused": False}
         return commit(wheel, report, dist_dir, manifest["import_name"], manifest["full_version"], (store, build_key),
                       overwrite=overwrite)
