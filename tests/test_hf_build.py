@@ -133,7 +133,8 @@ def check_wheel(dirs: BuildDirs, folder: Path, family: str, venv_python: Path) -
     assert manifest["checkpoint"] == {"folder": folder.name, "task": task, "config_sha256": config_sha256,
                                       "library": manifest["checkpoint"]["library"], "class": manifest["checkpoint"]["class"]}
     assert [o["name"] for o in manifest["outputs"]] == outputs
-    assert f"config.json sha256 {config_sha256[:16]}" in metadata  # the summary and the README
+    assert f"config.json sha256 {config_sha256[:16]}" in metadata.split("\n\n")[0]  # the summary
+    assert f"task {task}, config.json sha256 `{config_sha256}`" in metadata  # the README
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not [r for r in requires if "transformers" in r or "diffusers" in r], requires
     report = json.loads(next(dirs.dist.glob("*.report.json")).read_text())
@@ -173,6 +174,28 @@ def test_text_encoder_spec_comes_from_the_config(tmp_path):
         ("input_ids", ["batch", "sequence"], "int64", 100), ("attention_mask", ["batch", "sequence"], "int64", 2)]
     assert (spec.dims["sequence"].min, spec.dims["sequence"].max) == (1, 64)  # max_position_embeddings
     assert [o.name for o in spec.outputs] == ["last_hidden_state"]
+
+
+def test_an_encoder_saved_with_a_head_builds_without_its_unused_pooler(tmp_path):
+    """A BertForMaskedLM folder as feature-extraction: AutoModel's pooler is not in it, and the
+    kept output (last_hidden_state) never uses it; every weight that is used comes from the folder."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from pipeline.export import example_inputs
+    from pipeline.loader import call_forward, load_model
+
+    torch.manual_seed(0)
+    saved = BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, max_position_embeddings=64))
+    saved.save_pretrained(tmp_path / "mlm")
+    (tmp_path / "spec.toml").write_text('[model]\nname = "e"\nversion = "1"\nhf = "mlm"\ntask = "feature-extraction"\n')
+    spec_file = load_spec(tmp_path / "spec.toml")
+    loaded = load_model(spec_file)
+    inputs = example_inputs(spec_file)
+    with torch.no_grad():
+        expected = saved.eval().bert(input_ids=inputs[0], attention_mask=inputs[1]).last_hidden_state
+        assert torch.equal(call_forward(loaded.module, inputs), expected)
+    assert tmp_path / "mlm" / "config.json" in loaded.source_files  # the config is hashed with the code
 
 
 def test_a_spec_overrides_the_generated_keys(tmp_path):
