@@ -211,7 +211,8 @@ def find_task(name: str) -> Task | None:
 
 def supported() -> str:
     """The task table as a user reads it in a refusal."""
-    return "\n".join(f"  {name:<22} {task.summary}" for name, task in TASKS.items())
+    aliases = ", ".join(f"{alias} = {name}" for alias, name in ALIASES.items())
+    return "\n".join(f"  {name:<22} {task.summary}" for name, task in TASKS.items()) + f"\n  (also: {aliases})"
 
 
 WRAPPER_EXAMPLE = '''\
@@ -227,5 +228,5 @@ WRAPPER_EXAMPLE = '''\
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-  with [model] factory = "model:Wrapped" and the spec's [dims], [[inputs]] and [[outputs]]
-  (docs/library-models.md#a-wrapper-of-your-own)'''
+  with [model] factory = "model:Wrapped", [weights] seed = 0 (the weights it loads are the ones
+  that ship) and the spec's [dims], [[inputs]] and [[outputs]] (docs/library-models.md#a-wrapper-of-your-own)'''

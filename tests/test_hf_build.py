@@ -176,6 +176,19 @@ def test_text_encoder_spec_comes_from_the_config(tmp_path):
     assert [o.name for o in spec.outputs] == ["last_hidden_state"]
 
 
+def test_decoder_spec_bounds_the_sequence_by_its_positions(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=48, n_embd=32, n_layer=1, n_head=4)).save_pretrained(
+        tmp_path / "gpt2")
+    (tmp_path / "spec.toml").write_text('[model]\nname = "g"\nversion = "1"\nhf = "gpt2"\ntask = "causal-lm"\n')
+    spec = load_spec(tmp_path / "spec.toml").spec
+    assert [(i.name, i.shape, i.high) for i in spec.inputs] == [("input_ids", ["batch", "sequence"], 128)]
+    assert (spec.dims["sequence"].max, spec.dims["sequence"].export_size) == (48, 16)  # GPT-2's n_positions
+    assert [o.name for o in spec.outputs] == ["logits"] and spec.model.task == "text-generation"
+
+
 def test_an_encoder_saved_with_a_head_builds_without_its_unused_pooler(tmp_path):
     """A BertForMaskedLM folder as feature-extraction: AutoModel's pooler is not in it, and the
     kept output (last_hidden_state) never uses it; every weight that is used comes from the folder."""
