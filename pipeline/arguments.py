@@ -43,8 +43,15 @@ def parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="export, compile, verify and package one model spec",
                                 parents=[_common_flags("print one JSON record of the build on stdout "
                                                        "(docs/how-a-build-works.md#the-json-record)")])
-    build.add_argument("--spec", required=True, action="append",
-                       help="path to a model's spec.toml (or its folder); repeat to build several in parallel")
+    build.add_argument("--spec", action="append",
+                       help="path to a model's spec.toml (or its folder); repeat to build several in parallel; with "
+                            "--hf, keys that override the ones made from the checkpoint")
+    build.add_argument("--hf", metavar="DIR",
+                       help="build a transformers or diffusers save_pretrained folder, no code needed (needs --task, "
+                            "--name, --version; docs/library-models.md)")
+    build.add_argument("--task", help="with --hf: image-classification, object-detection, semantic-segmentation, "
+                                      "feature-extraction, text-generation or denoising")
+    build.add_argument("--name", help="with --hf: the model's name (the wheel is model-<name>)")
     build.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds (default: the machine's cores)")
     build.add_argument(
         "--root",

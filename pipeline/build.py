@@ -138,13 +138,14 @@ def build_target(ctx: BuildContext) -> BuildResult:
             tuned, compiled, statics = compile_stage(ctx, exported, loaded, planned, skipped, weights_file, cxx_version)
             verified, sizes = verify_stage(ctx, exported, compiled, statics, weights_file)
             packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
-        report = make_report(packaged, verified, ctx.progress.timings, compiled, tuned, findings, build_key)
+        report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key)
         return commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
                       packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
 
 
 def load_stage(ctx: BuildContext) -> LoadedModel:
-    with ctx.progress.stage("load", f"{ctx.spec_file.spec.model.factory} ({ctx.spec_file.path})"):
+    model = ctx.spec_file.spec.model
+    with ctx.progress.stage("load", f"{model.factory or f'{model.hf} for {model.task}'} ({ctx.spec_file.path})"):
         return load_model(ctx.spec_file)
 
 
@@ -247,9 +248,9 @@ def _keep_what_was_tested(existing: Path, sha256: str) -> None:
         )
 
 
-def make_report(packaged: Packaged, verified: Verified, timings: dict[str, float], compiled: Compiled, tuned: Tuned,
+def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compiled: Compiled, tuned: Tuned,
                 findings: list, build_key: str) -> dict[str, Any]:
-    manifest, wheel = packaged.manifest, packaged.wheel
+    manifest, wheel, timings = packaged.manifest, packaged.wheel, ctx.progress.timings
     report = {
         "model": manifest["name"],
         "import_name": manifest["import_name"],
@@ -275,6 +276,8 @@ def make_report(packaged: Packaged, verified: Verified, timings: dict[str, float
     if packaged.sizes.models:
         report["static"] = static.report(packaged.sizes)
     report["doctor"] = [f.format() for f in findings]
+    if "checkpoint" in manifest:  # the manifest names the folder; the report says where it was
+        report["checkpoint"] = {**manifest["checkpoint"], "path": ctx.spec_file.spec.model.hf}
     report["build_cache"] = {"key": build_key, "reused": False}
     return report
 

@@ -147,11 +147,19 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     if jobs is not None and jobs < 1:
         raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
                          "give -j N with N >= 1, or leave -j out to use one build per core")
-    if isinstance(args.spec, list) and len(args.spec) > 1:
+    if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
+        spec_file = _checkpoint_spec(args)
+        args.version = None  # already the spec's
+    elif not args.spec:
+        raise UsageError("give --spec PATH, or --hf DIR for a save_pretrained folder",
+                         "e.g. modelwheel build --spec models/unet/spec.toml, or modelwheel build --hf ./my-vit "
+                         "--task image-classification --name my_vit --version 1.0")
+    elif isinstance(args.spec, list) and len(args.spec) > 1:
         return _build_many(args, progress)
-    if isinstance(args.spec, list):
-        args.spec = args.spec[0]
-    spec_file = load_spec(args.spec)
+    else:
+        if isinstance(args.spec, list):
+            args.spec = args.spec[0]
+        spec_file = load_spec(args.spec)
     weights, version = getattr(args, "weights", None), getattr(args, "version", None)
     if weights and not version:
         raise UsageError(
@@ -199,6 +207,25 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
+
+
+def _checkpoint_spec(args: argparse.Namespace):
+    """build --hf DIR --task TASK --name N --version V [--spec overrides.toml]."""
+    from .hf import checkpoint_spec, guess_task
+
+    if not args.hf:
+        raise UsageError("--task and --name go with --hf DIR (a save_pretrained folder)",
+                         "add --hf DIR, or leave them out and build a spec with --spec")
+    if not args.task:
+        raise UsageError(f"--hf {args.hf}: needs --task: a checkpoint folder is built for one task", guess_task(args.hf))
+    if args.spec and len(args.spec) > 1:
+        raise UsageError("--hf takes at most one --spec (the keys that override the checkpoint's)",
+                         "build other specs in a command of their own")
+    if getattr(args, "weights", None):
+        raise UsageError("--weights does not apply to --hf: the weights come from the folder's safetensors files",
+                         "save the new weights with save_pretrained() into a folder and give it to --hf")
+    return checkpoint_spec(args.hf, args.task, name=args.name, version=args.version,
+                           spec=args.spec[0] if args.spec else None)
 
 
 def _spec_from(args: argparse.Namespace):

@@ -136,6 +136,21 @@ class TargetUnavailableError(PipelineError):
     kind = "target"
 
 
+class CheckpointError(PipelineError):
+    """A save_pretrained folder (--hf, [model] hf) is missing, incomplete, not safetensors, or does
+    not fit the task asked for."""
+
+    exit_code = 18
+    kind = "checkpoint"
+
+
+class UnsupportedTaskError(PipelineError):
+    """--task names a task the build does not know for checkpoint folders; the hint shows the wrapper to write."""
+
+    exit_code = 19
+    kind = "task"
+
+
 class BuildInterrupted(PipelineError):
     """The build was stopped by SIGINT or SIGTERM; the message says what it kept (its work files under build/)."""
 

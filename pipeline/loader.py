@@ -206,6 +206,10 @@ def state_sha256(module: torch.nn.Module) -> str:
 
 def load_model(spec_file: SpecFile) -> LoadedModel:
     spec = spec_file.spec
+    if spec.model.hf is not None:  # a save_pretrained folder: the task's wrapper around from_pretrained
+        from .hf import load_checkpoint
+
+        return load_checkpoint(spec_file)
     factory = _import_factory(spec_file)
     if spec.weights.seed is not None:
         torch.manual_seed(spec.weights.seed)

@@ -14,6 +14,7 @@ import torch
 
 from . import targets
 from .compile import Compiled
+from .hf import checkpoint_record
 from .export import Exported, export_sizes, spec_inputs
 from .loader import weight_tensors
 from .templates import wheel_integrity, wheel_weights
@@ -92,6 +93,8 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
             "not_tried": [{"name": s.name, "reason": s.reason} for s in tuned.skipped],
         },
         "content_hash": exported.content_hash,
+        # A build from a save_pretrained folder names it, and its config.json's hash (issue 30).
+        **({"checkpoint": record} if (record := checkpoint_record(spec)) else {}),
     }
 
 

@@ -125,6 +125,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
         "torch_version": manifest["torch"]["distribution"],
         "summary": (manifest["description"] or f"Compiled PyTorch model {manifest['name']}").replace('"', "'"),
         "platform_tag": tag,
+        "checkpoint_note": checkpoint_note(manifest),
         "requires_python": requires_python(),
         "license_line": license_line,
         "urls_table": urls_table,
@@ -145,6 +146,14 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
     # The zip stores file modes: make them independent of the umask and the compiler's choices.
     for path in staging.rglob("*"):
         os.chmod(path, 0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
+
+
+def checkpoint_note(manifest: dict[str, Any]) -> str:
+    """The README's line naming the save_pretrained folder a wheel was built from (none for a factory's)."""
+    found = manifest.get("checkpoint")
+    return "" if not found else (
+        f"\n\nBuilt from the save_pretrained folder `{found['folder']}`: {found['library']} {found['class']}, "
+        f"task {found['task']}, config.json sha256 `{found['config_sha256']}`.")
 
 
 def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[Path], work_dir: Path) -> Wheel:

@@ -7,7 +7,7 @@ import re
 import tomllib
 import urllib.parse
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
 from packaging.version import InvalidVersion, Version
@@ -37,10 +37,12 @@ MAX_SUMMARY = 512
 
 class ModelSection(_Frozen):
     model_config = ConfigDict(allow_inf_nan=True)  # kwargs are the factory's to judge
-    _LATE_KEYS = ("license", "urls")
+    _LATE_KEYS = ("license", "urls", "hf", "task")
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
     version: str
-    factory: str = Field(description="importable 'package.module:callable' returning the nn.Module")
+    factory: str | None = Field(None, description="importable 'package.module:callable' returning the nn.Module")
+    hf: str | None = Field(None, description="a save_pretrained folder to build instead of a factory (pipeline/hf.py)")
+    task: str | None = Field(None, description="what to build the hf folder for: image-classification, …")
     kwargs: dict[str, int | float | str | bool | list[int]] = {}
     description: str = ""
     license: str | None = Field(None, description="an SPDX license expression: the wheel's License-Expression")
@@ -102,10 +104,19 @@ class ModelSection(_Frozen):
 
     @field_validator("factory")
     @classmethod
-    def _factory(cls, value: str) -> str:
-        if not FACTORY_RE.fullmatch(value):
+    def _factory(cls, value: str | None) -> str | None:
+        if value is not None and not FACTORY_RE.fullmatch(value):
             raise ValueError("must look like 'package.module:callable' (e.g. 'models.unet.model:build_unet')")
         return value
+
+    @model_validator(mode="after")
+    def _one_model(self) -> "ModelSection":
+        if (self.factory is None) == (self.hf is None):
+            raise ValueError("give exactly one of 'factory' (your code: 'package.module:callable') or 'hf' (a "
+                             "save_pretrained folder, with 'task')")
+        if self.task is not None and self.hf is None:
+            raise ValueError("'task' goes with 'hf' (a save_pretrained folder); a factory's spec has no task")
+        return self
 
 
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes no larger one
@@ -121,7 +132,8 @@ class WeightsSection(_Frozen):
 
     @model_validator(mode="after")
     def _one_source(self) -> "WeightsSection":
-        if (self.seed is None) == (self.file is None):
+        # Neither: a checkpoint folder's spec, whose weights come from the folder (Spec checks which).
+        if self.seed is not None and self.file is not None:
             raise ValueError("give exactly one of 'seed' (seeded init) or 'file' (a .safetensors file)")
         if self.file is not None and not self.file.endswith(".safetensors"):
             raise ValueError("'file' must be a .safetensors file")
@@ -287,7 +299,7 @@ RESERVED_DIM_NAMES = ("seed", "device")
 
 class Spec(_Frozen):
     model: ModelSection
-    weights: WeightsSection
+    weights: WeightsSection = WeightsSection()
     dims: dict[str, DimSpec] = {}
     inputs: list[InputSpec] = Field(min_length=1)
     outputs: list[OutputSpec] = Field(min_length=1)
@@ -306,6 +318,16 @@ class Spec(_Frozen):
                                  f"example_inputs(), so a name must be a Python identifier other than "
                                  f"{' or '.join(repr(n) for n in RESERVED_DIM_NAMES)}")
         return value
+
+    @model_validator(mode="after")
+    def _weights_source(self) -> "Spec":
+        given = self.weights.seed is not None or self.weights.file is not None
+        if self.model.hf is None and not given:
+            raise ValueError("weights: give exactly one of 'seed' (seeded init) or 'file' (a .safetensors file)")
+        if self.model.hf is not None and given:
+            raise ValueError("weights: a checkpoint folder's weights come from its safetensors files: remove 'seed' "
+                             "and 'file' from [weights] (or build with a factory)")
+        return self
 
     @model_validator(mode="after")
     def _names(self) -> "Spec":
@@ -397,8 +419,8 @@ def _key(loc: tuple[object, ...]) -> str:
     return key or "(top level)"
 
 
-def load_spec(path: str | Path) -> SpecFile:
-    """Read and validate a spec; every problem is a SpecError naming the file and the TOML key."""
+def read_spec_toml(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The spec file's path (a folder's spec.toml) and its TOML, not yet validated."""
     spec_path = Path(path).resolve()
     if spec_path.is_dir():
         spec_path = spec_path / "spec.toml"
@@ -406,9 +428,25 @@ def load_spec(path: str | Path) -> SpecFile:
         raise SpecError(f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml (e.g. models/unet/spec.toml)")
     try:
         # utf-8-sig: a byte-order mark (Windows editors write one) is read past, not a TOML error
-        raw = tomllib.loads(spec_path.read_text(encoding="utf-8-sig"))
+        return spec_path, tomllib.loads(spec_path.read_text(encoding="utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{spec_path}: not valid TOML: {exc}", "fix the TOML syntax at the position given") from exc
+
+
+def load_spec(path: str | Path) -> SpecFile:
+    """Read and validate a spec; every problem is a SpecError naming the file and the TOML key."""
+    spec_path, raw = read_spec_toml(path)
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("hf") is not None:  # a checkpoint folder: the rest from its config
+        from .hf import complete_spec
+
+        raw = complete_spec(raw, spec_path.parent, str(spec_path))
+    return validated(raw, spec_path)
+
+
+def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) -> SpecFile:
+    """``raw`` validated as a spec read from ``spec_path`` (``where`` names it in errors)."""
+    where = where or str(spec_path)
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as exc:
@@ -422,7 +460,7 @@ def load_spec(path: str | Path) -> SpecFile:
                 message = "unknown key (check its spelling; see docs/quickstart.md for the spec keys)"
             problems.append(f"  key '{_key(loc)}': {message}")
         raise SpecError(
-            f"{spec_path}: invalid spec\n" + "\n".join(problems),
+            f"{where}: invalid spec\n" + "\n".join(problems),
             "fix the keys listed above; docs/quickstart.md describes every spec key",
         ) from exc
     spec_file = SpecFile(path=spec_path, spec=spec)

@@ -1,17 +1,10 @@
 """diffusers UNet2DConditionModel: a conditional diffusion UNet (cross-attention on text states)."""
 
-import torch
 from diffusers import UNet2DConditionModel
 from torch import nn
 
-
-class Denoiser(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.model(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+# The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
+from pipeline.hf_tasks import Denoiser
 
 
 def build() -> nn.Module:

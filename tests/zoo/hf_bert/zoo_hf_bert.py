@@ -1,17 +1,10 @@
 """transformers BERT encoder: token ids and an attention mask in, hidden states out."""
 
-import torch
 from transformers import BertConfig, BertModel
 from torch import nn
 
-
-class Encoder(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+# The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
+from pipeline.hf_tasks import TextEncoder as Encoder
 
 
 def build() -> nn.Module:

@@ -1,19 +1,11 @@
 """transformers DETR: transformers' own ResNet backbone (not timm's), a transformer encoder and
 decoder over object queries; class logits and boxes out."""
 
-import torch
 from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 from torch import nn
 
-
-class Detector(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(pixel_values=pixel_values)
-        return out.logits, out.pred_boxes
+# The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
+from pipeline.hf_tasks import Detector
 
 
 def build() -> nn.Module:

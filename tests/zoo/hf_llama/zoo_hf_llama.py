@@ -1,18 +1,11 @@
 """transformers Llama: an LLM-style decoder (RoPE, RMSNorm, grouped-query attention, SwiGLU),
 one forward over a prompt, no KV cache."""
 
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from torch import nn
 
-
-class Decoder(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
+# The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
+from pipeline.hf_tasks import CausalLM as Decoder
 
 
 def build() -> nn.Module:

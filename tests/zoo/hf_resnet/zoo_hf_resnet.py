@@ -1,17 +1,10 @@
 """transformers ResNet (a BatchNorm CNN), a small config, seeded random weights."""
 
-import torch
 from transformers import ResNetConfig, ResNetForImageClassification
 from torch import nn
 
-
-class Classifier(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=pixel_values).logits
+# The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
+from pipeline.hf_tasks import ImageLogits as Classifier
 
 
 def build() -> nn.Module:

@@ -1,0 +1,277 @@
+"""Build from a `save_pretrained` folder with no code (issue 30): `--hf DIR --task TASK`, or
+`[model] hf = "…"` and `task = "…"` in a spec.
+
+The folder's config.json and the task (pipeline/hf_tasks.py) make the spec's dims, inputs and
+outputs; keys the user's spec gives override them, and the result goes through the same
+validation as any spec. The weights come from the folder's safetensors files, loaded with
+`from_pretrained(local_files_only=True)`: nothing is downloaded and no pickle file is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError, ModelLoadError, SpecError, UnsupportedTaskError, UsageError
+from .hf_tasks import TASKS, WRAPPER_EXAMPLE, ConfigProblem, Facts, Task, find_task, supported
+
+PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+SUMMARY_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")  # what a wheel's one-line summary cannot hold
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    folder: Path  # the model's own folder (a diffusers pipeline's unet/ for the denoising task)
+    library: str  # "transformers" or "diffusers"
+    class_name: str  # what saved it: config.json's architectures[0] or _class_name
+    config_file: Path
+    config_sha256: str
+    facts: Facts
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read it as JSON: {exc}",
+                              "save the model again with save_pretrained(), which writes this file") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: holds a {type(value).__name__}, not a JSON object",
+                              "save the model again with save_pretrained()")
+    return value
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return _read_json(path) if path.is_file() else {}
+
+
+def _model_folder(folder: Path, task: Task) -> Path:
+    """The folder whose config.json describes the model: a diffusers pipeline's (model_index.json
+    beside unet/, vae/, …) keeps its UNet in unet/."""
+    if not folder.is_dir():
+        raise CheckpointError(f"--hf {folder}: {'is not a folder' if folder.exists() else 'does not exist'}",
+                              "give the folder that model.save_pretrained(folder) wrote")
+    if (folder / "model_index.json").is_file() and not (folder / "config.json").is_file():
+        if task.library == "diffusers" and (folder / "unet" / "config.json").is_file():
+            return folder / "unet"
+        raise CheckpointError(f"{folder}: is a diffusers pipeline folder (model_index.json) without a "
+                              f"{'unet/ subfolder' if task.library == 'diffusers' else 'transformers model'}",
+                              "give the folder of one model of it (e.g. DIR/unet with --task denoising)")
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: not a save_pretrained folder: it holds no config.json",
+                              "give the folder that model.save_pretrained(folder) wrote (config.json and "
+                              "*.safetensors), from transformers or diffusers")
+    return folder
+
+
+def _library(config_file: Path, config: dict[str, Any]) -> tuple[str, str]:
+    if "_class_name" in config:
+        return "diffusers", str(config["_class_name"])
+    if "model_type" in config:
+        return "transformers", str((config.get("architectures") or [config["model_type"]])[0])
+    raise CheckpointError(f"{config_file}: has neither 'model_type' (transformers) nor '_class_name' (diffusers)",
+                          "give a folder written by a transformers or diffusers model's save_pretrained()")
+
+
+def _require_safetensors(folder: Path) -> None:
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for pattern in PICKLED for p in folder.glob(pattern))
+    if pickled:
+        raise CheckpointError(
+            f"{folder}: holds {', '.join(pickled)} (pickle) but no .safetensors file: modelwheel loads weights only "
+            "from safetensors, since loading a pickle file runs code from it",
+            "save it again as safetensors: load it where you trust the file, then model.save_pretrained(folder) "
+            "(transformers 5 and diffusers write model.safetensors by default; older transformers need "
+            "safe_serialization=True)")
+    raise CheckpointError(f"{folder}: holds no weights (*.safetensors)",
+                          "give the folder that model.save_pretrained(folder) wrote, weights included")
+
+
+def resolve_task(name: str, folder: Path | str) -> Task:
+    task = find_task(name)
+    if task is None:
+        raise UnsupportedTaskError(
+            f"task {name!r} is not one modelwheel builds from a checkpoint folder with no code; it builds:\n"
+            f"{supported()}",
+            "for another task, write a small wrapper and a spec instead:\n" + WRAPPER_EXAMPLE.format(folder=folder))
+    return task
+
+
+def inspect_checkpoint(folder: Path, task: Task) -> Checkpoint:
+    model_folder = _model_folder(folder, task)
+    config_file = model_folder / "config.json"
+    config = _read_json(config_file)
+    library, class_name = _library(config_file, config)
+    if library != task.library:
+        raise CheckpointError(f"{model_folder}: is a {library} checkpoint ({class_name}), but task {task.name!r} builds "
+                              f"{task.library} models ({task.loader})",
+                              "pick the task that fits the model; the tasks are:\n" + supported())
+    _require_safetensors(model_folder)
+    pipeline = model_folder.parent if model_folder != folder.resolve() and model_folder.name == "unet" else None
+    facts = Facts(config=config, preprocessor=_optional_json(folder / "preprocessor_config.json"),
+                  text_config=_optional_json(pipeline / "text_encoder" / "config.json") if pipeline else {},
+                  scheduler=_optional_json(pipeline / "scheduler" / "scheduler_config.json") if pipeline else {})
+    return Checkpoint(folder=model_folder, library=library, class_name=class_name, config_file=config_file,
+                      config_sha256=hashlib.sha256(config_file.read_bytes()).hexdigest(), facts=facts)
+
+
+def _description(checkpoint: Checkpoint, task: Task) -> str:
+    folder = SUMMARY_REFUSED.sub("?", checkpoint.folder.name)
+    return (f"{checkpoint.class_name} ({task.name}) from the save_pretrained folder '{folder}', "
+            f"config.json sha256 {checkpoint.config_sha256[:16]}")
+
+
+def _merged(generated: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The user's keys over the generated ones: [model] and each [dims.X] key by key, the
+    [[inputs]] and [[outputs]] lists whole, every other section as the user gave it."""
+    merged = {**generated, **raw}
+    merged["model"] = {**generated["model"], **raw.get("model", {})}
+    dims = {name: dict(dim) for name, dim in generated["dims"].items()}
+    for name, dim in (raw.get("dims") or {}).items():
+        if name in dims and isinstance(dim, dict):
+            if ("min" in dim or "max" in dim) and "example" not in dim:
+                dims[name].pop("example", None)  # the generated one may lie outside the new range
+            dims[name].update(dim)
+        else:
+            dims[name] = dim
+    merged["dims"] = dims
+    return merged
+
+
+def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]:
+    """A spec's TOML (``raw``, with ``model.hf`` set) completed from the checkpoint folder; a
+    relative ``hf`` is taken from ``base`` (the spec's folder, or the current one for --hf)."""
+    model = raw.get("model", {})
+    if "factory" in model:
+        raise SpecError(f"{where}: key 'model.factory': given with 'model.hf': a spec builds either your factory or "
+                        "a checkpoint folder", "remove one of them")
+    if not model.get("task"):
+        raise SpecError(f"{where}: key 'model.task': missing: a checkpoint folder is built for one task",
+                        f"add task = \"…\" under [model], one of:\n{supported()}")
+    folder = (base / str(model["hf"])).resolve()
+    task = resolve_task(str(model["task"]), folder)
+    checkpoint = inspect_checkpoint(folder, task)
+    try:
+        generated = task.spec(checkpoint.facts)
+    except ConfigProblem as exc:
+        raise CheckpointError(f"{checkpoint.config_file}: {exc}, so the {task.name} task cannot make its inputs",
+                              "pick the task that fits the model, or write a wrapper and a spec "
+                              "(docs/library-models.md#a-wrapper-of-your-own)") from exc
+    generated["model"] = {"description": _description(checkpoint, task)}
+    completed = _merged(generated, raw)
+    completed["model"].update(hf=str(folder), task=task.name)
+    return completed
+
+
+def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None, spec: str | None):
+    """The SpecFile for `build --hf DIR --task TASK [--name N] [--version V] [--spec overrides.toml]`."""
+    from .spec import read_spec_toml, validated
+
+    spec_path, raw = read_spec_toml(spec) if spec else (None, {})
+    model = raw.setdefault("model", {})
+    if not isinstance(model, dict):
+        raise SpecError(f"{spec_path}: key 'model': must be a table ([model])", "write [model] as a TOML table")
+    model.update({key: value for key, value in (("name", name), ("version", version)) if value})
+    missing = [flag for flag, key in (("--name", "name"), ("--version", "version")) if key not in model]
+    if missing:
+        raise UsageError(f"--hf needs {' and '.join(missing)}: the wheel is model-<name>, version <version>",
+                         f"e.g. --name {_suggested_name(Path(hf))} --version 1.0")
+    model.update(hf=str(Path(hf).resolve()), task=task)
+    where = str(spec_path) if spec_path else f"--hf {hf}"
+    completed = complete_spec(raw, Path.cwd(), where)
+    path = spec_path or Path(completed["model"]["hf"]) / "config.json"
+    return validated(completed, path, where)
+
+
+def _suggested_name(folder: Path) -> str:
+    name = re.sub(r"[^a-z0-9_]+", "_", folder.resolve().name.lower()).strip("_")
+    return name if name[:1].isalpha() else f"model_{name}"
+
+
+def guess_task(folder: str) -> str:
+    """A hint for --hf without --task: the task the saved class's name suggests."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        saved = str((config.get("architectures") or [config.get("_class_name", "")])[0])
+    except (OSError, ValueError, AttributeError, IndexError, TypeError):
+        return f"add --task, one of:\n{supported()}"
+    hints = {"ImageClassification": "image-classification", "ObjectDetection": "object-detection",
+             "SemanticSegmentation": "semantic-segmentation", "CausalLM": "text-generation", "LMHead": "text-generation",
+             "UNet2DCondition": "denoising"}
+    for fragment, task in hints.items():
+        if fragment in saved:
+            return f"its config.json names {saved}: add --task {task}"
+    return f"its config.json names {saved or 'no class'}; add --task, one of:\n{supported()}"
+
+
+def _from_pretrained(checkpoint: Checkpoint, task: Task):
+    import torch
+
+    # Read when huggingface_hub is imported: no request leaves this process, whatever the folder says.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        library = __import__(task.library)
+    except ImportError as exc:
+        raise ModelLoadError(f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed "
+                             f"here ({exc})", f"pip install {task.library} into the environment that runs modelwheel "
+                                               "(the wheel it builds does not need it)") from exc
+    loader = getattr(library, task.loader)
+    dtype = {"dtype": torch.float32, "trust_remote_code": False} if task.library == "transformers" else {
+        "torch_dtype": torch.float32}
+    try:
+        return loader.from_pretrained(str(checkpoint.folder), local_files_only=True, use_safetensors=True,
+                                      output_loading_info=True, **dtype)
+    except Exception as exc:  # the libraries raise ValueError, OSError, KeyError… for a folder they cannot load
+        raise CheckpointError(f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
+                              f"task {task.name!r}: {type(exc).__name__}: {exc}",
+                              "check that the task fits the model (the tasks are listed by --task help) and that the "
+                              "folder is complete") from exc
+
+
+def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> None:
+    """Weights the folder lacks would be left at random: refuse, unless the outputs never use them."""
+    missing = [k for k in info.get("missing_keys", []) if not k.startswith(task.unused)]
+    mismatched = [str(m) for m in info.get("mismatched_keys", [])]
+    if missing or mismatched:
+        shown = [f"missing: {k}" for k in sorted(missing)] + [f"mismatched: {m}" for m in mismatched]
+        raise CheckpointError(
+            f"{checkpoint.folder}: the safetensors files lack weights that {task.loader} for task {task.name!r} "
+            f"needs (they would be random):\n  " + "\n  ".join(shown[:20]),
+            "pick the task the checkpoint was trained for (its config.json names "
+            f"{checkpoint.class_name}), or save the whole model with save_pretrained()")
+
+
+def load_checkpoint(spec_file):
+    """The wrapped model of a spec with ``model.hf``, as loader.load_model returns a factory's."""
+    from .loader import LoadedModel, _source_files, state_sha256
+
+    spec = spec_file.spec
+    task = resolve_task(spec.model.task, spec.model.hf)
+    checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
+    model, info = _from_pretrained(checkpoint, task)
+    _check_loaded(checkpoint, task, info)
+    module = task.wrapper(model).eval()
+    # config.json among the sources: its values (eps, scales) shape the graph, so it is part of
+    # the content hash as a factory's code is.
+    sources = sorted({*_source_files(task.wrapper, module), checkpoint.config_file})
+    return LoadedModel(module=module, source_files=tuple(sources), weights_sha256=state_sha256(module))
+
+
+def checkpoint_record(spec) -> dict[str, Any] | None:
+    """What the manifest says of the checkpoint (no path: a manifest does not depend on where the
+    build ran); the report adds the folder's path."""
+    if spec.model.hf is None:
+        return None
+    task = resolve_task(spec.model.task, spec.model.hf)
+    checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
+    return {"folder": checkpoint.folder.name, "task": task.name, "library": checkpoint.library,
+            "class": checkpoint.class_name, "config_sha256": checkpoint.config_sha256}
+
+
+__all__ = ["TASKS", "checkpoint_record", "checkpoint_spec", "complete_spec", "guess_task", "load_checkpoint"]

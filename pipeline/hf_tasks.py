@@ -1,0 +1,232 @@
+"""What the build knows per task of a `save_pretrained` folder (issue 30): the library class that
+loads it, the wrapper that turns its keyword options and output objects into tensors, and the
+spec's dims, inputs and outputs, read from the folder's config.json.
+
+As Optimum's task tables do for ONNX: a task names a family of models (every ViT, DeiT, ResNet…
+image classifier is `image-classification`), and the config gives the sizes. The wrappers are
+the ones a user would write (docs/library-models.md#the-wrapper); the zoo's specs use them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+# A text model's sequence bound is its max positions, capped: verify runs every dim at its max,
+# and Llama 3's 131072 positions would need an attention matrix no build machine holds.
+MAX_SEQUENCE = 2048
+DEFAULT_IMAGE_SIZE = 224  # what most image processors resize to, where neither config says
+DEFAULT_TEXT_LENGTH = 77  # CLIP's text length: what Stable Diffusion's UNets are conditioned on
+DEFAULT_BATCH = {"min": 1, "max": 8}
+
+
+class ImageLogits(nn.Module):
+    """Image classification and semantic segmentation: pixels in, `.logits` out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model  # state_dict names: "model.…"
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+class Detector(nn.Module):
+    """Object detection (DETR-style): class logits and boxes per query; the box selection after
+    it (thresholds, NMS) has data-dependent sizes and stays outside the compiled model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(pixel_values=pixel_values)
+        return out.logits, out.pred_boxes
+
+
+class TextEncoder(nn.Module):
+    """Feature extraction: token ids and a mask in, the last hidden states out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class CausalLM(nn.Module):
+    """One forward of a decoder over a prompt: logits, no KV cache (a cache is state carried
+    between calls, which a compiled forward does not keep)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+class Denoiser(nn.Module):
+    """One denoising step of a conditional UNet; the scheduler loop stays in Python."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+
+
+class ConfigProblem(ValueError):
+    """config.json lacks what the task needs; the caller names the folder."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the spec is made from: the model's config.json, and what sits beside it."""
+
+    config: dict[str, Any]
+    preprocessor: dict[str, Any]  # preprocessor_config.json, or {}
+    text_config: dict[str, Any]  # a diffusers pipeline's text_encoder/config.json, or {}
+    scheduler: dict[str, Any]  # a diffusers pipeline's scheduler/scheduler_config.json, or {}
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    library: str  # "transformers" or "diffusers"
+    loader: str  # the class whose from_pretrained loads the folder
+    wrapper: type[nn.Module]
+    spec: Callable[[Facts], dict[str, Any]]  # dims, inputs, outputs
+    summary: str
+    # Weights the kept outputs never use, so the folder may lack them (BertModel's pooler, when
+    # the folder was saved from a BertForMaskedLM).
+    unused: tuple[str, ...] = ()
+
+
+def _square(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return value[0], value[1]
+    if isinstance(value, dict):  # an image processor's {"height", "width"} or {"shortest_edge"}
+        if "height" in value and "width" in value:
+            return int(value["height"]), int(value["width"])
+        if "shortest_edge" in value:
+            return int(value["shortest_edge"]), int(value["shortest_edge"])
+    return None
+
+
+def image_size(facts: Facts) -> tuple[int, int]:
+    """The config's image_size, else what the image processor crops or resizes to, else 224."""
+    for value in (facts.config.get("image_size"), facts.preprocessor.get("crop_size"), facts.preprocessor.get("size")):
+        if (size := _square(value)) is not None:
+            return size
+    return DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
+
+
+def _image_spec(outputs: list[str]) -> Callable[[Facts], dict[str, Any]]:
+    def spec(facts: Facts) -> dict[str, Any]:
+        height, width = image_size(facts)
+        channels = int(facts.config.get("num_channels", 3))
+        return {"dims": {"batch": dict(DEFAULT_BATCH)},
+                "inputs": [{"name": "pixel_values", "shape": ["batch", channels, height, width]}],
+                "outputs": [{"name": name} for name in outputs]}
+    return spec
+
+
+def _need(config: dict[str, Any], key: str, why: str) -> Any:
+    if key not in config:
+        raise ConfigProblem(f"config.json has no {key!r}, which {why}")
+    return config[key]
+
+
+def max_positions(config: dict[str, Any]) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return min(config[key], MAX_SEQUENCE)
+    return MAX_SEQUENCE
+
+
+def _text_spec(with_mask: bool, output: str) -> Callable[[Facts], dict[str, Any]]:
+    def spec(facts: Facts) -> dict[str, Any]:
+        vocab = int(_need(facts.config, "vocab_size", "a text task needs: the token ids' range (is it a text model?)"))
+        bound = max_positions(facts.config)
+        ids = {"name": "input_ids", "shape": ["batch", "sequence"], "dtype": "int64", "low": 0, "high": vocab}
+        mask = {"name": "attention_mask", "shape": ["batch", "sequence"], "dtype": "int64", "low": 0, "high": 2}
+        return {"dims": {"batch": dict(DEFAULT_BATCH), "sequence": {"min": 1, "max": bound, "example": min(16, bound)}},
+                "inputs": [ids, mask] if with_mask else [ids], "outputs": [{"name": output}]}
+    return spec
+
+
+def _unet_spec(facts: Facts) -> dict[str, Any]:
+    config = facts.config
+    if config.get("addition_embed_type") or config.get("encoder_hid_dim_type"):
+        raise ConfigProblem(
+            f"the UNet takes extra conditioning (addition_embed_type {config.get('addition_embed_type')!r}, "
+            f"encoder_hid_dim_type {config.get('encoder_hid_dim_type')!r}; SDXL's text_time, say), which the "
+            "denoising task does not pass")
+    size = _square(_need(config, "sample_size", "gives the latent's height and width"))
+    context = _need(config, "cross_attention_dim", "gives the text states' width")
+    if size is None or not isinstance(context, int):
+        raise ConfigProblem(f"sample_size {config['sample_size']!r} or cross_attention_dim {context!r} is not one "
+                            "size (per-block sizes are not supported)")
+    length = int(facts.text_config.get("max_position_embeddings", DEFAULT_TEXT_LENGTH))
+    steps = int(facts.scheduler.get("num_train_timesteps", 1000))
+    return {"dims": {"batch": dict(DEFAULT_BATCH)},
+            "inputs": [{"name": "sample", "shape": ["batch", int(config.get("in_channels", 4)), *size]},
+                       {"name": "timestep", "shape": ["batch"], "dtype": "int64", "low": 0, "high": steps},
+                       {"name": "encoder_hidden_states", "shape": ["batch", length, context]}],
+            # atol 1e-3 (of outputs near 1): verify's all-zero case feeds GroupNorm a constant latent,
+            # whose near-zero variance magnifies rounding differences to ~1e-4 (diffs elsewhere ~1e-6).
+            "outputs": [{"name": "noise_pred", "atol": 1e-3}]}
+
+
+TASKS = {task.name: task for task in (
+    Task("image-classification", "transformers", "AutoModelForImageClassification", ImageLogits,
+         _image_spec(["logits"]), "pixel_values -> logits (ViT, DeiT, ResNet, ConvNeXt, …)"),
+    Task("object-detection", "transformers", "AutoModelForObjectDetection", Detector,
+         _image_spec(["logits", "pred_boxes"]), "pixel_values -> logits, pred_boxes (DETR-style)"),
+    Task("semantic-segmentation", "transformers", "AutoModelForSemanticSegmentation", ImageLogits,
+         _image_spec(["logits"]), "pixel_values -> per-pixel logits (SegFormer, …)"),
+    Task("feature-extraction", "transformers", "AutoModel", TextEncoder, _text_spec(True, "last_hidden_state"),
+         "input_ids, attention_mask -> last_hidden_state (BERT-style text encoders)", unused=("pooler.",)),
+    Task("text-generation", "transformers", "AutoModelForCausalLM", CausalLM, _text_spec(False, "logits"),
+         "input_ids -> logits, one forward, no KV cache (Llama, GPT-2, …)"),
+    Task("denoising", "diffusers", "UNet2DConditionModel", Denoiser, _unet_spec,
+         "sample, timestep, encoder_hidden_states -> noise_pred (a diffusers UNet2DConditionModel)"),
+)}
+# Other names for the same tasks (Optimum's and common usage).
+ALIASES = {"causal-lm": "text-generation", "text-encoder": "feature-extraction",
+           "image-segmentation": "semantic-segmentation", "unet": "denoising"}
+
+
+def find_task(name: str) -> Task | None:
+    return TASKS.get(ALIASES.get(name, name))
+
+
+def supported() -> str:
+    """The task table as a user reads it in a refusal."""
+    aliases = ", ".join(f"{alias} = {name}" for alias, name in ALIASES.items())
+    return "\n".join(f"  {name:<22} {task.summary}" for name, task in TASKS.items()) + f"\n  (also: {aliases})"
+
+
+WRAPPER_EXAMPLE = '''\
+    # model.py, beside your spec.toml: forward takes tensors and returns tensors
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = AutoModelForTokenClassification.from_pretrained("{folder}", local_files_only=True)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+  with [model] factory = "model:Wrapped", [weights] seed = 0 (the weights it loads are the ones
+  that ship) and the spec's [dims], [[inputs]] and [[outputs]] (docs/library-models.md#a-wrapper-of-your-own)'''
