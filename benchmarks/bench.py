@@ -96,7 +96,7 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
 def export_once(spec_file, target: str = "cpu"):
     """The model exported as the build exports it: every compile below starts from this."""
     loaded = load_model(spec_file)
-    return export_program(prepare(spec_file, loaded, target), loaded.source_files)
+    return export_program(prepare(spec_file, loaded, build_targets.get(target)), loaded.source_files)
 
 
 def program_for(exported, compile_options: dict) -> tuple:

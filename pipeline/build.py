@@ -153,8 +153,8 @@ def doctor_stage(ctx: BuildContext, loaded: LoadedModel) -> tuple[list, Exported
     """The doctor's findings, and the model prepared for export: on the target's device, its
     outputs described (one eager call)."""
     with ctx.progress.stage("doctor"):
-        findings = run_doctor(ctx.spec_file, loaded, ctx.progress.say)
-        return findings, prepare(ctx.spec_file, loaded, ctx.target.NAME)
+        findings = run_doctor(ctx.spec_file, loaded)
+        return findings, prepare(ctx.spec_file, loaded, ctx.target)
 
 
 def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned) -> Exported:
@@ -170,7 +170,7 @@ def compile_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pl
                   weights_file: Path | None, cxx_version: str) -> tuple[Tuned, Compiled, list]:
     say = ctx.progress.say
     with ctx.progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {ctx.out_dir}"):
-        tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, say, ctx.progress.step)
+        tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")

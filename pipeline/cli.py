@@ -22,7 +22,7 @@ from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
 from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .proc import RedactingFilter, redact
-from .progress import Progress, QuietProgress, for_stream, stop_requested
+from .progress import Progress, QuietProgress, for_stream, reporting, stop_requested
 from .layout import WorkLayout
 from .spec import SpecFile, load_spec, with_overrides
 from .writable import check_writable
@@ -241,7 +241,8 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
     from .doctor import run_doctor
     from .loader import load_model
 
-    findings = run_doctor(spec_file, load_model(spec_file), progress.say)
+    with reporting(progress):
+        findings = run_doctor(spec_file, load_model(spec_file))
     args.extra["doctor"] = {"model": spec_file.spec.model.name, "warnings": [f.format() for f in findings]}
     progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({len(findings)} warning(s))")
     return 0

@@ -67,12 +67,12 @@ def strip_debug(libraries: list[Path]) -> None:
                  hint=STRIP_HINT)
 
 
-def inductor_options(exported: Exported, target: str) -> dict[str, object]:
+def inductor_options(exported: Exported) -> dict[str, object]:
     """The spec's compile options as torch._inductor.config settings (the output path is added per compile)."""
     spec_file = exported.spec_file
     compile_spec = spec_file.spec.compile
     options: dict[str, object] = {"freezing": compile_spec.freezing, "max_autotune": compile_spec.max_autotune}
-    options.update(targets.get(target).compile_options(spec_file.spec))
+    options.update(exported.target.compile_options(spec_file.spec))
     if compile_spec.autocast:
         options[precision.AUTOCAST_OPTION] = compile_spec.autocast
     if spec_file.spec.weights.external:
@@ -80,7 +80,7 @@ def inductor_options(exported: Exported, target: str) -> dict[str, object]:
         # compile would fold from them is folded again at run time from the loaded weights.
         options["aot_inductor.package_constants_in_so"] = False
         options["aot_inductor.use_runtime_constant_folding"] = True
-    elif constants.shared(target, spec_file.spec):
+    elif constants.shared(exported.target, spec_file.spec):
         # The build's models share one store of their constants, made from what each compile folds.
         options[constants.OPTION] = False
     known = torch._inductor.config.get_config_copy()
@@ -123,10 +123,11 @@ class CompilePlan:
     keep_debug: bool = False
 
 
-def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir: Path,
+def plan_compile(exported: Exported, cxx_version: str, compile_dir: Path,
                  overrides: dict[str, object] | None = None, keep_debug: bool = False) -> CompilePlan:
     """``cxx_version``: find_cxx()'s answer, part of the cache key (the compiler shapes the .so)."""
-    options = {**inductor_options(exported, target), **(overrides or {})}
+    options = {**inductor_options(exported), **(overrides or {})}
+    target = exported.target.NAME
     spec = exported.spec_file.spec
     weights_key = (
         json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if spec.weights.external else exported.weights_sha256
@@ -135,7 +136,7 @@ def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir:
         spec_json=spec.model_dump_json(include={"model": {"factory", "kwargs"}, "dims": True, "inputs": True, "outputs": True,
                                                  "compile": True}),
         sources_sha256=exported.sources_sha256, weights_key=weights_key, options=options,
-        target=target, cxx_version=cxx_version, target_facts=targets.get(target).key_facts(compile_dir),
+        target=target, cxx_version=cxx_version, target_facts=exported.target.key_facts(compile_dir),
     )
     return CompilePlan(target=target, options=options, compile_dir=compile_dir, key=key, cxx_version=cxx_version,
                        overrides=dict(overrides or {}), keep_debug=keep_debug)
@@ -143,7 +144,7 @@ def plan_compile(exported: Exported, cxx_version: str, target: str, compile_dir:
 
 def plan_in(exported: Exported, plan: CompilePlan, compile_dir: Path) -> CompilePlan:
     """The same compile, in another folder."""
-    return plan_compile(exported, plan.cxx_version, plan.target, compile_dir, plan.overrides, plan.keep_debug)
+    return plan_compile(exported, plan.cxx_version, compile_dir, plan.overrides, plan.keep_debug)
 
 
 def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: cache.Cache) -> Compiled:

@@ -123,10 +123,8 @@ class Writer:
         return folder / INDEX_FILE, folder / BLOB_FILE
 
 
-def shared(target_name: str, spec) -> bool:
+def shared(target, spec) -> bool:
     """Whether this build's models keep their constants in one shared store: static batch sizes,
     embedded weights (external ones are a state-dict file every size reads already), on a target
     whose runtime can hand constants over (the CPU's)."""
-    from . import targets
-
-    return bool(spec.static_dim) and not spec.weights.external and targets.get(target_name).SHARED_CONSTANTS
+    return bool(spec.static_dim) and not spec.weights.external and target.SHARED_CONSTANTS

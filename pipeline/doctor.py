@@ -310,10 +310,11 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
         )
 
 
-def run_doctor(spec_file, loaded, say) -> list[Finding]:
+def run_doctor(spec_file, loaded) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
     source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
     from .export import check_inputs_fit, check_signature, example_inputs, where_defined
+    from .progress import say
     from .purity import check_purity
 
     inputs = example_inputs(spec_file, None)  # beside the module as it was loaded

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import targets
+from .targets import Target
 from .errors import ExportError, SpecError
 from .loader import LoadedModel, call_forward, forward_arguments
 from .spec import SpecFile
@@ -27,7 +27,7 @@ log = logging.getLogger("pipeline.export")
 @dataclass(frozen=True)
 class Exported:
     spec_file: SpecFile
-    target: str
+    target: Target
     module: torch.nn.Module  # on the target's device
     program: torch.export.ExportedProgram | None  # None until export_program runs (not needed on a cache hit)
     example_inputs: tuple[torch.Tensor, ...]
@@ -39,7 +39,7 @@ class Exported:
 
     @property
     def device(self) -> str:
-        return targets.get(self.target).DEVICE
+        return self.target.DEVICE
 
 
 def export_sizes(spec_file: SpecFile) -> dict[str, int]:
@@ -180,14 +180,14 @@ def example_inputs(spec_file: SpecFile, device: str | None) -> tuple[torch.Tenso
     return tuple(made if device is None else (t.to(device) for t in made))
 
 
-def prepare(spec_file: SpecFile, loaded: LoadedModel, target: str) -> Exported:
+def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exported:
     """Everything the later stages need but the exported program: inputs, output structure, hashes,
     with the module and inputs on the target's device (AOTInductor compiles for that device).
 
     Cheap (one eager call), so a build can tell from it whether torch.export is needed at all.
     """
     spec = spec_file.spec
-    device = targets.get(target).DEVICE
+    device = target.DEVICE
     module = loaded.module.to(device)
     example = example_inputs(spec_file, device)
     try:

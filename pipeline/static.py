@@ -76,7 +76,7 @@ def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_ver
         step(f"static {index + 1}/{len(sizes)} {dim}={size}: compiling")
         fixed = prepare(fixed_spec(spec_file, dim, size), loaded, exported.target)
         shared = {constants.OPTION: False} if constants.shared(exported.target, spec_file.spec) else {}
-        plan = plan_compile(fixed, cxx_version, exported.target, output_dir / folder(size), {**tuned.plan.overrides, **shared},
+        plan = plan_compile(fixed, cxx_version, output_dir / folder(size), {**tuned.plan.overrides, **shared},
                             tuned.plan.keep_debug)
         if not store.has(plan.key):
             fixed = export_program(fixed, loaded.source_files)
@@ -119,7 +119,7 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
                      | {max(b for b in pads if pads[b] == s) for s in set(pads.values())})
     tols, names = tolerances(exported), [o.name for o in spec.outputs]
     sizes = {name: d.export_size for name, d in spec.dims.items()}
-    target = targets.get(exported.target)
+    target = exported.target
     runners, results, failures = {}, {}, []
     for batch in checked:
         to = pads[batch]

@@ -31,7 +31,7 @@ from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from .errors import CompileError, ExportError, VerificationError
 from .export import Exported
 from .loader import call_forward
-from .progress import check_stop
+from .progress import check_stop, say, step
 from .templates import wheel_compare
 from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
@@ -115,7 +115,7 @@ def reduced_precision_refusal(exported: Exported) -> str | None:
         return "external weights stay float32 tensors the runtime supplies; reduced precision needs them folded into the .so"
     if "float32" not in exported.output_dtypes:
         return "the model has no float32 output"
-    target = targets.get(exported.target)
+    target = exported.target
     if not target.bf16_native():
         return target.BF16_SLOW
     return screen_autocast(exported)
@@ -153,16 +153,16 @@ def plans(exported: Exported, cxx_version: str, output_dir: Path,
     reproducible) and different for every candidate (a process cannot load two .so at one path).
     A lone candidate of a target whose .so must stay where it was compiled compiles in place."""
     found, skipped = candidates(exported)
-    in_place = len(found) == 1 and not targets.get(exported.target).RELOCATABLE
+    in_place = len(found) == 1 and not exported.target.RELOCATABLE
     where = lambda name: output_dir if in_place else output_dir / ".candidates" / name  # noqa: E731
-    return [(name, plan_compile(exported, cxx_version, exported.target, where(name), overrides, keep_debug))
+    return [(name, plan_compile(exported, cxx_version, where(name), overrides, keep_debug))
             for name, overrides in found], skipped
 
 
 def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], output_dir: Path) -> list[CompilePlan]:
     """The compiles install() may still need: on a target whose .so cannot move, the chosen
     candidate is compiled again at the output path."""
-    if targets.get(exported.target).RELOCATABLE:
+    if exported.target.RELOCATABLE:
         return []
     return [plan_in(exported, plan, output_dir) for _, plan in planned if plan.compile_dir != output_dir]
 
@@ -206,8 +206,8 @@ class Budget:
 
 
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
-         work_dir: Path, store: Cache, say, step=lambda text: None) -> Tuned:
-    """``say`` gets a line per candidate; ``step`` what is being done now (``2/4 freezing: timing``)."""
+         work_dir: Path, store: Cache) -> Tuned:
+    """A line per candidate; the live status says what is being done now (``2/4 freezing: timing``)."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     skipped, budget = list(skipped), Budget(exported.spec_file.spec.compile.search_budget_s)

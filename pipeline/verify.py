@@ -156,7 +156,7 @@ def applied_tolerances(outputs: list[OutputSpec], dtypes: tuple[str, ...], targe
 
 
 def _applied(exported: Exported) -> dict[str, Tolerance]:
-    return applied_tolerances(exported.spec_file.spec.outputs, exported.output_dtypes, exported.target)
+    return applied_tolerances(exported.spec_file.spec.outputs, exported.output_dtypes, exported.target.NAME)
 
 
 def tolerances(exported: Exported) -> dict[str, tuple[float, float]]:
@@ -283,7 +283,7 @@ def _large_case_against_fp64(exported: Exported, case: Case, diffs, got, eager, 
     names = [d.name for d in diffs]
     if ref64 is None:
         try:
-            with torch.no_grad(), targets.reference(targets.get(exported.target)):
+            with torch.no_grad(), targets.reference(exported.target):
                 ref64 = as_tuple(call_forward(_fp64_module(exported), _to_fp64(case.inputs)), exported.returns_tuple)
         except (RuntimeError, TypeError, NotImplementedError):  # an op without float64: the miss stands as it is
             return diffs, {}
@@ -326,7 +326,7 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     golden_cases = tuple(r.case for r in results if r.case.startswith("golden"))
     report_file = work_dir / REPORT_FILE
     report = verification_report(results, applied, reference, golden_cases)
-    report_file.write_text(json.dumps({"model": spec.model.name, "target": exported.target, "verification": report},
+    report_file.write_text(json.dumps({"model": spec.model.name, "target": exported.target.NAME, "verification": report},
                                       indent=2, sort_keys=True) + "\n")
     _raise_on_failures(exported, results, reference, report_file)
     golden_file = work_dir / GOLDEN_FILE

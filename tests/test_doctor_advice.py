@@ -7,11 +7,11 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from pipeline.errors import DoctorError
+from pipeline import doctor_checks
 
 from .conftest import REPO, one_input_spec, run_cli
 
-CODES = DoctorError.CHECK_EXIT_CODES
+CODES = {check.name: check.exit_code for check in doctor_checks.CHECKS}
 SPEC = one_input_spec("advice")
 
 # Written as library code is: options passed as Python flags, training-only code, introspection.

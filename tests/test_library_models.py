@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import doctor_checks
+from pipeline import doctor_checks, targets
 from pipeline.errors import ModelLoadError, VerificationError
 from pipeline import precision
 from pipeline.export import prepare, where_defined
@@ -261,7 +261,7 @@ def test_keyword_only_forward_argument_under_autocast(tmp_path):
     spec_file = load_spec(keyword_only_model(tmp_path))
     sys.path.insert(0, str(tmp_path))
     try:
-        exported = prepare(spec_file, load_model(spec_file), "cpu")
+        exported = prepare(spec_file, load_model(spec_file), targets.get("cpu"))
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("model", None)

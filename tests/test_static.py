@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline import targets
 from pipeline.errors import SpecError
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
@@ -249,8 +250,8 @@ def test_static_sizes_enter_the_cache_keys(tmp_path):
     other = load_spec(spec_with(tmp_path, "[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\npad = true"))
     loaded = load_model(ours)
     assert content_hash(ours, loaded) != content_hash(other, loaded)
-    keys = {size: plan_compile(prepare(fixed_spec(ours, "batch", size), loaded, "cpu"), "g++ 12", "cpu", tmp_path).key for size in (2, 3)}
-    dynamic = plan_compile(prepare(ours, loaded, "cpu"), "g++ 12", "cpu", tmp_path).key
+    keys = {size: plan_compile(prepare(fixed_spec(ours, "batch", size), loaded, targets.get("cpu")), "g++ 12", tmp_path).key for size in (2, 3)}
+    dynamic = plan_compile(prepare(ours, loaded, targets.get("cpu")), "g++ 12", tmp_path).key
     assert len({keys[2], keys[3], dynamic}) == 3
     assert fixed_spec(ours, "batch", 3).spec.inputs[0].shape == [3, 3, 8, 8] and "batch" not in fixed_spec(ours, "batch", 3).spec.dims
 

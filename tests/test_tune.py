@@ -77,7 +77,7 @@ def test_loose_tolerances_admit_the_bf16_candidate_and_tight_ones_refuse_it(tmp_
     found = {}
     for folder, is_loose in ((loose, True), (tight, False)):
         spec_file = load_spec(tiny_copy(folder, search=True, loose=is_loose))
-        found[folder] = tune.candidates(prepare(spec_file, load_model(spec_file), "cpu"))
+        found[folder] = tune.candidates(prepare(spec_file, load_model(spec_file), targets.get("cpu")))
     names, skipped = found[loose]
     assert names[-1] == ("bf16-autocast", {"freezing": True, "autocast": "bfloat16"}) and skipped == []
     names, skipped = found[tight]
@@ -223,7 +223,7 @@ def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
             raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].\nmore")
 
     spec_file = load_spec(TINY_SPEC)
-    exported = prepare(spec_file, load_model(spec_file), "cpu")
+    exported = prepare(spec_file, load_model(spec_file), targets.get("cpu"))
     with pytest.raises(VerificationError) as caught:
         _run_compiled(Raising(), Case("batch=min(1)", {"batch": 1}, ()), exported)
     assert caught.value.message == ("the compiled model raised on case batch=min(1) (sizes {'batch': 1}) where eager "
