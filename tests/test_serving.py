@@ -26,7 +26,7 @@ import torch
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
 
-from .conftest import REPO, TINY_SPEC, pip_install
+from .conftest import REPO, TINY_SPEC, make_venv, pip_install
 
 SERVING = REPO / "docs" / "serving"
 _spec = importlib.util.spec_from_file_location("serving_client", SERVING / "client.py")
@@ -192,6 +192,36 @@ def test_a_lazy_model_loaded_before_fork_runs_in_the_child(served_python, tmp_pa
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+BATCHER_CHECK = """
+import asyncio, numpy as np, model_tiny
+model = model_tiny.load_numpy()
+calls = []
+def counted(*inputs):
+    calls.append(len(inputs[0]))
+    return model(*inputs)
+batcher = model_tiny.DynamicBatcher(counted, max_wait_s=0.05)
+rng = np.random.default_rng(0)
+requests = [(rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [1, 2, 1, 3, 1, 1, 4, 2]]
+async def main():
+    return await asyncio.gather(*(batcher(*r) for r in requests))
+answers = asyncio.run(main())
+for request, (features, logits) in zip(requests, answers):
+    alone = model(*request)
+    np.testing.assert_allclose(features, alone[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, alone[1], rtol=1e-5, atol=1e-6)
+print(calls)
+"""
+
+
+def test_the_batcher_joins_concurrent_requests_up_to_the_batch_max(served_python, tmp_path):
+    done = subprocess.run([str(served_python), "-c", BATCHER_CHECK], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    calls = json.loads(done.stdout)
+    # 15 samples within one wait budget: calls of at most 4 (the built max), requests never split
+    assert sum(calls) == 15 and max(calls) == 4 and len(calls) < 8, calls
+
+
 def included_blocks(page: Path) -> list[tuple[str, str]]:
     """(file, code) for every code block the page marks as a copy of an example file."""
     pattern = re.compile(r"<!-- include: (\S+) -->\n```\w*\n(.*?)```", re.S)
@@ -207,8 +237,10 @@ def test_the_page_shows_the_examples_the_tests_run():
 
 
 @pytest.mark.slow
-def test_ray_serve_two_replicas_with_serve_batch_answer_as_eager_does(served_python, tmp_path, wheel):
-    pip_install(served_python, "-r", str(SERVING / "requirements-ray.txt"))
+def test_ray_serve_two_replicas_with_serve_batch_answer_as_eager_does(tmp_path, wheel):
+    # a virtualenv of its own: Ray brings many packages the session's shared one should not get
+    served_python = make_venv(tmp_path / "env")
+    pip_install(served_python, str(wheel), "-r", str(SERVING / "requirements.txt"), "-r", str(SERVING / "requirements-ray.txt"))
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     with server([str(served_python), "ray_app.py", "--port", str(port)], ray_route_ready(url), tmp_path / "ray.log", startup_s=180):
