@@ -42,8 +42,12 @@ LOAD_TIMEOUT_S = 120.0
 @pytest.fixture(scope="module")
 def served_python(installed) -> Path:
     """The session's virtualenv with the wheel, plus what docs/serving/requirements.txt names
-    (nothing the other tests of that virtualenv use)."""
-    pip_install(installed, "-r", str(SERVING / "requirements.txt"))
+    (nothing the other tests of that virtualenv use), installed as a user's pip would: from PyPI,
+    this machine's pip settings (its local mirror) off."""
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    done = subprocess.run([str(installed), "-m", "pip", "install", "--quiet", "-r", str(SERVING / "requirements.txt")],
+                          capture_output=True, text=True, env=plain, timeout=600)
+    assert done.returncode == 0, f"pip install -r docs/serving/requirements.txt failed:\n{done.stdout}{done.stderr}"
     return installed
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from ._manifest import manifest
 
-Model = TypeVar("Model")
+Model = TypeVar("Model", bound=Callable[..., Any])  # a loaded model: called with its inputs
 Outputs = Any  # an array or tensor, or a tuple of them when the model returns several
 Request = Sequence[Any]  # one call's inputs, by position: arrays or tensors, each with its batch first
 
