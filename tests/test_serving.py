@@ -254,5 +254,7 @@ def test_ray_serve_two_replicas_with_serve_batch_answer_as_eager_does(tmp_path, 
         assert len({a.worker for a in answers}) == 2, "both replicas served"
         bad = asyncio.run(client.load_test(url, [b for b, _ in BAD], 4, LOAD_TIMEOUT_S))
         assert [(a.status, a.detail) for a in bad] == [(422, m) for _, m in BAD]
+        junk = httpx.post(url, content=b"not an npz file", timeout=30)
+        assert junk.status_code == 400 and junk.json()["detail"].startswith("the body must be an .npz file")
         after = requests_of(8, seed=4)
         assert_matches_eager(after, asyncio.run(client.load_test(url, after, 4, LOAD_TIMEOUT_S)), wheel)

@@ -30,8 +30,11 @@ class WheelModel:
         self.model = wheel.load_numpy()  # each replica is its own process, with its own model
 
     async def __call__(self, request: Request) -> Response:
-        with np.load(io.BytesIO(await request.body()), allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
+        try:
+            with np.load(io.BytesIO(await request.body()), allow_pickle=False) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+        except Exception as exc:  # not an .npz file, or a damaged one
+            return JSONResponse({"detail": f"the body must be an .npz file (numpy.savez): {exc}"}, 400)
         if sorted(arrays) != sorted(INPUT_NAMES):
             return JSONResponse({"detail": f"expected arrays named {INPUT_NAMES}, got {sorted(arrays)}"}, 422)
         inputs = [arrays[name] for name in INPUT_NAMES]
