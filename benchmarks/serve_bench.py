@@ -1,0 +1,231 @@
+"""`make bench-serve MODEL=unet`: the same HTTP load against the wheel and against eager PyTorch,
+both behind docs/serving/app.py (uvicorn, one worker), each with and without dynamic batching,
+measured side by side in one run. Writes results.json, results.md and chart.png under
+build/bench/serve-<model>/ and prints the table.
+
+Both servers run from this interpreter: the wheel installed (--no-deps) into --site, eager
+through benchmarks/serve_eager.py, which builds the module as the build does. The load comes
+from docs/serving/client.py: a fixed count of single-sample requests, at most C in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SERVING = REPO / "docs" / "serving"
+ENGINES = {"wheel": ("app:app", SERVING), "eager": ("serve_eager:app", REPO / "benchmarks")}
+ROUTES = {"/predict": "one call per request", "/predict/batched": "dynamic batching"}
+TARGET = 1.5  # the wheel's requests/s over eager's
+
+
+def load_client() -> Any:
+    """docs/serving/client.py, the very client the page shows (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location("serving_client", SERVING / "client.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(engine: str, package: str, site: Path, spec: Path, log: Path) -> Iterator[str]:
+    """A uvicorn server of ``engine`` on a free port, stopped (its process group) afterwards."""
+    target, app_dir = ENGINES[engine]
+    port = free_port()
+    env = {**os.environ, "MODEL_PACKAGE": package, "MODEL_SPEC": str(spec),
+           "PYTHONPATH": os.pathsep.join([str(site), str(SERVING)])}
+    cmd = [sys.executable, "-m", "uvicorn", target, "--app-dir", str(app_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--workers", "1", "--no-access-log"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/health", process, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_ready(url: str, process: subprocess.Popen, log: Path, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"bench-serve: the server exited:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise SystemExit(f"bench-serve: the server did not answer in {limit_s}s:\n{log.read_text()[-3000:]}")
+
+
+def single_requests(manifest: dict, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Batch-1 requests of the declared shapes, dtypes and value ranges."""
+    rng = np.random.default_rng(seed)
+    sizes = {name: 1 for name in manifest["dims"]}
+    made = []
+    for _ in range(count):
+        request = {}
+        for spec in manifest["inputs"]:
+            shape = [sizes[a] if isinstance(a, str) else a for a in spec["shape"]]
+            low, high = spec.get("low"), spec.get("high")
+            values = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
+            request[spec["name"]] = values.astype(spec["dtype"])
+        made.append(request)
+    return made
+
+
+def measure(client: Any, url: str, requests: list, concurrency: int) -> tuple[dict, list]:
+    """Requests/s and latency percentiles of one bounded load (after a warm-up of its own)."""
+    asyncio.run(client.load_test(url, requests[: 2 * concurrency], concurrency, timeout_s=600))
+    started = time.perf_counter()
+    answers = asyncio.run(client.load_test(url, requests, concurrency, timeout_s=600))
+    wall = time.perf_counter() - started
+    failed = [a for a in answers if a.status != 200]
+    if failed:
+        raise SystemExit(f"bench-serve: {len(failed)} requests to {url} failed: {failed[0].status} {failed[0].detail}")
+    latencies = np.array([a.latency_s for a in answers]) * 1000
+    return ({"requests": len(answers), "wall_s": wall, "rps": len(answers) / wall,
+             "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99))}, answers)
+
+
+def max_difference(first: list, second: list) -> float:
+    return max(float(np.abs(a.outputs[k] - b.outputs[k]).max()) for a, b in zip(first, second) for k in a.outputs)
+
+
+def run(args: argparse.Namespace) -> dict:
+    package = f"model_{args.model}"
+    manifest = json.loads((args.site / package / "manifest.json").read_text())
+    client = load_client()
+    requests = single_requests(manifest, args.requests)
+    out = REPO / "build" / "bench" / f"serve-{args.model}"
+    out.mkdir(parents=True, exist_ok=True)
+    rows, answers = [], {}
+    with serving("wheel", package, args.site, args.spec, out / "wheel.log") as wheel_url, \
+            serving("eager", package, args.site, args.spec, out / "eager.log") as eager_url:
+        urls = {"wheel": wheel_url, "eager": eager_url}
+        for round_index in range(args.rounds):
+            for concurrency in args.concurrency:
+                for route in ROUTES:
+                    engines = list(urls) if round_index % 2 == 0 else list(urls)[::-1]  # rotated order
+                    for engine in engines:
+                        say(f"==> round {round_index + 1}: {engine} {route}, {concurrency} in flight")
+                        row, got = measure(client, urls[engine] + route, requests, concurrency)
+                        rows.append({"engine": engine, "route": route, "concurrency": concurrency, "round": round_index, **row})
+                        answers[engine] = got
+                        say(f"    {row['rps']:.1f} req/s, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
+    isa = "AVX-512" if "avx512f" in lscpu else "AVX2" if "avx2" in lscpu else "no AVX2"
+    return {"model": manifest["name"], "version": manifest["full_version"], "torch": torch.__version__,
+            "cores": os.cpu_count(), "cpu": f"{model_name} ({isa})", "requests": args.requests, "rounds": args.rounds,
+            "rows": rows, "summary": summarize(rows), "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"])}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per route and concurrency, each engine's median over rounds, and the wheel's ratio to eager."""
+    summary = []
+    for route in ROUTES:
+        for concurrency in sorted({r["concurrency"] for r in rows}):
+            entry: dict[str, Any] = {"route": route, "concurrency": concurrency}
+            for engine in ENGINES:
+                mine = [r for r in rows if (r["engine"], r["route"], r["concurrency"]) == (engine, route, concurrency)]
+                entry[engine] = {key: float(np.median([r[key] for r in mine])) for key in ("rps", "p50_ms", "p99_ms")}
+            entry["rps_ratio"] = entry["wheel"]["rps"] / entry["eager"]["rps"]
+            entry["p99_ratio"] = entry["wheel"]["p99_ms"] / entry["eager"]["p99_ms"]
+            summary.append(entry)
+    return summary
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# Serving {results['model']} {results['version']}: the wheel against eager PyTorch", "",
+             f"{results['cpu']}, {results['cores']} cores, torch {results['torch']}; uvicorn, 1 worker, "
+             f"docs/serving/app.py; {results['requests']} single-sample requests per measurement, median of "
+             f"{results['rounds']} rounds (rotated order).", "",
+             "| route | in flight | wheel req/s | eager req/s | wheel / eager | wheel p50 / p99 (ms) | eager p50 / p99 (ms) |",
+             "|---|---|---|---|---|---|---|"]
+    for s in results["summary"]:
+        w, e = s["wheel"], s["eager"]
+        lines.append(f"| `{s['route']}` ({ROUTES[s['route']]}) | {s['concurrency']} | {w['rps']:.1f} | {e['rps']:.1f} | "
+                     f"{s['rps_ratio']:.2f}x | {w['p50_ms']:.0f} / {w['p99_ms']:.0f} | {e['p50_ms']:.0f} / {e['p99_ms']:.0f} |")
+    met = [s for s in results["summary"] if s["rps_ratio"] >= TARGET and s["p99_ratio"] <= 1.0]
+    lines += ["", f"Target: the wheel serves >= {TARGET}x eager's requests/s at equal (or lower) p99: "
+              + (f"met at {len(met)} of {len(results['summary'])} settings." if met else "not met at any setting measured."),
+              f"Largest difference between the wheel's and eager's answers: {results['max_abs_diff_wheel_vs_eager']:.2e}."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{'batched' if 'batched' in s['route'] else 'direct'}\n{s['concurrency']} in flight" for s in results["summary"]]
+    spots = np.arange(len(labels))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, key, title in ((axes[0], "rps", "requests/s (higher is better)"), (axes[1], "p99_ms", "p99 latency, ms (lower is better)")):
+        for offset, engine, color in ((-0.2, "wheel", "#c0392b"), (0.2, "eager", "#999999")):
+            axis.bar(spots + offset, [s[engine][key] for s in results["summary"]], 0.4, label=engine, color=color)
+        axis.set_xticks(spots, labels)
+        axis.set_title(title)
+        axis.legend()
+    fig.suptitle(f"serving {results['model']}: {results['cpu']}, {results['cores']} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", type=Path, required=True)
+    parser.add_argument("--site", type=Path, required=True, help="where the wheel is installed (pip install --target)")
+    parser.add_argument("--requests", type=int, default=160)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    args.spec = args.spec.resolve()
+    args.site = args.site.resolve()
+    args.model = next(args.site.glob("model_*/manifest.json")).parent.name.removeprefix("model_")
+    results = run(args)
+    out = REPO / "build" / "bench" / f"serve-{args.model}"
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(markdown(results))
+    chart(results, out / "chart.png")
+    print(markdown(results))
+    say(f"wrote {out}/results.json, results.md, chart.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""A FastAPI app serving a modelwheel wheel: `uvicorn app:app --workers 2` (docs/serving.md).
+
+Requests and responses are .npz files (numpy.savez): one array per input, named as the model's
+inputs, each with its batch first. POST /predict runs each request as its own call;
+POST /predict/batched joins concurrent requests into calls of up to the built batch max.
+MODEL_PACKAGE names the wheel's import package (default model_unet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import io
+import os
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request, Response
+
+MODEL_PACKAGE = os.environ.get("MODEL_PACKAGE", "model_unet")
+wheel = importlib.import_module(MODEL_PACKAGE)
+
+
+def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005) -> FastAPI:
+    """The routes, around any callable taking and returning numpy arrays (a LazyModel here;
+    benchmarks/serve_bench.py passes eager PyTorch the same way)."""
+    app = FastAPI()
+    batcher = wheel.DynamicBatcher(model, max_wait_s=max_wait_s)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"model": MODEL_PACKAGE, "pid": os.getpid(), "loaded": getattr(model, "loaded", True)}
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        inputs = await _read_inputs(request, input_names)
+        try:
+            wheel.check_request(inputs)  # the runtime's own message for a bad request, as a 422
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        # in a worker thread: the event loop keeps serving while the model runs
+        return _npz_response(await asyncio.to_thread(model, *inputs))
+
+    @app.post("/predict/batched")
+    async def predict_batched(request: Request) -> Response:
+        inputs = await _read_inputs(request, input_names)
+        try:
+            outputs = await batcher(*inputs)  # checks the request alone, then joins a batch
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return _npz_response(outputs)
+
+    return app
+
+
+async def _read_inputs(request: Request, input_names: list[str]) -> list[np.ndarray]:
+    try:
+        with np.load(io.BytesIO(await request.body()), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except Exception as exc:  # not an .npz file, or a damaged one
+        raise HTTPException(400, f"the body must be an .npz file (numpy.savez): {exc}") from None
+    if sorted(arrays) != sorted(input_names):
+        raise HTTPException(422, f"expected arrays named {input_names}, got {sorted(arrays)}")
+    return [arrays[name] for name in input_names]
+
+
+OUTPUT_NAMES = [spec["name"] for spec in wheel.manifest()["outputs"]]
+
+
+def _npz_response(outputs: Any) -> Response:
+    values = outputs if isinstance(outputs, tuple) else (outputs,)
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: np.asarray(value) for name, value in zip(OUTPUT_NAMES, values)})
+    return Response(buffer.getvalue(), media_type="application/octet-stream", headers={"x-worker-pid": str(os.getpid())})
+
+
+# Made before uvicorn (or gunicorn) starts its workers; each worker opens its own model on its
+# first request. OMP_NUM_THREADS sets each model's threads (docs/serving.md).
+app = create_app(wheel.lazy_load(numpy=True), [spec["name"] for spec in wheel.manifest()["inputs"]])

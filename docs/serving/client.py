@@ -1,0 +1,56 @@
+"""An HTTP client for docs/serving/app.py and ray_app.py: .npz in, .npz out, and a bounded load
+of concurrent requests that records each one's latency (docs/serving.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import httpx
+import numpy as np
+
+
+def encode(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def decode(body: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(body), allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+@dataclass
+class Answer:
+    status: int
+    outputs: dict[str, np.ndarray] | None  # None unless status is 200
+    detail: str  # the error message of a 4xx answer
+    latency_s: float
+    worker: str | None  # the serving process, when the server says
+
+
+async def post(client: httpx.AsyncClient, url: str, inputs: dict[str, np.ndarray]) -> Answer:
+    started = time.perf_counter()
+    response = await client.post(url, content=encode(inputs), headers={"content-type": "application/octet-stream"})
+    latency = time.perf_counter() - started
+    if response.status_code == 200:
+        return Answer(200, decode(response.content), "", latency, response.headers.get("x-worker-pid"))
+    return Answer(response.status_code, None, response.json().get("detail", response.text), latency, None)
+
+
+async def load_test(url: str, requests: Sequence[dict[str, np.ndarray]], concurrency: int,
+                    timeout_s: float = 60.0, keep_alive: bool = True) -> list[Answer]:
+    """Send every request, at most ``concurrency`` at a time; answers in the requests' order.
+    ``keep_alive=False`` opens a connection per request, so a multi-worker server spreads them."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency if keep_alive else 0)
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+        async def one(inputs: dict[str, np.ndarray]) -> Answer:
+            async with gate:
+                return await post(client, url, inputs)
+
+        return await asyncio.wait_for(asyncio.gather(*(one(r) for r in requests)), timeout_s)

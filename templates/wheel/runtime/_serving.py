@@ -1,0 +1,209 @@
+"""Serving helpers: a fork-safe lazy loader, request checks, and batching of single requests.
+
+Importing this module imports neither torch nor numpy: each array library is imported by the
+function that needs it, on first use (numpy arrays from ``load_numpy()``, tensors from ``load()``).
+
+- ``LazyModel`` opens the model on first use in each process. A server that forks workers
+  (gunicorn, or uvicorn under gunicorn with ``--preload``) may create it before the fork: the
+  model itself is opened in each worker, never shared across a fork (OpenMP's thread pool and
+  the model's locks do not survive one).
+- ``check_request`` refuses one request with the runtime's own ``ValueError`` before it joins
+  a batch, so a bad request fails alone and the others in its batch still run.
+- ``run_batch`` runs many requests as few calls: inputs concatenated along the batch axis, in
+  groups of at most the built batch max, outputs split back per request. It is what a Ray Serve
+  ``@serve.batch`` method calls with the list Ray collected.
+- ``DynamicBatcher`` collects concurrent requests in an asyncio server (FastAPI) up to the
+  batch max within a wait budget, then calls ``run_batch`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+from ._manifest import manifest
+
+Model = TypeVar("Model", bound=Callable[..., Any])  # a loaded model: called with its inputs
+Outputs = Any  # an array or tensor, or a tuple of them when the model returns several
+Request = Sequence[Any]  # one call's inputs, by position: arrays or tensors, each with its batch first
+
+
+class LazyModel(Generic[Model]):
+    """``loader()`` run on first use in each process, once, under a lock; calls go to its model.
+
+    Safe to create before a fork: a process that did not load the model itself loads its own."""
+
+    def __init__(self, loader: Callable[[], Model]) -> None:
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._model: Model | None = None
+        self._loaded_in: int | None = None  # the pid whose model self._model is
+
+    def get(self) -> Model:
+        """This process's model, loaded now if it is not yet."""
+        if self._loaded_in != os.getpid():
+            with self._lock:
+                if self._loaded_in != os.getpid():
+                    self._model = self._loader()
+                    self._loaded_in = os.getpid()
+        return self._model  # type: ignore[return-value]
+
+    @property
+    def loaded(self) -> bool:
+        """Whether this process has loaded its model."""
+        return self._loaded_in == os.getpid()
+
+    def __call__(self, *args: Any) -> Outputs:
+        return self.get()(*args)
+
+
+def max_batch() -> int:
+    """The largest batch the model was built for (its batch dim's max)."""
+    return _batch_range()[1]
+
+
+def _batch_range() -> tuple[str, int]:
+    m = manifest()
+    first_axis = m["inputs"][0]["shape"][0]
+    if not isinstance(first_axis, str):
+        raise ValueError(f"{m['dist_name']} has a fixed first axis ({first_axis}): it has no batch dim to batch requests along")
+    return first_axis, m["dims"][first_axis]["max"]
+
+
+def check_request(args: Request) -> None:
+    """Raise the runtime's ValueError, naming the input, when ``args`` would not run as one call:
+    count, dtype, shapes, a batch outside the built range. numpy arrays are checked as
+    ``load_numpy()`` checks them, tensors as ``load()`` does (on the CPU)."""
+    from ._inputs import check_count, check_inputs, check_sizes
+
+    m = manifest()
+    if args and type(args[0]).__module__.startswith("torch"):
+        check_inputs(m["inputs"], m["dims"], args)
+        return
+    from ._native import _check_array
+
+    check_count(m["inputs"], len(args), "arrays")
+    for spec, arg in zip(m["inputs"], args):
+        _check_array(spec, arg)
+    check_sizes(m["inputs"], m["dims"], [a.shape for a in args])
+
+
+def _concat(parts: Sequence[Any]) -> Any:
+    if type(parts[0]).__module__.startswith("torch"):
+        import torch
+
+        return torch.cat(list(parts))
+    import numpy as np
+
+    return np.concatenate(parts)
+
+
+def _groups(requests: Sequence[Request], limit: int) -> list[list[int]]:
+    """Request indexes in order, grouped so each group's batches add up to at most ``limit``."""
+    groups: list[list[int]] = []
+    filled = limit  # start a new group at the first request
+    for index, request in enumerate(requests):
+        size = len(request[0])
+        if filled + size > limit:
+            groups.append([])
+            filled = 0
+        groups[-1].append(index)
+        filled += size
+    return groups
+
+
+def run_batch(model: Callable[..., Outputs], requests: Sequence[Request], limit: int | None = None) -> list[Outputs]:
+    """Each request's outputs, computed in as few calls of ``model`` as the batch max allows.
+
+    Every request must already pass ``check_request`` (so none exceeds the batch max). Requests
+    are never split across calls; ``limit`` (default: the built batch max) caps a call's batch."""
+    limit = limit or max_batch()
+    results: list[Outputs] = [None] * len(requests)
+    for group in _groups(requests, limit):
+        members = [requests[i] for i in group]
+        if len(members) == 1:
+            results[group[0]] = model(*members[0])
+            continue
+        stacked = [_concat([request[k] for request in members]) for k in range(len(members[0]))]
+        outputs = model(*stacked)
+        several = isinstance(outputs, tuple)
+        start = 0
+        for index, request in zip(group, members):
+            end = start + len(request[0])
+            results[index] = tuple(o[start:end] for o in outputs) if several else outputs[start:end]
+            start = end
+    return results
+
+
+class DynamicBatcher:
+    """Await ``batcher(*inputs)`` from concurrent requests: they run together, as one call of the
+    model per group of at most ``limit`` samples, after waiting at most ``max_wait_s`` for more.
+
+    Bad requests raise the runtime's ValueError at once and never join a batch. The model runs
+    in a worker thread, so the event loop keeps accepting requests meanwhile."""
+
+    def __init__(self, model: Callable[..., Outputs], max_wait_s: float = 0.005, limit: int | None = None) -> None:
+        self.model = model
+        self.max_wait_s = max_wait_s
+        self.limit = limit or max_batch()
+        # Waiting requests in arrival order; a list and an event rather than a queue, so a wait
+        # that times out can never lose a request.
+        self._pending: list[tuple[Request, asyncio.Future[Outputs]]] = []
+        self._arrived: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+
+    async def __call__(self, *args: Any) -> Outputs:
+        check_request(args)
+        loop = asyncio.get_running_loop()
+        if self._arrived is None:  # made in the running loop: each worker process has its own
+            self._arrived = asyncio.Event()
+            self._worker = loop.create_task(self._serve())
+        done: asyncio.Future[Outputs] = loop.create_future()
+        self._pending.append((args, done))
+        self._arrived.set()
+        return await done
+
+    def _waiting_samples(self) -> int:
+        return sum(len(request[0]) for request, _ in self._pending)
+
+    async def _collect(self) -> list[tuple[Request, asyncio.Future[Outputs]]]:
+        """The next batch: from the first waiting request, whatever arrives within the wait
+        budget, up to the batch max (the rest waits for the next batch)."""
+        assert self._arrived is not None
+        while not self._pending:
+            self._arrived.clear()
+            await self._arrived.wait()
+        deadline = asyncio.get_running_loop().time() + self.max_wait_s
+        while self._waiting_samples() < self.limit:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        take, filled = 0, 0
+        for request, _ in self._pending:
+            if take and filled + len(request[0]) > self.limit:
+                break
+            take, filled = take + 1, filled + len(request[0])
+        batch, self._pending = self._pending[:take], self._pending[take:]
+        return batch
+
+    async def _serve(self) -> None:
+        while True:
+            batch = await self._collect()
+            requests = [request for request, _ in batch]
+            try:
+                results = await asyncio.to_thread(run_batch, self.model, requests, self.limit)
+            except Exception as exc:  # the model failed: every request of the batch hears why
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for (_, done), result in zip(batch, results):
+                if not done.done():  # a client that went away cancelled its future
+                    done.set_result(result)

@@ -1,0 +1,260 @@
+"""Real servers around the installed tiny wheel (docs/serving.md): the page's own example files,
+run as written. uvicorn with 2 workers, and (slow) Ray Serve with 2 replicas and @serve.batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+import json
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from pipeline.loader import load_model
+from pipeline.spec import load_spec
+
+from .conftest import REPO, TINY_SPEC, make_venv, pip_install
+
+SERVING = REPO / "docs" / "serving"
+_spec = importlib.util.spec_from_file_location("serving_client", SERVING / "client.py")
+client = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = client  # its dataclass looks its module up
+_spec.loader.exec_module(client)
+
+REQUESTS = 240  # per endpoint: a bounded load, answered within LOAD_TIMEOUT_S
+CONCURRENCY = 16
+LOAD_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def served_python(installed) -> Path:
+    """The session's virtualenv with the wheel, plus what docs/serving/requirements.txt names
+    (nothing the other tests of that virtualenv use), installed as a user's pip would: from PyPI,
+    this machine's pip settings (its local mirror) off."""
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    done = subprocess.run([str(installed), "-m", "pip", "install", "--quiet", "-r", str(SERVING / "requirements.txt")],
+                          capture_output=True, text=True, env=plain, timeout=600)
+    assert done.returncode == 0, f"pip install -r docs/serving/requirements.txt failed:\n{done.stdout}{done.stderr}"
+    return installed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], ready: Callable[[], bool], log: Path, startup_s: float = 90.0) -> Iterator[None]:
+    """Run ``cmd`` in its own session until ``ready()``; stop its whole process group afterwards,
+    whatever happened."""
+    env = {**os.environ, "MODEL_PACKAGE": "model_tiny", "OMP_NUM_THREADS": "1"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, cwd=SERVING, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + startup_s
+        while not ready():
+            assert process.poll() is None, f"the server exited ({process.returncode}):\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the server did not answer in {startup_s}s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        yield
+    finally:
+        _stop(process)
+
+
+def answers_ok(url: str) -> Callable[[], bool]:
+    def ready() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+    return ready
+
+
+def ray_route_ready(base: str) -> Callable[[], bool]:
+    """Ray Serve's proxy lists the app's route once its replicas are up."""
+    def ready() -> bool:
+        try:
+            return "/" in httpx.get(base + "-/routes", timeout=2).json()
+        except (httpx.TransportError, ValueError):
+            return False
+    return ready
+
+
+def _stop(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):  # anything of the group still there
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+def requests_of(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Seeded requests of batch 1 to 4 (the tiny model's built range)."""
+    rng = np.random.default_rng(seed)
+    made = []
+    for i in range(count):
+        batch = 1 + i % 4
+        made.append({"x": rng.standard_normal((batch, 3, 8, 8), dtype=np.float32),
+                     "t": (rng.random(batch) * 1000).astype(np.float32)})
+    return made
+
+
+def assert_matches_eager(requests: list[dict[str, np.ndarray]], answers: list, wheel: Path) -> None:
+    eager = load_model(load_spec(TINY_SPEC)).module
+    with zipfile.ZipFile(wheel) as archive:
+        outputs = json.loads(archive.read("model_tiny/manifest.json"))["outputs"]
+    tolerances = {o["name"]: (o["rtol"], o["atol"]) for o in outputs}  # the build's own
+    for request, answer in zip(requests, answers):
+        assert answer.status == 200, answer.detail
+        with torch.no_grad():
+            expected = eager(torch.from_numpy(request["x"]), torch.from_numpy(request["t"]))
+        for name, want in zip(("features", "logits"), expected):
+            rtol, atol = tolerances[name]
+            torch.testing.assert_close(torch.from_numpy(answer.outputs[name]), want, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def uvicorn_url(served_python, tmp_path_factory) -> Iterator[str]:
+    port = free_port()
+    cmd = [str(served_python), "-m", "uvicorn", "app:app", "--workers", "2", "--host", "127.0.0.1", "--port", str(port)]
+    with server(cmd, answers_ok(f"http://127.0.0.1:{port}/health"), tmp_path_factory.mktemp("uvicorn") / "server.log"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("route", ["/predict", "/predict/batched"])
+def test_uvicorn_two_workers_answer_a_load_as_eager_does(uvicorn_url, route, wheel):
+    requests = requests_of(REQUESTS, seed=len(route))
+    # a connection per request, so both workers take some
+    answers = asyncio.run(client.load_test(uvicorn_url + route, requests, CONCURRENCY, LOAD_TIMEOUT_S, keep_alive=False))
+    assert_matches_eager(requests, answers, wheel)
+    assert len({a.worker for a in answers}) == 2, "both worker processes served"
+
+
+BAD = [
+    ({"x": np.zeros((1, 3, 8, 8), np.float64), "t": np.zeros(1, np.float32)}, "input 'x': expected dtype float32, got float64"),
+    ({"x": np.zeros((1, 3, 9, 8), np.float32), "t": np.zeros(1, np.float32)}, "input 'x': dim 2 must be 8, got 9"),
+    ({"x": np.zeros((5, 3, 8, 8), np.float32), "t": np.zeros(5, np.float32)},
+     "input 'x': dim 0 (batch) is 5, outside the built range [1, 4]"),
+    ({"x": np.zeros((2, 3, 8, 8), np.float32), "t": np.zeros(3, np.float32)},
+     "input 't': dim 0 (batch) is 3, but input 'x' has batch=2"),
+    ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "expected arrays named ['x', 't'], got ['x']"),
+]
+
+
+@pytest.mark.parametrize("route", ["/predict", "/predict/batched"])
+def test_bad_requests_get_the_runtimes_message_and_the_server_keeps_serving(uvicorn_url, route, wheel):
+    good = requests_of(20, seed=7)
+    mixed = [item for pair in zip(good, [bad for bad, _ in BAD] * 4) for item in pair]  # bad ones among good ones
+    answers = asyncio.run(client.load_test(uvicorn_url + route, mixed, CONCURRENCY, LOAD_TIMEOUT_S))
+    bad_answers = answers[1::2]
+    for answer, (_, message) in zip(bad_answers, BAD * 4):
+        assert answer.status == 422 and answer.detail == message
+    assert_matches_eager(good, answers[0::2], wheel)
+    junk = httpx.post(uvicorn_url + route, content=b"not an npz file", timeout=30)
+    assert junk.status_code == 400 and junk.json()["detail"].startswith("the body must be an .npz file")
+    after = requests_of(4, seed=8)
+    assert_matches_eager(after, asyncio.run(client.load_test(uvicorn_url + route, after, 4, LOAD_TIMEOUT_S)), wheel)
+
+
+FORK_CHECK = """
+import os, numpy as np, model_tiny
+lazy = model_tiny.lazy_load(numpy=True)
+lazy.get()  # loaded before the fork, never called there
+x = np.ones((2, 3, 8, 8), np.float32); t = np.ones(2, np.float32)
+pid = os.fork()
+if pid == 0:
+    features, logits = lazy(x, t)  # the child opens its own model
+    np.save("child.npy", logits)
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+np.testing.assert_array_equal(np.load("child.npy"), lazy(x, t)[1])
+print("ok")
+"""
+
+
+def test_a_lazy_model_loaded_before_fork_runs_in_the_child(served_python, tmp_path):
+    done = subprocess.run([str(served_python), "-c", FORK_CHECK], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+BATCHER_CHECK = """
+import asyncio, numpy as np, model_tiny
+model = model_tiny.load_numpy()
+calls = []
+def counted(*inputs):
+    calls.append(len(inputs[0]))
+    return model(*inputs)
+batcher = model_tiny.DynamicBatcher(counted, max_wait_s=0.05)
+rng = np.random.default_rng(0)
+requests = [(rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [1, 2, 1, 3, 1, 1, 4, 2]]
+async def main():
+    return await asyncio.gather(*(batcher(*r) for r in requests))
+answers = asyncio.run(main())
+for request, (features, logits) in zip(requests, answers):
+    alone = model(*request)
+    np.testing.assert_allclose(features, alone[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, alone[1], rtol=1e-5, atol=1e-6)
+print(calls)
+"""
+
+
+def test_the_batcher_joins_concurrent_requests_up_to_the_batch_max(served_python, tmp_path):
+    done = subprocess.run([str(served_python), "-c", BATCHER_CHECK], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    calls = json.loads(done.stdout)
+    # 15 samples within one wait budget: calls of at most 4 (the built max), requests never split
+    assert sum(calls) == 15 and max(calls) == 4 and len(calls) < 8, calls
+
+
+def included_blocks(page: Path) -> list[tuple[str, str]]:
+    """(file, code) for every code block the page marks as a copy of an example file."""
+    pattern = re.compile(r"<!-- include: (\S+) -->\n```\w*\n(.*?)```", re.S)
+    return pattern.findall(page.read_text())
+
+
+def test_the_page_shows_the_examples_the_tests_run():
+    blocks = included_blocks(REPO / "docs" / "serving.md")
+    assert {name for name, _ in blocks} >= {"docs/serving/app.py", "docs/serving/ray_app.py", "docs/serving/client.py",
+                                            "docs/serving/Dockerfile"}
+    for name, code in blocks:
+        assert code == (REPO / name).read_text(), f"docs/serving.md's copy of {name} differs from the file"
+
+
+@pytest.mark.slow
+def test_ray_serve_two_replicas_with_serve_batch_answer_as_eager_does(tmp_path, wheel):
+    # a virtualenv of its own: Ray brings many packages the session's shared one should not get
+    served_python = make_venv(tmp_path / "env")
+    pip_install(served_python, str(wheel), "-r", str(SERVING / "requirements.txt"), "-r", str(SERVING / "requirements-ray.txt"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with server([str(served_python), "ray_app.py", "--port", str(port)], ray_route_ready(url), tmp_path / "ray.log", startup_s=180):
+        requests = requests_of(REQUESTS, seed=3)
+        answers = asyncio.run(client.load_test(url, requests, CONCURRENCY, LOAD_TIMEOUT_S))
+        assert_matches_eager(requests, answers, wheel)
+        assert len({a.worker for a in answers}) == 2, "both replicas served"
+        bad = asyncio.run(client.load_test(url, [b for b, _ in BAD], 4, LOAD_TIMEOUT_S))
+        assert [(a.status, a.detail) for a in bad] == [(422, m) for _, m in BAD]
+        junk = httpx.post(url, content=b"not an npz file", timeout=30)
+        assert junk.status_code == 400 and junk.json()["detail"].startswith("the body must be an .npz file")
+        after = requests_of(8, seed=4)
+        assert_matches_eager(after, asyncio.run(client.load_test(url, after, 4, LOAD_TIMEOUT_S)), wheel)
