@@ -75,12 +75,13 @@ def _batch_range() -> tuple[str, int]:
 def check_request(args: Request) -> None:
     """Raise the runtime's ValueError, naming the input, when ``args`` would not run as one call:
     count, dtype, shapes, a batch outside the built range. numpy arrays are checked as
-    ``load_numpy()`` checks them, tensors as ``load()`` does (on the CPU)."""
+    ``load_numpy()`` checks them, tensors as ``load()`` does (all on one device: a request is
+    checked before it is moved to the model's)."""
     from ._inputs import check_count, check_inputs, check_sizes
 
     m = manifest()
     if args and type(args[0]).__module__.startswith("torch"):
-        check_inputs(m["inputs"], m["dims"], args)
+        check_inputs(m["inputs"], m["dims"], args, str(args[0].device))
         return
     from ._native import _check_array
 
