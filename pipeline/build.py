@@ -123,7 +123,7 @@ def build_target(
                 compiled = tune.install(tuned, exported, out_dir, work_dir, store)
                 if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
                     progress.say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
-                progress.say(f"    chose {tuned.chosen}")
+                progress.say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
                 statics = static.compile_sizes(exported, loaded, tuned, cxx_version, out_dir, work_dir, store,
                                                progress.say, progress.step)
             with progress.stage("verify"):
@@ -226,6 +226,7 @@ def make_report(
         "compile_cache": {"key": manifest["compile_cache_key"], "reused": all(t.from_cache for t in tuned.trials)},
         "compile_search": {
             "chosen": tuned.chosen,
+            "why": tuned.why,
             "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
             "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
         },

@@ -263,7 +263,7 @@ class BuildSection(_Frozen):
 
 class CompileSection(_Frozen):
     _LATE_KEYS = ("search_budget_s",)
-    search: bool = Field(True, description="try candidate options and keep the fastest that verifies")
+    search: bool = Field(True, description="try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise")
     search_budget_s: Annotated[float, Field(gt=0)] | None = Field(
         None, description="seconds of compiling the search may spend (default: 3x the first compile, at least 60)")
     freezing: bool = False
@@ -284,7 +284,8 @@ class VerifySection(_Frozen):
 
 
 DoctorCheck = Literal[
-    "args-variadic", "args-optional", "args-non-tensor", "self-write", "data-dependent", "graph-break", "version-check"
+    "args-variadic", "args-optional", "args-non-tensor", "self-write", "data-dependent", "graph-break", "version-check",
+    "purity",  # pipeline/purity.py: forward changed state or gave two outputs (PurityError, exit 12)
 ]
 
 
