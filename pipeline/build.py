@@ -174,7 +174,7 @@ def compile_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pl
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
-        say(f"    chose {tuned.chosen}")
+        say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
         statics = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
     return tuned, compiled, statics
 
@@ -269,6 +269,7 @@ def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compi
         "compile_cache": {"key": manifest["compile_cache_key"], "reused": all(t.from_cache for t in tuned.trials)},
         "compile_search": {
             "chosen": tuned.chosen,
+            "why": tuned.why,
             "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
             "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
         },

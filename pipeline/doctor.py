@@ -329,5 +329,6 @@ def run_doctor(spec_file, loaded) -> list[Finding]:
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)  # diagnose() ran inputs_fit() unless there is one
     check_signature(spec_file, loaded.module)
-    check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward))
+    check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward), tuple(spec_file.spec.doctor.allow),
+                 say, own_folder=spec_file.path.parent)
     return findings

@@ -5,6 +5,8 @@ Only the CLI catches these; it prints ``error: <message>`` and ``hint: <hint>``.
 
 from __future__ import annotations
 
+from .doctor_checks import PURITY
+
 
 class PipelineError(Exception):
     """Base class: a message saying what is wrong and where, plus a hint saying how to fix it."""
@@ -97,8 +99,9 @@ class DoctorError(PipelineError):
 class PurityError(PipelineError):
     """forward wrote state or gave different outputs for the same input."""
 
-    exit_code = 12
+    exit_code = PURITY.exit_code
     kind = "purity"
+    check = PURITY.name  # its [doctor] allow key: findings become warnings
 
 
 class IndexServerError(PipelineError):

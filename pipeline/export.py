@@ -16,6 +16,7 @@ import torch
 
 from .targets import Target
 from .errors import ExportError, SpecError
+from .input_fit import check_index_ranges, size_suspects, watching_embeddings
 from .loader import LoadedModel, call_forward, forward_arguments
 from .spec import SpecFile
 from .templates import wheel_inputs
@@ -115,19 +116,31 @@ def check_inputs_fit(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple
     problem = _count_problem(spec_file, module)
     if problem:
         raise SpecError(problem, "declare one [[inputs]] table per forward parameter, in forward's order")
-    try:
-        with torch.no_grad():
-            call_forward(module, inputs)
-    except Exception as exc:  # the user's forward can raise anything
-        where = _user_frame(exc, source_files) or where_defined(type(module).forward)
-        said = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:400]
-        shown = ", ".join(_shown(i, t) for i, t in zip(spec_file.spec.inputs, inputs))
-        raise SpecError(
-            f"{spec_file.path}: key 'inputs': the model does not accept the spec's example inputs ({shown}):\n"
-            f"  {where}\n  {type(exc).__name__}: {said}",
-            f"make the [[inputs]] shapes and dtypes (and [dims] sizes) match what the model expects at "
-            f"{where.split(': ')[0]}; if they already do, the error is in the model's code there",
-        ) from exc
+    with watching_embeddings(module, inputs) as fed:
+        try:
+            with torch.no_grad():
+                call_forward(module, inputs)
+        except Exception as exc:  # the user's forward can raise anything
+            check_index_ranges(spec_file, fed)  # the cause an IndexError deep in a library leaves to guess
+            raise _rejected(spec_file, module, inputs, source_files, exc) from exc
+    check_index_ranges(spec_file, fed)  # ids past an embedding's end that this draw happened not to reach
+
+
+def _rejected(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+              source_files: tuple[Path, ...], exc: Exception) -> SpecError:
+    where = _user_frame(exc, source_files) or where_defined(type(module).forward)
+    said = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:400]
+    shown = ", ".join(_shown(i, t) for i, t in zip(spec_file.spec.inputs, inputs))
+    suspects = size_suspects(spec_file, module, inputs)
+    likely = "".join(f"\n  most likely: {s}" for s in suspects)
+    return SpecError(
+        f"{spec_file.path}: key 'inputs': the model does not accept the spec's example inputs ({shown}):\n"
+        f"  {where}\n  {type(exc).__name__}: {said}{likely}",
+        ("make the [[inputs]] shape fit the model's config (the dim named above), or build the model from a config "
+         "of the spec's sizes; " if suspects else "")
+        + f"make the [[inputs]] shapes and dtypes (and [dims] sizes, and low/high of integer inputs) match what the "
+        f"model expects at {where.split(': ')[0]}; if they already do, the error is in the model's code there",
+    )
 
 
 def _user_frame(exc: BaseException, source_files: tuple[Path, ...]) -> str | None:
@@ -197,7 +210,7 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exporte
         where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
         raise ExportError(
             f"{where}\n  forward raised {type(exc).__name__}: {exc} on the spec's example inputs",
-            "check the [[inputs]] shapes and dtypes against what forward expects",
+            "check the [[inputs]] shapes and dtypes (and low/high of integer inputs) against what forward expects",
         ) from exc
     returns_tuple = isinstance(eager, (tuple, list))
     outputs = tuple(eager) if returns_tuple else (eager,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -16,6 +17,9 @@ from .errors import ModelLoadError
 from .spec import SpecFile
 
 PER_TENSOR_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+# transformers' and diffusers' requires_backends(): "X requires the scipy library but it was not found ..."
+REQUIRES_BACKEND = re.compile(r"requires the (\S+) library but it was not found")
+PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow", "cv2": "opencv-python", "yaml": "pyyaml"}
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,34 @@ def _refuse_a_second_pipeline(key: str, module_name: str, spec_dir: Path) -> Non
             "\"A package of your own named pipeline\"")
 
 
+def missing_package(exc: BaseException | None) -> str | None:
+    """The import name of the package whose absence raised ``exc`` (or its ``raise … from`` cause),
+    or None. Not ``__context__``: libraries raise unrelated errors while handling an ImportError."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            return exc.name.split(".")[0]
+        found = REQUIRES_BACKEND.search(str(exc)) if isinstance(exc, ImportError) else None
+        if found:
+            return found.group(1)
+        exc = exc.__cause__
+    return None
+
+
+def _missing_package_error(what: str, package: str, exc: BaseException) -> ModelLoadError:
+    where = _where(exc)
+    said = " ".join(str(exc).split())[:300]
+    return ModelLoadError(
+        f"{what} needs the package {package!r}, which is not installed in this Python ({sys.executable})"
+        f"{f' (at {where})' if where else ''}: {type(exc).__name__}: {said}",
+        f"install it where the build runs: pip install {PIP_NAMES.get(package, package)} (a library often needs a "
+        "package only for a part of the model, e.g. a loss: if you do not use that part, build the model without it)",
+    )
+
+
 def _import_failed(key: str, module_name: str, exc: BaseException) -> ModelLoadError:
+    package = missing_package(exc)
+    if package:
+        return _missing_package_error(f"{key}: importing module {module_name!r}", package, exc)
     where = _where(exc)
     return ModelLoadError(
         f"{key}: importing module {module_name!r} failed{f' at {where}' if where else ''}: {_describe(exc)}",
@@ -223,11 +254,16 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
             "the factory must return the nn.Module; remove the sys.exit()/exit() call from it",
         ) from exc
     except Exception as exc:
+        package = missing_package(exc)
+        if package:
+            raise _missing_package_error(f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs)",
+                                         package, exc) from exc
         where = _where(exc)
         raise ModelLoadError(
             f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) raised "
             f"{_describe(exc)}{f' (at {where})' if where else ''}",
-            "check model.kwargs against the factory's parameters",
+            "check model.kwargs against the factory's parameters" if spec.model.kwargs else
+            "the factory was called with no arguments (the spec has no [model.kwargs]): fix the error at the line given",
         ) from exc
     if not isinstance(module, torch.nn.Module):
         raise ModelLoadError(

@@ -262,7 +262,7 @@ BuildSection._LATE_KEYS = tuple(targets.names())
 
 class CompileSection(_Frozen):
     _LATE_KEYS = ("search_budget_s",)
-    search: bool = Field(True, description="try candidate options and keep the fastest that verifies")
+    search: bool = Field(True, description="try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise")
     search_budget_s: Annotated[float, Field(gt=0)] | None = Field(
         None, description="seconds of compiling the search may spend (default: 3x the first compile, at least 60)")
     freezing: bool = False

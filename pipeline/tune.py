@@ -1,10 +1,11 @@
-"""Choosing compile options: compile each candidate, keep the fastest that passes verification.
+"""Choosing compile options: compile and verify each candidate, then time those that pass together
+(pipeline/rounds.py): the spec's own options stay unless another wins beyond the measured noise.
 
 Candidates (with `[compile] search = true`, the default): the spec's own options, freezing
 (not with external weights: it folds weights into the code), freezing with channels-last
 convolutions, max-autotune, and bfloat16 autocast with freezing where the spec's tolerances
 allow it (screened in eager first, so a model they refuse costs no compile). Each is compiled
-(or taken from the compile cache), verified against eager on every case, and timed; a failing
+(or taken from the compile cache) and verified against eager on every case; a failing
 candidate is dropped. `search = false` pins the spec's options.
 
 Candidates that cannot win are not compiled: channels-last without convolutions, max-autotune
@@ -18,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import constants, precision, targets
+from . import constants, precision, rounds, targets
 from .cache import Cache
 from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from .errors import CompileError, ExportError, VerificationError
@@ -35,7 +35,6 @@ from .progress import check_stop, say, step
 from .templates import wheel_compare
 from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
-MIN_RUNS, MIN_SECONDS = 5, 1.0
 # The search's default budget: BUDGET_FACTOR x the first fresh compile, at least MIN_BUDGET_S.
 BUDGET_FACTOR, MIN_BUDGET_S = 3.0, 60.0
 # A candidate's compile time against a plain compile's: max-autotune benchmarks kernel choices.
@@ -50,9 +49,11 @@ class Trial:
     name: str
     options: dict
     passed: bool
-    median_ms: float | None
+    median_ms: float | None  # the median of its rounds' medians
     from_cache: bool
     problem: str = ""
+    rounds_ms: tuple[float, ...] = ()  # each timing round's median, in round order
+    spread_ms: tuple[float, float] | None = None  # the fastest and slowest round
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Tuned:
     plan: CompilePlan  # the chosen candidate's
     trials: tuple[Trial, ...]
     skipped: tuple[Skipped, ...] = ()
+    why: str = ""  # why the chosen candidate was chosen (pipeline/rounds.py)
 
 
 BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
@@ -167,18 +169,13 @@ def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], outp
     return [plan_in(exported, plan, output_dir) for _, plan in planned if plan.compile_dir != output_dir]
 
 
-def median_ms(compiled: Compiled, weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> float:
-    runner, target = open_runner(compiled, weights_file), targets.get(compiled.target)
-    for _ in range(2):
-        runner.run(list(inputs))
-    times, started = [], time.perf_counter()
-    while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
-        target.synchronize()
-        t0 = time.perf_counter()
-        runner.run(list(inputs))
-        target.synchronize()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+def timed_calls(compiled: dict[str, Compiled], weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> dict:
+    """One call of each candidate's .so, opened as the wheel's load() opens it, by name."""
+    calls = {}
+    for name, one in compiled.items():
+        runner = open_runner(one, weights_file)
+        calls[name] = lambda runner=runner: runner.run(list(inputs))
+    return calls
 
 
 class Budget:
@@ -207,11 +204,14 @@ class Budget:
 
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
          work_dir: Path, store: Cache) -> Tuned:
-    """A line per candidate; the live status says what is being done now (``2/4 freezing: timing``)."""
+    """A line per candidate; the live status says what is being done now (``2/4 freezing: compiling``).
+    Every candidate is compiled and verified first; those that pass are then timed together, in
+    interleaved rounds (pipeline/rounds.py), and the spec's own options stay unless one wins
+    beyond the spread measured in those rounds."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     skipped, budget = list(skipped), Budget(exported.spec_file.spec.compile.search_budget_s)
-    trials, best, first_failure = [], None, None
+    failed, passed, first_failure = {}, {}, None
     for index, (name, plan) in enumerate(planned):
         check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
         over = budget.refusal(name) if index > 0 and not store.has(plan.key) else None
@@ -219,40 +219,62 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             skipped.append(Skipped(name, over))
             say(f"    candidate {name}: not tried: {over}")
             continue
-        counter = f"{index + 1}/{len(planned)} {name}"
-        step(f"{counter}: compiling")
-        trial_work = work_dir / "candidates" / name
-        shutil.rmtree(trial_work, ignore_errors=True)
-        plan.compile_dir.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        try:
-            compiled = compile_model(exported, plan, trial_work, store)
-            if not compiled.from_cache:
-                budget.spent(name, time.perf_counter() - started)
-        except (CompileError, ExportError) as exc:
-            if index == 0:  # the spec's own options: their failure is the build's
-                raise
-            trials.append(Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]))
-            say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
-            continue
-        step(f"{counter}: verifying")
-        try:
-            verify_model(exported, compiled, trial_work, weights_file)
-        except VerificationError as exc:
-            first_failure = first_failure or exc
-            trials.append(Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]))
-            say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
-            continue
-        step(f"{counter}: timing")
-        latency = median_ms(compiled, weights_file, exported.example_inputs)
-        trials.append(Trial(name, plan.options, True, latency, compiled.from_cache))  # unrounded: the choice is made on it
-        say(f"    candidate {name}: {latency:.1f} ms{' (cached)' if compiled.from_cache else ''}")
-        if best is None or latency < best[1]:
-            best = (name, latency, compiled, plan)
-    if best is None:  # the first candidate's own report, with every case's diffs
-        more = f"\n(all {len(trials)} compile candidates failed verification)" if len(trials) > 1 else ""
+        outcome = _compile_and_verify(exported, index, name, plan, f"{index + 1}/{len(planned)} {name}", weights_file,
+                                      work_dir, store, budget)
+        if isinstance(outcome, tuple):
+            failed[name] = outcome[0]
+            first_failure = first_failure or outcome[1]
+        else:
+            passed[name] = outcome
+    if not passed:  # the first candidate's own report, with every case's diffs
+        more = f"\n(all {len(failed)} compile candidates failed verification)" if len(failed) > 1 else ""
         raise VerificationError(first_failure.message + more, first_failure.hint) from first_failure
-    return Tuned(compiled=best[2], chosen=best[0], plan=best[3], trials=tuple(trials), skipped=tuple(skipped))
+    step(f"timing {len(passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+    target = exported.target
+    timed = rounds.time_in_rounds(timed_calls(passed, weights_file, exported.example_inputs), target.synchronize)
+    chosen, why = rounds.choose(timed, planned[0][0]) if len(planned) > 1 else (planned[0][0], "")
+    trials = []
+    for name, plan in planned:
+        if name in passed:
+            t = timed[name]
+            # unrounded: the choice is made on them
+            trials.append(Trial(name, plan.options, True, t.median_ms, passed[name].from_cache,
+                                rounds_ms=t.rounds_ms, spread_ms=(t.low_ms, t.high_ms)))
+            shown = t.describe() if len(planned) > 1 else f"{t.median_ms:.1f} ms"  # pinned: nothing to compare
+            say(f"    candidate {name}: {shown}{' (cached)' if passed[name].from_cache else ''}")
+        elif name in failed:
+            trials.append(failed[name])
+    plan = dict(planned)[chosen]
+    return Tuned(compiled=passed[chosen], chosen=chosen, plan=plan, trials=tuple(trials), skipped=tuple(skipped), why=why)
+
+
+def _compile_and_verify(exported: Exported, index: int, name: str, plan: CompilePlan, counter: str,
+                        weights_file: Path | None, work_dir: Path, store: Cache, budget: Budget):
+    """The candidate compiled and verified, or (the Trial saying why it was dropped, its
+    VerificationError or None): that error is the build's message when every candidate fails."""
+    step(f"{counter}: compiling")
+    trial_work = work_dir / "candidates" / name
+    shutil.rmtree(trial_work, ignore_errors=True)
+    plan.compile_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        compiled = compile_model(exported, plan, trial_work, store)
+        if not compiled.from_cache:
+            budget.spent(name, time.perf_counter() - started)
+    except (CompileError, ExportError) as exc:
+        if index == 0:  # the spec's own options: their failure is the build's
+            raise
+        say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
+        return Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]), None
+    step(f"{counter}: verifying")
+    try:
+        verify_model(exported, compiled, trial_work, weights_file)
+    except VerificationError as exc:
+        say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
+        return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc
+    if not counter.startswith("1/1 "):  # a lone candidate's (pinned) one line is its time
+        say(f"    candidate {name}: verified{' (cached)' if compiled.from_cache else ''}")
+    return compiled
 
 
 def install(tuned: Tuned, exported: Exported, output_dir: Path, work_dir: Path, store: Cache) -> Compiled:

@@ -308,7 +308,6 @@ TINY_IMPORT = "from tiny_model import build as tiny_build\n"
 
 @pytest.mark.parametrize(("source", "line", "says"), [
     ("import torch\n\ndef build(channels=8)\n    return None\n", 3, "SyntaxError: expected ':'"),
-    ("import torch\nimport no_such_package_xyz\n", 2, "ModuleNotFoundError: No module named 'no_such_package_xyz'"),
     ("from torch import no_such_name\n", 1, "ImportError: cannot import name 'no_such_name'"),
     ("import torch\n\nWIDTH = 8 / 0\n", 3, "ZeroDivisionError: division by zero"),
     ("import sys\nsys.exit(0)\n", 2, "called sys.exit(0)"),
@@ -322,6 +321,17 @@ def test_factory_module_that_cannot_be_imported_names_file_and_line(tmp_path, so
     assert "hint: fix the model's code at the line given" in ran.err
     assert "Traceback" not in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+def test_factory_module_importing_a_missing_package_names_the_package(tmp_path):
+    ran = factory_fault(tmp_path, "import torch\nimport no_such_package_xyz\n")
+    faulty = tmp_path / "spec" / "faulty.py"
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert (f"key 'model.factory': importing module 'faulty' needs the package 'no_such_package_xyz', which is not "
+            f"installed in this Python") in ran.err, ran.err
+    assert f"(at {faulty}:2): ModuleNotFoundError: No module named 'no_such_package_xyz'" in ran.err
+    assert "hint: install it where the build runs: pip install no_such_package_xyz" in ran.err
+    assert "Traceback" not in ran.err
 
 
 def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):

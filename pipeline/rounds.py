@@ -1,0 +1,85 @@
+"""Timing compile candidates so that noise cannot choose between them (issue 30).
+
+Whatever else runs on the machine (other builds, a CI runner's neighbours) slows the compiled
+code by multiples, not fractions, and in bursts: timed one after another, the candidate that
+happened to run in a quiet minute won. So every candidate is timed in the same rounds,
+interleaved (each round runs them all, in an order rotated from round to round), and each
+one's spread over those rounds is measured. A candidate replaces the spec's own options only
+when it wins beyond that spread: its slowest round is faster than the spec's fastest one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from .progress import check_stop
+
+ROUNDS = 5
+ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds
+WARMUP_RUNS = 2
+
+
+@dataclass(frozen=True)
+class Timed:
+    rounds_ms: tuple[float, ...]  # each round's median, in round order
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.rounds_ms)
+
+    @property
+    def low_ms(self) -> float:
+        return min(self.rounds_ms)
+
+    @property
+    def high_ms(self) -> float:
+        return max(self.rounds_ms)
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{ms:.3g}" for ms in self.rounds_ms)
+        return f"{self.median_ms:.3g} ms [{self.low_ms:.3g}-{self.high_ms:.3g}] over {len(self.rounds_ms)} rounds ({shown})"
+
+
+def _round_median(call, synchronize) -> float:
+    times, started = [], time.perf_counter()
+    while len(times) < ROUND_RUNS or time.perf_counter() - started < ROUND_SECONDS:
+        synchronize()
+        t0 = time.perf_counter()
+        call()
+        synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def time_in_rounds(calls: dict[str, object], synchronize=lambda: None, rounds: int = ROUNDS) -> dict[str, Timed]:
+    """``calls``: name -> a function running one call of that candidate. Every candidate runs in
+    every round; round r starts at candidate r (mod their number), so none always follows another."""
+    names = list(calls)
+    for name in names:
+        for _ in range(WARMUP_RUNS):
+            calls[name]()
+    medians: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            check_stop()
+            medians[name].append(_round_median(calls[name], synchronize))
+    return {name: Timed(tuple(found)) for name, found in medians.items()}
+
+
+def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
+    """(the candidate to ship, why). The baseline (the spec's own options) stays unless another
+    candidate's slowest round beats its fastest; among those that do, the lowest median wins."""
+    if baseline not in timed:
+        best = min(timed, key=lambda name: timed[name].median_ms)
+        return best, f"the lowest median; the spec's own options ({baseline}) did not pass verification"
+    base = timed[baseline]
+    winners = [name for name, t in timed.items() if name != baseline and t.high_ms < base.low_ms]
+    if not winners:
+        return baseline, (f"no candidate is faster beyond the noise measured in this run: none has its slowest round "
+                          f"under {baseline}'s fastest ({base.low_ms:.3g} ms)")
+    best = min(winners, key=lambda name: timed[name].median_ms)
+    return best, (f"its slowest round ({timed[best].high_ms:.3g} ms) is faster than {baseline}'s fastest "
+                  f"({base.low_ms:.3g} ms)")
