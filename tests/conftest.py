@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+
+from pipeline.errors import SpecError
+from pipeline.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_SPEC = REPO / "tests" / "models" / "tiny" / "spec.toml"
@@ -122,3 +128,33 @@ def make_venv(path: Path) -> Path:
 def pip_install(python: Path, *requirements: str) -> None:
     done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements], capture_output=True, text=True)
     assert done.returncode == 0, f"pip install {' '.join(requirements)} failed:\n{done.stdout}{done.stderr}"
+
+
+# Specs written beside their own copy of the tiny model's code (tests of refusals edit them).
+GOOD = TINY_SPEC.read_text()
+
+
+def spec_copy(folder: Path, text: str = GOOD, name: str = "spec.toml") -> Path:
+    """A spec beside its own copy of the tiny model's code (the factory is imported from there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TINY_SPEC.parent / "tiny_model.py", folder / "tiny_model.py")
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def spec_error(tmp_path: Path, old: str, new: str) -> str:
+    assert old in GOOD
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_copy(tmp_path, GOOD.replace(old, new, 1)))
+    return info.value.message
+
+
+def wheel_manifest(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as archive:
+        return json.loads(archive.read("model_tiny/manifest.json"))
+
+
+def start_cli(*args: str, cwd: Path = REPO) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)

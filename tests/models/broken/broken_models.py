@@ -1,4 +1,4 @@
-"""Modules that must fail the build, each for one reason. Used by tests/test_failures.py."""
+"""Modules that must fail the build, each for one reason. Used by tests/test_broken_models.py."""
 
 import re
 

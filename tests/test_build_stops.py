@@ -1,0 +1,257 @@
+"""How a build stops: a missing compiler, an output folder it did not make, and SIGINT/SIGTERM
+at any point (a parallel build's children, early in compile, inside C code): its own message,
+hint and exit code, nothing left under the root, in dist/ or in the cache, and nothing that
+blocks the next build."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import progress
+from pipeline.errors import BuildInterrupted, OutputDirError, ToolchainError
+
+from .conftest import GOOD, REPO, Ran, TINY_SPEC, run_cli, spec_copy, start_cli
+
+
+def build(spec, dirs, env=None):
+    return run_cli("build", "--spec", str(spec), *dirs.args(), env=env)
+
+
+def test_missing_compiler(dirs):
+    ran = build(TINY_SPEC, dirs, env={"CXX": "/nonexistent/g++"})
+    assert ran.code == ToolchainError.exit_code, ran.err
+    assert "C++ compiler check (/nonexistent/g++)" in ran.err
+    assert "hint: AOTInductor needs a C++ compiler" in ran.err
+    assert dirs.leftovers() == []
+
+
+def test_output_folder_not_made_by_a_build_is_left_alone(dirs):
+    foreign = dirs.root / "tiny" / "0.1" / "cpu"
+    foreign.mkdir(parents=True)
+    (foreign / "keep.txt").write_text("user data")
+    ran = build(TINY_SPEC, dirs)
+    assert ran.code == OutputDirError.exit_code, ran.err
+    assert f"{foreign} exists and was not made by a build" in ran.err
+    assert (foreign / "keep.txt").read_text() == "user data"
+    assert not dirs.dist.exists()
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_interrupted_build_removes_everything(dirs, how):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), *dirs.args()],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("==> compile"):
+            break
+    time.sleep(1.0)  # inside AOTInductor now
+    assert (dirs.root / "tiny" / "0.1" / "cpu").is_dir(), "".join(seen)
+    if how == "SIGINT":  # Ctrl-C reaches the whole process group, the C++ compiler too
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    err = "".join(seen) + proc.stderr.read()
+    assert proc.wait(timeout=120) == BuildInterrupted.exit_code, err
+    assert f"error: build stopped by {how}" in err
+    assert dirs.leftovers() == []
+
+
+def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
+    """CI once saw a stopped build print its error and then die by SIGINT (exit -2, not 130): the
+    unraisable hook's timer re-delivered the interrupt after main() had decided. A late interrupt
+    is recorded, never raised."""
+    script = textwrap.dedent("""
+        import _thread, signal, sys, time
+        from pipeline import cli
+        from pipeline.progress import stop_requested
+
+        def stopped(args, progress):
+            stop_requested.append("SIGINT")
+            raise KeyboardInterrupt
+
+        cli.COMMANDS["matrix"] = stopped
+        code = cli.main(["matrix"])
+        _thread.interrupt_main(signal.SIGINT)  # what the hook's timer does, once main() has returned
+        time.sleep(0.2)
+        sys.exit(code)
+    """)
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == BuildInterrupted.exit_code, ran.stderr
+    assert "error: matrix stopped by SIGINT" in ran.stderr
+
+
+# -- Ctrl-C to a parallel build ----------------------------------------------------------
+
+def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(tmp_path, dirs):
+    """SIGINT to the process group (a terminal's Ctrl-C) reached each build twice, once from the
+    terminal and once forwarded by the parent; the second cut the cleanup short, leaving an
+    unmarked output folder and its lock, and every later build of the model stopped with exit 10."""
+    specs = [spec_copy(tmp_path / v, GOOD.replace('version = "0.1"', f'version = "{v}"')) for v in ("0.2", "0.3")]
+    args = ["build", *(a for s in specs for a in ("--spec", str(s))), "-j", "2", *dirs.args()]
+    parent = start_cli(*args)
+    seen = []
+    for line in parent.stderr:
+        seen.append(line)
+        if sum(line.startswith("==> build ") for line in seen) == 2:
+            break
+    logs = [dirs.build / "logs" / f"{v}-spec.log" for v in ("0.2", "0.3")]
+    deadline = time.monotonic() + 300
+    while not all(log.is_file() and "==> compile" in log.read_text() for log in logs):
+        assert parent.poll() is None and time.monotonic() < deadline, "".join(seen)
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside AOTInductor now
+    os.killpg(parent.pid, signal.SIGINT)
+    err = "".join(seen) + parent.stderr.read()
+    assert parent.wait(timeout=120) == BuildInterrupted.exit_code, err
+    for log in logs:
+        assert "error: build stopped by SIGINT" in log.read_text(), log.read_text()
+    assert [p for p in dirs.root.rglob("*") if not p.is_dir()] == [], "no output folder, marker or lock is left"
+    assert not [p for p in dirs.root.rglob("*") if p.name.startswith(".")]
+
+    again = run_cli(*args)
+    assert again.code == 0, again.err + "".join(log.read_text() for log in logs)
+    assert len(list(dirs.dist.glob("*.whl"))) == 2
+
+
+def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypatch):
+    """The forwarded SIGINT landing while the output folder is removed: cleanup still ends."""
+    from pipeline import outdir
+
+    real_rmtree = outdir.shutil.rmtree
+
+    def interrupted_rmtree(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # Python's default handler: KeyboardInterrupt
+        return real_rmtree(*args, **kwargs)
+
+    monkeypatch.setattr(outdir.shutil, "rmtree", interrupted_rmtree)
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    with pytest.raises(KeyboardInterrupt):
+        with progress.reporting(progress.QuietProgress(result_stream=None)), outdir.claim_output_dir(out):
+            (out / "model.so").write_bytes(b"half")
+            raise KeyboardInterrupt  # the first Ctrl-C
+    assert not (tmp_path / "root").exists(), sorted(map(str, (tmp_path / "root").rglob("*")))
+
+
+def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
+    from pipeline.outdir import MARKER, claim_output_dir
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no longer running
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    installed = tmp_path / "site-packages" / "artifacts"
+    installed.mkdir(parents=True)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text(f"made by pid {gone.pid}\n")
+    (out / "half.so").write_bytes(b"x")
+    (out.parent / ".cpu.build.lock").write_text(f"{gone.pid}\n")
+    (out.parent / f".cpu.removing-{gone.pid}").mkdir()
+    (out.parent / f".cpu.displaced-{gone.pid}").symlink_to(installed)  # the wheel's link, moved aside
+    said = []
+
+    class Recorded(progress.Progress):
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    with progress.reporting(Recorded()), claim_output_dir(out):
+        assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert len(said) == 1 and f"taking over {out}: a build (pid {gone.pid}) that is no longer running" in said[0]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cpu"]
+    assert out.is_symlink() and out.resolve() == installed.resolve(), "the installed wheel's link is put back"
+
+
+# -- an interrupt early in compile stops it, stores nothing, and says what it left -------
+
+SWALLOWING_MODEL = '''"""The tiny model, plus a garbage-collector callback that sends this process SIGINT once, early
+in compile: the handler's KeyboardInterrupt is raised inside the callback, where Python drops it,
+as it does in torch's own finalizers and weakref callbacks."""
+
+import gc
+import os
+import signal
+import sys
+
+from tiny_model import build  # noqa: F401
+
+sent = []
+
+
+def _interrupt_inside_gc(phase, info):
+    if sent or phase != "start" or "torch._inductor.compile_fx" not in sys.modules:
+        return
+    sent.append(True)
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs here, inside the callback
+        pass
+
+
+gc.callbacks.append(_interrupt_inside_gc)
+'''
+
+
+def stopped_cleanly(ran: Ran, tmp_path: Path) -> Path:
+    """The stop's message names exactly what it kept; returns the work files' folder."""
+    work = tmp_path / "build" / "tiny" / "0.1"
+    assert ran.code == BuildInterrupted.exit_code, ran.err
+    assert f"error: build stopped by SIGINT: nothing of it is left under {tmp_path / 'opt'} or in {tmp_path / 'dist'}, " \
+           f"and nothing was stored in the build cache; its work files in {work}/ (trace, generated sources so far, " \
+           "the work folder's lock) are kept for inspection; the next build of tiny 0.1 replaces them" in ran.err, ran.err
+    assert "Traceback" not in ran.err
+    assert work.is_dir(), "the message names what is there"
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "dist").exists()
+    assert not (tmp_path / "build" / "cache").exists() or not list((tmp_path / "build" / "cache").iterdir())
+    return work
+
+
+def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_path):
+    """Ctrl-C early in compile went on for about 10 s and stored the compiled model in the cache:
+    the KeyboardInterrupt had landed in a callback inside torch, where Python drops it."""
+    spec = spec_copy(tmp_path / "spec", GOOD.replace("tiny_model:build", "swallowing_model:build"))
+    (spec.parent / "swallowing_model.py").write_text(SWALLOWING_MODEL)
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    work = stopped_cleanly(ran, tmp_path)
+    assert "==> compile" in ran.err and "compile done" not in ran.err
+    candidate = work / "cpu" / "candidates" / "pinned"
+    assert "Exception ignored" not in (candidate / "inductor.log").read_text(), "the interrupt was dropped"
+    assert not (candidate / "sources").exists(), "AOTInductor was stopped before it finished"
+
+
+def test_ctrl_c_in_compile_says_what_it_left(tmp_path):
+    args = ["build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+            "--build-dir", str(tmp_path / "build")]
+    child = start_cli(*args)
+    seen = []
+    for line in child.stderr:
+        seen.append(line)
+        if line.startswith("==> compile"):
+            break
+    time.sleep(0.5)
+    os.killpg(child.pid, signal.SIGINT)
+    err = "".join(seen) + child.stderr.read()
+    stopped_cleanly(Ran(child.wait(timeout=120), "", err), tmp_path)
+
+
+def test_a_stopped_build_stores_nothing_in_the_cache(tmp_path, monkeypatch):
+    from pipeline import cache, progress
+
+    artifact = tmp_path / "model.so"
+    artifact.write_bytes(b"compiled")
+    monkeypatch.setattr(progress, "stop_requested", ["SIGINT"])  # what the signal handler records
+    store = cache.Cache(tmp_path / "cache")
+    with pytest.raises(KeyboardInterrupt):
+        store.store("key", (artifact,))
+    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []

@@ -1,0 +1,127 @@
+"""load_numpy(): every array the C interface cannot take as it is is converted or refused, naming the input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .test_end_to_end import run_in
+
+
+# --- load_numpy(): every array the C interface cannot take as it is is converted or refused ---
+
+# One process runs every case against the installed wheel; each case is compared with the same
+# numbers passed as a plain native, C-ordered, writable array.
+NUMPY_CASES = r"""
+import json, numpy as np, model_tiny
+m = model_tiny.load_numpy()
+rng = np.random.default_rng(7)
+x = rng.standard_normal((2, 3, 8, 8), dtype=np.float32)
+t = (rng.random(2) * 1000).astype(np.float32)
+
+def read_only(a):
+    frozen = np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)  # memory that cannot be written at all
+    assert not frozen.flags.writeable
+    return frozen
+
+def misaligned(a):
+    raw = np.zeros(a.nbytes + 1, np.uint8)
+    shifted = raw[1:].view(a.dtype).reshape(a.shape)
+    shifted[...] = a
+    assert not shifted.flags.aligned
+    return shifted
+
+def strided(a):
+    wide = np.zeros(a.shape[:-1] + (a.shape[-1] * 2,), a.dtype)
+    wide[..., ::2] = a
+    return wide[..., ::2]
+
+cases = {
+    "big_endian": (x.astype(">f4"), t.astype(">f4")),
+    "fortran": (np.asfortranarray(x), t),
+    "strided": (strided(x), strided(t)),
+    "reversed": (x[::-1], t[::-1]),
+    "broadcast": (np.broadcast_to(x[:1], x.shape), np.broadcast_to(t[:1], t.shape)),
+    "read_only": (read_only(x), read_only(t)),
+    "misaligned": (misaligned(x), misaligned(t)),
+    "big_endian_fortran_read_only": (read_only(np.asfortranarray(x.astype(">f4"))), t.astype(">f4")),
+    "float64": (x.astype(np.float64), t),
+    "int32": (x, t.astype(np.int32)),
+    "object": (x.astype(object), t),
+    "masked": (np.ma.masked_array(x, mask=x > 0), t),
+    "zero_d": (x, np.array(t[0])),
+    "rank_3": (x[0], t),
+    "rank_5": (x[None], t),
+}
+results = {}
+for name, args in cases.items():
+    before = [np.array(a, copy=True) for a in args]
+    try:
+        got = m(*args)
+    except ValueError as exc:
+        results[name] = {"error": str(exc)}
+        continue
+    want = m(*[np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("=")) for a in args])
+    results[name] = {
+        "error": None,
+        "equal": all(np.array_equal(g, w) for g, w in zip(got, want)),
+        "finite": all(bool(np.isfinite(g).all()) for g in got),
+        "outputs_writeable": all(g.flags.writeable for g in got),
+        "inputs_unchanged": all(np.array_equal(a, b) for a, b in zip(args, before)),
+    }
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def numpy_cases(installed) -> dict[str, dict]:
+    ran = run_in(installed, NUMPY_CASES)
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
+def _correct(result: dict) -> None:
+    assert result["error"] is None, result["error"]
+    assert result["equal"] and result["finite"], "the model must see the same numbers as from a plain array"
+    assert result["outputs_writeable"] and result["inputs_unchanged"]
+
+
+def test_big_endian_arrays_are_converted(numpy_cases):
+    _correct(numpy_cases["big_endian"])
+
+
+@pytest.mark.parametrize("case", ["fortran", "strided", "reversed", "broadcast"])
+def test_non_contiguous_and_fortran_arrays_are_copied_to_c_order(numpy_cases, case):
+    _correct(numpy_cases[case])
+
+
+def test_read_only_arrays_are_read_in_place_and_give_writable_outputs(numpy_cases):
+    _correct(numpy_cases["read_only"])
+
+
+def test_misaligned_arrays_are_copied(numpy_cases):
+    _correct(numpy_cases["misaligned"])
+
+
+def test_every_fault_at_once_is_converted(numpy_cases):
+    _correct(numpy_cases["big_endian_fortran_read_only"])
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("float64", "input 'x': expected dtype float32, got float64"),
+    ("int32", "input 't': expected dtype float32, got int32"),
+    ("object", "input 'x': expected dtype float32, got object"),
+    ("masked", "input 'x': expected a plain numpy.ndarray, got a masked array: pass a.filled(value)"),
+])
+def test_wrong_dtype_or_masked_array_is_refused_naming_the_input(numpy_cases, case, message):
+    assert numpy_cases[case] == {"error": message}
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("zero_d", "input 't': expected 1 dims ['batch'], got 0 dims [] (a 0-d scalar)"),
+    ("rank_3", "input 'x': expected 4 dims ['batch', 3, 8, 8], got 3 dims [3, 8, 8]"),
+    ("rank_5", "input 'x': expected 4 dims ['batch', 3, 8, 8], got 5 dims [1, 2, 3, 8, 8]"),
+])
+def test_zero_d_or_wrong_rank_is_refused_with_expected_and_got(numpy_cases, case, message):
+    assert numpy_cases[case] == {"error": message}

@@ -1,0 +1,139 @@
+"""A spec the build cannot honour is refused at spec time, naming the file and key: late
+checks (trailing newlines, summaries a wheel cannot carry, version spellings), huge numbers and
+impossible job counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import SpecError, UsageError
+from pipeline.spec import load_spec
+
+from .conftest import GOOD, REPO, TINY_SPEC, run_cli, spec_copy, spec_error, wheel_manifest
+
+
+# -- spec checks that came late or never ------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('name = "tiny"', 'name = "tiny\\n"', "model.name"),
+        ('factory = "tiny_model:build"', 'factory = "tiny_model:build\\n"', "model.factory"),
+    ],
+)
+def test_trailing_newline_is_refused(tmp_path, old, new, key):
+    message = spec_error(tmp_path, old, new)
+    assert str(tmp_path / "spec.toml") in message
+    assert f"key '{key}'" in message
+
+
+@pytest.mark.parametrize("description", ["C:\\\\models\\\\tiny", "two\\nlines", "tab\\there", "bell\\u0007"])
+def test_description_the_wheel_cannot_carry_is_refused_at_spec_time(tmp_path, description):
+    message = spec_error(tmp_path, 'description = "Tiny test model"', f'description = "{description}"')
+    assert "key 'model.description'" in message
+    assert "one-line summary" in message
+
+
+def test_description_refusal_through_the_cli(tmp_path):
+    spec = spec_copy(tmp_path, GOOD.replace('description = "Tiny test model"', 'description = "a\\\\b"'))
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'model.description'" in ran.err and "hint: " in ran.err
+    assert "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize(("written", "normal"), [("v0.01", "0.1"), ("1.0.0", "1.0.0"), ("01.2rc1", "1.2rc1"),
+                                                 ("1.3", "1.3"), ("2.0-post1", "2.0.post1")])
+def test_version_is_normalised_once_in_the_spec_stage(tmp_path, written, normal):
+    spec = load_spec(spec_copy(tmp_path, GOOD.replace('version = "0.1"', f'version = "{written}"'))).spec
+    assert spec.model.version == normal
+
+
+def test_invalid_version_names_file_and_key(tmp_path):
+    message = spec_error(tmp_path, 'version = "0.1"', 'version = "v0.01-final-final"')
+    assert f"{tmp_path / 'spec.toml'}: invalid spec" in message
+    assert "key 'model.version'" in message and "PEP 440" in message
+
+
+def test_shipped_specs_keep_their_version_spelling():
+    """Spec hashes feed the cache keys: a version that was already normal is kept as written, so
+    the spec dumps (and hashes) exactly as before normalising."""
+    import tomllib
+
+    for path in (TINY_SPEC, REPO / "models" / "unet" / "spec.toml", TINY_SPEC.parent / "external.toml"):
+        written = tomllib.loads(path.read_text())["model"]["version"]
+        assert load_spec(path).spec.model.version == written
+
+
+@pytest.fixture
+def index(tmp_path):
+    """A local index on a free port, its state kept in a private working folder."""
+    home = tmp_path / "index"
+    home.mkdir()
+    started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
+    assert started.code == 0, started.err
+    yield home
+    assert run_cli("index", "stop", cwd=home).code == 0
+
+
+def test_non_normal_version_builds_and_publishes_one_spelling(tmp_path, index):
+    """Item 11 and the end of item 10: 'v0.01' is 0.1 in the /opt path, the manifest, the wheel,
+    and for publish, which looked for a 'v0.01' wheel and failed with an IndexError."""
+    spec = spec_copy(tmp_path / "spec", GOOD.replace('version = "0.1"', 'version = "v0.01"'))
+    root, dist = tmp_path / "opt", tmp_path / "dist"
+    dirs = ["--root", str(root), "--dist", str(dist), "--build-dir", str(tmp_path / "build")]
+    ran = run_cli("build", "--spec", str(spec), *dirs)
+    assert ran.code == 0, ran.err
+    [wheel] = sorted(dist.glob("*.whl"))
+    assert wheel.name.startswith("model_tiny-0.1+cpu."), wheel.name
+    manifest = wheel_manifest(wheel)
+    assert manifest["version"] == "0.1"
+    assert manifest["full_version"].startswith("0.1+cpu.")
+    assert manifest["opt_path"] == str(root / "tiny" / "0.1" / "cpu")
+    assert (dist / f"model_tiny-{manifest['full_version']}.report.json").is_file()
+
+    published = run_cli("publish", "--spec", str(spec), *dirs, cwd=index)
+    assert published.code == 0, published.err
+    assert "building it" not in published.err  # found the wheel just built
+    assert f"{wheel.name}: uploaded to the cpu index" in published.err
+    assert sorted(dist.glob("*.whl")) == [wheel]
+
+
+# -- huge numbers and impossible job counts ----------------------------------------------
+
+@pytest.mark.parametrize(("old", "new", "key", "says"), [
+    ("max = 4", f"max = {2**40}", "dims.batch.max", "less than or equal to 2147483647"),
+    ("max = 4", f"max = {2**70}", "dims.batch.max", "less than or equal to 2147483647"),
+    ("max = 4", "max = 20000000", "dims.batch.max", "3840000000 elements, over the 2147483648 (2**31)"),
+    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 16384, 16384]', "dims.batch.max", "at 4, input 'x'"),
+    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 65536, 65536]', "inputs[0].shape", "elements, over the"),
+    ('shape = ["batch", 3, 8, 8]', f'shape = ["batch", 3, {2**40}, 8]', "inputs[0].shape", "elements, over the"),
+])
+def test_huge_sizes_are_refused_at_spec_time(tmp_path, old, new, key, says):
+    message = spec_error(tmp_path, old, new)
+    assert f"key '{key}'" in message, message
+    assert says in message, message
+
+
+def test_huge_dim_max_through_the_cli(tmp_path):
+    """It used to compile, then die in verify with a 26-line traceback from the allocator."""
+    spec = spec_copy(tmp_path, GOOD.replace("max = 4", f"max = {2**40}"))
+    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert "key 'dims.batch.max'" in ran.err and "hint: " in ran.err and "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
+@pytest.mark.parametrize("jobs", ["-1", "0"])
+def test_jobs_below_one_is_a_usage_error(tmp_path, jobs):
+    """-j -1 waited forever for a free slot."""
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(TINY_SPEC.parent / "external.toml"), "-j", jobs,
+                  "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
+                  "--build-dir", str(tmp_path / "build"), timeout=60)
+    assert ran.code == UsageError.exit_code, ran.err
+    assert f"error: -j/--jobs {jobs}: the number of parallel builds must be 1 or more" in ran.err
+    assert "hint: " in ran.err
+    assert not (tmp_path / "build").exists() and not (tmp_path / "dist").exists()
