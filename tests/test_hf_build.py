@@ -204,7 +204,7 @@ def test_an_encoder_saved_with_a_head_builds_without_its_unused_pooler(tmp_path)
     (tmp_path / "spec.toml").write_text('[model]\nname = "e"\nversion = "1"\nhf = "mlm"\ntask = "feature-extraction"\n')
     spec_file = load_spec(tmp_path / "spec.toml")
     loaded = load_model(spec_file)
-    inputs = example_inputs(spec_file)
+    inputs = example_inputs(spec_file, None)
     with torch.no_grad():
         expected = saved.eval().bert(input_ids=inputs[0], attention_mask=inputs[1]).last_hidden_state
         assert torch.equal(call_forward(loaded.module, inputs), expected)
