@@ -16,7 +16,7 @@ from pipeline.errors import SpecError, TargetUnavailableError
 from pipeline.manifest import local_label
 from pipeline.publish import Index
 from pipeline.templates import wheel_targets
-from pipeline.spec import Tolerance as SpecTolerance
+from pipeline.spec_sections import Tolerance as SpecTolerance
 from pipeline.spec import load_spec
 from pipeline.targets import cuda
 from pipeline.templates import RUNTIME_DIR, wheel_cuda
