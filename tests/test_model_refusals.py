@@ -120,8 +120,8 @@ def test_a_shape_the_model_rejects_is_a_spec_error_naming_input_line_and_message
     assert f"  {model}:{line}: h = nn.functional.silu(self.norm(self.conv(x)))" in ran.err
     assert "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[2, 5, 8, 8] to have 3 channels, " \
            "but got 5 channels instead" in ran.err
-    assert f"hint: make the [[inputs]] shapes and dtypes (and [dims] sizes) match what the model expects at {model}:{line}" \
-           in ran.err
+    assert ("hint: make the [[inputs]] shapes and dtypes (and [dims] sizes, and low/high of integer inputs) match what "
+            f"the model expects at {model}:{line}") in ran.err
 
 
 def test_inputs_that_do_not_fit_are_reported_by_doctor_too(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import targets, tune
+from pipeline import progress, targets, tune
 from pipeline.export import prepare
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
@@ -290,19 +290,24 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
         loaded = load_model(spec_file)
     finally:
         sys.path.remove(str(tmp_path))
-    exported = export_program(prepare(spec_file, loaded), loaded.source_files)
+    exported = export_program(prepare(spec_file, loaded, targets.get("cpu")), loaded.source_files)
     planned, skipped = tune.plans(exported, find_cxx(), tmp_path / "opt")
     context = multiprocessing.get_context("spawn")
     stop, loops, said = context.Event(), [], []
 
-    def step(text: str) -> None:
-        if text.startswith("timing") and not loops:
-            loops.extend(context.Process(target=busy, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 1))
-            for loop in loops:
-                loop.start()
+    class Display(progress.Progress):  # what the search says, and the busy loops started as it starts timing
+        def say(self, text: str) -> None:
+            said.append(text)
+
+        def step(self, text: str) -> None:
+            if text.startswith("timing") and not loops:
+                loops.extend(context.Process(target=busy, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 1))
+                for loop in loops:
+                    loop.start()
 
     try:
-        tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", Cache(tmp_path / "cache"), said.append, step)
+        with progress.reporting(Display()):
+            tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", Cache(tmp_path / "cache"))
     finally:
         stop.set()
         for loop in loops:
