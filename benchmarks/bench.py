@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import sampling
+from benchmarks import sampling, say, write_results
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
 from benchmarks.rounds import rotated, summarize
 from pipeline import precision
@@ -44,10 +44,6 @@ ROUNDS = 3
 # `import torch` alone, timed as the variants' fresh processes are (in the wheel's virtualenv)
 COLD_VARIANTS = VARIANTS + ["import-torch"]
 COLD_LABELS = {**LABELS, "import-torch": "`import torch` alone"}
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # A private Inductor cache, emptied at the start: "cold" build and first torch.compile call
@@ -270,11 +266,7 @@ def main() -> None:
             cmd = variant_cmd("wheel", spec, artifacts, venv_python) + ["--mode", "latency", "--batch", 1, "--min-seconds", 8]
             results["sampling"] = sampling.profile(cmd, out, skip_s=results["cold_start_s"]["wheel"] + 1.0, cwd=REPO)
         results["bf16"] = bf16_comparison(exported, spec, manifest, out)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results))
-    chart(results, out / "chart.png")
-    print(markdown(results))
-    say(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'chart.png'}")
+    write_results(out, results, markdown, chart)
 
 
 if __name__ == "__main__":

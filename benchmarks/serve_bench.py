@@ -29,6 +29,8 @@ import httpx
 import numpy as np
 import torch
 
+from benchmarks import say, write_results
+
 REPO = Path(__file__).resolve().parent.parent
 SERVING = REPO / "docs" / "serving"
 ENGINES = {"wheel": ("app:app", SERVING), "eager": ("serve_eager:app", REPO / "benchmarks")}
@@ -43,10 +45,6 @@ def load_client() -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def free_port() -> int:
@@ -220,11 +218,7 @@ def main() -> None:
     args.model = next(args.site.glob("model_*/manifest.json")).parent.name.removeprefix("model_")
     results = run(args)
     out = REPO / "build" / "bench" / f"serve-{args.model}"
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(markdown(results))
-    chart(results, out / "chart.png")
-    print(markdown(results))
-    say(f"wrote {out}/results.json, results.md, chart.png")
+    write_results(out, results, markdown, chart)
 
 
 if __name__ == "__main__":
