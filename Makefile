@@ -123,7 +123,7 @@ bench-serve: $(SETUP)
 	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt -r docs/serving/requirements.txt
 	rm -rf build/bench/serve-$(MODEL)/site
 	$(PY) -m pip install --quiet --no-deps --target build/bench/serve-$(MODEL)/site "$$(ls -t dist/model_$(MODEL)-*.whl | head -1)"
-	$(PY) benchmarks/serve_bench.py --spec $(SPEC) --site build/bench/serve-$(MODEL)/site $(ARGS)
+	$(PY) -m benchmarks.serve_bench --spec $(SPEC) --site build/bench/serve-$(MODEL)/site $(ARGS)
 
 # The release workflow (.github/workflows/release.yml) for real, under act, on this machine:
 # matrix -> build -> publish to the local index -> pip install from it, and the model runs.
