@@ -25,10 +25,11 @@ import torch
 
 from benchmarks import sampling, say, write_results
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
-from benchmarks.rounds import rotated, summarize
+from benchmarks.rounds import summarize
 from pipeline import precision
 from pipeline import targets as build_targets
 from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs
+from pipeline.rounds import rotated
 from pipeline.loader import load_model
 from pipeline.spec import load_spec
 from pipeline.templates import wheel_inputs

@@ -1,14 +1,11 @@
 """Measuring in rounds: each round runs every variant once, in fresh processes, in an order
-rotated from round to round, and a variant's rounds are summarised with their spread (bench.py)."""
+rotated from round to round (pipeline.rounds.rotated, as the option search does), and a variant's
+rounds are summarised with their spread (bench.py)."""
 
 from __future__ import annotations
 
 import statistics
 
-
-def rotated(items: list, by: int) -> list:
-    by %= len(items)
-    return items[by:] + items[:by]
 
 
 def summarize(runs: list[dict]) -> dict:

@@ -42,6 +42,12 @@ class Timed:
         return f"{self.median_ms:.3g} ms [{self.low_ms:.3g}-{self.high_ms:.3g}] over {len(self.rounds_ms)} rounds ({shown})"
 
 
+def rotated(items: list, by: int) -> list:
+    """``items`` starting at index ``by`` (mod their number): round r's order."""
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
 def _round_median(call, synchronize) -> float:
     times, started = [], time.perf_counter()
     while len(times) < ROUND_RUNS or time.perf_counter() - started < ROUND_SECONDS:
@@ -62,8 +68,7 @@ def time_in_rounds(calls: dict[str, object], synchronize=lambda: None, rounds: i
             calls[name]()
     medians: dict[str, list[float]] = {name: [] for name in names}
     for index in range(rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in rotated(names, index):
             check_stop()
             medians[name].append(_round_median(calls[name], synchronize))
     return {name: Timed(tuple(found)) for name, found in medians.items()}
