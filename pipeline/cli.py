@@ -148,18 +148,14 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
                          "give -j N with N >= 1, or leave -j out to use one build per core")
     if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
-        spec_file = _checkpoint_spec(args)
-        args.version = None  # already the spec's
-    elif not args.spec:
+        return _run_build(_checkpoint_spec(args), args, progress)  # --version and --name are in its spec
+    if not args.spec:
         raise UsageError("give --spec PATH, or --hf DIR for a save_pretrained folder",
                          "e.g. modelwheel build --spec models/unet/spec.toml, or modelwheel build --hf ./my-vit "
                          "--task image-classification --name my_vit --version 1.0")
-    elif isinstance(args.spec, list) and len(args.spec) > 1:
+    if isinstance(args.spec, list) and len(args.spec) > 1:
         return _build_many(args, progress)
-    else:
-        if isinstance(args.spec, list):
-            args.spec = args.spec[0]
-        spec_file = load_spec(args.spec)
+    spec_file = load_spec(args.spec[0] if isinstance(args.spec, list) else args.spec)
     weights, version = getattr(args, "weights", None), getattr(args, "version", None)
     if weights and not version:
         raise UsageError(
