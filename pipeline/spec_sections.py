@@ -26,14 +26,11 @@ FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 DESCRIPTION_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
-_Frozen = Frozen
-
-
 # Core metadata's Summary: PyPI and warehouse-compatible indexes refuse a longer one.
 MAX_SUMMARY = 512
 
 
-class ModelSection(_Frozen):
+class ModelSection(Frozen):
     model_config = ConfigDict(allow_inf_nan=True)  # kwargs are the factory's to judge
     _LATE_KEYS = ("license", "urls", "hf", "task")
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
@@ -120,7 +117,7 @@ class ModelSection(_Frozen):
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes no larger one
 
 
-class WeightsSection(_Frozen):
+class WeightsSection(Frozen):
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = Field(
         None, description="seeded init: torch.manual_seed(seed) before the factory runs")
     file: str | None = Field(None, description="a .safetensors file, relative to the spec")
@@ -148,7 +145,7 @@ MAX_INPUT_ELEMENTS = 2**31
 MAX_STATIC_SIZES = 8  # each is a compile of its own, as long as the dynamic model's
 
 
-class DimSpec(_Frozen):
+class DimSpec(Frozen):
     _LATE_KEYS = ("static", "pad")
     min: Annotated[int, Field(ge=1, le=MAX_DIM)]
     max: Annotated[int, Field(ge=1, le=MAX_DIM)]
@@ -194,7 +191,7 @@ class DimSpec(_Frozen):
         return min(max(self.min, 2), self.max)
 
 
-class InputSpec(_Frozen):
+class InputSpec(Frozen):
     name: str
     shape: list[Annotated[int, Field(ge=1)] | str]
     dtype: DType = "float32"
@@ -212,12 +209,12 @@ class InputSpec(_Frozen):
         return self
 
 
-class Tolerance(_Frozen):
+class Tolerance(Frozen):
     rtol: Annotated[float, Field(ge=0)] | None = None
     atol: Annotated[float, Field(ge=0)] | None = None
 
 
-class _OutputBase(_Frozen):
+class _OutputBase(Frozen):
     """``rtol``/``atol`` apply to every target; ``[outputs.<target>]`` (``[outputs.cuda]``)
     overrides them for one (GPU kernels reorder sums differently from CPU ones)."""
 
@@ -229,7 +226,7 @@ class _OutputBase(_Frozen):
         return getattr(self, target, None)
 
 
-class _BuildBase(_Frozen):
+class _BuildBase(Frozen):
     targets: list[str] = Field(default_factory=lambda: [targets.DEFAULT], min_length=1)
 
     @field_validator("targets")
@@ -258,7 +255,7 @@ BuildSection = create_model("BuildSection", __base__=_BuildBase,
 BuildSection._LATE_KEYS = tuple(targets.names())
 
 
-class CompileSection(_Frozen):
+class CompileSection(Frozen):
     _LATE_KEYS = ("search_budget_s",)
     search: bool = Field(True, description="try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise")
     search_budget_s: Annotated[float, Field(gt=0)] | None = Field(
@@ -273,14 +270,14 @@ class CompileSection(_Frozen):
     )
 
 
-class VerifySection(_Frozen):
+class VerifySection(Frozen):
     edge_cases: bool = Field(True, description="also check all-zero inputs and large magnitudes")
     large_magnitude: Annotated[float, Field(gt=0)] = Field(100.0, description="scale of the large-magnitude case")
     fp64_reference: bool = Field(False, description="compare with eager in float64, reporting eager's own error")
     golden_cases: Annotated[int, Field(ge=1, le=8)] = Field(2, description="cases recorded in the wheel")
 
 
-class DoctorSection(_Frozen):
+class DoctorSection(Frozen):
     allow: list[str] = Field([], description="doctor checks reported as warnings instead of stopping the build")
 
     @field_validator("allow")
