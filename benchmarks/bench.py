@@ -26,13 +26,13 @@ import torch
 from benchmarks import sampling, say, write_results
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
 from benchmarks.rounds import summarize
-from pipeline import precision
 from pipeline import targets as build_targets
-from pipeline.export import dynamic_shapes, export_program, prepare, spec_inputs
-from pipeline.rounds import rotated
-from pipeline.loader import load_model
+from pipeline.features import precision
+from pipeline.features.rounds import rotated
+from pipeline.services.templates import wheel_inputs
 from pipeline.spec import load_spec
-from pipeline.templates import wheel_inputs
+from pipeline.stages.export import dynamic_shapes, export_program, prepare, spec_inputs
+from pipeline.stages.loader import load_model
 
 REPO = Path(__file__).resolve().parent.parent
 # A variants process: `python -m` with the repository root as its working directory, so a fresh

@@ -1,5 +1,5 @@
 """Measuring in rounds: each round runs every variant once, in fresh processes, in an order
-rotated from round to round (pipeline.rounds.rotated, as the option search does), and a variant's
+rotated from round to round (pipeline.features.rounds.rotated, as the option search does), and a variant's
 rounds are summarised with their spread (bench.py)."""
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from app import create_app, wheel
 
-from pipeline.loader import load_model
 from pipeline.spec import load_spec
+from pipeline.stages.loader import load_model
 
 
 def load_eager() -> Any:

@@ -40,9 +40,9 @@ def synchronize() -> None:
 
 
 def spec_inputs(spec_path: str, batch: int | None):
-    from pipeline.export import export_sizes, spec_inputs as inputs_of
+    from pipeline.stages.export import export_sizes, spec_inputs as inputs_of
     from pipeline.spec import load_spec
-    from pipeline.templates import wheel_inputs
+    from pipeline.services.templates import wheel_inputs
 
     spec_file = load_spec(spec_path)
     sizes = export_sizes(spec_file)
@@ -61,7 +61,7 @@ def open_so(path: str):
 
 
 def eager_module(spec_file):
-    from pipeline.loader import load_model
+    from pipeline.stages.loader import load_model
 
     return load_model(spec_file).module.to(DEVICE)
 

@@ -19,22 +19,24 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from . import cache, static, targets, tune
-from .compile import Compiled, find_cxx, find_strip
+from . import targets
 from .errors import BuildInterrupted, OutputDirError, PipelineError
-from .tune import Tuned
-from .doctor import run_doctor
-from .export import Exported, content_hash, export_program, prepare
-from .layout import WorkLayout
-from .loader import LoadedModel, load_model
-from .manifest import build_manifest, sha256_file
-from .outdir import claim_output_dir, output_path, signals_deferred
-from .package import Wheel, package_wheel
-from .progress import Progress, check_stop, reporting, stop_requested
+from .features import static, tune
+from .features.tune import Tuned
+from .services import cache
+from .services.layout import WorkLayout
+from .services.manifest import build_manifest, sha256_file
+from .services.outdir import claim_output_dir, output_path, signals_deferred
+from .services.progress import Progress, check_stop, reporting, stop_requested
+from .services.writable import NO_ROOM, NOT_ALLOWED, made_folders, remove_if_empty, sweep_partials, write_error
 from .spec import SpecFile
+from .stages.compile import Compiled, find_cxx, find_strip
+from .stages.doctor import run_doctor
+from .stages.export import Exported, content_hash, export_program, prepare
+from .stages.loader import LoadedModel, load_model
+from .stages.package import Wheel, package_wheel
+from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
-from .verify import Verified, verify_model, write_weights
-from .writable import NO_ROOM, NOT_ALLOWED, made_folders, remove_if_empty, sweep_partials, write_error
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,9 @@ def build_target(ctx: BuildContext) -> BuildResult:
     with hold_work_dir(ctx.work_dir):
         with claim_output_dir(ctx.out_dir):
             weights_file = write_weights(exported, ctx.work_dir)
-            tuned, compiled, statics = compile_stage(ctx, exported, loaded, planned, skipped, weights_file, cxx_version)
-            verified, sizes = verify_stage(ctx, exported, compiled, statics, weights_file)
+            tuned, compiled = compile_stage(ctx, exported, planned, skipped, weights_file)
+            verified = verify_stage(ctx, exported, compiled, weights_file)
+            sizes = static_stage(ctx, exported, loaded, tuned, verified, weights_file, cxx_version)
             packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
         report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key)
         return commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
@@ -166,8 +169,8 @@ def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pla
         return export_program(exported, loaded.source_files)
 
 
-def compile_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned, skipped,
-                  weights_file: Path | None, cxx_version: str) -> tuple[Tuned, Compiled, list]:
+def compile_stage(ctx: BuildContext, exported: Exported, planned, skipped,
+                  weights_file: Path | None) -> tuple[Tuned, Compiled]:
     say = ctx.progress.say
     with ctx.progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {ctx.out_dir}"):
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
@@ -175,15 +178,24 @@ def compile_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pl
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
         say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
-        statics = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
-    return tuned, compiled, statics
+    return tuned, compiled
 
 
-def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, statics: list,
-                 weights_file: Path | None) -> tuple[Verified, static.StaticSizes]:
+def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:
     with ctx.progress.stage("verify"):
-        verified = verify_model(exported, compiled, ctx.work_dir, weights_file)
-        return verified, static.verify_all(exported, statics, verified, weights_file, ctx.work_dir)
+        return verify_model(exported, compiled, ctx.work_dir, weights_file)
+
+
+def static_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, tuned: Tuned, verified: Verified,
+                 weights_file: Path | None, cxx_version: str) -> static.StaticSizes:
+    """The spec's static batch sizes (``[dims.<batch>] static``), each compiled with the options the
+    search chose and verified like the dynamic model; their golden cases join the wheel's."""
+    spec = exported.spec_file.spec
+    if spec.static_dim is None:
+        return static.StaticSizes(models=[], padding=None)
+    with ctx.progress.stage("static", f"{spec.static_dim} = {spec.dims[spec.static_dim].static}"):
+        models = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
+        return static.verify_all(exported, models, verified, weights_file, ctx.work_dir)
 
 
 def package_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned,

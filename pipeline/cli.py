@@ -17,15 +17,15 @@ import traceback
 import warnings
 from pathlib import Path
 
-from . import record
 from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
 from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
-from .proc import RedactingFilter, redact
-from .progress import Progress, QuietProgress, for_stream, reporting, stop_requested
-from .layout import WorkLayout
+from .services import record
+from .services.layout import WorkLayout
+from .services.proc import RedactingFilter, redact
+from .services.progress import Progress, QuietProgress, for_stream, reporting, stop_requested
+from .services.writable import check_writable
 from .spec import SpecFile, load_spec, with_overrides
-from .writable import check_writable
 
 def _artifact_root(flag: str | None) -> Path:
     value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
@@ -120,7 +120,7 @@ def _check_outputs(args: argparse.Namespace, root: Path) -> None:
 
 
 def _build_many(args: argparse.Namespace, progress: Progress) -> int:
-    from .parallel import build_many, default_jobs
+    from .services.parallel import build_many, default_jobs
 
     if args.weights or args.version:
         raise UsageError("--weights and --version apply to one spec", "build the specs one at a time")
@@ -180,7 +180,7 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets
 
-    from .outdir import check_trusted, output_path
+    from .services.outdir import check_trusted, output_path
 
     for name in target_names:  # a root another user controls is refused before any work
         check_trusted(output_path(root, model.name, model.version, name))
@@ -207,7 +207,7 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
 
 def _checkpoint_spec(args: argparse.Namespace):
     """build --hf DIR --task TASK --name N --version V [--spec overrides.toml]."""
-    from .hf import checkpoint_spec, guess_task
+    from .features.hf import checkpoint_spec, guess_task
 
     if not args.hf:
         raise UsageError("--task and --name go with --hf DIR (a save_pretrained folder)",
@@ -234,8 +234,8 @@ def _spec_from(args: argparse.Namespace):
 
 def _doctor(args: argparse.Namespace, progress: Progress) -> int:
     spec_file = _spec_from(args)
-    from .doctor import run_doctor
-    from .loader import load_model
+    from .stages.doctor import run_doctor
+    from .stages.loader import load_model
 
     with reporting(progress):
         findings = run_doctor(spec_file, load_model(spec_file))
@@ -245,7 +245,7 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _index(args: argparse.Namespace, progress: Progress) -> int:
-    from . import index
+    from .services import index
 
     if args.action == "stop":
         progress.say("local index stopped" if index.stop() else "no local index was running")
@@ -268,7 +268,7 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
 def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
     """The spec's wheels in dist/, built first when one is missing."""
     spec_file = _spec_from(args)
-    from .manifest import local_label  # imports torch: the label names its version
+    from .services.manifest import local_label  # imports torch: the label names its version
 
     spec = spec_file.spec
     dist = Path(args.dist)
@@ -286,7 +286,7 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
 
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
-    from .publish import publish, resolve_index
+    from .stages.publish import publish, resolve_index
 
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
@@ -303,7 +303,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
 def _matrix(args: argparse.Namespace, progress: Progress) -> int:
     import json
 
-    from .matrix import build_matrix, spec_paths
+    from .services.matrix import build_matrix, spec_paths
 
     specs = [Path(s) for s in args.spec] if args.spec else spec_paths(Path(args.models))
     if not specs:

@@ -32,7 +32,7 @@ def run() -> NoReturn:
 def end(code: int) -> NoReturn:
     """Exit with ``code``: normally; or, where threads the model started are still running, or
     the command was stopped by a signal, at once, after flushing what was written."""
-    from .progress import stop_requested
+    from .services.progress import stop_requested
 
     left = [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and not t.daemon and t.is_alive()]

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
-from .frozen import Frozen
+from .services.frozen import Frozen
 from .spec_sections import (MAX_INPUT_ELEMENTS, TOP_LEVEL_KEY, BuildSection, CompileSection, DimSpec, DoctorSection,
                             InputSpec, ModelSection, OutputSpec, VerifySection, WeightsSection)
 
@@ -158,7 +158,7 @@ def load_spec(path: str | Path) -> SpecFile:
     spec_path, raw = read_spec_toml(path)
     model = raw.get("model")
     if isinstance(model, dict) and model.get("hf") is not None:  # a checkpoint folder: the rest from its config
-        from .hf import complete_spec
+        from .features.hf import complete_spec
 
         raw = complete_spec(raw, spec_path.parent, str(spec_path))
     return validated(raw, spec_path)

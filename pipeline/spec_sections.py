@@ -12,8 +12,9 @@ from packaging.licenses import InvalidLicenseExpression, canonicalize_license_ex
 from packaging.version import InvalidVersion, Version
 from pydantic import ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
-from . import doctor_checks, targets
-from .frozen import Frozen
+from . import targets
+from .services.frozen import Frozen
+from .stages import doctor_checks
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
@@ -36,7 +37,8 @@ class ModelSection(Frozen):
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
     version: str
     factory: str | None = Field(None, description="importable 'package.module:callable' returning the nn.Module")
-    hf: str | None = Field(None, description="a save_pretrained folder to build instead of a factory (pipeline/hf.py)")
+    hf: str | None = Field(None, description="a save_pretrained folder to build instead of a factory "
+                                         "(pipeline/features/hf.py)")
     task: str | None = Field(None, description="what to build the hf folder for: image-classification, …")
     kwargs: dict[str, int | float | str | bool | list[int]] = {}
     description: str = ""

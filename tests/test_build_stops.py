@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import progress
 from pipeline.errors import BuildInterrupted, OutputDirError, ToolchainError
+from pipeline.services import progress
 
 from .conftest import GOOD, REPO, Ran, TINY_SPEC, run_cli, spec_copy, start_cli
 
@@ -77,7 +77,7 @@ def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
     script = textwrap.dedent("""
         import _thread, signal, sys, time
         from pipeline import cli
-        from pipeline.progress import stop_requested
+        from pipeline.services.progress import stop_requested
 
         def stopped(args, progress):
             stop_requested.append("SIGINT")
@@ -129,7 +129,7 @@ def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(tmp_path
 
 def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypatch):
     """The forwarded SIGINT landing while the output folder is removed: cleanup still ends."""
-    from pipeline import outdir
+    from pipeline.services import outdir
 
     real_rmtree = outdir.shutil.rmtree
 
@@ -147,7 +147,7 @@ def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypa
 
 
 def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
-    from pipeline.outdir import MARKER, claim_output_dir
+    from pipeline.services.outdir import MARKER, claim_output_dir
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that is no longer running
@@ -246,7 +246,7 @@ def test_ctrl_c_in_compile_says_what_it_left(tmp_path):
 
 
 def test_a_stopped_build_stores_nothing_in_the_cache(tmp_path, monkeypatch):
-    from pipeline import cache, progress
+    from pipeline.services import cache, progress
 
     artifact = tmp_path / "model.so"
     artifact.write_bytes(b"compiled")

@@ -1,5 +1,5 @@
 """The CPU target packs convolution weights at compile time for a dynamic batch too
-(pipeline/conv_prepack.py), each only where oneDNN wants the same layout at every batch size:
+(pipeline/features/conv_prepack.py), each only where oneDNN wants the same layout at every batch size:
 the compiled model must give eager's results at every size, and never reorder a packed weight
 into another blocked layout (oneDNN's reference code: 2.6x slower on the unet with AVX2)."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from pipeline import conv_prepack, targets
+from pipeline import targets
+from pipeline.features import conv_prepack
 
 
 class Convs(nn.Module):

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.compile import _move_sources
-from pipeline.manifest import sha256_file
-from pipeline.package import package_wheel
-from pipeline.templates import wheel_cuda
+from pipeline.services.manifest import sha256_file
+from pipeline.services.templates import wheel_cuda
+from pipeline.stages.compile import _move_sources
+from pipeline.stages.package import package_wheel
 
 from .conftest import make_venv, pip_install, run_cli
 

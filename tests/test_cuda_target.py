@@ -13,14 +13,14 @@ import torch
 
 from pipeline import targets
 from pipeline.errors import SpecError, TargetUnavailableError
-from pipeline.manifest import local_label
-from pipeline.publish import Index
-from pipeline.templates import wheel_targets
-from pipeline.spec_sections import Tolerance as SpecTolerance
+from pipeline.services.manifest import local_label
+from pipeline.services.templates import wheel_targets
+from pipeline.services.templates import RUNTIME_DIR, wheel_cuda
 from pipeline.spec import load_spec
+from pipeline.spec_sections import Tolerance as SpecTolerance
+from pipeline.stages.publish import Index
+from pipeline.stages.verify import applied_tolerances
 from pipeline.targets import cuda
-from pipeline.templates import RUNTIME_DIR, wheel_cuda
-from pipeline.verify import applied_tolerances
 
 from .conftest import TINY_SPEC, run_cli
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from pipeline.errors import OutputDirError
-from pipeline.manifest import sha256_file
+from pipeline.services.manifest import sha256_file
 
 from .conftest import TINY_SPEC, run_cli
 

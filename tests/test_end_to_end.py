@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.loader import load_model
 from pipeline.spec import load_spec
+from pipeline.stages.loader import load_model
 
 from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
 
@@ -428,7 +428,7 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
 
 
 def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build, tmp_path):
-    from pipeline import doctor_checks
+    from pipeline.stages import doctor_checks
 
     from .conftest import BROKEN
 

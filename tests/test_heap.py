@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pipeline.templates import RUNTIME_DIR
+from pipeline.services.templates import RUNTIME_DIR
 
 # A model call in miniature: ten 4 MiB buffers alive at once, written, all freed on return.
 # Prints what keep_freed_memory() did, then the page faults of one such call, once warm.

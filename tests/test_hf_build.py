@@ -194,8 +194,8 @@ def test_an_encoder_saved_with_a_head_builds_without_its_unused_pooler(tmp_path)
     kept output (last_hidden_state) never uses it; every weight that is used comes from the folder."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from pipeline.export import example_inputs
-    from pipeline.loader import call_forward, load_model
+    from pipeline.stages.export import example_inputs
+    from pipeline.stages.loader import call_forward, load_model
 
     torch.manual_seed(0)
     saved = BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.templates import wheel_integrity
+from pipeline.services.templates import wheel_integrity
 
 from .test_end_to_end import altered, installed_package, run_in
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import doctor_checks, targets
+from pipeline import targets
 from pipeline.errors import ModelLoadError, VerificationError
-from pipeline import precision
-from pipeline.export import prepare, where_defined
-from pipeline.loader import load_model, state_sha256
+from pipeline.features import precision
 from pipeline.spec import load_spec
+from pipeline.stages import doctor_checks
+from pipeline.stages.export import prepare, where_defined
+from pipeline.stages.loader import load_model, state_sha256
 
 from .conftest import REPO, TINY_SPEC, make_venv, one_input_spec, pip_install, run_cli
 

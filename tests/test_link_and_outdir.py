@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import OutputDirError
-from pipeline.outdir import MARKER, claim_output_dir
-from pipeline.templates import _load_runtime_module
+from pipeline.services.outdir import MARKER, claim_output_dir
+from pipeline.services.templates import _load_runtime_module
 
 link_module = _load_runtime_module("_link")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.outdir import claim_output_dir
+from pipeline.services.outdir import claim_output_dir
 
 from .conftest import REPO, run_cli
 from .test_end_to_end import manifest_of
@@ -27,7 +27,8 @@ def test_link_moved_aside_by_a_killed_build_is_put_back_by_the_next(tmp_path):
     path.parent.mkdir(parents=True)
     path.symlink_to(installed, target_is_directory=True)
     killed = subprocess.run(
-        [sys.executable, "-c", "import os, signal, sys\nfrom pathlib import Path\nfrom pipeline.outdir import claim_output_dir\n"
+        [sys.executable, "-c", "import os, signal, sys\nfrom pathlib import Path\n"
+         "from pipeline.services.outdir import claim_output_dir\n"
          "with claim_output_dir(Path(sys.argv[1])):\n    os.kill(os.getpid(), signal.SIGKILL)", str(path)],
         cwd=REPO, capture_output=True, text=True,
     )
@@ -58,8 +59,8 @@ def test_one_failed_build_names_its_log_file(tmp_path):
     import io
 
     from pipeline.errors import PipelineError
-    from pipeline.parallel import build_many
-    from pipeline.progress import Progress
+    from pipeline.services.parallel import build_many
+    from pipeline.services.progress import Progress
 
     (spec,) = _bad_specs(tmp_path, 1)
     with pytest.raises(PipelineError) as failed:

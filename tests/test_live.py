@@ -1,4 +1,4 @@
-"""The live status area is drawn by a process of its own (pipeline/live.py): it keeps ticking
+"""The live status area is drawn by a process of its own (pipeline/services/live.py): it keeps ticking
 while the build holds the GIL, keeps the build's lines in order, and ends with the build
 however the build ends, leaving the cursor shown."""
 
@@ -26,7 +26,7 @@ SHOW_CURSOR = "\x1b[?25h"
 # Runs under a pty with a live status; writes marks (a word a line) to the fd in argv[1].
 HOLD_THE_GIL = """
     import ctypes, os, sys, threading, time
-    from pipeline.progress import for_stream
+    from pipeline.services.progress import for_stream
 
     marks = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     progress = for_stream(sys.stderr)
@@ -56,7 +56,7 @@ HOLD_THE_GIL = """
 # Starts a live status, forks a child that keeps the renderer's pipe open, then waits to be killed.
 KILLED_WHILE_LIVE = """
     import os, sys, time
-    from pipeline.progress import for_stream
+    from pipeline.services.progress import for_stream
 
     marks = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     progress = for_stream(sys.stderr)
@@ -117,7 +117,7 @@ def on_terminal(command: list[str], *, until: str = "", then=None) -> tuple[int,
 
 def gone(pid: int) -> bool:
     try:
-        return "pipeline.live" not in Path(f"/proc/{pid}/cmdline").read_text()
+        return "pipeline.services.live" not in Path(f"/proc/{pid}/cmdline").read_text()
     except OSError:
         return True
 

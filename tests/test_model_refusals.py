@@ -135,8 +135,8 @@ def test_inputs_that_do_not_fit_are_reported_by_doctor_too(tmp_path):
 def test_keyword_only_parameters_count_as_inputs(tmp_path):
     import torch
 
-    from pipeline.export import check_inputs_fit
-    from pipeline.loader import load_model
+    from pipeline.stages.export import check_inputs_fit
+    from pipeline.stages.loader import load_model
 
     # A module name of its own: tiny_model may already be imported by this process.
     spec_path = spec_copy(tmp_path, GOOD.replace(T_INPUT, "").replace("tiny_model:build", "kwonly_model:build"))

@@ -122,7 +122,7 @@ def test_build_cache_filling_up_leaves_no_partial_entry(tmp_path, tiny_build, ro
 
 
 def test_partial_files_of_a_build_killed_while_writing_are_swept(tmp_path):
-    from pipeline.writable import sweep_partials
+    from pipeline.services.writable import sweep_partials
 
     gone = subprocess.Popen(["true"])
     gone.wait()

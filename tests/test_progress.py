@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cache import Cache
-from pipeline.progress import Progress, is_live_terminal
+from pipeline.services.cache import Cache
+from pipeline.services.progress import Progress, is_live_terminal
 
 from .conftest import REPO, TINY_SPEC, run_cli
 

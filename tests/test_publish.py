@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UsageError
-from pipeline.publish import is_loopback, require_secure
+from pipeline.stages.publish import is_loopback, require_secure
 
 from .conftest import REPO, Ran, make_venv, pip_install, run_cli
 
@@ -272,7 +272,8 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
 
 def test_publish_and_matrix_import_neither_torch_nor_numpy(tmp_path):
     ran = subprocess.run([sys.executable, "-c", "import sys; from pipeline import cli; cli.main(['matrix']); "
-                          "import pipeline.publish; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
+                          "import pipeline.stages.publish; "
+                          "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
                          capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-1] == "[]"

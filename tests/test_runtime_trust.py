@@ -153,7 +153,7 @@ def test_two_libraries_loaded_through_descriptors_stay_two(tmp_path):
     import ctypes
     import hashlib
 
-    from pipeline.templates import wheel_integrity
+    from pipeline.services.templates import wheel_integrity
 
     if shutil.which("cc") is None:
         pytest.skip("needs a C compiler")

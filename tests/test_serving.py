@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.loader import load_model
 from pipeline.spec import load_spec
+from pipeline.stages.loader import load_model
 
 from .conftest import REPO, TINY_SPEC, make_venv, pip_install
 

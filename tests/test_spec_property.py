@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from pipeline import build as build_module
 from pipeline import cli
-from pipeline.loader import load_model
+from pipeline.stages.loader import load_model
 
 from .conftest import REPO, TINY_SPEC, run_cli
 

@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 
 from pipeline import targets
 from pipeline.errors import SpecError
-from pipeline.loader import load_model
+from pipeline.services.templates import wheel_dispatch as _dispatch
+from pipeline.services.templates import wheel_inputs as _inputs
 from pipeline.spec import load_spec
-from pipeline.templates import wheel_dispatch as _dispatch
-from pipeline.templates import wheel_inputs as _inputs
+from pipeline.stages.loader import load_model
 
 from .conftest import REPO, BuildDirs, make_venv, pip_install, run_cli
 
@@ -72,7 +72,7 @@ def test_route_picks_the_exact_size_else_pads_or_falls_back(pad, expected):
 
 
 def test_the_padding_gate_checks_the_sizes_the_wheel_pads():
-    from pipeline.static import padded_sizes
+    from pipeline.features.static import padded_sizes
 
     assert padded_sizes([1, 2, 4, 8], 1) == {3: 4, 5: 8, 6: 8, 7: 8}
     assert padded_sizes([8, 2], 1) == {1: 2, 3: 8, 4: 8, 5: 8, 6: 8, 7: 8}
@@ -134,6 +134,8 @@ def test_build_compiles_and_verifies_every_size(static_build):
         assert len(data) < 64 or not any(data in library for library in libraries), key
     assert len(blob) < 2 * sum(where["size"] for where in index["blobs"].values()) + 64 * len(index["blobs"])
     report = json.loads(next(dirs.dist.glob("*.report.json")).read_text())
+    # The static sizes are one stage of their own, after the dynamic model's verification.
+    assert set(report["stages_s"]) == {"load", "doctor", "export", "compile", "verify", "static", "package"}
     for size in ("2", "3"):
         cases = report["static"]["sizes"][size]["verification"]["cases"]
         assert {c["case"] for c in cases} >= {"seed0", "zeros", "large", "golden0"}
@@ -242,9 +244,9 @@ json.dump(out, sys.stdout)
 
 def test_static_sizes_enter_the_cache_keys(tmp_path):
     """The whole-build key (content hash) and each size's compile key differ with the sizes."""
-    from pipeline.compile import plan_compile
-    from pipeline.export import content_hash, prepare
-    from pipeline.static import fixed_spec
+    from pipeline.stages.compile import plan_compile
+    from pipeline.stages.export import content_hash, prepare
+    from pipeline.features.static import fixed_spec
 
     ours = load_spec(SPEC)
     other = load_spec(spec_with(tmp_path, "[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\npad = true"))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from pipeline.errors import OutputDirError
-from pipeline.templates import wheel_trust
+from pipeline.services.templates import wheel_trust
 
 from .conftest import REPO, TINY_SPEC
 
@@ -68,8 +68,8 @@ def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
     import hashlib
 
     from pipeline.errors import PackageError
-    from pipeline.manifest import _as_verified
-    from pipeline.verify import VERIFIED_SHA256
+    from pipeline.services.manifest import _as_verified
+    from pipeline.stages.verify import VERIFIED_SHA256
 
     library = tmp_path / "model.so"
     library.write_bytes(b"the verified bytes")

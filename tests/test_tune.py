@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import progress, targets, tune
-from pipeline.export import prepare
-from pipeline.loader import load_model
+from pipeline import targets
+from pipeline.features import tune
+from pipeline.services import progress
 from pipeline.spec import load_spec
+from pipeline.stages.export import prepare
+from pipeline.stages.loader import load_model
 
 from .conftest import TINY_SPEC, run_cli
 
@@ -218,7 +220,7 @@ def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
 
 def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
     from pipeline.errors import VerificationError
-    from pipeline.verify import Case, _run_compiled
+    from pipeline.stages.verify import Case, _run_compiled
 
     class Raising:  # what torch's runner does when a compiled kernel rejects the sizes
         def run(self, inputs):
@@ -278,9 +280,9 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     import statistics
     import sys
 
-    from pipeline.cache import Cache
-    from pipeline.compile import find_cxx
-    from pipeline.export import export_program
+    from pipeline.services.cache import Cache
+    from pipeline.stages.compile import find_cxx
+    from pipeline.stages.export import export_program
 
     # No matmuls or convolutions: spec-options and freezing (and bf16-autocast where native), quick to compile.
     (tmp_path / "waves_model.py").write_text(ELEMENTWISE_MODEL)

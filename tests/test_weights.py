@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.loader import load_model
 from pipeline.spec import load_spec
+from pipeline.stages.loader import load_model
 
 from .conftest import REPO, BuildDirs, pip_install, run_cli
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.export import example_inputs
-from pipeline.loader import call_forward, load_model
 from pipeline.spec import load_spec
+from pipeline.stages.export import example_inputs
+from pipeline.stages.loader import call_forward, load_model
 
 from .conftest import REPO, BuildDirs, make_venv, pip_install, run_cli
 

@@ -44,10 +44,10 @@ inputs = m.example_inputs(batch=1)
 run = lambda: model(*inputs)
 """
 EAGER_SETUP = """
-from pipeline.loader import call_forward, load_model
+from pipeline.services.templates import wheel_inputs
 from pipeline.spec import load_spec
-from pipeline.export import spec_inputs
-from pipeline.templates import wheel_inputs
+from pipeline.stages.export import spec_inputs
+from pipeline.stages.loader import call_forward, load_model
 spec_file = load_spec({spec!r})
 module = load_model(spec_file).module
 inputs = tuple(wheel_inputs.make_inputs(spec_inputs(spec_file), {{"batch": 1}}, seed=0))

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
-from ..errors import SpecError, TargetUnavailableError
 from . import cpu, cuda
+from ..errors import SpecError, TargetUnavailableError
 
 if TYPE_CHECKING:
-    from ..compile import Compiled
+    from ..stages.compile import Compiled
     from ..spec import Spec
 
 ENTRY_POINT_GROUP = "modelwheel.targets"
@@ -150,7 +150,7 @@ def require_available(chosen: list[str]) -> None:
 def runtime(target: Target) -> Any:
     """The target's runtime-side module (runtime/_targets.py's RuntimeTarget), loaded from the
     file the wheel ships: the build opens and checks models exactly as the wheel will."""
-    from ..templates import runtime_target
+    from ..services.templates import runtime_target
 
     return runtime_target(target.NAME, target.RUNTIME_FILE)
 
@@ -158,7 +158,7 @@ def runtime(target: Target) -> Any:
 def open_runner(target: Target, library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
     """The compiled model as the wheel opens it (for verification and timing); ``kernels``: where
     its kernel files are, when not beside ``library`` (a /proc/self/fd path)."""
-    from ..templates import wheel_preload
+    from ..services.templates import wheel_preload
 
     wheel_preload.load_cxx_runtime()
     side = runtime(target)

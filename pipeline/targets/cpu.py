@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from ..errors import UsageError
-from ..frozen import Frozen
-from ..templates import RUNTIME_DIR
+from ..services.frozen import Frozen
+from ..services.templates import RUNTIME_DIR
 
 if TYPE_CHECKING:
-    from ..compile import Compiled
+    from ..stages.compile import Compiled
     from ..spec import Spec
 
 NAME = "cpu"
@@ -117,7 +117,7 @@ def compile_options(spec: Spec) -> dict[str, object]:
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
-    from .. import conv_prepack
+    from ..features import conv_prepack
 
     # Only freezing makes weights constants that can be packed at compile time.
     return conv_prepack.inductor_options() if options.get("freezing") else {}
@@ -134,7 +134,7 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    from .. import conv_prepack
+    from ..features import conv_prepack
 
     return (vec_isa(), conv_prepack.VERSION)
 

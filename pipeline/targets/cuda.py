@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from ..frozen import Frozen
-from ..templates import RUNTIME_DIR, wheel_cuda
+from ..services.frozen import Frozen
+from ..services.templates import RUNTIME_DIR, wheel_cuda
 
 if TYPE_CHECKING:
-    from ..compile import Compiled
+    from ..stages.compile import Compiled
     from ..spec import Spec
 
 NAME = "cuda"

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.frozen import Frozen
+from pipeline.services.frozen import Frozen
 from pipeline.targets import cpu
 
 NAME = "fake"

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
-from .targets import Target
-from .errors import ExportError, SpecError
+from ..errors import ExportError, SpecError
+from ..services.templates import wheel_inputs
+from ..spec import SpecFile
+from ..targets import Target
 from .input_fit import check_index_ranges, size_suspects, watching_embeddings
 from .loader import LoadedModel, call_forward, forward_arguments
-from .spec import SpecFile
-from .templates import wheel_inputs
 
 EXAMPLE_SEED = 0
-log = logging.getLogger("pipeline.export")
+log = logging.getLogger("pipeline.stages.export")
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .errors import OutputDirError
-from .templates import wheel_trust
+from ..errors import OutputDirError
 from .progress import say, stop_requested
+from .templates import wheel_trust
 
 MARKER = ".modelwheel-build"
 

@@ -41,7 +41,7 @@ GRAPH_BREAK = Check("graph-break", 25, "`re.*`, `time.*`, `platform.*`, `sys.*` 
 VERSION_CHECK = Check("version-check", 26, "`torch.__version__`, `sys.version_info` read in forward",
                       "evaluated once at export: decide it in `__init__`")
 
-# Run on the module itself (pipeline/purity.py), after the source checks: PurityError.
+# Run on the module itself (pipeline/stages/purity.py), after the source checks: PurityError.
 PURITY = Check("purity", 12, "forward, run twice on the example inputs, changed a parameter, buffer or plain attribute, "
                "or gave two different outputs (below)", "the compiled model keeps no state and draws no numbers: such a "
                "forward computes something else once compiled")

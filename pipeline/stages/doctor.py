@@ -298,7 +298,7 @@ def diagnose(
 
 
 def raise_on_errors(findings: list[Finding], model: str) -> None:
-    from .errors import DoctorError
+    from ..errors import DoctorError
 
     errors = [f for f in findings if f.severity == "error"]
     if errors:
@@ -314,7 +314,7 @@ def run_doctor(spec_file, loaded) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
     source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
     from .export import check_inputs_fit, check_signature, example_inputs, where_defined
-    from .progress import say
+    from ..services.progress import say
     from .purity import check_purity
 
     inputs = example_inputs(spec_file, None)  # beside the module as it was loaded

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from . import proc
-from .errors import PipelineError
+from ..errors import PipelineError
 from .progress import Progress, duration
 from .record import record_path
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import PurityError
+from ..errors import PurityError
 from .loader import call_forward
 
 CHECK = PurityError.check  # its [doctor] allow key

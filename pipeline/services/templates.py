@@ -13,8 +13,9 @@ from types import ModuleType
 
 # Installed, the template is package data (pyproject.toml maps templates/wheel to
 # pipeline/wheel_template); in a checkout it is the top-level templates/wheel.
-_INSTALLED = Path(__file__).resolve().parent / "wheel_template"
-WHEEL_TEMPLATE = _INSTALLED if _INSTALLED.is_dir() else Path(__file__).resolve().parent.parent / "templates" / "wheel"
+_PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/ (this file is pipeline/services/templates.py)
+_INSTALLED = _PACKAGE / "wheel_template"
+WHEEL_TEMPLATE = _INSTALLED if _INSTALLED.is_dir() else _PACKAGE.parent / "templates" / "wheel"
 RUNTIME_DIR = WHEEL_TEMPLATE / "runtime"
 
 # The same code makes the example inputs at build time and inside the installed wheel:

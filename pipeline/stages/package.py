@@ -15,11 +15,12 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from . import proc, targets
-from .errors import PackageError
-from .manifest import dumps, sha256_file
-from .targets import Target
-from .templates import RUNTIME_DIR, WHEEL_TEMPLATE, wheel_targets
+from .. import targets
+from ..errors import PackageError
+from ..services import proc
+from ..services.manifest import dumps, sha256_file
+from ..services.templates import RUNTIME_DIR, WHEEL_TEMPLATE, wheel_targets
+from ..targets import Target
 
 # Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.
 SOURCE_DATE_EPOCH = "315532800"

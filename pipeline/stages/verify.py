@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from . import targets
+from .. import targets
+from ..errors import VerificationError
+from ..services.templates import wheel_compare, wheel_inputs, wheel_integrity, wheel_weights
+from ..spec import OutputSpec
 from .compile import Compiled
-from .errors import VerificationError
 from .export import Exported, export_sizes, spec_inputs
 from .loader import call_forward, weight_tensors
-from .spec import OutputSpec
-from .templates import wheel_compare, wheel_inputs, wheel_integrity, wheel_weights
 
 OutputDiff = wheel_compare.OutputDiff
 SEEDS = (0, 1, 2)
@@ -228,8 +228,8 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     if weights_file is not None:
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
-    if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/constants.py)
-        from .templates import wheel_constants
+    if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/features/constants.py)
+        from ..services.templates import wheel_constants
 
         store = wheel_constants.Store(compiled.constants)
         runner.update_constant_buffer(store.tensors(compiled.library.name), False, True, True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecError
+from ..errors import SpecError
 
 # config key -> (rank of the input it sizes, the dims it sizes, the factor from key to size).
 # transformers' conventions: pixel_values [batch, channels, height, width], audio

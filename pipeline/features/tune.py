@@ -1,5 +1,5 @@
 """Choosing compile options: compile and verify each candidate, then time those that pass together
-(pipeline/rounds.py): the spec's own options stay unless another wins beyond the measured noise.
+(pipeline/features/rounds.py): the spec's own options stay unless another wins beyond the measured noise.
 
 Candidates (with `[compile] search = true`, the default): the spec's own options, freezing
 (not with external weights: it folds weights into the code), freezing with channels-last
@@ -25,15 +25,16 @@ from pathlib import Path
 
 import torch
 
-from . import constants, precision, rounds, targets
-from .cache import Cache
-from .compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
-from .errors import CompileError, ExportError, VerificationError
-from .export import Exported
-from .loader import call_forward
-from .progress import check_stop, say, step
-from .templates import wheel_compare
-from .verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
+from . import constants, precision, rounds
+from .. import targets
+from ..errors import CompileError, ExportError, VerificationError
+from ..services.cache import Cache
+from ..services.progress import check_stop, say, step
+from ..services.templates import wheel_compare
+from ..stages.compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
+from ..stages.export import Exported
+from ..stages.loader import call_forward
+from ..stages.verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
 # The search's default budget: BUDGET_FACTOR x the first fresh compile, at least MIN_BUDGET_S.
 BUDGET_FACTOR, MIN_BUDGET_S = 3.0, 60.0
@@ -69,7 +70,7 @@ class Tuned:
     plan: CompilePlan  # the chosen candidate's
     trials: tuple[Trial, ...]
     skipped: tuple[Skipped, ...] = ()
-    why: str = ""  # why the chosen candidate was chosen (pipeline/rounds.py)
+    why: str = ""  # why the chosen candidate was chosen (pipeline/features/rounds.py)
 
 
 BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
@@ -206,7 +207,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
          work_dir: Path, store: Cache) -> Tuned:
     """A line per candidate; the live status says what is being done now (``2/4 freezing: compiling``).
     Every candidate is compiled and verified first; those that pass are then timed together, in
-    interleaved rounds (pipeline/rounds.py), and the spec's own options stay unless one wins
+    interleaved rounds (pipeline/features/rounds.py), and the spec's own options stay unless one wins
     beyond the spread measured in those rounds."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
@@ -292,7 +293,7 @@ def install(tuned: Tuned, exported: Exported, output_dir: Path, work_dir: Path, 
     for artifact in tuned.compiled.artifacts:
         shutil.copyfile(artifact, output_dir / artifact.name)
         artifacts.append(output_dir / artifact.name)
-    if tuned.compiled.constants is not None:  # its constants store (static batch sizes: pipeline/constants.py)
+    if tuned.compiled.constants is not None:  # its constants store (static batch sizes: pipeline/features/constants.py)
         for name in (constants.INDEX_FILE, constants.BLOB_FILE):
             shutil.copyfile(tuned.compiled.constants / name, output_dir / name)
     return dataclasses.replace(

@@ -13,8 +13,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from .errors import UnverifiedWheelError
-from .templates import wheel_integrity
+from ..errors import UnverifiedWheelError
+from ..services.templates import wheel_integrity
 
 
 def hashed_files(package: str, manifest: dict) -> dict[str, dict]:

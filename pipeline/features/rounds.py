@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .progress import check_stop
+from ..services.progress import check_stop
 
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds

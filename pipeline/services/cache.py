@@ -35,7 +35,7 @@ def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, option
 
 def pipeline_sha256() -> str:
     """The build's own code: a cached wheel is reused only if the code that made it is unchanged."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # pipeline/, every folder of it
     digest = hashlib.sha256()
     for path in sorted([*here.rglob("*.py"), *(here.parent / "templates" / "wheel").rglob("*")]):
         if path.is_file() and "__pycache__" not in path.parts:

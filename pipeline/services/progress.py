@@ -5,7 +5,7 @@
 - live (a terminal): the same lines, under one status area that rich redraws four times a second
   with the stage, the candidate being compiled or timed (``2/4 freezing``), the elapsed time,
   and what is left where an earlier build of the same model gives its stage times; a process of
-  its own draws it (pipeline/live.py), so the time ticks on while the build holds the GIL;
+  its own draws it (pipeline/services/live.py), so the time ticks on while the build holds the GIL;
 - quiet (``--quiet``): only the result, or the error the CLI prints.
 """
 
@@ -29,7 +29,7 @@ from typing import TextIO
 # Python swallows it (a weakref callback inside torch), so stages also check this at each boundary.
 stop_requested: list[str] = []
 
-STAGES = ("load", "doctor", "export", "compile", "verify", "package")
+STAGES = ("load", "doctor", "export", "compile", "verify", "static", "package")  # static: only with static sizes
 
 
 def check_stop() -> None:
@@ -154,17 +154,17 @@ class QuietProgress(Progress):
 
 class LiveProgress(Progress):
     """Plain lines printed above a status area that redraws itself, drawn by a process of its own
-    (pipeline/live.py says why): this one only sends it what changed, in order."""
+    (pipeline/services/live.py says why): this one only sends it what changed, in order."""
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         super().__init__(stream)
-        package_parent = str(Path(__file__).resolve().parents[1])
+        package_parent = str(Path(__file__).resolve().parents[2])  # the folder that holds pipeline/
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
         # SIGINT ignored from the start, inherited through exec: Ctrl-C reaches the whole process
         # group, and the renderer must outlive the build's last line (no threads yet to make
         # preexec_fn unsafe: this runs before torch is imported).
         self.renderer: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.live", str(os.getpid()), repr(time.monotonic())],
+            [sys.executable, "-m", "pipeline.services.live", str(os.getpid()), repr(time.monotonic())],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stream.fileno(), env=env,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         self.redirected = (sys.stdout, sys.stderr)

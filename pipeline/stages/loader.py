@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import ModelLoadError
-from .spec import SpecFile
+from ..errors import ModelLoadError
+from ..spec import SpecFile
 
 PER_TENSOR_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric)
 # transformers' and diffusers' requires_backends(): "X requires the scipy library but it was not found ..."
@@ -238,7 +238,7 @@ def state_sha256(module: torch.nn.Module) -> str:
 def load_model(spec_file: SpecFile) -> LoadedModel:
     spec = spec_file.spec
     if spec.model.hf is not None:  # a save_pretrained folder: the task's wrapper around from_pretrained
-        from .hf import load_checkpoint
+        from ..features.hf import load_checkpoint
 
         return load_checkpoint(spec_file)
     factory = _import_factory(spec_file)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import torch
 
-from . import cache, constants, precision, proc, targets
-from .errors import CompileError, SpecError, ToolchainError
+from .. import targets
+from ..errors import CompileError, SpecError, ToolchainError
+from ..features import constants, precision
+from ..services import cache, proc
+from ..services.templates import wheel_weights
 from .export import Exported
 from .loader import forward_arguments, weight_tensors
-from .templates import wheel_weights
 
 LIBRARY_NAME = "model.so"
 INDUCTOR_LOG = "inductor.log"  # in the candidate's work folder

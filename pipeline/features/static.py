@@ -25,17 +25,18 @@ from pathlib import Path
 
 import torch
 
-from .progress import say, step
-from . import constants, targets
-from .cache import Cache
-from .compile import Compiled, compile_model, plan_compile
-from .errors import VerificationError
-from .export import Exported, export_program, prepare, spec_inputs
-from .loader import LoadedModel, call_forward
-from .spec import Spec, SpecFile
-from .templates import wheel_compare, wheel_dispatch, wheel_inputs
+from . import constants
+from .. import targets
+from ..errors import VerificationError
+from ..services.cache import Cache
+from ..services.progress import say, step
+from ..services.templates import wheel_compare, wheel_dispatch, wheel_inputs
+from ..spec import Spec, SpecFile
+from ..stages.compile import Compiled, compile_model, plan_compile
+from ..stages.export import Exported, export_program, prepare, spec_inputs
+from ..stages.loader import LoadedModel, call_forward
+from ..stages.verify import Verified, as_tuple, open_runner, tolerances, verify_model
 from .tune import Tuned
-from .verify import Verified, as_tuple, open_runner, tolerances, verify_model
 
 PAD_SEED = 500
 
@@ -185,7 +186,7 @@ def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
 
 def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]) -> dict:
     """The static sizes' .so files under "artifacts" (by their path in artifacts/), and the "static" section."""
-    from .manifest import sha256_file
+    from ..services.manifest import sha256_file
 
     record = manifest_record(exported, models)
     if record is None:

@@ -27,10 +27,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import proc
-from .errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
-from .index import read_state
-from .templates import wheel_integrity, wheel_targets
+from ..errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
+from ..services import proc
+from ..services.index import read_state
+from ..services.templates import wheel_integrity, wheel_targets
 from .wheel_check import read_manifest
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"

@@ -1,7 +1,7 @@
 """Build from a `save_pretrained` folder with no code (issue 30): `--hf DIR --task TASK`, or
 `[model] hf = "…"` and `task = "…"` in a spec.
 
-The folder's config.json and the task (pipeline/hf_tasks.py) make the spec's dims, inputs and
+The folder's config.json and the task (pipeline/features/hf_tasks.py) make the spec's dims, inputs and
 outputs; keys the user's spec gives override them, and the result goes through the same
 validation as any spec. The weights come from the folder's safetensors files, loaded with
 `from_pretrained(local_files_only=True)`: nothing is downloaded and no pickle file is read.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, ModelLoadError, SpecError, UnsupportedTaskError, UsageError
+from ..errors import CheckpointError, ModelLoadError, SpecError, UnsupportedTaskError, UsageError
 from .hf_tasks import TASKS, WRAPPER_EXAMPLE, ConfigProblem, Facts, Task, find_task, supported
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -171,7 +171,7 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
 
 def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None, spec: str | None):
     """The SpecFile for `build --hf DIR --task TASK [--name N] [--version V] [--spec overrides.toml]`."""
-    from .spec import read_spec_toml, validated
+    from ..spec import read_spec_toml, validated
 
     spec_path, raw = read_spec_toml(spec) if spec else (None, {})
     model = raw.setdefault("model", {})
@@ -249,7 +249,7 @@ def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> N
 
 def load_checkpoint(spec_file):
     """The wrapped model of a spec with ``model.hf``, as loader.load_model returns a factory's."""
-    from .loader import LoadedModel, _source_files, state_sha256
+    from ..stages.loader import LoadedModel, _source_files, state_sha256
 
     spec = spec_file.spec
     task = resolve_task(spec.model.task, spec.model.hf)

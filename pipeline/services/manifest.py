@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from . import targets
-from .compile import Compiled
-from .hf import checkpoint_record
-from .export import Exported, export_sizes, spec_inputs
-from .loader import weight_tensors
+from .. import targets
+from ..errors import PackageError
+from ..features.hf import checkpoint_record
+from ..features.tune import Tuned
+from ..stages.compile import Compiled
+from ..stages.export import Exported, export_sizes, spec_inputs
+from ..stages.loader import weight_tensors
+from ..stages.verify import VERIFIED_SHA256, Verified
 from .templates import wheel_integrity, wheel_weights
-from .tune import Tuned
-from .errors import PackageError
-from .verify import VERIFIED_SHA256, Verified
 
 FORMAT = 1
 

@@ -26,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .errors import IndexServerError
+from ..errors import IndexServerError
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
 DEFAULT_PORT = 8765

@@ -11,9 +11,9 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .errors import PipelineError
+from ..errors import PipelineError
 
-log = logging.getLogger("pipeline.proc")
+log = logging.getLogger("pipeline.services.proc")
 
 _TAIL_LINES = 40
 # Environment variables that may carry credentials: a URL's userinfo, or a password-like value.

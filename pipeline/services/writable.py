@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import OutputDirError
+from ..errors import OutputDirError
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_ALLOWED = (errno.EACCES, errno.EPERM, errno.EROFS)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import targets
-from .spec import load_spec
+from .. import targets
+from ..spec import load_spec
 
 
 def spec_paths(models_dir: Path) -> list[Path]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CompileError
+from ..errors import CompileError
 
 OPTION = "aot_inductor.package_constants_in_so"
 INDEX_FILE, BLOB_FILE = "constants.json", "constants.bin"
