@@ -54,6 +54,21 @@ def test_a_folder_anyone_can_write_is_refused(dirs, as_root):
     assert wheel_trust.problem(version) is None
 
 
+def test_a_model_folder_linked_into_another_users_folder_is_refused(dirs, tmp_path, as_root):
+    """The link's target is root's, but it sits in a folder another user owns: they can rename it
+    away and put their own in its place, mid-build."""
+    theirs = tmp_path / "theirs"
+    (theirs / "tiny").mkdir(parents=True)
+    os.chown(theirs, NOBODY, NOBODY)
+    dirs.root.mkdir(parents=True)
+    (dirs.root / "tiny").symlink_to(theirs / "tiny")
+    ran = build(dirs)
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to " \
+           f"{dirs.root / 'tiny'}'s target)" in ran.stderr
+    assert list((theirs / "tiny").iterdir()) == [], "nothing was written where the other user can swap it"
+
+
 def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
     ran = build(dirs, preexec_fn=lambda: os.umask(0))
     assert ran.returncode == 0, ran.stderr
