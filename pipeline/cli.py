@@ -180,10 +180,11 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets
 
-    from .outdir import check_trusted, output_path
+    from .outdir import check_trusted, claim_inductor_cache, output_path
 
     for name in target_names:  # a root another user controls is refused before any work
         check_trusted(output_path(root, model.name, model.version, name))
+    claim_inductor_cache()  # and so is a compile cache of theirs (/tmp/torchinductor_<user> taken first)
     for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
         targets.get(name).before_torch(spec_file.spec.build.options(name), args)
 

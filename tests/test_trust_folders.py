@@ -6,8 +6,11 @@ explicit modes whatever the umask."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +70,29 @@ def test_a_model_folder_linked_into_another_users_folder_is_refused(dirs, tmp_pa
     assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to " \
            f"{dirs.root / 'tiny'}'s target)" in ran.stderr
     assert list((theirs / "tiny").iterdir()) == [], "nothing was written where the other user can swap it"
+
+
+@pytest.mark.parametrize("named_by", ["torch's default", "TORCHINDUCTOR_CACHE_DIR"])
+def test_an_inductor_cache_another_user_made_first_is_refused(dirs, tmp_path, as_root, named_by):
+    """torch's default cache, /tmp/torchinductor_<user>, is a name any local user can take first;
+    the build loads the kernels it finds there and compiles its headers into the model."""
+    user = f"mw{os.getpid()}{tmp_path.name[-12:]}".replace("-", "")
+    env = {**os.environ, "USER": user, "LOGNAME": user}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    theirs = Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+    if named_by == "TORCHINDUCTOR_CACHE_DIR":
+        theirs = tmp_path / "shared-cache"
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(theirs)
+    theirs.mkdir()
+    try:
+        os.chown(theirs, NOBODY, NOBODY)
+        ran = build(dirs, env=env)
+        assert ran.returncode == OutputDirError.exit_code, ran.stderr
+        assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root: torch Inductor's " \
+               "cache folder" in ran.stderr and "==> load" not in ran.stderr
+        assert list(theirs.iterdir()) == [], "nothing was compiled into or loaded from the other user's folder"
+    finally:
+        shutil.rmtree(theirs)
 
 
 def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
