@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
+    # What this process and its children (torch, the compiler) make is never writable by group or
+    # others, whatever the umask: under umask 000 the build folder's cache and locks were 0777/0666.
+    os.umask(os.umask(0o022) | 0o022)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     sys.unraisablehook = _redeliver_swallowed_interrupt

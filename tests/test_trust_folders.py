@@ -101,6 +101,10 @@ def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
     assert oct(dirs.dist.stat().st_mode & 0o777) == oct(0o755)
     for made in dirs.dist.iterdir():
         assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
+    # the build folder too: its cache is loaded by the next build (under umask 000 it was 0777)
+    writable = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in [dirs.build, *dirs.build.rglob("*")]
+                if not p.is_symlink() and p.stat().st_mode & 0o022]
+    assert writable == []
 
 
 def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
