@@ -180,10 +180,11 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
     from . import targets
 
-    from .services.outdir import check_trusted, output_path
+    from .services.outdir import check_trusted, claim_inductor_cache, output_path
 
     for name in target_names:  # a root another user controls is refused before any work
         check_trusted(output_path(root, model.name, model.version, name))
+    claim_inductor_cache()  # and so is a compile cache of theirs (/tmp/torchinductor_<user> taken first)
     for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
         targets.get(name).before_torch(spec_file.spec.build.options(name), args)
 
@@ -323,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
+    # What this process and its children (torch, the compiler) make is never writable by group or
+    # others, whatever the umask: under umask 000 the build folder's cache and locks were 0777/0666.
+    os.umask(os.umask(0o022) | 0o022)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     sys.unraisablehook = _redeliver_swallowed_interrupt

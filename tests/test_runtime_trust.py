@@ -91,6 +91,54 @@ def test_a_link_swapped_by_another_user_never_loads_their_code(linked, restore, 
     assert "UntrustedPathWarning" in loads[0].stderr and "loading from" in loads[0].stderr
 
 
+def test_a_link_to_a_folder_inside_another_users_folder_is_not_followed(linked, restore, tmp_path):
+    """The model folder is a symlink to a folder of root's own, but that folder sits in another
+    user's, who can rename it away and put theirs in its place: as untrusted as their own folder."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to give the folder to another user)")
+    python = linked[0]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "tiny").mkdir()  # root's, in a folder nobody owns
+    os.chown(theirs, NOBODY, NOBODY)
+    link = point_at(linked, tmp_path / "root")
+    link.parents[2].mkdir()
+    (link.parents[1]).symlink_to(theirs / "tiny")
+    done = run(python, "import model_tiny; print(model_tiny.load().library)")
+    assert done.returncode == 0, done.stderr
+    assert f"{theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to " \
+           f"{link.parents[1]}'s target)" in done.stderr
+    assert list((theirs / "tiny").iterdir()) == [], "nothing was made in the folder another user can replace"
+    assert done.stdout.strip() == str(linked[1] / "artifacts" / "model.so")
+
+
+def test_a_folder_another_user_makes_between_the_check_and_mkdir_is_not_used(linked, restore, tmp_path):
+    """The race on a missing folder: another user makes it right after the ownership check, before
+    load() makes it; the link and its lock are then not made in their folder."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to give the folder to another user)")
+    python = linked[0]
+    link = point_at(linked, tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    code = f"""
+import os, model_tiny._link as link_module, model_tiny
+checked, calls = link_module.check_chain, []
+def check_then_plant(folder):
+    checked(folder)
+    calls.append(folder)
+    if len(calls) == 1:  # another user's mkdir, between the check and load()'s own
+        os.mkdir({str(link.parents[1])!r})
+        os.chown({str(link.parents[1])!r}, {NOBODY}, {NOBODY})
+link_module.check_chain = check_then_plant
+print(model_tiny.load().library)
+"""
+    done = run(python, code)
+    assert done.returncode == 0, done.stderr
+    assert f"{link.parents[1]} is owned by nobody (uid {NOBODY})" in done.stderr
+    assert not link.parent.exists() or list(link.parent.iterdir()) == [], "the link was made in their folder"
+    assert done.stdout.strip() == str(linked[1] / "artifacts" / "model.so")
+
+
 def test_the_link_and_its_folders_get_explicit_modes_under_umask_000(linked, restore, tmp_path):
     python = linked[0]
     link = point_at(linked, tmp_path / "root")

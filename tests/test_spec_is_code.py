@@ -1,6 +1,6 @@
 """A spec is code: its factory is called by the build, so it must be the model's own Python
-function or nn.Module class. A factory from the standard library (`os:system`) or a builtin is
-refused before anything of it is imported or called."""
+function or nn.Module class. A factory from the standard library (`os:system`, or one imported
+into another module) or a builtin is refused before anything of it is called."""
 
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ def test_a_standard_library_factory_is_refused_before_it_runs(tmp_path):
     assert ran.code == ModelLoadError.exit_code, ran.err
     assert "'os:system' is from Python's standard library, not a model" in ran.err
     assert "a spec is code: build only specs you trust" in ran.err
+    assert not marker.exists(), "the command ran"
+
+
+def test_a_standard_library_function_imported_into_another_module_is_refused_before_it_runs(tmp_path):
+    """Named through a module that imported it (as packages do: `from subprocess import check_output`)."""
+    marker = tmp_path / "ran"
+    spec = spec_with_factory(tmp_path, "evil:getoutput", f'{{ cmd = "touch {marker}" }}')
+    (spec.parent / "evil.py").write_text("from subprocess import getoutput\n")
+    ran = build(tmp_path, spec)
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert "evil:getoutput is subprocess.getoutput from Python's standard library, not a model" in ran.err
     assert not marker.exists(), "the command ran"
 
 

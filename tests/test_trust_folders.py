@@ -6,8 +6,11 @@ explicit modes whatever the umask."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -54,12 +57,54 @@ def test_a_folder_anyone_can_write_is_refused(dirs, as_root):
     assert wheel_trust.problem(version) is None
 
 
+def test_a_model_folder_linked_into_another_users_folder_is_refused(dirs, tmp_path, as_root):
+    """The link's target is root's, but it sits in a folder another user owns: they can rename it
+    away and put their own in its place, mid-build."""
+    theirs = tmp_path / "theirs"
+    (theirs / "tiny").mkdir(parents=True)
+    os.chown(theirs, NOBODY, NOBODY)
+    dirs.root.mkdir(parents=True)
+    (dirs.root / "tiny").symlink_to(theirs / "tiny")
+    ran = build(dirs)
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to " \
+           f"{dirs.root / 'tiny'}'s target)" in ran.stderr
+    assert list((theirs / "tiny").iterdir()) == [], "nothing was written where the other user can swap it"
+
+
+@pytest.mark.parametrize("named_by", ["torch's default", "TORCHINDUCTOR_CACHE_DIR"])
+def test_an_inductor_cache_another_user_made_first_is_refused(dirs, tmp_path, as_root, named_by):
+    """torch's default cache, /tmp/torchinductor_<user>, is a name any local user can take first;
+    the build loads the kernels it finds there and compiles its headers into the model."""
+    user = f"mw{os.getpid()}{tmp_path.name[-12:]}".replace("-", "")
+    env = {**os.environ, "USER": user, "LOGNAME": user}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    theirs = Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+    if named_by == "TORCHINDUCTOR_CACHE_DIR":
+        theirs = tmp_path / "shared-cache"
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(theirs)
+    theirs.mkdir()
+    try:
+        os.chown(theirs, NOBODY, NOBODY)
+        ran = build(dirs, env=env)
+        assert ran.returncode == OutputDirError.exit_code, ran.stderr
+        assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root: torch Inductor's " \
+               "cache folder" in ran.stderr and "==> load" not in ran.stderr
+        assert list(theirs.iterdir()) == [], "nothing was compiled into or loaded from the other user's folder"
+    finally:
+        shutil.rmtree(theirs)
+
+
 def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
     ran = build(dirs, preexec_fn=lambda: os.umask(0))
     assert ran.returncode == 0, ran.stderr
     assert oct(dirs.dist.stat().st_mode & 0o777) == oct(0o755)
     for made in dirs.dist.iterdir():
         assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
+    # the build folder too: its cache is loaded by the next build (under umask 000 it was 0777)
+    writable = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in [dirs.build, *dirs.build.rglob("*")]
+                if not p.is_symlink() and p.stat().st_mode & 0o022]
+    assert writable == []
 
 
 def test_a_library_changed_after_verification_is_not_packaged(tmp_path):

@@ -9,10 +9,12 @@ link aside, compiles and packages, then removes its folder and puts the link bac
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +53,53 @@ def check_trusted(path: Path) -> None:
     except wheel_trust.UntrustedPath as exc:
         raise OutputDirError(str(exc), "build into a root that only you (or root) can write: --root DIR or "
                                        "MODELWHEEL_ROOT; remove or fix the folder named") from None
+
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_cache() -> Path:
+    """Where torch's Inductor keeps the kernels it compiles and loads again, and the precompiled
+    headers every model's C++ includes: $TORCHINDUCTOR_CACHE_DIR, else torch's own default."""
+    configured = os.environ.get(INDUCTOR_CACHE_ENV)
+    if configured:
+        return Path(os.path.abspath(configured))
+    try:  # as torch._inductor.runtime.cache_dir_utils.default_cache_dir() names it
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def claim_inductor_cache() -> Path:
+    """Inductor's cache folder, made (0755) where missing and refused where another user controls
+    it: its default, /tmp/torchinductor_<user>, is a name any local user can take first, and the
+    build loads the kernels and compiles in the headers it finds there. Pinned in the environment
+    so torch (and every child) uses exactly the folder checked; once this user's or root's, in a
+    folder no one else can write, it stays theirs."""
+    path = inductor_cache()
+    _refuse_untrusted_cache(path)  # before anything is made in a folder of theirs
+    for folder in [*reversed(path.parents), path]:
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OutputDirError(f"cannot create {folder} (torch Inductor's cache): {exc.strerror}",
+                                 f"set {INDUCTOR_CACHE_ENV} to a folder this user can write") from exc
+        os.chmod(folder, wheel_trust.FOLDER_MODE)
+    _refuse_untrusted_cache(path)  # and one another user made first, between the check and the mkdir
+    os.environ[INDUCTOR_CACHE_ENV] = str(path)
+    return path
+
+
+def _refuse_untrusted_cache(path: Path) -> None:
+    found = wheel_trust.chain_problem(path)
+    if found:
+        raise OutputDirError(
+            f"{found}: torch Inductor's cache folder, whose kernels the build loads and whose headers it compiles "
+            "into the model; another user could put their own code there; refused",
+            f"remove the folder named (or ask its owner to), or set {INDUCTOR_CACHE_ENV} to a folder only you can write")
 
 
 @contextmanager

@@ -83,6 +83,16 @@ def _import_factory(spec_file: SpecFile):
             f"{key}: {module_name}:{attr} is a {type(factory).__name__}, not a Python function or nn.Module class",
             "name a function (def build(...)) or an nn.Module subclass that builds the model",
         )
+    # One the standard library defines, reached through another module that imported it (a package
+    # doing `from subprocess import check_output`): as refused as naming it in its own module.
+    defined_in = getattr(getattr(factory, "__func__", factory), "__module__", None) or ""
+    if defined_in.split(".")[0] in sys.stdlib_module_names:
+        raise ModelLoadError(
+            f"{key}: {module_name}:{attr} is {defined_in}.{getattr(factory, '__qualname__', attr)} from Python's "
+            "standard library, not a model: a spec's factory is called by the build, so it must be your model's "
+            "own function or nn.Module class",
+            "name the function or class that builds your model (package.module:callable); a spec is code: build "
+            "only specs you trust")
     return factory
 
 
