@@ -95,13 +95,14 @@ def test_the_local_index_alone_installs_the_model_and_its_torch(indexes, tmp_pat
 
 
 def test_the_docs_install_commands_name_pytorchs_index():
-    """Every `pip install model-…` line in README.md and docs/ says where the pinned torch comes from:
-    PyTorch's index (directly, or through the local index, which redirects to it)."""
+    """Every `pip install model-…` (or `pip install dist/model_….whl`) line in README.md and docs/
+    says where the pinned torch comes from: PyTorch's index (directly, or through the local index,
+    which redirects to it)."""
     repo = Path(__file__).resolve().parent.parent
     pages = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
     lines = [(page.name, line) for page in pages
              for line in re.sub(r"\\\n\s*", "", page.read_text()).splitlines()
-             if re.search(r"pip install [\"']?model-", line) and (line.lstrip().startswith("pip ") or "--index-url" in line)]
+             if re.search(r"pip install [\"']?(\S*/)?model[-_]", line) and (line.lstrip().startswith("pip ") or "--index-url" in line)]
     assert lines, "the docs show how to install a model wheel"
     for page, line in lines:
         assert "download.pytorch.org/whl/" in line or "127.0.0.1:8765" in line, (page, line)
