@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import make_venv, pip_install
-from .test_output_folders import tmpfs
+from .conftest import make_venv, pip_install, tmpfs
 
 NOBODY = 65534
 EVIL_C = '#include <stdio.h>\n__attribute__((constructor)) static void evil(void) { fclose(fopen("%s", "w")); }\n'
