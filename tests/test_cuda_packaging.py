@@ -4,6 +4,7 @@ What only a GPU can show (the kernels running) is in test_cuda_gpu.py."""
 
 from __future__ import annotations
 
+import email
 import json
 import subprocess
 import urllib.request
@@ -72,6 +73,17 @@ def test_wheel_is_labelled_for_its_cuda_and_carries_every_kernel(cuda_wheel):
         for kernel, data in KERNELS.items():
             assert archive.read(f"model_tiny/artifacts/{kernel}") == data
         assert json.loads(archive.read("model_tiny/manifest.json"))["cuda"]["kernels"] == sorted(KERNELS)
+
+
+def test_its_readme_names_pytorchs_index_for_its_cuda(cuda_wheel):
+    """The wheel pins a CUDA torch (`+cu130`) that only PyTorch's cu130 index carries: its README says so."""
+    path, m, _ = cuda_wheel
+    with zipfile.ZipFile(path) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        description = email.message_from_bytes(archive.read(metadata)).get_payload()
+    lines = [line.strip() for line in description.splitlines() if line.strip().startswith("pip install ")]
+    assert lines == ["pip install model-tiny==0.1 --extra-index-url https://download.pytorch.org/whl/cu130"], lines
+    assert "`--index-url <your index>/cu130/simple`" in description
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,7 @@ a disk that fills up while writing leaves nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,25 +11,10 @@ import pytest
 
 from pipeline.errors import OutputDirError
 
-from .conftest import Ran, TINY_SPEC, run_cli
+from .conftest import Ran, TINY_SPEC, run_cli, tmpfs
 
 
 # -- --dist or --build-dir that is a file, read-only, or on a full disk -------------------
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: int, read_only: bool = False):
-    """A real small filesystem at ``path`` (root only): full disks and read-only mounts."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    options = f"size={size}" + (",ro" if read_only else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def build_into(tmp_path: Path, dist: Path, build: Path, spec: Path = TINY_SPEC) -> Ran:

@@ -9,6 +9,7 @@ it: the tiny CPU wheel's manifest is marked non-relocatable, which sends load() 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import make_venv, pip_install
+from .conftest import make_venv, pip_install, tmpfs
 
 NOBODY = 65534
 EVIL_C = '#include <stdio.h>\n__attribute__((constructor)) static void evil(void) { fclose(fopen("%s", "w")); }\n'
@@ -148,6 +149,33 @@ def test_the_link_and_its_folders_get_explicit_modes_under_umask_000(linked, res
     for folder in (tmp_path / "root", tmp_path / "root" / "tiny", link.parent):
         assert oct(folder.stat().st_mode & 0o777) == oct(0o755), folder
     assert oct((link.parent / ".cpu.lock").stat().st_mode & 0o777) == oct(0o644)
+
+
+LOAD = "import model_tiny as t; m = t.load(); m(*t.example_inputs()); print(m.library)"
+
+
+@pytest.mark.parametrize("blocked_by", ["a file", "a read-only filesystem"])
+def test_a_link_it_may_not_make_loads_from_the_package_with_no_warning(linked, restore, tmp_path, blocked_by):
+    """Where the link cannot be made (a read-only root, a file in the way), load() opens the
+    installed artifacts, warns about nothing (warnings are errors here) and says why only in a
+    debug log line; nothing is made under the root."""
+    python, package = linked[0], linked[1]
+    if blocked_by == "a file":
+        root = tmp_path / "root"
+        root.write_text("a file where the artifact root's folder should be")
+        context = contextlib.nullcontext(root)
+    else:
+        context = tmpfs(tmp_path / "root", 1 << 20, read_only=True)
+    with context as root:
+        link = point_at(linked, root)
+        ran = subprocess.run([str(python), "-W", "error", "-c", LOAD], capture_output=True, text=True, cwd="/", timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        assert (ran.stdout, ran.stderr) == (f"{package / 'artifacts' / 'model.so'}\n", "")
+        logged = run(python, "import logging; logging.basicConfig(level=logging.DEBUG)\n" + LOAD)
+        assert logged.returncode == 0, logged.stderr
+        assert f"DEBUG:model_tiny._manifest:model-tiny: cannot write {link}" in logged.stderr
+        assert f"loading from {package / 'artifacts'} (`model-tiny link` with write access makes the link)" in logged.stderr
+        assert not link.exists() and (root.is_file() or not any(root.iterdir()))
 
 
 def test_what_is_hashed_is_what_is_loaded(linked, restore, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import zipfile
@@ -67,3 +68,14 @@ def test_a_package_of_the_users_named_pipeline_is_named_as_the_problem(tmp_path)
     assert ran.code == 4, ran.err
     assert f"{spec_dir / 'pipeline'} is named `pipeline`, which is modelwheel's own import package" in ran.err
     assert "hint: rename your package" in ran.err
+
+
+def test_the_docs_give_the_command_as_modelwheel():
+    """README.md and docs/ write the command a user types as `modelwheel <command>`: never a bare
+    `pipeline <command>`, and `python -m pipeline <command>` only where they say what the release
+    workflow runs (from the checkout)."""
+    command = re.compile(r"(?<![\w./-])(python -m )?pipeline (build|doctor|index|publish|matrix)\b")
+    found = [(page.name, line.strip()) for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+             for line in page.read_text().splitlines() for match in command.finditer(line)
+             if not (match.group(1) and "runs `python -m pipeline" in line)]
+    assert found == []
