@@ -270,6 +270,21 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
     assert listing(Path(state["data"])) == before
 
 
+def test_the_local_index_named_by_its_url_takes_the_upload_without_credentials(tiny_build, tmp_path):
+    """`--index <the running local index's URL>`, as `make index` prints it, is that index: it
+    takes anonymous uploads, so twine is not left asking for a user name."""
+    started = run_cli("index", "start", "--port", "0", "--data", str(tmp_path / "data"), cwd=tmp_path)
+    assert started.code == 0, started.err
+    try:
+        url = json.loads((tmp_path / "build" / "index" / "state.json").read_text())["url"]
+        wheel = next(tiny_build[0].dist.glob("*.whl"))
+        ran = run_cli("publish", "--index", url, "--wheel", str(wheel), cwd=tmp_path)
+        assert ran.code == 0, ran.err
+        assert f"{wheel.name}: uploaded to the cpu index" in ran.err
+    finally:
+        assert run_cli("index", "stop", cwd=tmp_path).code == 0
+
+
 def test_publish_and_matrix_import_neither_torch_nor_numpy(tmp_path):
     ran = subprocess.run([sys.executable, "-c", "import sys; from pipeline import cli; cli.main(['matrix']); "
                           "import pipeline.stages.publish; "

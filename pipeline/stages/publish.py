@@ -158,13 +158,15 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
         return Index(upload="", simple=simple, repository=repository, simple_credentials=simple_credentials,
                      allow_insecure_http=allow_insecure_http)
     url, credentials = _without_userinfo(url or environ.get(INDEX_ENV))
+    state = read_state()
+    if url and state and not credentials and url.rstrip("/") == state["url"].rstrip("/"):
+        url = None  # the running local index named by its URL: as anonymous as when it is found
     if url:
         require_secure(url, "the index URL", allow_insecure_http)
         if simple is None and "{target}" not in url:
             simple = url.rstrip("/") + "/{target}/simple/"
         return Index(upload=url, simple=simple, credentials=credentials, simple_credentials=simple_credentials or credentials,
                      allow_insecure_http=allow_insecure_http)
-    state = read_state()
     if state is None:
         raise IndexServerError(
             "no package index: none given and no local index running",
