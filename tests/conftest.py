@@ -120,6 +120,21 @@ def installed(tmp_path_factory, wheel) -> Path:
     return python
 
 
+def checkout_copy(dest: Path, targets: tuple[str, ...] = ("cpu",)) -> Path:
+    """The checkout as actions/checkout gives it (tracked and untracked files, nothing ignored) in
+    ``dest``, with one model, the tiny one, built for ``targets``."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file() and not name.startswith("models/"):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    shutil.copytree(REPO / "tests" / "models" / "tiny", dest / "models" / "tiny")
+    spec = dest / "models" / "tiny" / "spec.toml"
+    spec.write_text(spec.read_text() + f"\n[build]\ntargets = {json.dumps(list(targets))}\n")
+    return dest
+
+
 def make_venv(path: Path) -> Path:
     """A fresh virtualenv (no system site-packages); returns its python."""
     venv.EnvBuilder(with_pip=True, clear=True).create(path)

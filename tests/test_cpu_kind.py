@@ -72,3 +72,22 @@ def test_a_wheel_refused_for_its_cpu_kind_says_so(installed, wheel):
         assert "torch runs AVX2 kernels here, as ATEN_CPU_CAPABILITY=avx2 asks" in message
         assert "built for AVX512 CPUs" in message and "--cpu-isa avx2" in message
         assert "pip install torch" not in message
+
+
+def test_a_refusal_below_avx2_names_a_build_that_exists(installed):
+    """ATEN_CPU_CAPABILITY=default (or a CPU without AVX2) runs below every kind `--cpu-isa`
+    names: the refusal must not send the user to a `--cpu-isa default` that does not exist."""
+    from pipeline.targets.cpu import ISA_CHOICES
+
+    for loader in ("load", "load_numpy"):
+        ran = subprocess.run([str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"], capture_output=True,
+                             text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+        assert ran.returncode != 0
+        message = ran.stderr.strip().splitlines()[-1]
+        assert "torch runs DEFAULT kernels here, as ATEN_CPU_CAPABILITY=default asks" in message
+        assert "unset ATEN_CPU_CAPABILITY" in message and "--cpu-isa native" in message
+        assert "--cpu-isa default" not in message and "pip install torch" not in message
+    # the runtime's list of named kinds is the build's
+    ran = subprocess.run([str(installed), "-c", "import model_tiny._manifest as m; print(*m.NAMED_CPU_KINDS)"],
+                         capture_output=True, text=True, cwd="/")
+    assert ran.stdout.split() == [kind.upper() for kind in ISA_CHOICES if kind != "native"], ran.stderr

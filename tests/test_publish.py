@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UsageError
+from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
 from pipeline.stages.publish import is_loopback, require_secure
 
 from .conftest import REPO, Ran, make_venv, pip_install, run_cli
@@ -496,3 +496,25 @@ def test_a_password_whose_escapes_are_not_utf8_is_refused(tiny_build, tmp_path):
     assert ran.code == UsageError.exit_code, ran.err
     assert "error: the user info of http://***@127.0.0.1:1/ holds %XX escapes that are not UTF-8 text" in ran.err
     assert "a literal % as %25" in ran.err and "pw-secret" not in ran.err
+
+
+def test_no_credentials_for_the_index_is_said_in_one_line(tiny_build, tmp_path):
+    """twine, non-interactive, finds no username: one line saying so and where they come from,
+    not twine's output with a hint that blames the index's answer (the index never saw a request)."""
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingIndex)
+    _RecordingIndex.seen = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ran = run_guarded(tmp_path, "publish", "--skip-existing", "--wheel", str(wheel),
+                          env={"MODELWHEEL_INDEX_URL": f"http://127.0.0.1:{server.server_port}/",
+                               "MODELWHEEL_SIMPLE_URL": ""})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ran.code == UploadError.exit_code, ran.err
+    lines = ran.err.strip().splitlines()
+    assert lines[-2] == f"error: no username to upload to http://127.0.0.1:{server.server_port}/cpu/ with: nothing uploaded"
+    assert lines[-1].startswith("hint: set TWINE_USERNAME and TWINE_PASSWORD") and "MODELWHEEL_INDEX_USERNAME" in lines[-1]
+    assert "twine" not in "\n".join(lines[:-1]), ran.err
+    assert [method for method, _ in _RecordingIndex.seen] == ["GET"]  # the simple page read; no upload tried

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, make_venv, pip_install, run_cli
+from .conftest import REPO, checkout_copy, make_venv, pip_install, run_cli
 
 WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
 EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
@@ -84,19 +83,8 @@ def outputs(tmp: Path, job: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    """The checkout as actions/checkout gives it (tracked and untracked files, nothing ignored),
-    with one model: the tiny one, for both targets."""
-    copy = tmp_path_factory.mktemp("workspace") / "repo"
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if (REPO / name).is_file() and not name.startswith("models/"):
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, copy / name)
-    shutil.copytree(REPO / "tests" / "models" / "tiny", copy / "models" / "tiny")
-    spec = copy / "models" / "tiny" / "spec.toml"
-    spec.write_text(spec.read_text() + '\n[build]\ntargets = ["cpu", "cuda"]\n')
-    return copy
+    """The checkout as actions/checkout gives it, with one model: the tiny one, for both targets."""
+    return checkout_copy(tmp_path_factory.mktemp("workspace") / "repo", ("cpu", "cuda"))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs .github/workflows/release.yml for real, under act, on this machine, then installs what it
 # published: matrix -> build (each job on this machine, no container) -> publish to the local
-# index -> `pip install model-<name>==<version>` from it in a fresh venv, and the model runs.
+# index (a fresh one for each run) -> `pip install model-<name>==<version>` from it in a fresh
+# venv, and the model runs.
 #
 #   make release-local ACTIONS=DIR
 #
@@ -12,6 +13,7 @@
 # runner's tool cache, default python3), TORCH_INDEX (where the install finds torch), INDEX_PORT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 
 ACTIONS_DIR=${1:-}
 PY=${PY:-.venv/bin/python}
@@ -46,9 +48,19 @@ tools=$WORK/toolcache/Python/$python_version
 mkdir -p ~/.cache/pip  # actions/cache saves this folder; pip makes it only when an index allows caching
 rm -rf "$WORK/artifacts"  # act numbers every run 1: an earlier run's wheels would be downloaded too
 
-say "the local index (as make index starts it)"
-"$PY" -m pipeline index start --port "${INDEX_PORT:-0}"
-url=$("$PY" -c 'import json; print(json.load(open("build/index/state.json"))["url"])')
+# An index of this run's own, started as `make index` starts it but in $WORK/index, empty, and
+# stopped when the run ends: the checkout's own index (`make index`) may hold an earlier build of
+# the same version, which publish --skip-existing rightly refuses to replace (a second run of this
+# script builds again, and a rebuild is not byte for byte the same wheel).
+case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY");; esac
+INDEX_DIR=$WORK/index
+index() { (cd "$INDEX_DIR" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pipeline index "$@"); }
+mkdir -p "$INDEX_DIR" && index stop >/dev/null 2>&1 || true  # one left by an interrupted run
+rm -rf "$INDEX_DIR/data"
+say "a fresh local index for this run (as make index starts it, files in $INDEX_DIR/data)"
+index start --port "${INDEX_PORT:-0}" --data "$INDEX_DIR/data"
+trap 'index stop >/dev/null 2>&1 || true' EXIT
+url=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["url"])' "$INDEX_DIR/build/index/state.json")
 
 runner_labels=(ubuntu-latest self-hosted linux gpu)
 act_args=(workflow_dispatch -W .github/workflows/release.yml --input no_containers=true
@@ -84,4 +96,4 @@ model = m.load()
 out = model(*m.example_inputs())
 print('model-$model', m.__version__, 'from the index runs:', tuple(getattr(out, 'shape', ())) or [tuple(o.shape) for o in out])")
 done
-say "release-local: done (act's log: $WORK/act.log)"
+say "release-local: done (act's log: $WORK/act.log; what was published: $INDEX_DIR/data; the index is stopped)"

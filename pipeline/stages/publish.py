@@ -48,8 +48,13 @@ UNREACHABLE_RE = re.compile(r"ConnectionError|ConnectTimeout|Max retries exceede
                             r"Connection aborted|RemoteDisconnected|NewConnectionError|Name or service not known|"
                             r"Temporary failure in name resolution|timed out")
 HTTP_STATUS_RE = re.compile(r"\bHTTPError:\s+\d{3}\b")
+# twine --non-interactive with no username (or password) from the environment, the URL or a keyring.
+NO_CREDENTIAL_RE = re.compile(r"Credential not found for (username|password)")
 INSECURE_HINT = "use https, or pass --allow-insecure-http if this network is trusted"
 UNREACHABLE_HINT = "is the index running? (`make index`) / check the URL"
+NO_CREDENTIAL_HINT = ("set TWINE_USERNAME and TWINE_PASSWORD (the release workflow reads them from the secrets "
+                      "MODELWHEEL_INDEX_USERNAME and MODELWHEEL_INDEX_PASSWORD), or give them in the index URL "
+                      "or a ~/.pypirc --repository")
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,9 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
         if reason is not None:  # twine's traceback says no more than this, and blames nothing else
             raise IndexServerError(f"cannot reach {proc.redact(_destination(index, target))}: {reason}",
                                    UNREACHABLE_HINT) from None
+        if missing := NO_CREDENTIAL_RE.search(exc.message):  # twine never contacted the index
+            raise UploadError(f"no {missing[1]} to upload to {proc.redact(_destination(index, target))} with: "
+                              "nothing uploaded", NO_CREDENTIAL_HINT) from None
         raise
     return True
 

@@ -23,6 +23,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
 # Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
 CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
+NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name
 TORCH_INDEX = "https://download.pytorch.org/whl"  # one index per torch build: /cpu, /cu130
 
 _manifest: dict[str, Any] | None = None
@@ -83,10 +84,11 @@ def _cpu_kind_problem(have: str, needed: str) -> str:
     forced = os.environ.get("ATEN_CPU_CAPABILITY", "")
     why = (f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks" if forced.upper() == have
            else f"this CPU supports {have}")
-    fix = (f"unset ATEN_CPU_CAPABILITY, or install a wheel built for {have.lower()} (modelwheel build --cpu-isa "
-           f"{have.lower()})" if forced.upper() == have else
-           f"run it on a CPU with {needed}, or install a wheel built for {have.lower()} (modelwheel build --cpu-isa "
-           f"{have.lower()})")
+    # `modelwheel build --cpu-isa` names avx2 and avx512; a wheel for a CPU below AVX2 is built on one.
+    wheel = (f"a wheel built for {have.lower()} (modelwheel build --cpu-isa {have.lower()})" if have in NAMED_CPU_KINDS
+             else f"a wheel built on a CPU without {CPU_CAPABILITY_ORDER[1]} (modelwheel build --cpu-isa native there)")
+    fix = (f"unset ATEN_CPU_CAPABILITY, or install {wheel}" if forced.upper() == have else
+           f"run it on a CPU with {needed}, or install {wheel}")
     return f"{why}, but the model's kernels were built for {needed} CPUs: {fix}"
 
 
