@@ -137,6 +137,27 @@ def test_a_wheel_built_for_avx2_loads_where_torch_runs_avx2_kernels(built, tmp_p
     assert ran.stdout.split() == ["torch.Size([2,", "4])", "(2,", "4)"]
 
 
+def test_the_portable_wheel_runs_onednn_at_the_kind_it_packed_its_weights_for(built, tmp_path):
+    """Its weights are packed in AVX2's blocked layouts. On a CPU with more (AVX-512), an uncapped
+    oneDNN runs its own kernels and reorders every packed weight on every call (the unet: 254 ms
+    a call against 41): the runtime holds oneDNN at AVX2, unless the user set a cap of their own."""
+    python = make_venv(tmp_path / "env")
+    pip_install(python, str(built))
+    code = ("import os, model_tiny as m; model = m.load(); model(*m.example_inputs()); "
+            "print('cap', os.environ.get('ONEDNN_MAX_CPU_ISA'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
+    ran = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
+                         env={**env, "ONEDNN_VERBOSE": "1"})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1] == "cap AVX2"
+    kernels = [line for line in ran.stdout.splitlines() if line.startswith("onednn_verbose") and ",exec,cpu," in line]
+    assert kernels and not [line for line in kernels if "avx512" in line or "amx" in line], kernels[:5]
+    own = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
+                         env={**env, "ONEDNN_MAX_CPU_ISA": "SSE41"})
+    assert own.returncode == 0, own.stderr
+    assert own.stdout.splitlines()[-1] == "cap SSE41"
+
+
 @pytest.fixture
 def index(tmp_path):
     started = run_cli("index", "start", "--port", "0", "--data", str(tmp_path / "data"), cwd=tmp_path)

@@ -170,6 +170,9 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
             # The CPU kind the kernels were built for: a CPU without it cannot run them.
             "cpu_capability": VEC_ISA_CAPABILITY.get(isa, torch.backends.cpu.get_cpu_capability()),
             "glibc": platform.libc_ver()[1],
+            # The oneDNN cap the build ran under (a named kind: select_isa), which packed the
+            # weights; the runtime holds oneDNN there too (_manifest.hold_onednn_isa).
+            **({"onednn_max_isa": cap} if (cap := os.environ.get("ONEDNN_MAX_CPU_ISA")) else {}),
         },
     }
 

@@ -104,6 +104,20 @@ def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gp
     problems = incompatibilities(m, torch_version, cpu_capability) + list(gpu_problems)
     if problems:
         raise IncompatibleRuntime(f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems) + ".")
+    hold_onednn_isa(m)
+
+
+def hold_onednn_isa(m: dict[str, Any]) -> None:
+    """Run oneDNN at the instruction set the build packed the weights for. A wheel built for a
+    named CPU kind (--cpu-isa avx2: the release's portable one) holds weights in that kind's
+    blocked layouts; on a CPU with more (AVX-512), an uncapped oneDNN picks its own kernels and
+    reorders every packed weight on every call: 6x slower than eager on the unet. oneDNN reads
+    the cap once, at its first use in the process, so a process that ran oneDNN before this
+    (eager convolutions) keeps its own: set ONEDNN_MAX_CPU_ISA before it starts (docs:
+    publishing.md, "Which CPUs a wheel runs on"). A cap the user set is theirs."""
+    cap = m["platform"].get("onednn_max_isa")
+    if cap and not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
+        os.environ["ONEDNN_MAX_CPU_ISA"] = cap
 
 
 def relocatable(m: dict[str, Any]) -> bool:
