@@ -57,6 +57,17 @@ def test_the_spec_names_a_cpu_kind(tmp_path):
     assert ran.code == 3 and "key 'build.cpu.isa'" in ran.err and "'native', 'avx2' or 'avx512'" in ran.err
 
 
+def refusals(installed, capability: str) -> list[str]:
+    """The last line of load()'s and load_numpy()'s refusal where torch is told to run ``capability``."""
+    messages = []
+    for loader in ("load", "load_numpy"):
+        ran = subprocess.run([str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"], capture_output=True,
+                             text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": capability})
+        assert ran.returncode != 0, loader
+        messages.append(ran.stderr.strip().splitlines()[-1])
+    return messages
+
+
 def test_a_wheel_refused_for_its_cpu_kind_says_so(installed, wheel):
     """The session's wheel is built for this machine's own kind; with ATEN_CPU_CAPABILITY=avx2 the
     torch that is installed runs AVX2 kernels, and the refusal says that, not to install torch."""
@@ -64,11 +75,7 @@ def test_a_wheel_refused_for_its_cpu_kind_says_so(installed, wheel):
         needs = json.loads(archive.read("model_tiny/manifest.json"))["platform"]["cpu_capability"]
     if needs != "AVX512":
         pytest.skip(f"the wheel is built for {needs} (this CPU has no AVX-512): nothing runs below it here")
-    for loader in ("load", "load_numpy"):
-        ran = subprocess.run([str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"], capture_output=True,
-                             text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
-        assert ran.returncode != 0
-        message = ran.stderr.strip().splitlines()[-1]
+    for message in refusals(installed, "avx2"):
         assert "torch runs AVX2 kernels here, as ATEN_CPU_CAPABILITY=avx2 asks" in message
         assert "built for AVX512 CPUs" in message and "--cpu-isa avx2" in message
         assert "pip install torch" not in message
@@ -79,11 +86,7 @@ def test_a_refusal_below_avx2_names_a_build_that_exists(installed):
     names: the refusal must not send the user to a `--cpu-isa default` that does not exist."""
     from pipeline.targets.cpu import ISA_CHOICES
 
-    for loader in ("load", "load_numpy"):
-        ran = subprocess.run([str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"], capture_output=True,
-                             text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
-        assert ran.returncode != 0
-        message = ran.stderr.strip().splitlines()[-1]
+    for message in refusals(installed, "default"):
         assert "torch runs DEFAULT kernels here, as ATEN_CPU_CAPABILITY=default asks" in message
         assert "unset ATEN_CPU_CAPABILITY" in message and "--cpu-isa native" in message
         assert "--cpu-isa default" not in message and "pip install torch" not in message
