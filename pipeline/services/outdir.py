@@ -33,18 +33,6 @@ def output_path(root: Path, name: str, version: str, target: str) -> Path:
     return root / name / version / target
 
 
-def _make_parents(path: Path) -> list[Path]:
-    """Create the missing parents of ``path`` (mode 0755 whatever the umask: other users must
-    not be able to write where models load from); return those created, deepest first."""
-    created = []
-    for parent in reversed(path.parents):
-        if not parent.exists():
-            parent.mkdir()
-            os.chmod(parent, wheel_trust.FOLDER_MODE)
-            created.append(parent)
-    return created[::-1]
-
-
 def check_trusted(path: Path) -> None:
     """The folders above ``path`` (the root, model and version folders, and all above them)
     are this user's or root's, and no one else can write them: refused before anything is written."""
@@ -79,15 +67,11 @@ def claim_inductor_cache() -> Path:
     folder no one else can write, it stays theirs."""
     path = inductor_cache()
     _refuse_untrusted_cache(path)  # before anything is made in a folder of theirs
-    for folder in [*reversed(path.parents), path]:
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise OutputDirError(f"cannot create {folder} (torch Inductor's cache): {exc.strerror}",
-                                 f"set {INDUCTOR_CACHE_ENV} to a folder this user can write") from exc
-        os.chmod(folder, wheel_trust.FOLDER_MODE)
+    try:
+        wheel_trust.make_folders(path)
+    except OSError as exc:
+        raise OutputDirError(f"cannot create {exc.filename or path} (torch Inductor's cache): {exc.strerror}",
+                             f"set {INDUCTOR_CACHE_ENV} to a folder this user can write") from exc
     _refuse_untrusted_cache(path)  # and one another user made first, between the check and the mkdir
     os.environ[INDUCTOR_CACHE_ENV] = str(path)
     return path
@@ -197,12 +181,13 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
         with signals_deferred():
             check_trusted(path)
             try:
-                created = _make_parents(path)
+                created = wheel_trust.make_folders(path.parent)
             except OSError as exc:
                 raise OutputDirError(
                     f"cannot create {path.parent}: {exc.strerror}",
                     "choose a writable artifact root with --root DIR or the MODELWHEEL_ROOT environment variable",
                 ) from exc
+            check_trusted(path)  # a folder another user made between the check above and ours is theirs
             try:
                 lock.acquire()
             except Timeout:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ._trust import FILE_MODE, FOLDER_MODE, UntrustedPath, check_chain
+from ._trust import FILE_MODE, UntrustedPath, check_chain, make_folders
 
 LOCK_TIMEOUT_S = 60
 
@@ -33,7 +33,7 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
     if points_to(link, target):
         return True, f"{link} -> {target} (already in place)"
     try:
-        _make_folders(link.parent)
+        make_folders(link.parent)
         check_chain(link.parent)  # a folder another user made between the check above and ours is theirs
         with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE):
             if points_to(link, target):
@@ -52,19 +52,6 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
         raise
     except OSError as exc:
         return False, f"cannot write {link}: {exc.strerror or exc}"
-
-
-def _make_folders(folder: Path) -> None:
-    """``folder`` and its missing parents, 0755 whatever the umask (under umask 000 they were
-    left writable by everyone, who could then swap the link). One made meanwhile by another
-    process is left as it is (ensure_link() checks whose it is next)."""
-    missing = [p for p in [*reversed(folder.parents), folder] if not p.exists()]
-    for path in missing:
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        os.chmod(path, FOLDER_MODE)
 
 
 def _made_for(link: Path, package: str) -> bool:

@@ -21,6 +21,22 @@ FOLDER_MODE = 0o755
 FILE_MODE = 0o644
 
 
+def make_folders(folder: Path) -> list[Path]:
+    """``folder`` and its missing parents, each FOLDER_MODE whatever the umask (under umask 000
+    they were left writable by everyone, who could then swap what is loaded). One that another
+    process makes meanwhile is left as it is and not counted: the caller checks the chain again
+    (check_chain) to know whose it is. Returns the folders made here, deepest first."""
+    made = []
+    for path in [p for p in [*reversed(folder.parents), folder] if not p.exists()]:
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        os.chmod(path, FOLDER_MODE)
+        made.append(path)
+    return made[::-1]
+
+
 class UntrustedPath(PermissionError):
     """A folder on the way to the model can be changed by another user; nothing was opened or written."""
 
