@@ -100,7 +100,8 @@ def _lacks(have: str, needed: str) -> bool:
 
 def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
     """Raise IncompatibleRuntime listing every problem, each with its fix (``gpu_problems``: a
-    CUDA wheel's, from _target_cuda.py)."""
+    CUDA wheel's, from _target_cuda.py). Where the model can run, hold oneDNN at the build's
+    cap (hold_onednn_isa): this is the one gate load() and load_numpy() both pass before opening."""
     problems = incompatibilities(m, torch_version, cpu_capability) + list(gpu_problems)
     if problems:
         raise IncompatibleRuntime(f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems) + ".")
