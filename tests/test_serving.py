@@ -148,6 +148,22 @@ def test_uvicorn_two_workers_answer_a_load_as_eager_does(uvicorn_url, route, whe
     assert len({a.worker for a in answers}) == 2, "both worker processes served"
 
 
+def test_requests_at_a_set_rate_are_sent_on_time_and_answered_as_eager_does(uvicorn_url, wheel):
+    """docs/serving/client.py's open load, the one `make bench-serve` measures p99 at a rate with:
+    requests go out at their scheduled times however slow the answers, and each latency counts
+    from that time."""
+    requests = requests_of(60, seed=11)
+    started = time.monotonic()
+    answers = asyncio.run(client.paced_load(uvicorn_url + "/predict/batched", requests, rate_per_s=40.0, seed=3,
+                                            timeout_s=LOAD_TIMEOUT_S))
+    took = time.monotonic() - started
+    assert_matches_eager(requests, answers, wheel)
+    last_send = client.arrival_times(60, 40.0, seed=3)[-1]
+    assert 0.5 < last_send < 4.0  # 60 requests at 40/s: about 1.5 s of sending
+    assert took >= last_send, "the last request went out before its time"
+    assert all(0 < a.latency_s < took for a in answers)
+
+
 BAD = [
     ({"x": np.zeros((1, 3, 8, 8), np.float64), "t": np.zeros(1, np.float32)}, "input 'x': expected dtype float32, got float64"),
     ({"x": np.zeros((1, 3, 9, 8), np.float32), "t": np.zeros(1, np.float32)}, "input 'x': dim 2 must be 8, got 9"),
@@ -224,6 +240,42 @@ def test_the_batcher_joins_concurrent_requests_up_to_the_batch_max(served_python
     calls = json.loads(done.stdout)
     # 15 samples within one wait budget: calls of at most 4 (the built max), requests never split
     assert sum(calls) == 15 and max(calls) == 4 and len(calls) < 8, calls
+
+
+THREADS_CHECK = """
+import asyncio, json, threading, numpy as np, model_tiny
+model = model_tiny.load_numpy(num_models=2)
+seen = []
+def recorded(*inputs):
+    seen.append(threading.get_ident())
+    return model(*inputs)
+calls = model_tiny.ModelThreads(recorded)
+batcher = model_tiny.DynamicBatcher(recorded, max_wait_s=0.01, threads=calls)
+rng = np.random.default_rng(0)
+requests = [(rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [1, 2, 3, 1] * 5]
+async def both():
+    return await asyncio.gather(*(calls(*r) for r in requests)), await asyncio.gather(*(batcher(*r) for r in requests))
+for answers in asyncio.run(both()):
+    for request, (features, logits) in zip(requests, answers):
+        np.testing.assert_allclose(logits, model(*request)[1], rtol=1e-5, atol=1e-6)
+one = set(seen)
+seen.clear()
+two = model_tiny.ModelThreads(recorded, count=2)
+async def more():
+    return await asyncio.gather(*(two(*r) for r in requests * 3))
+asyncio.run(more())
+asyncio.run(more())  # a second event loop: the same threads
+print(json.dumps({"one": len(one), "on_main": threading.get_ident() in one | set(seen), "two": len(set(seen))}))
+"""
+
+
+def test_an_asyncio_servers_calls_run_on_the_models_own_threads_only(served_python, tmp_path):
+    """ModelThreads: every call (direct or batched) from one thread, never the event loop's, the
+    same threads across event loops; count=2 uses two."""
+    done = subprocess.run([str(served_python), "-c", THREADS_CHECK], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"one": 1, "on_main": False, "two": 2}
 
 
 def included_blocks(page: Path) -> list[tuple[str, str]]:

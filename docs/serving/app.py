@@ -8,7 +8,6 @@ MODEL_PACKAGE names the wheel's import package (default model_unet).
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import io
 import os
@@ -25,7 +24,9 @@ def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005) ->
     """The routes, around any callable taking and returning numpy arrays (a LazyModel here;
     benchmarks/serve_bench.py passes eager PyTorch the same way)."""
     app = FastAPI()
-    batcher = wheel.DynamicBatcher(model, max_wait_s=max_wait_s)
+    # Every call on the model's one thread (not asyncio.to_thread's many: docs/serving.md says why)
+    calls = wheel.ModelThreads(model)
+    batcher = wheel.DynamicBatcher(model, max_wait_s=max_wait_s, threads=calls)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -38,8 +39,8 @@ def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005) ->
             wheel.check_request(inputs)  # the runtime's own message for a bad request, as a 422
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        # in a worker thread: the event loop keeps serving while the model runs
-        return _npz_response(await asyncio.to_thread(model, *inputs))
+        # on the model's thread: the event loop keeps serving while the model runs
+        return _npz_response(await calls(*inputs))
 
     @app.post("/predict/batched")
     async def predict_batched(request: Request) -> Response:

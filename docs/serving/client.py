@@ -1,5 +1,6 @@
-"""An HTTP client for docs/serving/app.py and ray_app.py: .npz in, .npz out, and a bounded load
-of concurrent requests that records each one's latency (docs/serving.md)."""
+"""An HTTP client for docs/serving/app.py and ray_app.py: .npz in, .npz out, and two loads that
+record each request's latency (docs/serving.md): a bounded number of concurrent requests, and
+requests at a given rate whatever the server does."""
 
 from __future__ import annotations
 
@@ -54,3 +55,27 @@ async def load_test(url: str, requests: Sequence[dict[str, np.ndarray]], concurr
                 return await post(client, url, inputs)
 
         return await asyncio.wait_for(asyncio.gather(*(one(r) for r in requests)), timeout_s)
+
+
+async def paced_load(url: str, requests: Sequence[dict[str, np.ndarray]], rate_per_s: float, seed: int = 0,
+                     timeout_s: float = 60.0) -> list[Answer]:
+    """Send the requests at ``rate_per_s`` on average, at random times (a Poisson process drawn
+    from ``seed``), each when its time comes whatever the answers do, as independent users
+    would; answers in the requests' order. A server slower than the rate makes requests queue,
+    so each latency counts from the request's scheduled time, queueing included."""
+    arrivals = arrival_times(len(requests), rate_per_s, seed)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=timeout_s) as client:
+        async def one(at: float, inputs: dict[str, np.ndarray]) -> Answer:
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            answer = await post(client, url, inputs)
+            answer.latency_s = loop.time() - (start + at)
+            return answer
+
+        return await asyncio.wait_for(asyncio.gather(*(one(at, r) for at, r in zip(arrivals, requests))), timeout_s)
+
+
+def arrival_times(count: int, rate_per_s: float, seed: int = 0) -> np.ndarray:
+    """``paced_load``'s send times, in seconds from its start: the same for the same arguments."""
+    return np.cumsum(np.random.default_rng(seed).exponential(1 / rate_per_s, count))

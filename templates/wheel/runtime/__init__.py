@@ -9,6 +9,7 @@
     fast = load_numpy()                  # numpy arrays in and out, without importing torch
     lazy = lazy_load(numpy=True)         # serving: loads on first use in each process (fork-safe)
     DynamicBatcher(lazy)                 # serving: concurrent requests batched up to the built max
+    ModelThreads(lazy)                   # serving: an asyncio server's calls, on the model's own thread
 
 Importing this package imports neither torch nor numpy: ``load_numpy()`` users never pay for
 torch, ``load()`` users need no numpy, and each loads on first use.
@@ -27,7 +28,7 @@ _TORCH_SIDE = {
     "GoldenMismatch": "._golden", "WeightsMismatch": "._weights", "NumpyModel": "._native",
 }
 # the serving helpers (docs/serving.md): they import asyncio, and torch or numpy only when called
-_SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "check_request", "max_batch", "run_batch")}
+_SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "ModelThreads", "check_request", "max_batch", "run_batch")}
 
 __all__ = [
     "ArtifactLinkWarning",
@@ -38,6 +39,7 @@ __all__ = [
     "IntegrityError",
     "LazyModel",
     "MissingDependency",
+    "ModelThreads",
     "NativeRuntimeError",
     "NumpyModel",
     "UntrustedPathWarning",
