@@ -5,7 +5,8 @@ build/bench/serve-<model>/ and prints the table.
 
 Both servers run from this interpreter: the wheel installed (--no-deps) into --site, eager
 through benchmarks/serve_eager.py, which builds the module as the build does. The load comes
-from docs/serving/client.py: a fixed count of single-sample requests, at most C in flight.
+from docs/serving/client.py: a fixed count of single-sample requests, at most C in flight; then
+requests at a set arrival rate, stepped up, for requests/s at equal p99 (benchmarks/serve_slo.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import httpx
 import numpy as np
 import torch
 
-from benchmarks import say, write_results
+from benchmarks import say, serve_slo, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 SERVING = REPO / "docs" / "serving"
@@ -144,12 +145,20 @@ def run(args: argparse.Namespace) -> dict:
                         rows.append({"engine": engine, "route": route, "concurrency": concurrency, "round": round_index, **row})
                         answers[engine] = got
                         say(f"    {row['rps']:.1f} req/s, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
+        summary = summarize(rows)
+        alone_p50_ms = next(s["eager"]["p50_ms"] for s in summary if s["route"] == "/predict" and s["concurrency"] == min(args.concurrency))
+        base_rps = next(s["eager"]["rps"] for s in summary if s["route"] == serve_slo.ROUTE and s["concurrency"] == max(args.concurrency))
+        paced = single_requests(manifest, args.paced_requests, seed=1)
+        slo_rows = serve_slo.sweep(client, urls, paced, base_rps, max(serve_slo.BOUNDS) * alone_p50_ms, say)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
     isa = "AVX-512" if "avx512f" in lscpu else "AVX2" if "avx2" in lscpu else "no AVX2"
     return {"model": manifest["name"], "version": manifest["full_version"], "torch": torch.__version__,
             "cores": os.cpu_count(), "cpu": f"{model_name} ({isa})", "requests": args.requests, "rounds": args.rounds,
-            "rows": rows, "summary": summarize(rows), "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"])}
+            "rows": rows, "summary": summary, "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"]),
+            "paced_requests": args.paced_requests,
+            "equal_p99": {"alone_p50_ms": alone_p50_ms, "base_rps": base_rps, "rows": slo_rows,
+                          "bounds": serve_slo.at_bounds(slo_rows, alone_p50_ms)}}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -179,9 +188,10 @@ def markdown(results: dict) -> str:
         lines.append(f"| `{s['route']}` ({ROUTES[s['route']]}) | {s['concurrency']} | {w['rps']:.1f} | {e['rps']:.1f} | "
                      f"{s['rps_ratio']:.2f}x | {w['p50_ms']:.0f} / {w['p99_ms']:.0f} | {e['p50_ms']:.0f} / {e['p99_ms']:.0f} |")
     met = [s for s in results["summary"] if s["rps_ratio"] >= TARGET and s["p99_ratio"] <= 1.0]
-    lines += ["", f"Target: the wheel serves >= {TARGET}x eager's requests/s at equal (or lower) p99: "
-              + (f"met at {len(met)} of {len(results['summary'])} settings." if met else "not met at any setting measured."),
+    lines += ["", f"At equal in-flight counts: the wheel serves >= {TARGET}x eager's requests/s with an equal or lower p99 "
+              + (f"at {len(met)} of {len(results['summary'])} settings." if met else "at none of the settings measured."),
               f"Largest difference between the wheel's and eager's answers: {results['max_abs_diff_wheel_vs_eager']:.2e}."]
+    lines += serve_slo.markdown_lines(results, TARGET)
     return "\n".join(lines) + "\n"
 
 
@@ -193,13 +203,22 @@ def chart(results: dict, path: Path) -> None:
 
     labels = [f"{'batched' if 'batched' in s['route'] else 'direct'}\n{s['concurrency']} in flight" for s in results["summary"]]
     spots = np.arange(len(labels))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for axis, key, title in ((axes[0], "rps", "requests/s (higher is better)"), (axes[1], "p99_ms", "p99 latency, ms (lower is better)")):
         for offset, engine, color in ((-0.2, "wheel", "#c0392b"), (0.2, "eager", "#999999")):
             axis.bar(spots + offset, [s[engine][key] for s in results["summary"]], 0.4, label=engine, color=color)
         axis.set_xticks(spots, labels)
         axis.set_title(title)
         axis.legend()
+    slo = results["equal_p99"]
+    for engine, color in (("wheel", "#c0392b"), ("eager", "#999999")):
+        mine = sorted((r for r in slo["rows"] if r["engine"] == engine), key=lambda r: r["rps"])
+        axes[2].plot([r["rps"] for r in mine], [r["p99_ms"] for r in mine], "o-", label=engine, color=color)
+    for entry in slo["bounds"]:
+        axes[2].axhline(entry["bound_ms"], color="#555555", linewidth=0.6, linestyle=":")
+    axes[2].set_yscale("log")
+    axes[2].set(title="batched: p99 against arrival rate", xlabel="requests arriving per second", ylabel="p99, ms")
+    axes[2].legend()
     fig.suptitle(f"serving {results['model']}: {results['cpu']}, {results['cores']} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -212,6 +231,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=160)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--paced-requests", type=int, default=240, help="requests per arrival rate, for requests/s at equal p99")
     args = parser.parse_args()
     args.spec = args.spec.resolve()
     args.site = args.site.resolve()
