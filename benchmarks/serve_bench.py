@@ -231,7 +231,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=160)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--paced-requests", type=int, default=240, help="requests per arrival rate, for requests/s at equal p99")
+    parser.add_argument("--paced-requests", type=int, default=600, help="requests per arrival rate, for requests/s at equal p99")
     args = parser.parse_args()
     args.spec = args.spec.resolve()
     args.site = args.site.resolve()
