@@ -278,6 +278,23 @@ def test_an_asyncio_servers_calls_run_on_the_models_own_threads_only(served_pyth
     assert json.loads(done.stdout) == {"one": 1, "on_main": False, "two": 2}
 
 
+THREADS_FORK_CHECK = """
+import asyncio, os, threading, model_tiny
+threads = model_tiny.ModelThreads(threading.get_native_id)  # no OpenMP: only the threads are tested
+parent = asyncio.run(threads())  # the parent's thread exists now; a fork does not copy it
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if asyncio.run(asyncio.wait_for(threads(), 10)) != parent else 3)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_model_threads_used_before_a_fork_start_their_own_in_the_child(served_python, tmp_path):
+    done = subprocess.run([str(served_python), "-c", THREADS_FORK_CHECK], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stdout + done.stderr
+
+
 def included_blocks(page: Path) -> list[tuple[str, str]]:
     """(file, code) for every code block the page marks as a copy of an example file."""
     pattern = re.compile(r"<!-- include: (\S+) -->\n```\w*\n(.*?)```", re.S)
