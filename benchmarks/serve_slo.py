@@ -64,6 +64,7 @@ def rate_within(rows: list[dict], engine: str, bound_ms: float) -> tuple[float, 
 
 RATIO_MARKS = {("", ""): "", (">=", ""): ">=", ("", "<"): ">=", (">=", "<"): ">=",
                ("<", ""): "<", ("", ">="): "<", ("<", ">="): "<"}  # (wheel's, eager's) -> the ratio's
+MARK = {"": "", ">=": "≥ ", "<": "< "}  # as the table shows each
 
 
 def at_bounds(rows: list[dict], alone_p50_ms: float) -> list[dict]:
@@ -97,5 +98,3 @@ def markdown_lines(results: dict, target: float) -> list[str]:
               f"Target ({target}x eager's requests/s at equal p99): met at {len(met)} of {len(slo['bounds'])} bounds."]
     return lines
 
-
-MARK = {"": "", ">=": "≥ ", "<": "< "}
