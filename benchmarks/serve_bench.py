@@ -6,7 +6,8 @@ build/bench/serve-<model>/ and prints the table.
 Both servers run from this interpreter: the wheel installed (--no-deps) into --site, eager
 through benchmarks/serve_eager.py, which builds the module as the build does. The load comes
 from docs/serving/client.py: a fixed count of single-sample requests, at most C in flight; then
-requests at a set arrival rate, stepped up, for requests/s at equal p99 (benchmarks/serve_slo.py).
+requests at a set arrival rate, stepped up on each route, for requests/s at equal p99
+(benchmarks/serve_slo.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from benchmarks import say, serve_slo, write_results
 REPO = Path(__file__).resolve().parent.parent
 SERVING = REPO / "docs" / "serving"
 ENGINES = {"wheel": ("app:app", SERVING), "eager": ("serve_eager:app", REPO / "benchmarks")}
-ROUTES = {"/predict": "one call per request", "/predict/batched": "dynamic batching"}
+ROUTES = serve_slo.ROUTES  # the app's two routes, each measured
 TARGET = 1.5  # the wheel's requests/s over eager's
 
 
@@ -147,9 +148,12 @@ def run(args: argparse.Namespace) -> dict:
                         say(f"    {row['rps']:.1f} req/s, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
         summary = summarize(rows)
         alone_p50_ms = next(s["eager"]["p50_ms"] for s in summary if s["route"] == "/predict" and s["concurrency"] == min(args.concurrency))
-        base_rps = next(s["eager"]["rps"] for s in summary if s["route"] == serve_slo.ROUTE and s["concurrency"] == max(args.concurrency))
+        # each route's rates scale with what eager serves there under the closed load's most in flight
+        base_rps = {route: next(s["eager"]["rps"] for s in summary if (s["route"], s["concurrency"]) == (route, max(args.concurrency)))
+                    for route in ROUTES}
         paced = single_requests(manifest, args.paced_requests, seed=1)
-        slo_rows = serve_slo.sweep(client, urls, paced, base_rps, max(serve_slo.BOUNDS) * alone_p50_ms, say)
+        slo_rows = [row for route in ROUTES
+                    for row in serve_slo.sweep(client, urls, route, paced, base_rps[route], max(serve_slo.BOUNDS) * alone_p50_ms, say)]
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
     isa = "AVX-512" if "avx512f" in lscpu else "AVX2" if "avx2" in lscpu else "no AVX2"
@@ -212,12 +216,14 @@ def chart(results: dict, path: Path) -> None:
         axis.legend()
     slo = results["equal_p99"]
     for engine, color in (("wheel", "#c0392b"), ("eager", "#999999")):
-        mine = sorted((r for r in slo["rows"] if r["engine"] == engine), key=lambda r: r["rps"])
-        axes[2].plot([r["rps"] for r in mine], [r["p99_ms"] for r in mine], "o-", label=engine, color=color)
-    for entry in slo["bounds"]:
-        axes[2].axhline(entry["bound_ms"], color="#555555", linewidth=0.6, linestyle=":")
+        for route, style in (("/predict", "s--"), ("/predict/batched", "o-")):
+            mine = sorted((r for r in slo["rows"] if (r["engine"], r["route"]) == (engine, route)), key=lambda r: r["rps"])
+            axes[2].plot([r["rps"] for r in mine], [r["p99_ms"] for r in mine], style, color=color,
+                         label=f"{engine}, {'batched' if 'batched' in route else 'direct'}")
+    for times in sorted({e["bound_ms"] for e in slo["bounds"]}):
+        axes[2].axhline(times, color="#555555", linewidth=0.6, linestyle=":")
     axes[2].set_yscale("log")
-    axes[2].set(title="batched: p99 against arrival rate", xlabel="requests arriving per second", ylabel="p99, ms")
+    axes[2].set(title="p99 against arrival rate (dotted: the bounds)", xlabel="requests arriving per second", ylabel="p99, ms")
     axes[2].legend()
     fig.suptitle(f"serving {results['model']}: {results['cpu']}, {results['cores']} cores")
     fig.tight_layout()
