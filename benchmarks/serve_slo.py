@@ -77,10 +77,22 @@ RATIO_MARKS = {("", ""): "", (">=", ""): ">=", ("", "<"): ">=", (">=", "<"): ">=
 MARK = {"": "", ">=": "≥ ", "<": "< "}  # as the table shows each
 
 
+def with_ratio(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with the wheel's rate over eager's and how far that is known (a lower bound where
+    the wheel's rate is or eager's is above what was measured, and so on; None where both are
+    open the same way)."""
+    entry["ratio_mark"] = RATIO_MARKS.get((entry["wheel_mark"], entry["eager_mark"]))
+    entry["ratio"] = None if entry["ratio_mark"] is None else entry["wheel"] / entry["eager"]
+    return entry
+
+
+def ratio_text(entry: dict) -> str:
+    return "-" if entry["ratio"] is None else f"{MARK[entry['ratio_mark']]}{entry['ratio']:.2f}x"
+
+
 def at_bounds(rows: list[dict], alone_p50_ms: float) -> list[dict]:
     """Per route measured and bound, each engine's rate within it and the wheel's over eager's,
-    with how far each is known (a ratio is a lower bound where the wheel's rate is or eager's is
-    above what was measured, and so on; None where both are open the same way)."""
+    with how far each is known."""
     table = []
     for route in (r for r in ROUTES if any(row["route"] == r for row in rows)):
         mine = [row for row in rows if row["route"] == route]
@@ -89,9 +101,7 @@ def at_bounds(rows: list[dict], alone_p50_ms: float) -> list[dict]:
             entry: dict[str, Any] = {"route": route, "times": times, "bound_ms": bound}
             for engine in ("wheel", "eager"):
                 entry[engine], entry[f"{engine}_mark"] = rate_within(mine, engine, bound)
-            entry["ratio_mark"] = RATIO_MARKS.get((entry["wheel_mark"], entry["eager_mark"]))
-            entry["ratio"] = None if entry["ratio_mark"] is None else entry["wheel"] / entry["eager"]
-            table.append(entry)
+            table.append(with_ratio(entry))
     return table
 
 
@@ -106,9 +116,7 @@ def better_routes(table: list[dict]) -> list[dict]:
         for engine in ("wheel", "eager"):
             top = max(entries, key=lambda e: (e[f"{engine}_mark"] != "<", e[engine]))
             entry[engine], entry[f"{engine}_mark"], entry[f"{engine}_route"] = top[engine], top[f"{engine}_mark"], top["route"]
-        entry["ratio_mark"] = RATIO_MARKS.get((entry["wheel_mark"], entry["eager_mark"]))
-        entry["ratio"] = None if entry["ratio_mark"] is None else entry["wheel"] / entry["eager"]
-        best.append(entry)
+        best.append(with_ratio(entry))
     return best
 
 
@@ -122,18 +130,16 @@ def markdown_lines(results: dict, target: float) -> list[str]:
              f"per rate; bounds are multiples of eager's p50 for one request alone, {slo['alone_p50_ms']:.0f} ms):", "",
              "| route | p99 bound | wheel req/s | eager req/s | wheel / eager |", "|---|---|---|---|---|"]
     for e in slo["bounds"]:
-        ratio = "-" if e["ratio"] is None else f"{MARK[e['ratio_mark']]}{e['ratio']:.2f}x"
         lines.append(f"| `{e['route']}` | {e['times']}x = {e['bound_ms']:.0f} ms | {MARK[e['wheel_mark']]}{e['wheel']:.1f} | "
-                     f"{MARK[e['eager_mark']]}{e['eager']:.1f} | {ratio} |")
+                     f"{MARK[e['eager_mark']]}{e['eager']:.1f} | {ratio_text(e)} |")
     met = [e for e in slo["bounds"] if meets(e, target)]
     best = better_routes(slo["bounds"])
     lines += ["", "(≥: the sweep's highest rate stayed within the bound; <: its lowest rate already passed it.)", "",
               "Each engine on its better route at each bound:", "",
               "| p99 bound | wheel req/s (route) | eager req/s (route) | wheel / eager |", "|---|---|---|---|"]
     for e in best:
-        ratio = "-" if e["ratio"] is None else f"{MARK[e['ratio_mark']]}{e['ratio']:.2f}x"
         lines.append(f"| {e['times']}x = {e['bound_ms']:.0f} ms | {MARK[e['wheel_mark']]}{e['wheel']:.1f} (`{e['wheel_route']}`) | "
-                     f"{MARK[e['eager_mark']]}{e['eager']:.1f} (`{e['eager_route']}`) | {ratio} |")
+                     f"{MARK[e['eager_mark']]}{e['eager']:.1f} (`{e['eager_route']}`) | {ratio_text(e)} |")
     lines += ["", f"Target ({target}x eager's requests/s at equal p99): met at {len(met)} of {len(slo['bounds'])} "
               "route and bound pairs" + (" (" + ", ".join(f"`{e['route']}` at {e['times']}x" for e in met) + ")" if met else "")
               + f"; with each engine on its better route, at {sum(meets(e, target) for e in best)} of {len(best)} bounds."]
