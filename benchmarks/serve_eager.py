@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from app import create_app, wheel
+from app import MODEL_SLOTS, create_app, wheel
 
 from pipeline.spec import load_spec
 from pipeline.stages.loader import load_model
@@ -32,4 +32,4 @@ def load_eager() -> Any:
     return run
 
 
-app = create_app(wheel.LazyModel(load_eager), [spec["name"] for spec in wheel.manifest()["inputs"]])
+app = create_app(wheel.LazyModel(load_eager), [spec["name"] for spec in wheel.manifest()["inputs"]], slots=MODEL_SLOTS)

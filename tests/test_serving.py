@@ -58,10 +58,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(cmd: list[str], ready: Callable[[], bool], log: Path, startup_s: float = 90.0) -> Iterator[None]:
+def server(cmd: list[str], ready: Callable[[], bool], log: Path, startup_s: float = 90.0,
+           env_extra: dict[str, str] | None = None) -> Iterator[None]:
     """Run ``cmd`` in its own session until ``ready()``; stop its whole process group afterwards,
     whatever happened."""
-    env = {**os.environ, "MODEL_PACKAGE": "model_tiny", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MODEL_PACKAGE": "model_tiny", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, cwd=SERVING, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -276,6 +277,25 @@ def test_an_asyncio_servers_calls_run_on_the_models_own_threads_only(served_pyth
                           timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"one": 1, "on_main": False, "two": 2}
+
+
+def test_the_app_with_two_call_slots_answers_a_load_as_eager_does(served_python, tmp_path, wheel):
+    """MODEL_SLOTS=2: one worker, two calls at a time (two model threads, num_models=2)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [str(served_python), "-m", "uvicorn", "app:app", "--workers", "1", "--host", "127.0.0.1", "--port", str(port)]
+    with server(cmd, answers_ok(url + "/health"), tmp_path / "server.log", env_extra={"MODEL_SLOTS": "2"}):
+        requests = requests_of(120, seed=5)
+        assert_matches_eager(requests, asyncio.run(client.load_test(url + "/predict", requests, CONCURRENCY, LOAD_TIMEOUT_S)), wheel)
+        assert httpx.get(url + "/health", timeout=10).json()["slots"] == 2
+
+
+def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python):
+    cmd = [str(served_python), "-m", "uvicorn", "app:app", "--port", str(free_port())]
+    done = subprocess.run(cmd, cwd=SERVING, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": "two"})
+    assert done.returncode != 0
+    assert "error: MODEL_SLOTS='two': expected a whole number of concurrent calls, 1 or more" in done.stderr + done.stdout
 
 
 THREADS_FORK_CHECK = """

@@ -3,7 +3,8 @@
 Requests and responses are .npz files (numpy.savez): one array per input, named as the model's
 inputs, each with its batch first. POST /predict runs each request as its own call;
 POST /predict/batched joins concurrent requests into calls of up to the built batch max.
-MODEL_PACKAGE names the wheel's import package (default model_unet).
+MODEL_PACKAGE names the wheel's import package (default model_unet); MODEL_SLOTS how many calls
+run at once (default 1), each on a thread of its own: give each OMP_NUM_THREADS = cores / slots.
 """
 
 from __future__ import annotations
@@ -20,17 +21,28 @@ MODEL_PACKAGE = os.environ.get("MODEL_PACKAGE", "model_unet")
 wheel = importlib.import_module(MODEL_PACKAGE)
 
 
-def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005) -> FastAPI:
+def call_slots(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"error: MODEL_SLOTS={value!r}: expected a whole number of concurrent calls, 1 or more "
+                         "(unset, it is 1; docs/serving.md: One process, several threads)")
+    return int(value)
+
+
+MODEL_SLOTS = call_slots(os.environ.get("MODEL_SLOTS", "1"))
+
+
+def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005, slots: int = 1) -> FastAPI:
     """The routes, around any callable taking and returning numpy arrays (a LazyModel here;
-    benchmarks/serve_bench.py passes eager PyTorch the same way)."""
+    benchmarks/serve_bench.py passes eager PyTorch the same way), ``slots`` calls at a time."""
     app = FastAPI()
-    # Every call on the model's one thread (not asyncio.to_thread's many: docs/serving.md says why)
-    calls = wheel.ModelThreads(model)
+    # Every call on one of the model's own threads (not asyncio.to_thread's many: docs/serving.md
+    # says why); the batcher's batches, one at a time, on the same threads
+    calls = wheel.ModelThreads(model, count=slots)
     batcher = wheel.DynamicBatcher(model, max_wait_s=max_wait_s, threads=calls)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"model": MODEL_PACKAGE, "pid": os.getpid(), "loaded": getattr(model, "loaded", True)}
+        return {"model": MODEL_PACKAGE, "pid": os.getpid(), "loaded": getattr(model, "loaded", True), "slots": calls.count}
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:
@@ -77,4 +89,5 @@ def _npz_response(outputs: Any) -> Response:
 
 # Made before uvicorn (or gunicorn) starts its workers; each worker opens its own model on its
 # first request. OMP_NUM_THREADS sets each model's threads (docs/serving.md).
-app = create_app(wheel.lazy_load(numpy=True), [spec["name"] for spec in wheel.manifest()["inputs"]])
+app = create_app(wheel.lazy_load(num_models=MODEL_SLOTS, numpy=True), [spec["name"] for spec in wheel.manifest()["inputs"]],
+                 slots=MODEL_SLOTS)
