@@ -1,7 +1,8 @@
 """`make bench-serve MODEL=unet`: the same HTTP load against the wheel and against eager PyTorch,
 both behind docs/serving/app.py (uvicorn, one worker), each with and without dynamic batching,
-and with a call per core at once (the app's MODEL_SLOTS), measured side by side in one run. Writes results.json, results.md and chart.png under
-build/bench/serve-<model>/ and prints the table.
+and with a call per core at once (the app's MODEL_SLOTS), measured side by side in one run.
+Writes results.json, results.md and chart.png under build/bench/serve-<model>/ and prints the
+table.
 
 Both servers run from this interpreter: the wheel installed (--no-deps) into --site, eager
 through benchmarks/serve_eager.py, which builds the module as the build does. The load comes
