@@ -119,7 +119,8 @@ bench-memory: $(SETUP)
 	cd / && PYTHONPATH=$(CURDIR) $(CURDIR)/build/bench-venv/bin/python -m benchmarks.load_memory model_$(MODEL)
 
 # The built wheel (built first when dist/ has none) and eager PyTorch behind the same HTTP server
-# (docs/serving/app.py), with and without dynamic batching (build/bench/serve-<model>/).
+# (docs/serving/app.py), with and without dynamic batching and with a call per core at once
+# (build/bench/serve-<model>/).
 bench-serve: $(SETUP)
 	@ls dist/model_$(MODEL)-*.whl >/dev/null 2>&1 || $(MAKE) --no-print-directory build MODEL=$(MODEL) ARGS=
 	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt -r docs/serving/requirements.txt
