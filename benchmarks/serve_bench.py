@@ -39,7 +39,8 @@ from benchmarks import say, serve_slo, write_results
 REPO = Path(__file__).resolve().parent.parent
 SERVING = REPO / "docs" / "serving"
 ENGINES = {"wheel": ("app:app", SERVING), "eager": ("serve_eager:app", REPO / "benchmarks")}
-SETUPS = serve_slo.setups(os.cpu_count() or 1)  # each measured on both engines
+CORES = os.cpu_count() or 1
+SETUPS = serve_slo.setups(CORES)  # each measured on both engines
 TARGET = 1.5  # the wheel's requests/s over eager's
 
 
@@ -67,7 +68,7 @@ def serving(engine: str, package: str, site: Path, spec: Path, slots: int, log: 
     env = {**os.environ, "MODEL_PACKAGE": package, "MODEL_SPEC": str(spec), "MODEL_SLOTS": str(slots),
            "PYTHONPATH": os.pathsep.join([str(site), str(SERVING)])}
     if slots > 1:  # the cores shared out among the calls (docs/serving.md)
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // slots))
+        env["OMP_NUM_THREADS"] = str(max(1, CORES // slots))
     cmd = [sys.executable, "-m", "uvicorn", target, "--app-dir", str(app_dir), "--host", "127.0.0.1",
            "--port", str(port), "--workers", "1", "--no-access-log"]
     with log.open("wb") as out:
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
     model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
     isa = "AVX-512" if "avx512f" in lscpu else "AVX2" if "avx2" in lscpu else "no AVX2"
     return {"model": manifest["name"], "version": manifest["full_version"], "torch": torch.__version__,
-            "cores": os.cpu_count(), "cpu": f"{model_name} ({isa})", "requests": args.requests, "rounds": args.rounds,
+            "cores": CORES, "cpu": f"{model_name} ({isa})", "requests": args.requests, "rounds": args.rounds,
             "setups": {name: {**dataclasses.asdict(setup), "label": setup.label} for name, setup in SETUPS.items()},
             "rows": rows, "summary": summary, "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"]),
             "paced_requests": args.paced_requests,
@@ -247,8 +248,8 @@ def chart(results: dict, path: Path) -> None:
         for name, style in zip(results["setups"], ("s--", "o-", "^:")):
             mine = sorted((r for r in slo["rows"] if (r["engine"], r["setup"]) == (engine, name)), key=lambda r: r["rps"])
             axes[2].plot([r["rps"] for r in mine], [r["p99_ms"] for r in mine], style, color=color, label=f"{engine}, {short[name]}")
-    for times in sorted({e["bound_ms"] for e in slo["bounds"]}):
-        axes[2].axhline(times, color="#555555", linewidth=0.6, linestyle=":")
+    for bound_ms in sorted({e["bound_ms"] for e in slo["bounds"]}):
+        axes[2].axhline(bound_ms, color="#555555", linewidth=0.6, linestyle=":")
     axes[2].set_yscale("log")
     axes[2].set(title="p99 against arrival rate (dotted: the bounds)", xlabel="requests arriving per second", ylabel="p99, ms")
     axes[2].legend()
