@@ -290,12 +290,13 @@ def test_the_app_with_two_call_slots_answers_a_load_as_eager_does(served_python,
         assert httpx.get(url + "/health", timeout=10).json()["slots"] == 2
 
 
-def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python):
+@pytest.mark.parametrize("slots", ["two", "0", "²"])  # "²" is a digit to str.isdigit, not to int()
+def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python, slots):
     cmd = [str(served_python), "-m", "uvicorn", "app:app", "--port", str(free_port())]
     done = subprocess.run(cmd, cwd=SERVING, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": "two"})
+                          env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": slots})
     assert done.returncode != 0
-    assert "error: MODEL_SLOTS='two': expected a whole number of concurrent calls, 1 or more" in done.stderr + done.stdout
+    assert f"error: MODEL_SLOTS={slots!r}: expected a whole number of concurrent calls, 1 or more" in done.stderr + done.stdout
 
 
 THREADS_FORK_CHECK = """

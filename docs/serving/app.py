@@ -22,7 +22,7 @@ wheel = importlib.import_module(MODEL_PACKAGE)
 
 
 def call_slots(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or int(value) < 1:  # isdecimal: exactly the digits int() reads
         raise SystemExit(f"error: MODEL_SLOTS={value!r}: expected a whole number of concurrent calls, 1 or more "
                          "(unset, it is 1; docs/serving.md: One process, several threads)")
     return int(value)
