@@ -28,7 +28,8 @@ from .services.layout import WorkLayout
 from .services.manifest import build_manifest, sha256_file
 from .services.outdir import claim_output_dir, output_path, signals_deferred
 from .services.progress import Progress, check_stop, reporting, stop_requested
-from .services.writable import NO_ROOM, NOT_ALLOWED, made_folders, remove_if_empty, sweep_partials, write_error
+from .services.writable import (NO_ROOM, NOT_ALLOWED, check_private, made_folders, remove_if_empty, sweep_partials,
+                                write_error)
 from .spec import SpecFile
 from .stages.compile import Compiled, find_cxx, find_strip
 from .stages.doctor import run_doctor
@@ -212,6 +213,7 @@ def package_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, ver
 def hold_work_dir(work_dir: Path) -> Iterator[Path]:
     """Builds into other roots but the same --build-dir would share ``work_dir``: one at a time."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    check_private(work_dir, "--build-dir's work folder")  # the wheel is put together here
     lock = FileLock(str(WorkLayout.work_lock(work_dir)), blocking=False)
     try:
         lock.acquire()
@@ -316,6 +318,7 @@ def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: st
     made, staged_entry = [], None
     try:
         made = made_folders(dist_dir)
+        check_private(dist_dir, "--dist")  # made by another user after the check before the build: theirs
         sweep_partials(dist_dir)
         for source, aside in zip((report_file, wheel.path), hidden):
             shutil.copyfile(source, aside)

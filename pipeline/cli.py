@@ -24,7 +24,7 @@ from .services import record
 from .services.layout import WorkLayout
 from .services.proc import RedactingFilter, redact
 from .services.progress import Progress, QuietProgress, for_stream, reporting, stop_requested
-from .services.writable import check_writable
+from .services.writable import check_private, check_writable
 from .spec import SpecFile, load_spec, with_overrides
 
 def _artifact_root(flag: str | None) -> Path:
@@ -114,8 +114,9 @@ def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
 
 def _check_outputs(args: argparse.Namespace, root: Path) -> None:
     """Every folder the build writes, before any work: a file there, no permission, a full disk."""
-    check_writable(Path(args.dist), "--dist")
-    check_writable(Path(args.build_dir), "--build-dir")
+    for folder, flag in ((Path(args.dist), "--dist"), (Path(args.build_dir), "--build-dir")):
+        check_writable(folder, flag)
+        check_private(folder, flag)
     check_writable(root, f"--root (or ${ROOT_ENV})")
 
 
@@ -273,6 +274,7 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
     spec = spec_file.spec
     dist = Path(args.dist)
+    check_private(dist, "--dist")  # the wheels found there are uploaded as they are
     wanted = {t: f"{spec.import_name}-{spec.model.version}+{local_label(t)}-" for t in spec.build.targets}
     found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     if not all(found.values()):

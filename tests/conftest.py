@@ -182,7 +182,9 @@ def tmpfs(path: Path, size: int, read_only: bool = False):
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     path.mkdir(parents=True, exist_ok=True)
-    options = f"size={size}" + (",ro" if read_only else "")
+    # mode=755: a tmpfs is mounted 1777 by default, a folder anyone can add files to, which the
+    # build refuses for --dist and --build-dir
+    options = f"size={size},mode=755" + (",ro" if read_only else "")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")

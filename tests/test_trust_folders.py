@@ -123,3 +123,69 @@ def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
     library.write_bytes(b"other bytes, same name")
     with pytest.raises(PackageError, match="changed after it was verified"):
         _as_verified(library)
+
+
+# -- links another user owns, folders others can add files to (a second-user audit found these) --
+
+def shared_sticky(tmp_path: Path) -> Path:
+    """A folder as /tmp is: anyone may add to it, and only an entry's owner may replace it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    return shared
+
+
+def test_a_root_linked_by_another_user_to_a_folder_anyone_can_add_to_is_refused(dirs, tmp_path, as_root):
+    """The link's target (a sticky folder of root's) passes the folder checks, but the link is
+    theirs: in a sticky folder they can point it elsewhere between the checks and the compile."""
+    target = shared_sticky(tmp_path)
+    dirs.root.parent.mkdir(parents=True)
+    os.chmod(dirs.root.parent, 0o1777)
+    dirs.root.symlink_to(target)
+    os.lchown(dirs.root, NOBODY, NOBODY)
+    ran = build(dirs)
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    assert f"error: {dirs.root} is a symlink owned by nobody (uid {NOBODY}), not by this user or root, who can point " \
+           "it elsewhere at any time" in ran.stderr and "==> load" not in ran.stderr
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("planted", ["their link to a sticky folder", "a sticky folder"])
+def test_an_inductor_cache_others_can_add_kernels_to_is_refused(dirs, tmp_path, as_root, planted):
+    """Inductor loads a kernel it finds already built under its cache: one in a folder anyone can
+    add to (a link of theirs to /tmp, or a cache folder set to mode 1777) is theirs to plant."""
+    shared = shared_sticky(tmp_path)
+    cache = shared
+    if planted == "their link to a sticky folder":
+        cache = tmp_path / "torchinductor_victim"
+        cache.symlink_to(shared)
+        os.lchown(cache, NOBODY, NOBODY)
+    ran = build(dirs, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    says = (f"{cache} is a symlink owned by nobody (uid {NOBODY})" if cache != shared else
+            f"{shared} can be written by everyone (mode 1777): files another user adds to it would be used as this "
+            "user's own")
+    assert f"error: {says}" in ran.stderr and "torch Inductor's cache folder" in ran.stderr, ran.stderr
+    assert "==> load" not in ran.stderr and list(shared.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["--build-dir", "--dist"])
+@pytest.mark.parametrize("whose", ["theirs", "anyone's (sticky)"])
+def test_a_build_or_dist_folder_another_user_can_write_is_refused(dirs, tmp_path, as_root, flag, whose):
+    """The build reuses the compiled models its cache holds, and the wheels in dist/ are what gets
+    installed and published: a folder another user made first (or anyone can add to) lets them put
+    their own .so into this user's wheels."""
+    folder = dirs.build if flag == "--build-dir" else dirs.dist
+    folder.mkdir(parents=True)
+    if whose == "theirs":
+        os.chmod(folder, 0o777)
+        os.chown(folder, NOBODY, NOBODY)
+        says = f"{folder} is owned by nobody (uid {NOBODY}), not by this user or root"
+    else:
+        os.chmod(folder, 0o1777)
+        says = f"{folder} can be written by everyone (mode 1777)"
+    ran = build(dirs)
+    assert ran.returncode == OutputDirError.exit_code, ran.stderr
+    assert f"error: {flag}: {says}" in ran.stderr, ran.stderr
+    assert f"hint: give {flag} a folder only you (or root) can write" in ran.stderr
+    assert "==> load" not in ran.stderr and list(folder.iterdir()) == [] and not dirs.root.exists()

@@ -19,7 +19,7 @@ import torch
 
 from .outdir import signals_deferred
 from .progress import check_stop
-from .writable import sweep_partials
+from .writable import check_private, sweep_partials
 
 CACHE_VERSION = "1"
 
@@ -61,7 +61,10 @@ class Cache:
         self.reuse = reuse
 
     def has(self, key: str) -> bool:
-        return self.reuse and (self.directory / key).is_dir()
+        if not self.reuse:
+            return False
+        check_private(self.directory, "--build-dir's cache")  # what it holds goes into wheels as it is
+        return (self.directory / key).is_dir()
 
     def restore(self, key: str, output_dir: Path) -> tuple[Path, ...] | None:
         """Copy the entry's files into output_dir; None on a miss."""
@@ -106,6 +109,7 @@ class Cache:
             return None
         check_stop()
         if self.directory.is_dir():
+            check_private(self.directory, "--build-dir's cache")
             sweep_partials(self.directory)
         staged = self.directory / f".{key}.partial-{os.getpid()}"
         try:

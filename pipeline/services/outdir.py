@@ -78,7 +78,7 @@ def claim_inductor_cache() -> Path:
 
 
 def _refuse_untrusted_cache(path: Path) -> None:
-    found = wheel_trust.chain_problem(path)
+    found = wheel_trust.chain_problem(path, private=True)
     if found:
         raise OutputDirError(
             f"{found}: torch Inductor's cache folder, whose kernels the build loads and whose headers it compiles "

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import OutputDirError
+from .templates import wheel_trust
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_ALLOWED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -40,6 +41,18 @@ def check_writable(path: Path, flag: str) -> None:
     except OSError as exc:
         where = "" if existing == path.absolute() else f" (it would be made in {existing})"
         raise OutputDirError(f"{flag} {path}: cannot write there{where}: {exc.strerror}", hint) from exc
+
+
+def check_private(path: Path, flag: str) -> None:
+    """``path`` (where it exists yet) and every folder above it are this user's or root's, and
+    no one else can write ``path`` itself: the build reuses the compiled models its build cache
+    holds and ships the wheels it leaves in dist/, so whoever can write those folders can put
+    their own code into this user's wheels. Checked before any work, and again right before the
+    folder is used (one another user makes in between is theirs)."""
+    found = wheel_trust.chain_problem(path.absolute(), private=True)
+    if found:
+        raise OutputDirError(f"{flag}: {found}; another user could put their own code into this build's wheels; refused",
+                             f"give {flag} a folder only you (or root) can write, or remove the folder named")
 
 
 def write_error(exc: OSError) -> OutputDirError:
