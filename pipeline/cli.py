@@ -250,13 +250,14 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
     from .services import index
 
     if args.action == "stop":
-        progress.say("local index stopped" if index.stop() else "no local index was running")
+        progress.say("local index stopped" if index.stop()
+                     else f"no local index was started from this folder ({index.STATE_DIR.resolve()})")
         return 0
     port = index.DEFAULT_PORT if args.port is None else args.port
     upstreams = {"fallback_url": index.FALLBACK_URL if args.fallback_url is None else args.fallback_url,
                  "torch_url": args.torch_url or index.TORCH_URL}
     if args.action == "serve":
-        index.serve(Path(args.data), port, **upstreams)
+        index.serve(Path(args.data), port, listening_fd=args.listening_fd, **upstreams)
         return 0
     state = index.start(Path(args.data), port, **upstreams)
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import re
 import shutil
 import socket
@@ -230,7 +231,7 @@ def test_credentials_never_appear_in_output(published):
 def test_no_index_configured(tmp_path, tiny_build):
     wheel = next(tiny_build[0].dist.glob("*.whl"))
     ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
-    assert ran.code == 13 and "no package index" in ran.err and "make index" in ran.err
+    assert ran.code == 13 and "no package index" in ran.err and "modelwheel index start" in ran.err
 
 
 def test_matrix_lists_models_and_targets():
@@ -283,6 +284,64 @@ def test_the_local_index_named_by_its_url_takes_the_upload_without_credentials(t
         assert f"{wheel.name}: uploaded to the cpu index" in ran.err
     finally:
         assert run_cli("index", "stop", cwd=tmp_path).code == 0
+
+
+def test_an_index_started_on_a_port_another_index_holds_is_refused(index, tmp_path):
+    """From another folder, `index start` on the port the first index holds: it used to say it
+    started (the other index answered) and leave a state file naming a server that had died."""
+    _, state = index
+    ran = run_cli("index", "start", "--port", str(state["port"]), "--data", str(tmp_path / "data"), cwd=tmp_path)
+    assert ran.code == 13, ran.err
+    assert f"error: the local index cannot listen on 127.0.0.1:{state['port']}: Address already in use" in ran.err
+    assert "hint: another program holds the port (an index started from another folder, too)" in ran.err
+    assert not (tmp_path / "build" / "index" / "state.json").exists()
+    publishing = run_cli("publish", "--wheel", str(tmp_path / "x.whl"), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
+    assert f"no local index started from this folder ({tmp_path / 'build' / 'index'})" in publishing.err
+    stopping = run_cli("index", "stop", cwd=tmp_path)
+    assert stopping.code == 0 and f"no local index was started from this folder ({tmp_path / 'build' / 'index'})" in stopping.err
+
+
+def plant_state(home: Path, url: str, pid: int, mode: int = 0o755) -> None:
+    state_dir = home / "build" / "index"
+    state_dir.mkdir(parents=True)
+    (state_dir / "state.json").write_text(json.dumps({"url": url, "pid": pid, "data": str(home / "data")}))
+    os.chmod(state_dir, mode)
+
+
+def test_a_local_index_state_file_another_user_could_write_is_refused(tiny_build, tmp_path):
+    """build/index/state.json says where wheels go, anonymously: in a folder anyone can write it
+    could send them (and, before, TWINE_PASSWORD on the page check) to a host of theirs."""
+    plant_state(tmp_path, "http://192.0.2.2:46117/", os.getpid(), mode=0o777)
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path,
+                  env={"MODELWHEEL_INDEX_URL": "", "TWINE_USERNAME": "deploy", "TWINE_PASSWORD": "s3cret-789"})
+    state_dir = tmp_path / "build" / "index"
+    assert ran.code == 13, ran.err
+    assert f"error: {state_dir} can be written by everyone (mode 777, no sticky bit): the local index's state file " \
+           "could have been written by another user; refused" in ran.err
+    assert f"hint: remove {state_dir} (and stop any index of yours with kill)" in ran.err
+    assert "s3cret-789" not in ran.out + ran.err and "Traceback" not in ran.err
+
+
+@pytest.mark.parametrize(("url", "pid"), [("http://192.0.2.2:46117/", "an index's"), ("http://127.0.0.1:9/", "1")])
+def test_a_state_file_naming_no_local_index_of_this_tool_is_not_used(tiny_build, tmp_path, index, url, pid):
+    """A URL off this machine, or a pid that is not `pipeline index serve` (a stale file whose pid
+    another process has since): no local index, so nothing is sent and `index stop` kills nothing."""
+    plant_state(tmp_path, url, index[1]["pid"] if pid == "an index's" else int(pid))
+    wheel = next(tiny_build[0].dist.glob("*.whl"))
+    ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
+    assert ran.code == 13 and "no local index started from this folder" in ran.err, ran.err
+    assert run_cli("index", "stop", cwd=tmp_path).code == 0
+    os.kill(index[1]["pid"], 0)  # the real index still runs
+
+
+def test_the_local_index_is_never_sent_twine_credentials(monkeypatch):
+    from pipeline.stages.publish import _authorized_request
+
+    monkeypatch.setenv("TWINE_USERNAME", "deploy")
+    monkeypatch.setenv("TWINE_PASSWORD", "s3cret")
+    assert _authorized_request("http://127.0.0.1:8765/cpu/simple/x/", None, anonymous=True).get_header("Authorization") is None
+    assert _authorized_request("https://example.org/simple/x/", None).get_header("Authorization").startswith("Basic ")
 
 
 def test_publish_and_matrix_import_neither_torch_nor_numpy(tmp_path):
@@ -437,7 +496,7 @@ def test_an_unreachable_index_is_named_in_one_line(tiny_build, tmp_path, index_i
     reasons = (r"\[Errno 111\] Connection refused" if index_is == "closed port" else
                r"Connection reset by peer|Remote end closed connection without response|Broken pipe")
     assert re.search(rf"error: cannot reach http://127\.0\.0\.1:{port}/cpu/: (?:{reasons})\n", ran.err), ran.err
-    assert "hint: is the index running? (`make index`) / check the URL" in ran.err
+    assert "hint: is the index running? (`modelwheel index start`, or `make index` in a checkout) / check the URL" in ran.err
     assert "Traceback" not in ran.err and "credentials" not in ran.err and "pw-secret-789" not in ran.err
 
 

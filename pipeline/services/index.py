@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import IndexServerError
+from .templates import wheel_trust
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
 DEFAULT_PORT = 8765
@@ -64,16 +66,30 @@ def make_app(data_dir: Path, fallback_url: str = FALLBACK_URL, torch_url: str = 
     return dispatch
 
 
-def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL) -> None:
+def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL,
+          listening_fd: int | None = None) -> None:
+    """In the foreground: on ``port``, or on the socket ``start`` bound and handed over."""
     import waitress
 
-    waitress.serve(make_app(data_dir, fallback_url, torch_url), host="127.0.0.1", port=port, threads=4, _quiet=True)
+    where = ({"sockets": [socket.socket(fileno=listening_fd)]} if listening_fd is not None
+             else {"host": "127.0.0.1", "port": port})
+    waitress.serve(make_app(data_dir, fallback_url, torch_url), threads=4, _quiet=True, **where)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _listen(port: int) -> socket.socket:
+    """127.0.0.1:port bound here, so a port another program (another index too) holds is refused
+    now, before the server starts, and port 0 gets a free port no one can take in between."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress binds: a closed index's TIME_WAIT is no obstacle
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise IndexServerError(f"the local index cannot listen on 127.0.0.1:{port}: {exc.strerror}",
+                               "another program holds the port (an index started from another folder, too): "
+                               "choose another with --port, or --port 0 for a free one") from None
+    return sock
 
 
 def _answers(url: str) -> bool:
@@ -84,17 +100,43 @@ def _answers(url: str) -> bool:
         return False
 
 
+LOCAL_URL = re.compile(r"^http://127\.0\.0\.1:\d{1,5}/$")
+
+
 def read_state(state_dir: Path = STATE_DIR) -> dict | None:
-    """The running local index ({url, pid, data}), or None when none is running."""
+    """The running local index ({url, pid, data}), or None when none is running. The state file
+    says where wheels go anonymously and which process `index stop` ends: one another user could
+    have written is refused, as is one naming anything but an index on 127.0.0.1."""
     state_file = state_dir / "state.json"
     if not state_file.is_file():
         return None
+    found = wheel_trust.chain_problem(state_dir.absolute(), private=True) or _file_problem(state_file)
+    if found:
+        raise IndexServerError(f"{found}: the local index's state file could have been written by another user; refused",
+                               f"remove {state_dir.absolute()} (and stop any index of yours with kill), then "
+                               "`modelwheel index start`")
     state = json.loads(state_file.read_text())
-    try:
-        os.kill(state["pid"], 0)
-    except OSError:
-        return None
+    if not LOCAL_URL.match(str(state.get("url"))) or not _is_index_process(state.get("pid")):
+        return None  # not this tool's index on this machine, or one that is gone (its pid maybe taken since)
     return state
+
+
+def _file_problem(path: Path) -> str | None:
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or info.st_uid not in {0, os.geteuid()} or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is not a plain file of this user's that only they can write (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _is_index_process(pid: object) -> bool:
+    """``pid`` is a live `pipeline index serve` (the kernel's record of its command line, not the file's word)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return command[1:5] == [b"-m", b"pipeline", b"index", b"serve"]
 
 
 def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: str = FALLBACK_URL,
@@ -102,24 +144,23 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: 
     running = read_state(state_dir)
     if running:
         return running
-    port = port or _free_port()
     state_dir.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = (state_dir / "server.log").open("ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "index", "serve", "--port", str(port), "--data", str(data_dir),
-         "--fallback-url", fallback_url, "--torch-url", torch_url],
-        stdout=log, stderr=log, start_new_session=True,
-    )
+    listening = _listen(port)
+    port = listening.getsockname()[1]
+    with listening, (state_dir / "server.log").open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "index", "serve", "--listening-fd", str(listening.fileno()),
+             "--data", str(data_dir), "--fallback-url", fallback_url, "--torch-url", torch_url],
+            stdout=log, stderr=log, start_new_session=True, pass_fds=(listening.fileno(),),
+        )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 30
     while not _answers(url):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise IndexServerError(
-                f"the local index did not start on port {port} (see {state_dir / 'server.log'})",
-                "another program may hold the port: choose another with --port",
-            )
+            raise IndexServerError(f"the local index did not start on port {port}",
+                                   f"its log says why: {state_dir / 'server.log'}")
         time.sleep(0.2)
     state = {"url": url, "pid": process.pid, "data": str(data_dir.resolve()), "port": port,
              "fallback_url": fallback_url, "torch_url": torch_url}

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
 from ..services import proc
-from ..services.index import read_state
+from ..services.index import STATE_DIR, read_state
 from ..services.templates import wheel_integrity, wheel_targets
 from .wheel_check import read_manifest
 
@@ -51,7 +51,7 @@ HTTP_STATUS_RE = re.compile(r"\bHTTPError:\s+\d{3}\b")
 # twine --non-interactive with no username (or password) from the environment, the URL or a keyring.
 NO_CREDENTIAL_RE = re.compile(r"Credential not found for (username|password)")
 INSECURE_HINT = "use https, or pass --allow-insecure-http if this network is trusted"
-UNREACHABLE_HINT = "is the index running? (`make index`) / check the URL"
+UNREACHABLE_HINT = "is the index running? (`modelwheel index start`, or `make index` in a checkout) / check the URL"
 NO_CREDENTIAL_HINT = ("set TWINE_USERNAME and TWINE_PASSWORD (the release workflow reads them from the secrets "
                       "MODELWHEEL_INDEX_USERNAME and MODELWHEEL_INDEX_PASSWORD), or give them in the index URL "
                       "or a ~/.pypirc --repository")
@@ -174,8 +174,9 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
                      allow_insecure_http=allow_insecure_http)
     if state is None:
         raise IndexServerError(
-            "no package index: none given and no local index running",
-            f"start the local one with `make index`, or set {INDEX_ENV} (and TWINE_USERNAME/TWINE_PASSWORD) for another",
+            f"no package index: none given, and no local index started from this folder ({STATE_DIR.resolve()})",
+            "start the local one here with `modelwheel index start` (`make index` in a checkout), give its URL with "
+            f"--index, or set {INDEX_ENV} (and TWINE_USERNAME/TWINE_PASSWORD) for another",
         )
     return Index(upload=state["url"], simple=state["url"] + "{target}/simple/", local=True)
 
@@ -200,7 +201,8 @@ def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None
 def _get(url: str, index: Index) -> bytes:
     """GET ``url`` from the index (its simple page, or a file); errors the user can act on."""
     try:
-        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials), timeout=30) as response:
+        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials, anonymous=index.local),
+                                timeout=30) as response:
             return response.read()
     except urllib.error.HTTPError:
         raise
@@ -231,9 +233,12 @@ class _KeepRedirects(urllib.request.HTTPRedirectHandler):
 _NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
 
 
-def _authorized_request(url: str, credentials: Credentials | None) -> urllib.request.Request:
-    """A GET for ``url`` (no userinfo) with Basic auth from the URL's credentials, else TWINE_USERNAME/TWINE_PASSWORD."""
+def _authorized_request(url: str, credentials: Credentials | None, anonymous: bool = False) -> urllib.request.Request:
+    """A GET for ``url`` (no userinfo) with Basic auth from the URL's credentials, else
+    TWINE_USERNAME/TWINE_PASSWORD; ``anonymous`` (the local index, which asks for none): neither."""
     request = urllib.request.Request(url)
+    if anonymous:
+        return request
     credentials = credentials or Credentials.from_environment()
     if credentials is not None:
         token = base64.b64encode(f"{credentials.username}:{credentials.password}".encode()).decode()
