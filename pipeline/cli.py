@@ -152,7 +152,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         return _run_build(_checkpoint_spec(args), args, progress)  # --version and --name are in its spec
     if not args.spec:
         raise UsageError("give --spec PATH, or --hf DIR for a save_pretrained folder",
-                         "e.g. modelwheel build --spec models/unet/spec.toml, or modelwheel build --hf ./my-vit "
+                         "e.g. modelwheel build --spec my_model/spec.toml, or modelwheel build --hf ./my-vit "
                          "--task image-classification --name my_vit --version 1.0")
     if isinstance(args.spec, list) and len(args.spec) > 1:
         return _build_many(args, progress)
@@ -229,7 +229,8 @@ def _checkpoint_spec(args: argparse.Namespace):
 def _spec_from(args: argparse.Namespace):
     if bool(args.model) == bool(args.spec):
         raise UsageError(
-            "give a model name or --spec PATH (one of them)", f"e.g. modelwheel {args.command} --spec models/unet/spec.toml"
+            "give a model name or --spec PATH (one of them)",
+            f"e.g. modelwheel {args.command} --spec my_model/spec.toml, or make {args.command} MODEL=unet in a checkout",
         )
     return load_spec(args.spec or Path("models") / args.model / "spec.toml")
 

@@ -145,7 +145,7 @@ def read_spec_toml(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if spec_path.is_dir():
         spec_path = spec_path / "spec.toml"
     if not spec_path.is_file():
-        raise SpecError(f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml (e.g. models/unet/spec.toml)")
+        raise SpecError(f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml, or the folder that holds it")
     try:
         # utf-8-sig: a byte-order mark (Windows editors write one) is read past, not a TOML error
         return spec_path, tomllib.loads(spec_path.read_text(encoding="utf-8-sig"))
@@ -206,7 +206,9 @@ def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: 
         spec = Spec.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(f"{_key(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise SpecError(f"--version/--weights: {problems}", "give a PEP 440 version and a .safetensors file") from exc
+        given = [flag for flag, value in (("--version", version), ("--weights", weights)) if value is not None]
+        fixes = {"--version": "a PEP 440 version without a '+' part (e.g. 1.3)", "--weights": "a .safetensors file"}
+        raise SpecError(f"{'/'.join(given)}: {problems}", f"give {' and '.join(fixes[flag] for flag in given)}") from exc
     overridden = SpecFile(path=spec_file.path, spec=spec)
     if overridden.weights_path is not None and not overridden.weights_path.is_file():
         raise SpecError(f"--weights: {weights} {_not_a_file(overridden.weights_path)}",

@@ -70,6 +70,21 @@ def test_factory_that_exits_is_refused(tmp_path, code):
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
 
 
+@pytest.mark.parametrize(("raised", "hint"), [
+    ("RuntimeError('weights server unreachable')",
+     "fix the error at the line given (the factory was called with the spec's [model.kwargs])"),
+    ("TypeError(\"build() got an unexpected keyword argument 'width'\")", "check model.kwargs against the factory's parameters"),
+])
+def test_a_factory_that_raises_gets_a_hint_for_its_kind_of_error(tmp_path, raised, hint):
+    """The hint used to send every error to model.kwargs, even one the factory raised on its own."""
+    ran = factory_fault(tmp_path, f"def build(channels=8):\n    raise {raised}\n")
+    assert ran.code == ModelLoadError.exit_code, ran.err
+    assert f"faulty:build(**model.kwargs) raised {raised.split('(')[0]}: " in ran.err, ran.err
+    assert f"(at {tmp_path / 'spec' / 'faulty.py'}:2)" in ran.err
+    assert f"hint: {hint}" in ran.err and "Traceback" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
 # -- inputs that do not fit the model ----------------------------------------------------
 
 T_INPUT = '[[inputs]]\nname = "t"\nshape = ["batch"]\nlow = 0\nhigh = 1000\n'

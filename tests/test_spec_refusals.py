@@ -57,6 +57,18 @@ def test_invalid_version_names_file_and_key(tmp_path):
     assert "key 'model.version'" in message and "PEP 440" in message
 
 
+@pytest.mark.parametrize(("version", "says"), [("banana", "'banana' is not a PEP 440 version"),
+                                              ("0.1+local", "must not carry a local label")])
+def test_a_bad_version_flag_is_named_alone(tmp_path, version, says):
+    """--version alone: the message and hint used to speak of --weights and a .safetensors file too."""
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--version", version, "--root", str(tmp_path / "opt"),
+                  "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert f"error: --version: model.version: {says}" in ran.err, ran.err
+    assert "hint: give a PEP 440 version without a '+' part (e.g. 1.3)\n" in ran.err and "safetensors" not in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
+
+
 def test_shipped_specs_keep_their_version_spelling():
     """Spec hashes feed the cache keys: a version that was already normal is kept as written, so
     the spec dumps (and hashes) exactly as before normalising."""

@@ -122,6 +122,16 @@ def missing_package(exc: BaseException | None) -> str | None:
     return None
 
 
+def _factory_hint(exc: Exception, has_kwargs: bool) -> str:
+    """A TypeError at the call is most often a kwarg the factory does not take; anything else is
+    the factory's own error, at the line the message gives."""
+    if not has_kwargs:
+        return "the factory was called with no arguments (the spec has no [model.kwargs]): fix the error at the line given"
+    if isinstance(exc, TypeError):
+        return "check model.kwargs against the factory's parameters"
+    return "fix the error at the line given (the factory was called with the spec's [model.kwargs])"
+
+
 def _missing_package_error(what: str, package: str, exc: BaseException) -> ModelLoadError:
     where = _where(exc)
     said = " ".join(str(exc).split())[:300]
@@ -272,8 +282,7 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
         raise ModelLoadError(
             f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) raised "
             f"{_describe(exc)}{f' (at {where})' if where else ''}",
-            "check model.kwargs against the factory's parameters" if spec.model.kwargs else
-            "the factory was called with no arguments (the spec has no [model.kwargs]): fix the error at the line given",
+            _factory_hint(exc, bool(spec.model.kwargs)),
         ) from exc
     if not isinstance(module, torch.nn.Module):
         raise ModelLoadError(
