@@ -32,4 +32,4 @@ def load_eager() -> Any:
     return run
 
 
-app = create_app(wheel.LazyModel(load_eager), [spec["name"] for spec in wheel.manifest()["inputs"]], slots=MODEL_SLOTS)
+app = create_app(wheel.LazyModel(load_eager), slots=MODEL_SLOTS)

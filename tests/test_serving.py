@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import importlib.util
+import io
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
-import json
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -191,6 +194,59 @@ def test_bad_requests_get_the_runtimes_message_and_the_server_keeps_serving(uvic
     assert_matches_eager(after, asyncio.run(client.load_test(uvicorn_url + route, after, 4, LOAD_TIMEOUT_S)), wheel)
 
 
+def npz_body(save, **arrays) -> bytes:
+    buffer = io.BytesIO()
+    save(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_bodies_that_are_no_request_are_refused_before_they_are_unpacked(uvicorn_url, wheel):
+    """Not an .npz (JSON, a bare .npy), a body over the largest request the model takes, or a small
+    compressed .npz that would unpack to 400 times its size: 400 or 413 saying what was wrong, and
+    nothing is unpacked for the last two (before, the server's memory grew by the unpacked size)."""
+    npy = io.BytesIO()
+    np.save(npy, np.zeros((1, 3, 8, 8), np.float32))
+    largest = 4 * 3 * 8 * 8 * 4 + 4 * 4  # batch max 4: x float32 (4, 3, 8, 8) and t float32 (4,); + 4096 for the .npz's own
+    bomb = npz_body(np.savez_compressed, x=np.zeros((4000, 3, 8, 8), np.float32), t=np.zeros(4000, np.float32))
+    assert len(bomb) < largest + 4096  # within the body limit: only unpacking would pass it
+    cases = [
+        (b'{"x": [[1.0]], "t": [1.0]}', 400, "the body must be an .npz file (numpy.savez), one array per input named as "
+                                              "the model's inputs ['x', 't']"),
+        (npy.getvalue(), 400, "the body must be an .npz file (numpy.savez)"),
+        (b"PK" + bytes(largest + 8192), 413, f"the body is over the {largest + 4096} bytes of the largest request"),
+        (bomb, 413, f"the arrays unpack to 3088256 bytes, over the {largest + 4096} of the largest request the model takes"),
+    ]
+    for route in ("/predict", "/predict/batched"):
+        for body, status, says in cases:
+            answer = httpx.post(uvicorn_url + route, content=body, timeout=30)
+            assert answer.status_code == status and answer.json()["detail"].startswith(says), answer.text
+    good = requests_of(4, seed=9)
+    assert_matches_eager(good, asyncio.run(client.load_test(uvicorn_url + "/predict", good, 4, LOAD_TIMEOUT_S)), wheel)
+
+
+def test_the_client_reports_an_error_answer_that_is_not_json():
+    """A crash's 500 from uvicorn is plain text, a proxy's 502 HTML: the load goes on, and the answer
+    says what came back (it used to end the whole load in a JSONDecodeError)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(502)
+            self.end_headers()
+            self.wfile.write(b"<html>bad gateway</html>")
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+        answers = asyncio.run(client.load_test(url, requests_of(3, seed=1), 2, LOAD_TIMEOUT_S))
+    finally:
+        httpd.shutdown()
+    assert [(a.status, a.detail) for a in answers] == [(502, "<html>bad gateway</html>")] * 3
+
+
 FORK_CHECK = """
 import os, numpy as np, model_tiny
 lazy = model_tiny.lazy_load(numpy=True)
@@ -214,7 +270,7 @@ def test_a_lazy_model_loaded_before_fork_runs_in_the_child(served_python, tmp_pa
 
 
 BATCHER_CHECK = """
-import asyncio, numpy as np, model_tiny
+import asyncio, json, numpy as np, model_tiny
 model = model_tiny.load_numpy()
 calls = []
 def counted(*inputs):
@@ -230,7 +286,12 @@ for request, (features, logits) in zip(requests, answers):
     alone = model(*request)
     np.testing.assert_allclose(features, alone[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(logits, alone[1], rtol=1e-5, atol=1e-6)
-print(calls)
+batched = list(calls)
+calls.clear()
+listed = [(rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [3, 3, 1, 1]]
+for request, (features, logits) in zip(listed, model_tiny.run_batch(counted, listed)):
+    np.testing.assert_allclose(logits, model(*request)[1], rtol=1e-5, atol=1e-6)
+print(json.dumps({"batched": batched, "listed": calls}))
 """
 
 
@@ -239,8 +300,10 @@ def test_the_batcher_joins_concurrent_requests_up_to_the_batch_max(served_python
                           timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     calls = json.loads(done.stdout)
-    # 15 samples within one wait budget: calls of at most 4 (the built max), requests never split
-    assert sum(calls) == 15 and max(calls) == 4 and len(calls) < 8, calls
+    # 15 samples within one wait budget: calls of at most 4 (the built max), requests never split,
+    # each joining the first call with room (first fit): 4 calls, where filling calls in turn made 5
+    assert sum(calls["batched"]) == 15 and max(calls["batched"]) == 4 and len(calls["batched"]) == 4, calls
+    assert calls["listed"] == [4, 4], calls  # run_batch on sizes 3, 3, 1, 1: two calls, not 3 + 4 + 1
 
 
 THREADS_CHECK = """
@@ -290,13 +353,26 @@ def test_the_app_with_two_call_slots_answers_a_load_as_eager_does(served_python,
         assert httpx.get(url + "/health", timeout=10).json()["slots"] == 2
 
 
-@pytest.mark.parametrize("slots", ["two", "0", "²"])  # "²" is a digit to str.isdigit, not to int()
-def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python, slots):
-    cmd = [str(served_python), "-m", "uvicorn", "app:app", "--port", str(free_port())]
-    done = subprocess.run(cmd, cwd=SERVING, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": slots})
-    assert done.returncode != 0
-    assert f"error: MODEL_SLOTS={slots!r}: expected a whole number of concurrent calls, 1 or more" in done.stderr + done.stdout
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("slots", ["two", "0", "²", "999"])  # "²" is a digit to str.isdigit, not to int()
+def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python, slots, workers, tmp_path):
+    """With --workers 2 uvicorn's supervisor started each failed worker again, forever: exit code 3
+    (a worker that failed to boot, to uvicorn and gunicorn alike) stops it."""
+    cmd = [str(served_python), "-m", "uvicorn", "app:app", "--port", str(free_port()), "--workers", workers]
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, cwd=SERVING, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": slots})
+    try:
+        code = process.wait(timeout=60)
+    finally:
+        _stop(process)
+    said = log.read_text()
+    cores = len(os.sched_getaffinity(0))
+    assert said.count("error: MODEL_SLOTS=") == int(workers), said  # each worker once, none started again
+    # one worker: the app's exit code; under the supervisor, uvicorn's own (0 after it stops itself)
+    assert code == 3 if workers == "1" else "failed to start, stopping the parent process" in said, said
+    assert f"error: MODEL_SLOTS={slots!r}: expected a whole number of concurrent calls, from 1 to the {cores} cores" in said
 
 
 THREADS_FORK_CHECK = """

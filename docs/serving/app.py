@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -22,16 +23,19 @@ wheel = importlib.import_module(MODEL_PACKAGE)
 
 
 def call_slots(value: str) -> int:
-    if not value.isdecimal() or int(value) < 1:  # isdecimal: exactly the digits int() reads
-        raise SystemExit(f"error: MODEL_SLOTS={value!r}: expected a whole number of concurrent calls, 1 or more "
-                         "(unset, it is 1; docs/serving.md: One process, several threads)")
+    cores = len(os.sched_getaffinity(0))
+    if not value.isdecimal() or not 1 <= int(value) <= cores:  # isdecimal: exactly the digits int() reads
+        print(f"error: MODEL_SLOTS={value!r}: expected a whole number of concurrent calls, from 1 to the {cores} "
+              "cores this process may use (unset, it is 1; docs/serving.md: One process, several threads)", file=sys.stderr)
+        # 3: "a worker failed to boot" to uvicorn's and gunicorn's supervisors, which then stop instead of starting it again
+        raise SystemExit(3)
     return int(value)
 
 
 MODEL_SLOTS = call_slots(os.environ.get("MODEL_SLOTS", "1"))
 
 
-def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005, slots: int = 1) -> FastAPI:
+def create_app(model: Any, max_wait_s: float = 0.005, slots: int = 1) -> FastAPI:
     """The routes, around any callable taking and returning numpy arrays (a LazyModel here;
     benchmarks/serve_bench.py passes eager PyTorch the same way), ``slots`` calls at a time."""
     app = FastAPI()
@@ -46,7 +50,7 @@ def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005, sl
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:
-        inputs = await _read_inputs(request, input_names)
+        inputs = await _read_inputs(request)
         try:
             wheel.check_request(inputs)  # the runtime's own message for a bad request, as a 422
         except ValueError as exc:
@@ -56,7 +60,7 @@ def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005, sl
 
     @app.post("/predict/batched")
     async def predict_batched(request: Request) -> Response:
-        inputs = await _read_inputs(request, input_names)
+        inputs = await _read_inputs(request)
         try:
             outputs = await batcher(*inputs)  # checks the request alone, then joins a batch
         except ValueError as exc:
@@ -66,15 +70,20 @@ def create_app(model: Any, input_names: list[str], max_wait_s: float = 0.005, sl
     return app
 
 
-async def _read_inputs(request: Request, input_names: list[str]) -> list[np.ndarray]:
+# The largest request body the model takes: a server reads no further (wheel.read_npz refuses it).
+MAX_BODY_BYTES = wheel.max_request_bytes()
+
+
+async def _read_inputs(request: Request) -> list[np.ndarray]:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            break
     try:
-        with np.load(io.BytesIO(await request.body()), allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-    except Exception as exc:  # not an .npz file, or a damaged one
-        raise HTTPException(400, f"the body must be an .npz file (numpy.savez): {exc}") from None
-    if sorted(arrays) != sorted(input_names):
-        raise HTTPException(422, f"expected arrays named {input_names}, got {sorted(arrays)}")
-    return [arrays[name] for name in input_names]
+        return wheel.read_npz(bytes(body))  # 400 not an .npz, 413 too large, 422 not named as the inputs
+    except wheel.RequestError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
 
 
 OUTPUT_NAMES = [spec["name"] for spec in wheel.manifest()["outputs"]]
@@ -89,5 +98,4 @@ def _npz_response(outputs: Any) -> Response:
 
 # Made before uvicorn (or gunicorn) starts its workers; each worker opens its own model on its
 # first request. OMP_NUM_THREADS sets each model's threads (docs/serving.md).
-app = create_app(wheel.lazy_load(num_models=MODEL_SLOTS, numpy=True), [spec["name"] for spec in wheel.manifest()["inputs"]],
-                 slots=MODEL_SLOTS)
+app = create_app(wheel.lazy_load(num_models=MODEL_SLOTS, numpy=True), slots=MODEL_SLOTS)

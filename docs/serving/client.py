@@ -40,12 +40,17 @@ async def post(client: httpx.AsyncClient, url: str, inputs: dict[str, np.ndarray
     latency = time.perf_counter() - started
     if response.status_code == 200:
         return Answer(200, decode(response.content), "", latency, response.headers.get("x-worker-pid"))
-    return Answer(response.status_code, None, response.json().get("detail", response.text), latency, None)
+    try:  # the app's errors are JSON ({"detail": ...}); a crash's or a proxy's may be any text
+        detail = str(response.json().get("detail", response.text))
+    except (ValueError, AttributeError):
+        detail = response.text
+    return Answer(response.status_code, None, detail, latency, None)
 
 
 async def load_test(url: str, requests: Sequence[dict[str, np.ndarray]], concurrency: int,
                     timeout_s: float = 60.0, keep_alive: bool = True) -> list[Answer]:
     """Send every request, at most ``concurrency`` at a time; answers in the requests' order.
+    ``timeout_s`` bounds the whole load, not each request: give it room for all of them.
     ``keep_alive=False`` opens a connection per request, so a multi-worker server spreads them."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency if keep_alive else 0)
     gate = asyncio.Semaphore(concurrency)
@@ -62,7 +67,8 @@ async def paced_load(url: str, requests: Sequence[dict[str, np.ndarray]], rate_p
     """Send the requests at ``rate_per_s`` on average, at random times (a Poisson process drawn
     from ``seed``), each when its time comes whatever the answers do, as independent users
     would; answers in the requests' order. A server slower than the rate makes requests queue,
-    so each latency counts from the request's scheduled time, queueing included."""
+    so each latency counts from the request's scheduled time, queueing included. ``timeout_s``
+    bounds the whole load, as in ``load_test``."""
     arrivals = arrival_times(len(requests), rate_per_s, seed)
     loop = asyncio.get_running_loop()
     start = loop.time()

@@ -28,7 +28,8 @@ _TORCH_SIDE = {
     "GoldenMismatch": "._golden", "WeightsMismatch": "._weights", "NumpyModel": "._native",
 }
 # the serving helpers (docs/serving.md): they import asyncio, and torch or numpy only when called
-_SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "ModelThreads", "check_request", "max_batch", "run_batch")}
+_SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "ModelThreads", "RequestError", "check_request",
+                                                 "max_batch", "max_request_bytes", "read_npz", "run_batch")}
 
 __all__ = [
     "ArtifactLinkWarning",
@@ -42,6 +43,7 @@ __all__ = [
     "ModelThreads",
     "NativeRuntimeError",
     "NumpyModel",
+    "RequestError",
     "UntrustedPathWarning",
     "WeightsMismatch",
     "check_request",
@@ -51,6 +53,8 @@ __all__ = [
     "load_numpy",
     "manifest",
     "max_batch",
+    "max_request_bytes",
+    "read_npz",
     "run_batch",
     "verify",
 ]

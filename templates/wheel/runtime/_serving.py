@@ -7,10 +7,12 @@ function that needs it, on first use (numpy arrays from ``load_numpy()``, tensor
   (gunicorn, or uvicorn under gunicorn with ``--preload``) may create it before the fork: the
   model itself is opened in each worker, never shared across a fork (OpenMP's thread pool and
   the model's locks do not survive one).
+- ``read_npz`` reads one request's arrays from an .npz body, refusing (``RequestError``, with
+  its HTTP status) a body that is no .npz or is over what the model takes, before unpacking it.
 - ``check_request`` refuses one request with the runtime's own ``ValueError`` before it joins
   a batch, so a bad request fails alone and the others in its batch still run.
-- ``run_batch`` runs many requests as few calls: inputs concatenated along the batch axis, in
-  groups of at most the built batch max, outputs split back per request. It is what a Ray Serve
+- ``run_batch`` runs many requests in few calls: inputs concatenated along the batch axis, in
+  groups of at most the built batch max (first fit), outputs split back per request. It is what a Ray Serve
   ``@serve.batch`` method calls with the list Ray collected.
 - ``ModelThreads`` runs an asyncio server's model calls on threads of the model's own, the same
   ones every time (one by default), so the model's OpenMP threads keep up their speed.
@@ -96,6 +98,67 @@ def max_batch() -> int:
     return _batch_range()[1]
 
 
+# Bytes per element by the manifest's dtype names; a dtype not listed counts as 16, the most any takes.
+_ITEM_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
+               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+_NPZ_OVERHEAD = 4096  # an .npz file's own bytes beside its arrays: .npy headers and zip records
+
+
+class RequestError(ValueError):
+    """A request body a server refuses, with the HTTP status to answer: 400 (not an .npz file),
+    413 (larger than the largest request the model takes), 422 (arrays not named as the inputs)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def max_request_bytes() -> int:
+    """The bytes of the largest request body the model takes: an .npz of every input at each
+    dim's max. A server reads no further (docs/serving/app.py); ``read_npz`` refuses more."""
+    m = manifest()
+    total = _NPZ_OVERHEAD
+    for spec in m["inputs"]:
+        count = 1
+        for axis in spec["shape"]:
+            count *= m["dims"][axis]["max"] if isinstance(axis, str) else int(axis)
+        total += count * _ITEM_BYTES.get(spec["dtype"], 16)
+    return total
+
+
+def read_npz(body: bytes) -> list[Any]:
+    """One request's numpy arrays, in the model's input order, from an .npz body (numpy.savez: an
+    array per input, named as the model's inputs). Refused with ``RequestError`` before anything
+    is unpacked where the body, or what it would unpack to, is over ``max_request_bytes()`` (a
+    small compressed file can hold a huge array); pickled objects are never loaded."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    names = [spec["name"] for spec in manifest()["inputs"]]
+    limit = max_request_bytes()
+    if len(body) > limit:
+        raise RequestError(413, f"the body is over the {limit} bytes of the largest request the model takes")
+    if not body.startswith(b"PK"):  # an .npz file is a zip file
+        raise RequestError(400, f"the body must be an .npz file (numpy.savez), one array per input named as the "
+                                f"model's inputs {names}")
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as npz:
+            unpacked = sum(info.file_size for info in npz.zip.infolist())
+            if unpacked > limit:
+                raise RequestError(413, f"the arrays unpack to {unpacked} bytes, over the {limit} of the largest "
+                                        "request the model takes")
+            arrays = {name: npz[name] for name in npz.files}
+    except RequestError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # a damaged .npz, or a member that is no array
+        raise RequestError(400, f"the body is not a readable .npz file (numpy.savez): {exc}") from None
+    if sorted(arrays) != sorted(names):
+        raise RequestError(422, f"expected arrays named {names}, got {sorted(arrays)}")
+    return [arrays[name] for name in names]
+
+
 def _batch_range() -> tuple[str, int]:
     m = manifest()
     first_axis = m["inputs"][0]["shape"][0]
@@ -134,21 +197,26 @@ def _concat(parts: Sequence[Any]) -> Any:
 
 
 def _groups(requests: Sequence[Request], limit: int) -> list[list[int]]:
-    """Request indexes in order, grouped so each group's batches add up to at most ``limit``."""
+    """Request indexes grouped so each group's batches add up to at most ``limit``: each request
+    joins the first group with room for it (first fit: sizes 3, 3, 1, 1 under 4 make two calls,
+    not the three that filling groups in turn makes), in arrival order within a group."""
     groups: list[list[int]] = []
-    filled = limit  # start a new group at the first request
+    filled: list[int] = []
     for index, request in enumerate(requests):
         size = len(request[0])
-        if filled + size > limit:
+        room = next((g for g, used in enumerate(filled) if used + size <= limit), None)
+        if room is None:
             groups.append([])
-            filled = 0
-        groups[-1].append(index)
-        filled += size
+            filled.append(0)
+            room = len(groups) - 1
+        groups[room].append(index)
+        filled[room] += size
     return groups
 
 
 def run_batch(model: Callable[..., Outputs], requests: Sequence[Request], limit: int | None = None) -> list[Outputs]:
-    """Each request's outputs, computed in as few calls of ``model`` as the batch max allows.
+    """Each request's outputs, computed in few calls of ``model``: each request joins the first
+    call with room for it under the batch max (first fit).
 
     Every request must already pass ``check_request`` (so none exceeds the batch max). Requests
     are never split across calls; ``limit`` (default: the built batch max) caps a call's batch."""
@@ -205,8 +273,9 @@ class DynamicBatcher:
         return sum(len(request[0]) for request, _ in self._pending)
 
     async def _collect(self) -> list[tuple[Request, asyncio.Future[Outputs]]]:
-        """The next batch: from the first waiting request, whatever arrives within the wait
-        budget, up to the batch max (the rest waits for the next batch)."""
+        """The next batch: the first waiting request, and of whatever arrives within the wait
+        budget each that still fits under the batch max, in arrival order (first fit: a later,
+        smaller request may join ahead of a larger one that does not fit; the rest wait)."""
         assert self._arrived is not None
         while not self._pending:
             self._arrived.clear()
@@ -221,12 +290,15 @@ class DynamicBatcher:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except asyncio.TimeoutError:
                 break
-        take, filled = 0, 0
-        for request, _ in self._pending:
-            if take and filled + len(request[0]) > self.limit:
-                break
-            take, filled = take + 1, filled + len(request[0])
-        batch, self._pending = self._pending[:take], self._pending[take:]
+        batch, waiting, filled = [], [], 0
+        for entry in self._pending:
+            size = len(entry[0][0])
+            if not batch or filled + size <= self.limit:
+                batch.append(entry)
+                filled += size
+            else:
+                waiting.append(entry)
+        self._pending = waiting
         return batch
 
     async def _serve(self) -> None:
