@@ -231,11 +231,21 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
 
 
 def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_path):
-    """numpy and safetensors are imported where they are used: with neither installed (pip install
-    --no-deps), import and load() work, and load_numpy() and verify name the package to install."""
+    """numpy, safetensors and filelock are imported where they are used: with none installed (pip
+    install --no-deps), import and load() work, and load_numpy() and verify name the package to
+    install; with not even torch, `info` works and `verify` says how to get the torch it pins."""
     python = make_venv(tmp_path / "env")
     pip_install(python, "--no-deps", str(wheel))
-    pip_install(python, f"torch=={importlib.metadata.version('torch')}", "filelock")
+    bare = run_in(python, "import model_tiny; print(model_tiny.__version__)")
+    assert bare.returncode == 0 and bare.stdout.strip().startswith("0.1+cpu.torch"), bare.stderr
+    version = bare.stdout.strip()
+    info = subprocess.run([str(python.parent / "model-tiny"), "info"], capture_output=True, text=True)
+    assert info.returncode == 0 and json.loads(info.stdout)["full_version"] == version, info.stderr
+    no_torch = subprocess.run([str(python.parent / "model-tiny"), "verify"], capture_output=True, text=True)
+    assert no_torch.returncode == 6 and "Traceback" not in no_torch.stderr, no_torch.stderr
+    assert no_torch.stderr == (f"error: model-tiny verify needs torch, which is not installed here: pip install "
+                               f"model-tiny=={version} again, without --no-deps, for the torch it pins\n")
+    pip_install(python, f"torch=={importlib.metadata.version('torch')}")  # (torch brings filelock)
     assert run_in(python, "import numpy").returncode != 0 and run_in(python, "import safetensors").returncode != 0
     ran = run_in(python, "import model_tiny; m = model_tiny.load(); print(m(*model_tiny.example_inputs())[1].shape)")
     assert ran.returncode == 0, ran.stderr

@@ -11,11 +11,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
+from ._deps import require
 from ._trust import FILE_MODE, UntrustedPath, check_chain, make_folders
 
 LOCK_TIMEOUT_S = 60
+
+
+def _lock(link: Path):
+    """The file lock beside ``link``. filelock is imported here, not with the package: a CPU wheel
+    makes no link, so `import model_x` works in an install without it (pip --no-deps)."""
+    filelock = require("filelock", "filelock", "the /opt link (a CUDA wheel's load, `model-x link`)")
+    return filelock.FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
 
 
 def points_to(link: Path, target: Path) -> bool:
@@ -35,7 +41,7 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
     try:
         make_folders(link.parent)
         check_chain(link.parent)  # a folder another user made between the check above and ours is theirs
-        with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE):
+        with _lock(link):
             if points_to(link, target):
                 return True, f"{link} -> {target} (made by another process)"
             if link.exists() and not link.is_symlink():
@@ -46,7 +52,7 @@ def ensure_link(link: Path, target: Path) -> tuple[bool, str]:
             os.symlink(target, staged, target_is_directory=True)
             os.replace(staged, link)
             return True, f"{link} -> {target} ({action})"
-    except Timeout:
+    except TimeoutError:  # filelock's Timeout
         return False, f"timed out after {LOCK_TIMEOUT_S}s waiting for the lock beside {link}"
     except UntrustedPath:
         raise
@@ -78,10 +84,10 @@ def sweep_dangling(model_dir: Path, package: str) -> list[Path]:
         if not _made_for(link, package):
             continue
         try:
-            with FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE):
+            with _lock(link):
                 if link.is_symlink() and not link.exists():  # not re-made by a reinstall meanwhile
                     link.unlink()
                     removed.append(link)
-        except (OSError, Timeout):
+        except OSError:  # filelock's Timeout is one too
             continue
     return removed
