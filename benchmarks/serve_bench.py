@@ -9,7 +9,8 @@ through benchmarks/serve_eager.py, which builds the module as the build does. Th
 from docs/serving/client.py: a fixed count of single-sample requests, at most C in flight; then
 requests at a set arrival rate, stepped up in each setup, for requests/s at equal p99
 (benchmarks/serve_slo.py). The servers of one slot count run together, one engine measured at
-a time; then the next slot count's.
+a time; then the next slot count's. Last, with no server running, each engine's model call alone
+at batch 1 and the batch max (benchmarks/serve_limit.py): what bounds the lead batching leaves.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import httpx
 import numpy as np
 import torch
 
-from benchmarks import say, serve_slo, write_results
+from benchmarks import say, serve_limit, serve_slo, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 SERVING = REPO / "docs" / "serving"
@@ -180,6 +181,7 @@ def run(args: argparse.Namespace) -> dict:
                 # its rates scale with what eager serves in this setup under the closed load's most in flight
                 base_rps = next(s["eager"]["rps"] for s in summary if (s["setup"], s["concurrency"]) == (name, max(args.concurrency)))
                 slo_rows += serve_slo.sweep(client, urls, name, setup, paced, base_rps, max(serve_slo.BOUNDS) * alone_p50_ms, say)
+    limit = serve_limit.measure(args.spec, args.site, package, [1, serve_limit.batch_max(manifest)])
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
     isa = "AVX-512" if "avx512f" in lscpu else "AVX2" if "avx2" in lscpu else "no AVX2"
@@ -188,7 +190,8 @@ def run(args: argparse.Namespace) -> dict:
             "setups": {name: {**dataclasses.asdict(setup), "label": setup.label} for name, setup in SETUPS.items()},
             "rows": rows, "summary": summary, "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"]),
             "paced_requests": args.paced_requests,
-            "equal_p99": {"alone_p50_ms": alone_p50_ms, "rows": slo_rows, "bounds": serve_slo.at_bounds(slo_rows, alone_p50_ms)}}
+            "equal_p99": {"alone_p50_ms": alone_p50_ms, "rows": slo_rows, "bounds": serve_slo.at_bounds(slo_rows, alone_p50_ms)},
+            "limit": limit}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -223,6 +226,7 @@ def markdown(results: dict) -> str:
               + (f"at {len(met)} of {len(results['summary'])} settings." if met else "at none of the settings measured."),
               f"Largest difference between the wheel's and eager's answers: {results['max_abs_diff_wheel_vs_eager']:.2e}."]
     lines += serve_slo.markdown_lines(results, TARGET)
+    lines += serve_limit.markdown_lines(results["limit"], TARGET)
     return "\n".join(lines) + "\n"
 
 
