@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,22 @@ from pipeline.spec import load_spec
 REPO = Path(__file__).resolve().parent.parent
 TINY_SPEC = REPO / "tests" / "models" / "tiny" / "spec.toml"
 BROKEN = REPO / "tests" / "models" / "broken"
+
+
+
+def _forget_the_calling_make() -> None:
+    """`make test ARGS="..."` exports its command-line variables (ARGS, MODEL, ...) to pytest and,
+    through MAKEFLAGS, to every make a test starts: the release workflow's `make build` then
+    passed pytest's ARGS to modelwheel. The commands the tests run must see what a user's shell or
+    a CI runner gives them, not this make's."""
+    _, _, overrides = os.environ.get("MAKEFLAGS", "").partition(" -- ")
+    for name in re.findall(r"(?:^|(?<!\\) )([^\s=]+)=", overrides):  # make escapes a space in a value: "\ "
+        os.environ.pop(name, None)
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+        os.environ.pop(name, None)
+
+
+_forget_the_calling_make()
 
 
 def one_input_spec(name: str, shape: str = '["batch", 4]', input_name: str = "x", output_name: str = "y") -> str:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -178,3 +179,15 @@ def test_the_publish_job_uploads_with_its_own_install_line_and_passes_on_a_rerun
     installed = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('numpy'))"],
                                capture_output=True, text=True)
     assert installed.stdout.split() == ["None", "None"]
+
+
+def test_the_workflows_steps_never_see_the_make_that_runs_the_tests(tmp_path):
+    """`make test ARGS="..."` must not reach the workflow's own `make build` (it once handed pytest's
+    ARGS to modelwheel): with the tests' fixtures loaded, neither ARGS nor MAKEFLAGS is left."""
+    makefile = tmp_path / "Makefile"
+    shown = "import json, os, tests.conftest; print(json.dumps([os.environ.get(n) for n in ('ARGS', 'MODEL', 'MAKEFLAGS')]))"
+    makefile.write_text(f"show:\n\t@{sys.executable} -c \"{shown}\"\n")
+    ran = subprocess.run(["make", "-f", str(makefile), "ARGS=tests/x.py -k 'a b'", "MODEL=tiny"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == [None, None, None]
