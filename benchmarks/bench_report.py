@@ -27,7 +27,8 @@ def latency_table(results: dict, variants: list[str], labels: dict[str, str], di
         cells = [f"{runs[str(b)]['median_ms']:.{digits}f} / {runs[str(b)]['p90_ms']:.{digits}f}"
                  + (" [{:.{d}f}–{:.{d}f}]".format(*runs[str(b)]["spread_ms"], d=digits) if "spread_ms" in runs[str(b)] else "")
                  for b in batches]
-        start = f"{results['cold_start_s'][variant]:.2f}"
+        cold = results["cold_start_s"].get(variant)  # a lease-sized CUDA run leaves torch.compile's out
+        start = f"{cold:.2f}" if cold is not None else "—"
         start += " [{:.2f}–{:.2f}]".format(*spreads[variant]) if variant in spreads else ""
         lines.append(f"| {labels[variant]} | " + " | ".join(cells) + f" | {start} |")
     return lines

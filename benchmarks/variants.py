@@ -105,7 +105,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         m = package.manifest()
         # the very arrays wheel-numpy gets, as tensors sharing their memory: the A/B differs only in the loader
         arrays = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
-        model, args = package.load(), [torch.from_numpy(a) for a in arrays]
+        model, args = package.load(), [torch.from_numpy(a).to(DEVICE) for a in arrays]  # on the cpu: no copy
         return lambda: model(*args)
     if variant == "onnx":
         import numpy as np

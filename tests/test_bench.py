@@ -163,3 +163,36 @@ def test_bench_memory_runs_its_module_from_outside_the_checkout():
                          cwd="/", env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert ran.returncode == 0, ran.stderr
     assert "import_name" in ran.stdout
+
+
+def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles_fresh_starts():
+    """`bench_cuda --wheel W --lease` (a short GPU loan): no .pt2 variant, fresh starts for eager and the wheel only."""
+    from benchmarks import bench_cuda
+
+    variants = ["eager", "compile", "compile-ro", "wheel"]
+    lat = {v: {"1": {"median_ms": ms, "p90_ms": ms, "first_call_s": 30.0}} for v, ms in
+           zip(variants, (12.0, 9.0, 3.0, 3.5))}
+    results = {"model": "model-unet 1.3", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "chosen": "spec",
+               "batches": [1], "build": None, "import_torch_s": 4.0, "variants": variants, "latency_ms": lat,
+               "cold_start_s": {"eager": 6.0, "wheel": 4.5}, "gpu_busy": {}}
+    results["targets"] = bench_cuda.check_targets(results)
+    assert [t["target"] for t in results["targets"]] == ["wheel >= 3x faster than eager (batch 1)",
+                                                         "wheel within 1.2x of torch.compile reduce-overhead (batch 1)"]
+    report = bench_cuda.markdown(results)
+    assert "| torch.compile reduce-overhead | 3.00 / 3.00 | — |" in report
+    assert "| this wheel, load() | 3.50 / 3.50 | 4.50 |" in report
+    assert ".pt2" not in report.split("## What limits it")[0]
+
+
+def test_the_wheels_venv_sees_this_interpreters_torch_when_this_interpreter_is_a_venv(tmp_path):
+    """GPU images keep their CUDA torch in a virtualenv (/opt/torch/.venv): a venv made from it with
+    --system-site-packages alone saw the base Python's packages and no torch (seen on an H200)."""
+    from benchmarks import torch_venv
+
+    assert sys.prefix != sys.base_prefix, "make test runs in .venv, a virtualenv"
+    python = torch_venv.create(tmp_path / "env")
+    ran = subprocess.run([python, "-c", "import sys, torch; print(torch.__file__); print(sys.prefix)"],
+                         capture_output=True, text=True, cwd="/")
+    assert ran.returncode == 0, ran.stderr
+    torch_file, prefix = ran.stdout.split()
+    assert torch_file.startswith(sys.prefix) and prefix == str(tmp_path / "env")

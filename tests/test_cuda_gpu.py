@@ -8,12 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+
+from benchmarks import torch_venv
 
 from .conftest import TINY_SPEC, BuildDirs, run_cli
 
@@ -36,8 +37,7 @@ def build_cuda(base: Path, extra_toml: str = "") -> tuple[BuildDirs, Path]:
 
 def installed_python(path: Path, wheel: Path) -> Path:
     """A venv seeing this interpreter's CUDA torch (GPU images have no network to fetch another)."""
-    venv.EnvBuilder(with_pip=True, clear=True, system_site_packages=True).create(path)
-    python = path / "bin" / "python"
+    python = torch_venv.create(path)
     done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return python

@@ -193,6 +193,18 @@ def example_inputs(spec_file: SpecFile, device: str | None) -> tuple[torch.Tenso
     return tuple(made if device is None else (t.to(device) for t in made))
 
 
+# How torch words a tensor on another device than the inputs (CUDA's; the meta device's).
+_DEVICE_MISMATCH = ("Expected all tensors to be on the same device", "is not on the expected device")
+
+
+def _forward_hint(exc: Exception, device: str) -> str:
+    if device != "cpu" and any(words in str(exc) for words in _DEVICE_MISMATCH):
+        # seen on an H200: a timestep embedding's torch.arange(...) made on the CPU
+        return (f"forward makes a tensor on the CPU while its inputs are on {device}: create it on an input's device "
+                "(torch.arange(..., device=x.device)) or register it as a buffer, so that module.to() moves it")
+    return "check the [[inputs]] shapes and dtypes (and low/high of integer inputs) against what forward expects"
+
+
 def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exported:
     """Everything the later stages need but the exported program: inputs, output structure, hashes,
     with the module and inputs on the target's device (AOTInductor compiles for that device).
@@ -208,10 +220,8 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exporte
             eager = call_forward(module, example)
     except Exception as exc:  # the user's forward can raise anything
         where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
-        raise ExportError(
-            f"{where}\n  forward raised {type(exc).__name__}: {exc} on the spec's example inputs",
-            "check the [[inputs]] shapes and dtypes (and low/high of integer inputs) against what forward expects",
-        ) from exc
+        raise ExportError(f"{where}\n  forward raised {type(exc).__name__}: {exc} on the spec's example inputs",
+                          _forward_hint(exc, device)) from exc
     returns_tuple = isinstance(eager, (tuple, list))
     outputs = tuple(eager) if returns_tuple else (eager,)
     if not all(isinstance(t, torch.Tensor) for t in outputs):

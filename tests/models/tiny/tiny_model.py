@@ -16,7 +16,7 @@ class Tiny(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor):
         half = 8
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
         angles = t[:, None] * freqs[None, :]
         emb = torch.cat([angles.sin(), angles.cos()], dim=-1)
         h = nn.functional.silu(self.norm(self.conv(x))) + self.time(emb)[:, :, None, None]
