@@ -184,7 +184,7 @@ def test_preload_makes_libstdcxx_global():
     assert done.stdout.split() == ["False", "True"]
 
 
-def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_device(tmp_path):
+def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_device(tmp_path, monkeypatch):
     """On an H200 the tiny model's timestep embedding (torch.arange without device=) met CUDA inputs;
     the hint spoke of shapes and dtypes. Here the meta device stands in for the GPU: the same
     forward, on inputs that are not on the CPU, raises a real device mismatch."""
@@ -195,12 +195,18 @@ def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_devi
     from pipeline.stages.export import prepare
     from pipeline.stages.loader import load_model
 
-    shutil.copy(TINY_SPEC, tmp_path / "spec.toml")
+    # its own module name, and sys.path and sys.modules restored: later tests import the real tiny_model
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "arange_on_cpu", raising=False)
+    (tmp_path / "spec.toml").write_text(TINY_SPEC.read_text().replace('"tiny_model:', '"arange_on_cpu:'))
     source = (TINY_SPEC.parent / "tiny_model.py").read_text()
-    (tmp_path / "tiny_model.py").write_text(source.replace(", device=t.device)", ")"))
+    (tmp_path / "arange_on_cpu.py").write_text(source.replace(", device=t.device)", ")"))
     spec_file = load_spec(tmp_path / "spec.toml")
-    with pytest.raises(ExportError) as refused:
-        prepare(spec_file, load_model(spec_file), SimpleNamespace(DEVICE="meta"))
-    assert "tiny_model.py:20: angles = t[:, None] * freqs[None, :]" in refused.value.args[0]
-    assert refused.value.hint.startswith("forward makes a tensor on the CPU while its inputs are on meta: create it "
+    try:
+        with pytest.raises(ExportError) as refused:
+            prepare(spec_file, load_model(spec_file), SimpleNamespace(DEVICE="meta"))
+    finally:
+        sys.modules.pop("arange_on_cpu", None)
+    assert "arange_on_cpu.py:20: angles = t[:, None] * freqs[None, :]" in refused.value.args[0]
+    assert refused.value.hint.startswith("forward makes a tensor on another device than its inputs' (meta): create it "
                                          "on an input's device (torch.arange(..., device=x.device))")

@@ -198,9 +198,9 @@ _DEVICE_MISMATCH = ("Expected all tensors to be on the same device", "is not on 
 
 
 def _forward_hint(exc: Exception, device: str) -> str:
-    if device != "cpu" and any(words in str(exc) for words in _DEVICE_MISMATCH):
+    if any(words in str(exc) for words in _DEVICE_MISMATCH):
         # seen on an H200: a timestep embedding's torch.arange(...) made on the CPU
-        return (f"forward makes a tensor on the CPU while its inputs are on {device}: create it on an input's device "
+        return (f"forward makes a tensor on another device than its inputs' ({device}): create it on an input's device "
                 "(torch.arange(..., device=x.device)) or register it as a buffer, so that module.to() moves it")
     return "check the [[inputs]] shapes and dtypes (and low/high of integer inputs) against what forward expects"
 
