@@ -25,7 +25,6 @@ TINY_SPEC = REPO / "tests" / "models" / "tiny" / "spec.toml"
 BROKEN = REPO / "tests" / "models" / "broken"
 
 
-
 def _forget_the_calling_make() -> None:
     """`make test ARGS="..."` exports its command-line variables (ARGS, MODEL, ...) to pytest and,
     through MAKEFLAGS, to every make a test starts: the release workflow's `make build` then
