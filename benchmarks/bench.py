@@ -123,6 +123,13 @@ def compile_so(exported, compile_options: dict, path: Path) -> Path:
     return path
 
 
+def so_latency(spec: Path, library: Path, min_seconds: float | None = None) -> dict:
+    """A bare .so's batch-1 latency, in a fresh process (`benchmarks.variants so`)."""
+    more = ["--min-seconds", min_seconds] if min_seconds is not None else []
+    return run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec, "--mode", "latency", "--batch", 1,
+                     "--artifact", library, *more])
+
+
 def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | None:
     """What bfloat16 autocast would give this model (latency, difference from float32 eager), when
     the search did not ship it: the speed the spec's tolerances leave on the table."""
@@ -131,8 +138,7 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
     say("==> compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)")
     options = {**manifest["compile_options"], "freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE}
     library = compile_so(exported, options, out / "bf16" / "model.so")
-    timing = run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec, "--mode", "latency",
-                       "--batch", 1, "--artifact", library])
+    timing = so_latency(spec, library)
     runner = build_targets.open_runner(build_targets.get("cpu"), library)
     spec_file, diffs = exported.spec_file, {}
     for seed in range(3):

@@ -55,9 +55,12 @@ def spec_inputs(spec_path: str, batch: int | None):
 def open_so(path: str):
     """A bare CPU .so with torch's runner, after what the wheel's load() does first (libstdc++
     made global, freed buffers kept in the heap): pipeline/targets/cpu.py."""
+    from pathlib import Path
+
     from pipeline import targets
 
-    return targets.open_runner(targets.get("cpu"), path)
+    # the command line's --artifact is a str; open_runner reads .parent off a Path
+    return targets.open_runner(targets.get("cpu"), Path(path))
 
 
 def eager_module(spec_file):
