@@ -79,3 +79,14 @@ def test_the_docs_give_the_command_as_modelwheel():
              for line in page.read_text().splitlines() for match in command.finditer(line)
              if not (match.group(1) and "runs `python -m pipeline" in line)]
     assert found == []
+
+
+def test_the_docs_install_the_tool_with_the_pinned_cpu_torch_from_pytorchs_index():
+    """A `pip install .` line as copied installs torch's CPU build, the version requirements.txt
+    pins, from PyTorch's CPU index: without the pin, pip pulls PyPI's multi-GB CUDA torch."""
+    pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("torch=="))
+    lines = [(page.name, line.strip()) for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+             for line in page.read_text().splitlines() if re.match(r"\s*(pip|pipx) install \.(\s|$)", line)]
+    assert lines, "README.md shows how to install the tool"
+    for page, line in lines:
+        assert line.startswith(f"pip install . {pin}+cpu --extra-index-url https://download.pytorch.org/whl/cpu"), (page, line)
