@@ -36,6 +36,7 @@ from .stages.doctor import run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
 from .stages.package import Wheel, package_wheel
+from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
 
@@ -130,7 +131,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
                                 debug_info="kept" if ctx.keep_debug else "stripped")
     if ctx.store.has(build_key):
         return _reuse_build(ctx, build_key)
-    findings, exported = doctor_stage(ctx, loaded)
+    findings, exported, signal = doctor_stage(ctx, loaded)
     planned, skipped = tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug)
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
@@ -142,7 +143,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
             verified = verify_stage(ctx, exported, compiled, weights_file)
             sizes = static_stage(ctx, exported, loaded, tuned, verified, weights_file, cxx_version)
             packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
-        report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key)
+        report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key, signal)
         return commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
                       packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
 
@@ -153,12 +154,14 @@ def load_stage(ctx: BuildContext) -> LoadedModel:
         return load_model(ctx.spec_file)
 
 
-def doctor_stage(ctx: BuildContext, loaded: LoadedModel) -> tuple[list, Exported]:
-    """The doctor's findings, and the model prepared for export: on the target's device, its
-    outputs described (one eager call)."""
+def doctor_stage(ctx: BuildContext, loaded: LoadedModel) -> tuple[list, Exported, Signal]:
+    """The doctor's findings, the model prepared for export (on the target's device, its outputs
+    described) and the gate's signal check: outputs that do not move stop the build here, before
+    minutes of compiling, since no comparison could verify them."""
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded)
-        return findings, prepare(ctx.spec_file, loaded, ctx.target)
+        exported = prepare(ctx.spec_file, loaded, ctx.target)
+        return findings, exported, check_signal(exported)
 
 
 def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned) -> Exported:
@@ -263,7 +266,7 @@ def _keep_what_was_tested(existing: Path, sha256: str) -> None:
 
 
 def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compiled: Compiled, tuned: Tuned,
-                findings: list, build_key: str) -> dict[str, Any]:
+                findings: list, build_key: str, signal: Signal) -> dict[str, Any]:
     manifest, wheel, timings = packaged.manifest, packaged.wheel, ctx.progress.timings
     report = {
         "model": manifest["name"],
@@ -275,7 +278,7 @@ def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compi
         "debug_info": compiled.debug_info,  # "stripped" (the default) or "kept" (--keep-debug)
         "opt_path": manifest["opt_path"],
         "stages_s": dict(timings),
-        "verification": verified.report(),
+        "verification": {**verified.report(), "signal": signal.record()},
         "trace_dir": os.environ.get("TORCH_TRACE", ""),
         "sources_dir": str(compiled.sources_dir),
         "content_hash": manifest["content_hash"],

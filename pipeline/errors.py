@@ -67,6 +67,14 @@ class VerificationError(PipelineError):
     kind = "verify"
 
 
+class NoSignalError(PipelineError):
+    """Verification could tell nothing: an output is the same for every seeded input (within its
+    tolerance), or an input changes no output (pipeline/stages/signal_check.py)."""
+
+    exit_code = 27
+    kind = "no-signal"
+
+
 class PackageError(PipelineError):
     """The wheel could not be built."""
 

@@ -193,12 +193,18 @@ class DimSpec(Frozen):
         return min(max(self.min, 2), self.max)
 
 
+# A reason the verification gate accepts (pipeline/stages/signal_check.py): words, not a flag.
+Reason = Annotated[str, Field(min_length=1, pattern=r"\S")]
+
+
 class InputSpec(Frozen):
+    _LATE_KEYS = ("allow_unused",)
     name: str
     shape: list[Annotated[int, Field(ge=1)] | str]
     dtype: DType = "float32"
     low: float | None = Field(None, description="uniform values in [low, high) instead of a normal distribution")
     high: float | None = None
+    allow_unused: Reason | None = Field(None, description="why this input may change no output (the gate then allows it)")
 
     @model_validator(mode="after")
     def _range(self) -> "InputSpec":
@@ -223,6 +229,8 @@ class _OutputBase(Frozen):
     name: str
     rtol: Annotated[float, Field(ge=0)] | None = None
     atol: Annotated[float, Field(ge=0)] | None = None
+    allow_constant: Reason | None = Field(
+        None, description="why this output may be the same for every input (the gate then allows it)")
 
     def tolerance_for(self, target: str) -> Tolerance | None:
         return getattr(self, target, None)
@@ -251,7 +259,7 @@ class _BuildBase(Frozen):
 # specs were first hashed are.
 OutputSpec = create_model("OutputSpec", __base__=_OutputBase,
                           **{t.NAME: (Tolerance | None, None) for t in targets.all()})  # type: ignore[call-overload]
-OutputSpec._LATE_KEYS = tuple(targets.names())
+OutputSpec._LATE_KEYS = (*targets.names(), "allow_constant")
 BuildSection = create_model("BuildSection", __base__=_BuildBase,
                             **{t.NAME: (t.BUILD_OPTIONS, t.BUILD_OPTIONS()) for t in targets.all()})  # type: ignore[call-overload]
 BuildSection._LATE_KEYS = tuple(targets.names())
