@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
     index.add_argument("--port", type=int, default=None, help="default: 8765; 0 picks a free port")
     index.add_argument("--data", default="build/index/data", help="where the index keeps its files")
     index.add_argument("--listening-fd", type=int, default=None, help=argparse.SUPPRESS)  # `start` hands `serve` its socket
+    index.add_argument("--state-dir", default="build/index", help=argparse.SUPPRESS)  # ...and where its password is
+    index.add_argument("--private-prefix", action="append", default=[],
+                       help="names starting with it are never sent to another index, as model- never is "
+                            "(a missing one answers 404); may be repeated")
     index.add_argument("--torch-url", default=None,
                        help="where torch comes from when the index holds none, {variant} standing for cpu or cuNNN "
                             "(default: PyTorch's own index, https://download.pytorch.org/whl/{variant}/)")

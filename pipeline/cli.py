@@ -256,16 +256,20 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
         return 0
     port = index.DEFAULT_PORT if args.port is None else args.port
     upstreams = {"fallback_url": index.FALLBACK_URL if args.fallback_url is None else args.fallback_url,
-                 "torch_url": args.torch_url or index.TORCH_URL}
+                 "torch_url": args.torch_url or index.TORCH_URL, "private": tuple(args.private_prefix)}
     if args.action == "serve":
-        index.serve(Path(args.data), port, listening_fd=args.listening_fd, **upstreams)
+        index.serve(Path(args.data), port, listening_fd=args.listening_fd, state_dir=Path(args.state_dir), **upstreams)
         return 0
     state = index.start(Path(args.data), port, **upstreams)
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
     progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
                  "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)")
     progress.say(f"  torch comes from {state.get('torch_url', index.TORCH_URL)} (redirected), every other package "
-                 f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}")
+                 f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}, except "
+                 f"names starting with {' or '.join(state.get('private', index.PRIVATE_PREFIXES))} (never looked up "
+                 "elsewhere)")
+    progress.say(f"  uploads need its password ({index.STATE_DIR / 'upload.secret'}, readable by you alone), "
+                 "which publish sends by itself")
     return 0
 
 

@@ -95,7 +95,7 @@ def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, c
     before = listing(Path(state["data"]))
     env = {} if checked_by == "simple page" else {
         "MODELWHEEL_INDEX_URL": state["url"] + "{target}/", "MODELWHEEL_SIMPLE_URL": "",
-        "TWINE_USERNAME": "local", "TWINE_PASSWORD": "no-auth",  # the local index takes anonymous uploads
+        "TWINE_USERNAME": "local", "TWINE_PASSWORD": "no-auth",  # never sent: the local index gets its own password
     }
     ran = publish(home, wheel, **env)
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
@@ -272,8 +272,8 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
 
 
 def test_the_local_index_named_by_its_url_takes_the_upload_without_credentials(tiny_build, tmp_path):
-    """`--index <the running local index's URL>`, as `make index` prints it, is that index: it
-    takes anonymous uploads, so twine is not left asking for a user name."""
+    """`--index <the running local index's URL>`, as `make index` prints it, is that index: publish
+    sends it its own upload password, so twine is not left asking for a user name."""
     started = run_cli("index", "start", "--port", "0", "--data", str(tmp_path / "data"), cwd=tmp_path)
     assert started.code == 0, started.err
     try:

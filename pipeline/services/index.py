@@ -4,8 +4,9 @@
     python -m pipeline index stop
     python -m pipeline index serve     # in the foreground
 
-Uploads need no credentials (it listens on 127.0.0.1 only) and never overwrite: pypiserver
-answers 409 for a file it already has. A package it does not hold redirects elsewhere, so
+It listens on 127.0.0.1 only. Uploads need the index's own password (index_auth: a file only
+its owner can read, which `publish` sends to this user's index alone; any other local user is
+refused) and never overwrite: pypiserver answers 409 for a file it already has. A package it does not hold redirects elsewhere, so
 `pip install model-x --index-url <index>/cpu/simple` alone resolves every dependency: torch to
 PyTorch's index for the variant (a CPU wheel pins torch==2.13.0+cpu, which only PyTorch's CPU
 index carries), anything else (safetensors, numpy) to PyPI, pypiserver's fallback. Both
@@ -24,10 +25,12 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from ..errors import IndexServerError
+from . import index_auth
 from .templates import wheel_trust
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
@@ -35,12 +38,22 @@ DEFAULT_PORT = 8765
 FALLBACK_URL = "https://pypi.org/simple/"
 TORCH_URL = "https://download.pytorch.org/whl/{variant}/"  # PyTorch's simple index per build variant
 TORCH_PAGE = re.compile(r"^simple/torch/?$")
+SIMPLE_PROJECT = re.compile(r"^simple/([^/]+)/?$")
+PRIVATE_PREFIXES = ("model-",)  # the models' namespace: every wheel this tool builds is model-<name>
 STATE_DIR = Path("build") / "index"
 
 
-def make_app(data_dir: Path, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL):
-    """A WSGI app dispatching /<target>/... to a pypiserver app rooted at data_dir/<target>."""
+def make_app(data_dir: Path, secret: str, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL,
+             private: tuple[str, ...] = PRIVATE_PREFIXES):
+    """A WSGI app dispatching /<target>/... to a pypiserver app rooted at data_dir/<target>;
+    uploads only with ``secret`` (user ``modelwheel``); names starting with a ``private`` prefix
+    never redirect elsewhere."""
+    import hmac
+
     import pypiserver
+
+    def owner(username: str, password: str) -> bool:
+        return username == index_auth.USERNAME and hmac.compare_digest(password.encode(), secret.encode())
 
     apps: dict[str, object] = {}
 
@@ -58,22 +71,60 @@ def make_app(data_dir: Path, fallback_url: str = FALLBACK_URL, torch_url: str = 
             return [b""]
         if target not in apps:
             root.mkdir(parents=True, exist_ok=True)
-            apps[target] = pypiserver.app(roots=[str(root)], authenticate=[], password_file=".", overwrite=False,
+            apps[target] = pypiserver.app(roots=[str(root)], authenticate=["update"], auther=owner, overwrite=False,
                                           disable_fallback=not fallback_url, fallback_url=fallback_url or FALLBACK_URL)
         environ = {**environ, "SCRIPT_NAME": environ.get("SCRIPT_NAME", "") + f"/{target}", "PATH_INFO": "/" + rest}
+        project = SIMPLE_PROJECT.match(rest)
+        if project and _normalized(project[1]).startswith(private):
+            return _kept_here(apps[target], environ, start_response, project[1], private)
         return apps[target](environ, start_response)
 
     return dispatch
 
 
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _kept_here(app, environ, start_response, project: str, private: tuple[str, ...]):
+    """pypiserver's answer for a name of the models' namespace, except that its redirect to the
+    fallback (PyPI) becomes 404: a model missing here (a typo, another target's model, a new
+    name) must never be installed from whoever registered that name upstream (dependency
+    confusion). Redirects within this index (pypiserver's name normalisation) pass."""
+    answer: dict = {}
+    written: list[bytes] = []
+
+    def capture(status, headers, exc_info=None):
+        answer.update(status=status, headers=headers)
+        return written.append
+
+    chunks = app(environ, capture)
+    try:
+        written.extend(chunks)
+    finally:
+        getattr(chunks, "close", lambda: None)()
+    location = dict((k.lower(), v) for k, v in answer["headers"]).get("location", "")
+    where = urllib.parse.urlsplit(location).netloc
+    if not answer["status"].startswith("3") or where in ("", environ.get("HTTP_HOST")):
+        start_response(answer["status"], answer["headers"])
+        return [b"".join(written)]
+    body = (f"modelwheel index: no {project} here; names starting with {' or '.join(private)} are never looked "
+            "up on another index\n").encode()
+    start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
 def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL,
-          listening_fd: int | None = None) -> None:
-    """In the foreground: on ``port``, or on the socket ``start`` bound and handed over."""
+          listening_fd: int | None = None, state_dir: Path = STATE_DIR, private: tuple[str, ...] = ()) -> None:
+    """In the foreground: on ``port``, or on the socket ``start`` bound and handed over; the
+    upload password is the one in ``state_dir`` (made there when missing)."""
     import waitress
+
+    secret = index_auth.ensure_secret(state_dir)
 
     where = ({"sockets": [socket.socket(fileno=listening_fd)]} if listening_fd is not None
              else {"host": "127.0.0.1", "port": port})
-    waitress.serve(make_app(data_dir, fallback_url, torch_url), threads=4, _quiet=True, **where)
+    waitress.serve(make_app(data_dir, secret, fallback_url, torch_url, private_prefixes(private)), threads=4, _quiet=True, **where)
 
 
 def _listen(port: int) -> socket.socket:
@@ -139,19 +190,26 @@ def _is_index_process(pid: object) -> bool:
     return command[1:5] == [b"-m", b"pipeline", b"index", b"serve"]
 
 
+def private_prefixes(extra: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """model- and the prefixes given (``--private-prefix``), normalised as pip normalises names."""
+    return tuple(dict.fromkeys([*PRIVATE_PREFIXES, *(_normalized(p) for p in extra if p)]))
+
+
 def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: str = FALLBACK_URL,
-          torch_url: str = TORCH_URL) -> dict:
+          torch_url: str = TORCH_URL, private: tuple[str, ...] = ()) -> dict:
     running = read_state(state_dir)
     if running:
         return running
-    state_dir.mkdir(parents=True, exist_ok=True)
+    index_auth.ensure_secret(state_dir)  # before the server starts: it reads the same file
     data_dir.mkdir(parents=True, exist_ok=True)
     listening = _listen(port)
     port = listening.getsockname()[1]
     with listening, (state_dir / "server.log").open("ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "index", "serve", "--listening-fd", str(listening.fileno()),
-             "--data", str(data_dir), "--fallback-url", fallback_url, "--torch-url", torch_url],
+             "--data", str(data_dir), "--fallback-url", fallback_url, "--torch-url", torch_url,
+             "--state-dir", str(state_dir.absolute()),  # publish finds the password from the process
+             *[arg for prefix in private for arg in ("--private-prefix", prefix)]],
             stdout=log, stderr=log, start_new_session=True, pass_fds=(listening.fileno(),),
         )
     url = f"http://127.0.0.1:{port}/"
@@ -163,7 +221,7 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: 
                                    f"its log says why: {state_dir / 'server.log'}")
         time.sleep(0.2)
     state = {"url": url, "pid": process.pid, "data": str(data_dir.resolve()), "port": port,
-             "fallback_url": fallback_url, "torch_url": torch_url}
+             "fallback_url": fallback_url, "torch_url": torch_url, "private": list(private_prefixes(private))}
     (state_dir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     return state
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
-from ..services import proc
+from ..services import index_auth, proc
 from ..services.index import STATE_DIR, read_state
 from ..services.templates import wheel_integrity, wheel_targets
 from .wheel_check import read_manifest
@@ -163,22 +163,47 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
         return Index(upload="", simple=simple, repository=repository, simple_credentials=simple_credentials,
                      allow_insecure_http=allow_insecure_http)
     url, credentials = _without_userinfo(url or environ.get(INDEX_ENV))
-    state = read_state()
-    if url and state and not credentials and url.rstrip("/") == state["url"].rstrip("/"):
-        url = None  # the running local index named by its URL: as anonymous as when it is found
+    local = _own_local_index(url, simple) if url and not credentials else None
+    if local:
+        return local
     if url:
         require_secure(url, "the index URL", allow_insecure_http)
         if simple is None and "{target}" not in url:
             simple = url.rstrip("/") + "/{target}/simple/"
         return Index(upload=url, simple=simple, credentials=credentials, simple_credentials=simple_credentials or credentials,
                      allow_insecure_http=allow_insecure_http)
+    state = read_state()
     if state is None:
         raise IndexServerError(
             f"no package index: none given, and no local index started from this folder ({STATE_DIR.resolve()})",
             "start the local one here with `modelwheel index start` (`make index` in a checkout), give its URL with "
             f"--index, or set {INDEX_ENV} (and TWINE_USERNAME/TWINE_PASSWORD) for another",
         )
-    return Index(upload=state["url"], simple=state["url"] + "{target}/simple/", local=True)
+    local = _own_local_index(state["url"], None)
+    if local is None:
+        raise IndexServerError(f"the local index at {state['url']} is not a process of this user's: its password "
+                               "is not sent there", "stop it and start it again: `modelwheel index stop`, `index start`")
+    return local
+
+
+def _own_local_index(url: str, simple: str | None) -> Index | None:
+    """``url`` on 127.0.0.1 with a port this user's local index listens on (the kernel says so,
+    whatever folder this runs from): that index, with its upload password; else None."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme != "http" or parts.hostname != "127.0.0.1" or not port:
+        return None  # the password goes to 127.0.0.1 alone, over plain http on this machine
+    state_dir = index_auth.index_on_port(port)
+    if state_dir is None:
+        return None
+    password = index_auth.read_secret(state_dir)
+    if simple is None and "{target}" not in url:
+        simple = url.rstrip("/") + "/{target}/simple/"
+    return Index(upload=url, simple=simple, local=True,
+                 credentials=Credentials(index_auth.USERNAME, password))
 
 
 def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None:
@@ -235,7 +260,7 @@ _NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
 
 def _authorized_request(url: str, credentials: Credentials | None, anonymous: bool = False) -> urllib.request.Request:
     """A GET for ``url`` (no userinfo) with Basic auth from the URL's credentials, else
-    TWINE_USERNAME/TWINE_PASSWORD; ``anonymous`` (the local index, which asks for none): neither."""
+    TWINE_USERNAME/TWINE_PASSWORD; ``anonymous`` (the local index, which asks for none to read): neither."""
     request = urllib.request.Request(url)
     if anonymous:
         return request
@@ -302,8 +327,7 @@ def check_transport(index: Index, targets: set[str]) -> None:
 def _upload(index: Index, wheel: Path, target: str) -> bool:
     """Upload one wheel; False when the index says it already has it."""
     where = ["--repository", index.repository.format(target=target)] if index.repository else ["--repository-url", index.upload_url(target)]
-    # The local index takes anonymous uploads; twine still wants some credentials to send.
-    credentials = Credentials("local", "no-auth") if index.local else index.credentials
+    credentials = index.credentials  # the local index's: its own upload password (index_auth)
     env = {"TWINE_USERNAME": credentials.username, "TWINE_PASSWORD": credentials.password} if credentials else None
     try:
         _twine("upload", "--non-interactive", "--disable-progress-bar", "--verbose", *where, str(wheel),
