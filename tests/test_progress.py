@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.services.cache import Cache
-from pipeline.services.progress import Progress, is_live_terminal
+from pipeline.services.progress import STATUS_ENV, Progress, QuietProgress, estimate, is_live_terminal, reporting, step
 
 from .conftest import REPO, TINY_SPEC, run_cli
 
@@ -52,18 +52,53 @@ PLAIN_LINES = [
 def json_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("progress")
     args = ["--root", str(base / "opt"), "--dist", str(base / "dist"), "--build-dir", str(base / "build")]
-    ran = run_cli("build", "--spec", str(TINY_SPEC), "--json", *args)
+    # a status line whenever nothing was printed for half a second (10 s by default)
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--json", *args, env={STATUS_ENV: "0.5"})
     assert ran.code == 0, ran.err
     return base, args, ran
 
 
+# What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
+STATUS_LINE = r"    \.\.\. (load|doctor|export|compile|verify|package)( .+)? · \d+s in \1 · \d+s in all"
+
+
 def test_plain_lines_are_exactly_these_and_have_no_control_characters(json_build):
     _, _, ran = json_build
-    lines = ran.err.splitlines()
+    lines = [line for line in ran.err.splitlines() if not line.startswith("    ... ")]
     assert len(lines) == len(PLAIN_LINES), ran.err
     for line, pattern in zip(lines, PLAIN_LINES):
         assert re.fullmatch(pattern, line), (pattern, line)
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", ran.err)
+
+
+def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
+    """The compile's seconds (minutes for a real model) are not silent off a terminal either."""
+    _, _, ran = json_build
+    status = [line for line in ran.err.splitlines() if line.startswith("    ... ")]
+    assert status and all(re.fullmatch(STATUS_LINE, line) for line in status), status
+    assert any(line.startswith("    ... compile 1/1 pinned: compiling · ") for line in status), status
+
+
+def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
+    """The real heartbeat, made fast: the running step, the times and the stage's own estimate."""
+    monkeypatch.setenv(STATUS_ENV, "0.1")
+    out = io.StringIO()
+    progress = Progress(out)
+    with reporting(progress), progress.stage("compile", "2 candidate(s)"):
+        step("1/2 spec-options: compiling")
+        estimate(125.0)
+        time.sleep(0.6)
+    lines = out.getvalue().splitlines()
+    status = lines[1:-1]
+    assert lines[0] == "==> compile: 2 candidate(s)" and lines[-1].startswith("    compile done in ")
+    assert len(status) >= 2, lines
+    for line in status:
+        assert re.fullmatch(r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
+                            r"about 2m0[45]s left \(estimated here\)", line), line
+    quiet = io.StringIO()
+    with QuietProgress(quiet).stage("compile"):
+        time.sleep(0.3)
+    assert quiet.getvalue() == ""
 
 
 def test_json_record_parses_and_matches_the_report(json_build):

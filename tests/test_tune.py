@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from pipeline.stages.export import prepare
 from pipeline.stages.loader import load_model
 
 from .conftest import TINY_SPEC, run_cli
+
+STATUS_ENV = progress.STATUS_ENV
 
 needs_bf16 = pytest.mark.skipif(not targets.get("cpu").bf16_native(), reason="this CPU has no native bfloat16 instructions")
 
@@ -31,17 +34,27 @@ def tiny_copy(folder: Path, *, search: bool, loose: bool = False, extra_compile:
     return folder / "spec.toml"
 
 
-def build_in(folder: Path, spec: Path, *extra: str):
+def build_in(folder: Path, spec: Path, *extra: str, env: dict[str, str] | None = None):
     return run_cli("build", "--spec", str(spec), "--root", str(folder / "opt"), "--dist", str(folder / "dist"),
-                   "--build-dir", str(folder / "build"), *extra)
+                   "--build-dir", str(folder / "build"), *extra, env=env)
 
 
 def test_search_tries_candidates_and_records_the_choice(tmp_path):
     spec = tiny_copy(tmp_path, search=True, extra_compile="\nsearch_budget_s = 3600")  # every candidate, on any machine
-    ran = build_in(tmp_path, spec)
+    ran = build_in(tmp_path, spec, env={STATUS_ENV: "1"})  # a status line after each silent second
     assert ran.code == 0, ran.err
     # Inductor's own output (max-autotune's AUTOTUNE tables) goes to each candidate's log, not the terminal
     assert "AUTOTUNE" not in ran.err
+    # before the search: what it costs here and how to make it shorter; once a compile is timed, how long is left
+    lines = ran.err.splitlines()
+    outlook = lines.index("    search: 4 candidate(s) to compile and verify, then all timed together: each is a full "
+                          "compile, so about 4x one compile on this machine (said once the first is timed)")
+    assert lines[outlook + 1] == tune.SHORTER and "`[compile] search = false`" in tune.SHORTER
+    assert outlook < min(i for i, line in enumerate(lines) if line.startswith("    candidate ") and "not tried" not in line)
+    assert any(re.fullmatch(r"    candidate spec-options took [\dm]+s to compile and verify: about [\dm]+s more for the "
+                            r"other 3 candidate\(s\), then the timing", line) for line in lines), ran.err
+    assert any(re.fullmatch(r"    \.\.\. compile [234]/4 [\w+-]+: (compiling|verifying) · .* · about [\dm]+s left "
+                            r"\(estimated here\)", line) for line in lines), ran.err
     log = next((tmp_path / "build" / "tiny").glob("*/cpu/candidates/max-autotune/inductor.log"))
     assert log.is_file(), sorted(p.name for p in log.parent.parent.iterdir())
     names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]

@@ -29,7 +29,7 @@ from . import constants, precision, rounds
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import check_stop, say, step
+from ..services.progress import check_stop, duration, estimate, expected_s, say, step
 from ..services.templates import wheel_compare
 from ..stages.compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
@@ -203,6 +203,59 @@ class Budget:
                 f"budget {round(budget, 1):g} s ({source})")
 
 
+SHORTER = ("    to make it shorter: `[compile] search = false` in the spec (one compile, the spec's options), "
+           "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
+           "from the build cache, build/cache)")
+
+
+class Outlook:
+    """About how long the search has left, from the time its first fresh candidate took to
+    compile and verify (times its cost factor for each fresh candidate still to come)."""
+
+    def __init__(self, planned: list[tuple[str, CompilePlan]], store: Cache) -> None:
+        self.order = [name for name, _ in planned]
+        self.fresh = {name for name, plan in planned if not store.has(plan.key)}
+        self.plain_s: float | None = None
+
+    def before_search(self) -> list[str]:
+        """What the search will cost here, said before it starts: from the last build's compile
+        stage where there was one, else in compiles (the first one's time gives the estimate)."""
+        if len(self.order) < 2 or not self.fresh:
+            return []
+        cached = len(self.order) - len(self.fresh)
+        what = (f"    search: {len(self.fresh)} candidate(s) to compile and verify"
+                + (f" ({cached} more from the cache)" if cached else "") + ", then all timed together")
+        last = expected_s("compile")
+        if last:
+            what += f": about {duration(last)} on this machine (the last build's compile stage)"
+        else:
+            what += (f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
+                     "(said once the first is timed)")
+        return [what, SHORTER]
+
+    def left_s(self, after: int) -> float | None:
+        """What the fresh candidates after index ``after`` should take."""
+        if self.plain_s is None:
+            return None
+        return sum(self.plain_s * COMPILE_COST.get(name, 1.0) for name in self.order[after + 1:] if name in self.fresh)
+
+    def done(self, index: int, name: str, seconds: float, from_cache: bool) -> None:
+        """A candidate is compiled and verified: the first fresh one sets the estimate."""
+        if from_cache or name not in self.fresh:
+            return
+        first = self.plain_s is None
+        if first:
+            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
+        left = self.left_s(index)
+        if left is None or len(self.order) < 2:
+            return
+        if first and left:
+            others = sum(1 for n in self.order[index + 1:] if n in self.fresh)
+            say(f"    candidate {name} took {duration(seconds)} to compile and verify: about {duration(left)} more "
+                f"for the other {others} candidate(s), then the timing")
+        estimate(left)
+
+
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
          work_dir: Path, store: Cache) -> Tuned:
     """A line per candidate; the live status says what is being done now (``2/4 freezing: compiling``).
@@ -213,6 +266,9 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     skipped, budget = list(skipped), Budget(exported.spec_file.spec.compile.search_budget_s)
     failed, passed, first_failure = {}, {}, None
+    outlook = Outlook(planned, store)
+    for line in outlook.before_search():
+        say(line)
     for index, (name, plan) in enumerate(planned):
         check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
         over = budget.refusal(name) if index > 0 and not store.has(plan.key) else None
@@ -220,8 +276,14 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             skipped.append(Skipped(name, over))
             say(f"    candidate {name}: not tried: {over}")
             continue
+        left = outlook.left_s(index - 1)
+        if left is not None:
+            estimate(left)
+        started = time.perf_counter()
         outcome = _compile_and_verify(exported, index, name, plan, f"{index + 1}/{len(planned)} {name}", weights_file,
                                       work_dir, store, budget)
+        outlook.done(index, name, time.perf_counter() - started,
+                     from_cache=not isinstance(outcome, tuple) and outcome.from_cache)
         if isinstance(outcome, tuple):
             failed[name] = outcome[0]
             first_failure = first_failure or outcome[1]

@@ -9,7 +9,8 @@ it is sent above a status area that rich redraws four times a second, ticking th
 
 Messages, in the order the build sent them: ``{"say": text}`` (a line to print above the area),
 ``{"stage": name or null, "began": t}``, ``{"step": text}`` (the candidate and what is done to
-it), ``{"expect": {stage: seconds}}`` (an earlier build's stage times), ``{"track": key,
+it), ``{"expect": {stage: seconds}}`` (an earlier build's stage times), ``{"stage_end": t}``
+(when the stage expects to end, by its own estimate), ``{"track": key,
 "text": text}`` (one line per build of several). Times are ``time.monotonic()``, one clock for
 every process of the machine (CLOCK_MONOTONIC).
 
@@ -28,7 +29,7 @@ import signal
 import sys
 import time
 
-from .progress import duration, left_s
+from .progress import left_s, status_text
 
 POLL_S = 0.5  # how often an idle renderer checks that the build is still there
 
@@ -42,6 +43,7 @@ class Status:
         self.began = began
         self.stage: tuple[str, float] | None = None
         self.detail = ""
+        self.stage_end: float | None = None  # when the stage expects to end, by its own estimate
         self.expected: dict[str, float] = {}
         self.tracks: dict[str, str] = {}
         self.spinner = Spinner("dots", text="starting")
@@ -49,7 +51,9 @@ class Status:
     def apply(self, message: dict) -> None:
         if "stage" in message:
             self.stage = None if message["stage"] is None else (message["stage"], message["began"])
-            self.detail = ""
+            self.detail, self.stage_end = "", None
+        elif "stage_end" in message:
+            self.stage_end = message["stage_end"]
         elif "step" in message:
             self.detail = message["step"]
         elif "expect" in message:
@@ -66,13 +70,9 @@ class Status:
         stage = self.stage
         if stage is None:
             return Text("")
-        (name, began), now = stage, time.monotonic()
-        parts = [name + (f" {self.detail}" if self.detail else ""), f"{duration(now - began)} in {name}",
-                 f"{duration(now - self.began)} in all"]
-        left = left_s(self.expected, name, now - began)
-        if left is not None:
-            parts.append(f"about {duration(left)} left (from the last build)")
-        self.spinner.update(text=Text(" · ".join(parts)))
+        (name, began), now, end = stage, time.monotonic(), self.stage_end
+        left = left_s(self.expected, name, now - began, None if end is None else end - now)
+        self.spinner.update(text=Text(status_text(name, self.detail, now - began, now - self.began, left, end is not None)))
         return self.spinner
 
 

@@ -1,7 +1,9 @@
 """Build progress on stderr, in one of three forms chosen by ``for_stream``:
 
 - plain lines (CI, a pipe, ``NO_COLOR``, ``TERM=dumb``): each stage's name when it starts, one
-  line per finished candidate, its elapsed time when it ends; never a control character;
+  line per finished candidate, its elapsed time when it ends, and in between, whenever nothing
+  was printed for ``STATUS_EVERY_S``, a ``...`` line saying what runs, how long it has run and
+  about how long is left (a thread prints it: a pipe has no live area); never a control character;
 - live (a terminal): the same lines, under one status area that rich redraws four times a second
   with the stage, the candidate being compiled or timed (``2/4 freezing``), the elapsed time,
   and what is left where an earlier build of the same model gives its stage times; a process of
@@ -18,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +33,21 @@ from typing import TextIO
 stop_requested: list[str] = []
 
 STAGES = ("load", "doctor", "export", "compile", "verify", "static", "package")  # static: only with static sizes
+
+
+# A plain build says what it is doing when it printed nothing for this long (a pipe has no
+# live area); MODELWHEEL_STATUS_EVERY_S changes it (the tests make it short). Well under 15 s, so
+# a line still comes within 15 s when a C call holds the GIL for a few seconds.
+STATUS_EVERY_S = 10.0
+STATUS_ENV = "MODELWHEEL_STATUS_EVERY_S"
+
+
+def status_every_s(environ: Mapping[str, str] = os.environ) -> float:
+    try:
+        seconds = float(environ.get(STATUS_ENV, ""))
+    except ValueError:
+        return STATUS_EVERY_S
+    return seconds if seconds > 0 else STATUS_EVERY_S
 
 
 def check_stop() -> None:
@@ -47,16 +65,33 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def left_s(expected: Mapping[str, float], stage: str, in_stage_s: float) -> float | None:
-    """What is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's stage times."""
-    if not expected or stage not in STAGES:
+def left_s(expected: Mapping[str, float], stage: str, in_stage_s: float,
+           stage_left_s: float | None = None) -> float | None:
+    """What is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's stage times;
+    ``stage_left_s``: the stage's own estimate of what is left of it (the search's, once its
+    first compile is timed), which replaces the earlier build's for this stage."""
+    if stage not in STAGES or (not expected and stage_left_s is None):
         return None
-    later = STAGES[STAGES.index(stage) + 1:]
-    return max(0.0, expected.get(stage, 0.0) - in_stage_s) + sum(expected.get(s, 0.0) for s in later)
+    later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1:])
+    if stage_left_s is not None:
+        return max(0.0, stage_left_s) + later
+    return max(0.0, expected.get(stage, 0.0) - in_stage_s) + later
+
+
+def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, left: float | None,
+                estimated: bool) -> str:
+    """One status: the stage and what it does (``compile 2/4 freezing: compiling``), its time, the
+    build's, and about how long is left (from the last build, or the stage's own estimate)."""
+    parts = [name + (f" {detail}" if detail else ""), f"{duration(in_stage_s)} in {name}", f"{duration(in_all_s)} in all"]
+    if left is not None:
+        parts.append(f"about {duration(left)} left ({'estimated here' if estimated else 'from the last build'})")
+    return " · ".join(parts)
 
 
 class Progress:
     """Plain lines."""
+
+    HEARTBEAT = True  # a status line when nothing was printed for a while (not --quiet, not live)
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         self.stream = stream
@@ -64,9 +99,15 @@ class Progress:
         self.expected: dict[str, float] = {}
         self.current: tuple[str, float] | None = None  # the running stage and when it began
         self.detail = ""
+        self.stage_end: float | None = None  # perf_counter() when the stage expects to end, if it said
+        self.began = self.last_line = time.perf_counter()
+        self.every_s = status_every_s()
+        self.lock = threading.Lock()  # the heartbeat's lines and the build's never interleave
 
     def say(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        with self.lock:
+            print(text, file=self.stream, flush=True)
+            self.last_line = time.perf_counter()
 
     def result(self, text: str) -> None:
         """What the command produced: shown in every mode, --quiet included."""
@@ -86,23 +127,50 @@ class Progress:
     def close(self) -> None:
         pass
 
+    def estimate(self, stage_left_s: float) -> None:
+        """The running stage's own estimate of what is left of it (the search's)."""
+        self.stage_end = time.perf_counter() + stage_left_s
+
     def left_s(self) -> float | None:
         if self.current is None:
             return None
         name, began = self.current
-        return left_s(self.expected, name, time.perf_counter() - began)
+        now = time.perf_counter()
+        return left_s(self.expected, name, now - began, None if self.stage_end is None else self.stage_end - now)
+
+    def status(self) -> str | None:
+        """What the running stage is doing now, as one line (None between stages)."""
+        current = self.current
+        if current is None:
+            return None
+        now = time.perf_counter()
+        return status_text(current[0], self.detail, now - current[1], now - self.began, self.left_s(),
+                           self.stage_end is not None)
+
+    def _heartbeat(self, done: threading.Event) -> None:
+        while not done.wait(min(1.0, self.every_s)):
+            with self.lock:
+                text = self.status() if time.perf_counter() - self.last_line >= self.every_s else None
+            if text and not done.is_set():
+                self.say(f"    ... {text}")
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[None]:
         check_stop()
         self.say(f"==> {name}" + (f": {detail}" if detail else ""))
         start = time.perf_counter()
-        self.current, self.detail = (name, start), ""
-        yield
+        self.current, self.detail, self.stage_end = (name, start), "", None
+        done = threading.Event()
+        if self.HEARTBEAT:
+            threading.Thread(target=self._heartbeat, args=(done,), name="modelwheel-status", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
         check_stop()
         elapsed = time.perf_counter() - start
         self.timings[name] = round(elapsed, 3)
-        self.current, self.detail = None, ""
+        self.current, self.detail, self.stage_end = None, "", None
         self.say(f"    {name} done in {elapsed:.1f}s")
 
 
@@ -137,8 +205,23 @@ def step(text: str) -> None:
         active.step(text)
 
 
+def estimate(stage_left_s: float) -> None:
+    """About how long the running stage has left, by its own measure (the search's, from its first compile)."""
+    active = _ACTIVE.get()
+    if active is not None:
+        active.estimate(stage_left_s)
+
+
+def expected_s(stage: str) -> float | None:
+    """How long ``stage`` took in the last build of this model here, if there was one."""
+    active = _ACTIVE.get()
+    return None if active is None else active.expected.get(stage)
+
+
 class QuietProgress(Progress):
     """Nothing but the result, on stdout (``result_stream``; None when --json prints there instead)."""
+
+    HEARTBEAT = False
 
     def __init__(self, stream: TextIO = sys.stderr, result_stream: TextIO | None = sys.stdout) -> None:
         super().__init__(stream)
@@ -155,6 +238,8 @@ class QuietProgress(Progress):
 class LiveProgress(Progress):
     """Plain lines printed above a status area that redraws itself, drawn by a process of its own
     (pipeline/services/live.py says why): this one only sends it what changed, in order."""
+
+    HEARTBEAT = False  # the renderer redraws the status four times a second
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         super().__init__(stream)
@@ -203,6 +288,10 @@ class LiveProgress(Progress):
     def expect(self, stage_times: Mapping[str, float]) -> None:
         super().expect(stage_times)
         self._send(expect=self.expected)
+
+    def estimate(self, stage_left_s: float) -> None:
+        super().estimate(stage_left_s)
+        self._send(stage_end=time.monotonic() + stage_left_s)
 
     def track(self, key: str, text: str) -> None:
         self._send(track=key, text=text)

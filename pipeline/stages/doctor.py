@@ -290,9 +290,13 @@ def diagnose(
     ``own_folder`` (the spec's folder), are reported as warnings; neither turns a check off.
     ``before_tracing`` runs before dynamo sees the model (it checks that the inputs fit it).
     """
+    from ..services.progress import step
+
+    step("1/3: the forward's source, on the lines one eager call runs")
     findings = judged(static_findings(module, traced_runs(module, inputs)), allow, own_folder)
     if not any(f.severity == "error" for f in findings):
         before_tracing()
+        step("2/3: graph breaks (torch._dynamo.explain)")
         findings += judged(dynamic_findings(module, inputs, source_files), allow, own_folder)
     return unique(findings)
 
@@ -314,7 +318,7 @@ def run_doctor(spec_file, loaded) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
     source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
     from .export import check_inputs_fit, check_signature, example_inputs, where_defined
-    from ..services.progress import say
+    from ..services.progress import say, step
     from .purity import check_purity
 
     inputs = example_inputs(spec_file, None)  # beside the module as it was loaded
@@ -329,6 +333,7 @@ def run_doctor(spec_file, loaded) -> list[Finding]:
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)  # diagnose() ran inputs_fit() unless there is one
     check_signature(spec_file, loaded.module)
+    step("3/3: purity (the same inputs give the same outputs, nothing kept between calls)")
     check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward), tuple(spec_file.spec.doctor.allow),
                  say, own_folder=spec_file.path.parent)
     return findings
