@@ -24,6 +24,7 @@ from .services import record
 from .services.layout import WorkLayout
 from .services.proc import RedactingFilter, redact
 from .services.progress import Progress, QuietProgress, for_stream, reporting, stop_requested
+from .summary import print_report
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, load_spec, with_overrides
 
@@ -76,26 +77,7 @@ def _print_summary(progress: Progress, result) -> None:
     if isinstance(progress, QuietProgress):
         progress.result(str(result.wheel))
     else:
-        _print_report(progress, result)
-
-
-def _print_report(progress: Progress, result) -> None:
-    report = result.report
-    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
-    stages = " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stages_s"].items())
-    progress.say(f"\nbuilt {report['wheel']['name']}")
-    progress.say(f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…")
-    for name, artifact in report["artifacts"].items():
-        progress.say(f"  artifact  {name}  {mb(artifact['size'])}")
-    progress.say(f"  stages    {stages}")
-    cases = len(report["verification"]["cases"])
-    for name, worst in report["verification"]["worst"].items():
-        tol = report["verification"]["tolerances"][name]
-        progress.say(
-            f"  verified  {name}: {cases} cases, max abs diff {worst['max_abs']:.2e}, max rel diff {worst['max_rel']:.2e} "
-            f"(rtol {tol['rtol']:g}, atol {tol['atol']:g})"
-        )
-    progress.say(f"  report    {result.report_path}")
+        print_report(progress, result)
 
 
 def _interrupted(args: argparse.Namespace) -> BuildInterrupted:

@@ -151,6 +151,10 @@ def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
     overrides.write_text(NO_SEARCH)
     dirs, ran, folder = hf_build(tmp_path, family, "--spec", str(overrides))
     assert ran.code == 0, ran.err
+    # --name hf_vit: the summary names the import, the wheel's command (run below) and its install
+    assert f"  import    import model_hf_{family}; model = model_hf_{family}.load()" in ran.err
+    assert f"  command   model-hf-{family} verify | info | link" in ran.err
+    assert f"  install   pip install model-hf-{family}==1.0 --extra-index-url https://download.pytorch.org/whl/cpu\n" in ran.err
     check_wheel(dirs, folder, family, hf_venv)
 
 

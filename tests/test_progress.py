@@ -19,6 +19,8 @@ import pytest
 from pipeline.services.cache import Cache
 from pipeline.services.progress import STATUS_ENV, Progress, QuietProgress, estimate, is_live_terminal, reporting, step
 
+from pipeline.summary import decided_by
+
 from .conftest import REPO, TINY_SPEC, run_cli
 
 # Every line a plain build of the tiny model prints, in order.
@@ -42,9 +44,14 @@ PLAIN_LINES = [
     r"  wheel     .*\.whl  0\.\d MB  sha256 [0-9a-f]{16}…",
     r"  artifact  model\.so  \d+\.\d MB",
     r"  stages    load \d+\.\ds · doctor \d+\.\ds · export \d+\.\ds · compile \d+\.\ds · verify \d+\.\ds · package \d+\.\ds",
-    r"  verified  features: 10 cases, max abs diff .*",
-    r"  verified  logits: 10 cases, max abs diff .*",
+    r"  verified  features: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
+    r"  verified  logits: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  report    .*\.report\.json",
+    r"  import    import model_tiny; model = model_tiny\.load\(\)  \(or load_numpy\(\): no torch import\)",
+    r"  command   model-tiny verify \| info \| link  \(installed with the wheel\)",
+    r"  install   pip install model-tiny==0\.1 --extra-index-url https://download\.pytorch\.org/whl/cpu",
+    r"            \(from your index once published; this wheel now: pip install /.*/model_tiny-0\.1\+cpu.*\.whl "
+    r"--extra-index-url https://download\.pytorch\.org/whl/cpu\)",
 ]
 
 
@@ -77,6 +84,16 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     status = [line for line in ran.err.splitlines() if line.startswith("    ... ")]
     assert status and all(re.fullmatch(STATUS_LINE, line) for line in status), status
     assert any(line.startswith("    ... compile 1/1 pinned: compiling · ") for line in status), status
+
+
+@pytest.mark.parametrize("max_abs, max_rel, decided", [
+    (3e-6, 1.5e-2, "passed, every diff within atol 1e-05 (rtol 0.001 not needed)"),  # near-zero values: atol covers them
+    (2e-4, 5e-4, "passed, every relative diff within rtol 0.001 (atol 1e-05 where |eager| <= atol)"),
+    (2e-4, 1.5e-2, "passed, every diff within atol + rtol·|eager| (atol 1e-05, rtol 0.001: neither alone)"),
+])
+def test_the_verified_line_says_which_bound_let_a_diff_through(max_abs, max_rel, decided):
+    """A max rel diff above rtol on a passing output reads like a failure unless atol is named."""
+    assert decided_by(max_abs, max_rel, rtol=1e-3, atol=1e-5) == decided
 
 
 def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):

@@ -1,0 +1,65 @@
+"""The lines a finished build prints: the wheel, its artifacts and stage times, how each output
+passed verification, and what a user types next (the import, the wheel's command, the install)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from .services.progress import Progress
+
+
+def report_lines(result) -> list[str]:
+    report = result.report
+    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
+    stages = " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stages_s"].items())
+    lines = [f"\nbuilt {report['wheel']['name']}",
+             f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…"]
+    lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
+    lines.append(f"  stages    {stages}")
+    cases = len(report["verification"]["cases"])
+    for name, worst in report["verification"]["worst"].items():
+        tol = report["verification"]["tolerances"][name]
+        lines.append(f"  verified  {name}: {cases} cases, max abs diff {worst['max_abs']:.2e}, max rel diff "
+                     f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}")
+    lines.append(f"  report    {result.report_path}")
+    return lines + usage_lines(result.wheel, report["import_name"])
+
+
+def decided_by(max_abs: float, max_rel: float, rtol: float, atol: float) -> str:
+    """Which bound of the allclose rule (|diff| <= atol + rtol * |eager|) let a passed output
+    through: a relative diff above rtol reads like a failure unless the line says atol covered it."""
+    if max_abs <= atol:
+        return f"passed, every diff within atol {atol:g} (rtol {rtol:g} not needed)"
+    if max_rel <= rtol:
+        return f"passed, every relative diff within rtol {rtol:g} (atol {atol:g} where |eager| <= atol)"
+    return f"passed, every diff within atol + rtol·|eager| (atol {atol:g}, rtol {rtol:g}: neither alone)"
+
+
+def usage_lines(wheel: Path, import_name: str) -> list[str]:
+    """The import, the console command and the one-line install, from the wheel's own manifest."""
+    from .stages.package import TORCH_INDEX  # not at import: it imports torch, and --help should not wait for it
+
+    manifest = wheel_manifest(wheel, import_name)
+    if manifest is None:
+        return []
+    dist, index = manifest["dist_name"], f"{TORCH_INDEX}/{manifest['variant']}"
+    return [f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
+            f"  command   {dist} verify | info | link  (installed with the wheel)",
+            f"  install   pip install {dist}=={manifest['version']} --extra-index-url {index}",
+            f"            (from your index once published; this wheel now: pip install {wheel} --extra-index-url {index})"]
+
+
+def wheel_manifest(wheel: Path, import_name: str) -> dict[str, Any] | None:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return json.loads(archive.read(f"{import_name}/manifest.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):  # the summary never fails a built wheel
+        return None
+
+
+def print_report(progress: Progress, result) -> None:
+    for line in report_lines(result):
+        progress.say(line)
