@@ -151,3 +151,39 @@ def test_names_of_the_models_namespace_never_leave_the_index(index):
     assert answer(simple + "torch/") == (303, "https://download.pytorch.org/whl/cpu/torch/")
     with socket.create_connection(("127.0.0.1", state["port"])):
         pass  # the index still runs
+
+
+@pytest.mark.parametrize("whose", ["nobody's", "everyone's"])
+def test_index_start_refuses_a_data_folder_another_user_owns_or_can_write(whose, wheel, tmp_path):
+    """`index start --data` with a folder `nobody` owned (a wheel planted in it) started, and
+    served that wheel; the folder now passes the check every folder the tool writes passes."""
+    if whose == "nobody's" and (os.geteuid() != 0):
+        pytest.skip("a folder of another user's (nobody) needs root to make")
+    data = tmp_path / "data"
+    (data / "cpu").mkdir(parents=True)
+    shutil.copy(wheel, data / "cpu" / wheel.name)  # the planted wheel
+    if whose == "nobody's":
+        for each in (data, data / "cpu"):
+            os.chown(each, 65534, 65534)
+        owner = f"{data} is owned by nobody (uid 65534)"
+    else:
+        os.chmod(data / "cpu", 0o777)
+        owner = f"{data / 'cpu'} can be written by everyone (mode 777, no sticky bit)"
+    home = tmp_path / "home"
+    home.mkdir()
+    ran = run_cli("index", "start", "--port", "0", "--data", str(data), cwd=home)
+    if ran.code == 0:
+        run_cli("index", "stop", cwd=home)
+    assert ran.code == 10, ran.err
+    assert f"error: --data: {owner}" in ran.err, ran.err
+    assert "another user could put their own wheels on the index, and every pip install would get them; refused" in ran.err
+    assert "hint: give --data a folder only you (or root) can write" in ran.err
+    assert not (home / "build").exists()
+
+
+def test_a_refused_index_start_leaves_nothing_behind(index, tmp_path):
+    """A start refused for a port another index holds left an empty build/index/data/."""
+    _, state = index
+    ran = run_cli("index", "start", "--port", str(state["port"]), cwd=tmp_path)
+    assert ran.code == 13 and "Address already in use" in ran.err, ran.err
+    assert list(tmp_path.iterdir()) == []

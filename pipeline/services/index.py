@@ -29,8 +29,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ..errors import IndexServerError
+from ..errors import IndexServerError, OutputDirError
 from . import index_auth
+from .writable import made_folders, remove_if_empty
 from .templates import wheel_trust
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
@@ -120,6 +121,7 @@ def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url
     upload password is the one in ``state_dir`` (made there when missing)."""
     import waitress
 
+    check_data_dir(data_dir)
     secret = index_auth.ensure_secret(state_dir)
 
     where = ({"sockets": [socket.socket(fileno=listening_fd)]} if listening_fd is not None
@@ -200,23 +202,19 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: 
     running = read_state(state_dir)
     if running:
         return running
-    index_auth.ensure_secret(state_dir)  # before the server starts: it reads the same file
-    data_dir.mkdir(parents=True, exist_ok=True)
-    listening = _listen(port)
+    check_data_dir(data_dir)
+    listening = _listen(port)  # nothing is made before the port is ours: a refused start leaves nothing
     port = listening.getsockname()[1]
-    with listening, (state_dir / "server.log").open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "index", "serve", "--listening-fd", str(listening.fileno()),
-             "--data", str(data_dir), "--fallback-url", fallback_url, "--torch-url", torch_url,
-             "--state-dir", str(state_dir.absolute()),  # publish finds the password from the process
-             *[arg for prefix in private for arg in ("--private-prefix", prefix)]],
-            stdout=log, stderr=log, start_new_session=True, pass_fds=(listening.fileno(),),
-        )
+    with listening:
+        index_auth.ensure_secret(state_dir)  # before the server starts: it reads the same file
+        made = made_folders(data_dir.absolute())
+        process = _spawn(listening, data_dir, state_dir, fallback_url, torch_url, private)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 30
     while not _answers(url):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
+            remove_if_empty(made)
             raise IndexServerError(f"the local index did not start on port {port}",
                                    f"its log says why: {state_dir / 'server.log'}")
         time.sleep(0.2)
@@ -224,6 +222,31 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: 
              "fallback_url": fallback_url, "torch_url": torch_url, "private": list(private_prefixes(private))}
     (state_dir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     return state
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """The index serves, to every pip install, whatever wheel lies in its folder: so the folder,
+    every folder above it and each per-target folder in it (where they exist) are this user's
+    or root's and writable by no one else, as every folder the tool writes (--dist, --build-dir)."""
+    folders = [data_dir, *(sorted(p for p in data_dir.iterdir() if p.is_dir()) if data_dir.is_dir() else [])]
+    for folder in folders:
+        found = wheel_trust.chain_problem(folder.absolute(), private=True)
+        if found:
+            raise OutputDirError(f"--data: {found}; another user could put their own wheels on the index, and every "
+                                 "pip install would get them; refused",
+                                 "give --data a folder only you (or root) can write, or remove the folder named")
+
+
+def _spawn(listening: socket.socket, data_dir: Path, state_dir: Path, fallback_url: str, torch_url: str,
+           private: tuple[str, ...]) -> subprocess.Popen:
+    with (state_dir / "server.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "index", "serve", "--listening-fd", str(listening.fileno()),
+             "--data", str(data_dir), "--fallback-url", fallback_url, "--torch-url", torch_url,
+             "--state-dir", str(state_dir.absolute()),  # publish finds the password from the process
+             *[arg for prefix in private for arg in ("--private-prefix", prefix)]],
+            stdout=log, stderr=log, start_new_session=True, pass_fds=(listening.fileno(),),
+        )
 
 
 def stop(state_dir: Path = STATE_DIR) -> bool:
