@@ -19,7 +19,7 @@ import torch
 from pipeline.spec import load_spec
 from pipeline.stages.loader import load_model
 
-from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
+from .conftest import TINY_SPEC, attach_torch, make_venv, pip_install, run_cli
 
 RUNTIME_FORBIDDEN = ("torch._inductor", "torch._dynamo")
 
@@ -234,7 +234,7 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
     """numpy, safetensors and filelock are imported where they are used: with none installed (pip
     install --no-deps), import and load() work, and load_numpy() and verify name the package to
     install; with not even torch, `info` works and `verify` says how to get the torch it pins."""
-    python = make_venv(tmp_path / "env")
+    python = make_venv(tmp_path / "env", sees_torch=False)
     pip_install(python, "--no-deps", str(wheel))
     bare = run_in(python, "import model_tiny; print(model_tiny.__version__)")
     assert bare.returncode == 0 and bare.stdout.strip().startswith("0.1+cpu.torch"), bare.stderr
@@ -245,7 +245,7 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
     assert no_torch.returncode == 6 and "Traceback" not in no_torch.stderr, no_torch.stderr
     assert no_torch.stderr == (f"error: model-tiny verify needs torch, which is not installed here: pip install "
                                f"model-tiny=={version} again, without --no-deps, for the torch it pins\n")
-    pip_install(python, f"torch=={importlib.metadata.version('torch')}")  # (torch brings filelock)
+    attach_torch(python)  # this suite's torch, as `pip install torch==<the pin>` gives it (torch brings filelock)
     assert run_in(python, "import numpy").returncode != 0 and run_in(python, "import safetensors").returncode != 0
     ran = run_in(python, "import model_tiny; m = model_tiny.load(); print(m(*model_tiny.example_inputs())[1].shape)")
     assert ran.returncode == 0, ran.stderr

@@ -91,7 +91,7 @@ def workspace(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def matrix(workspace, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("matrix")
-    python = make_venv(tmp / "python")
+    python = make_venv(tmp / "python", sees_torch=False)  # setup-python's: no torch
     run_job("matrix", {"inputs": {"no_containers": True}}, workspace, python, tmp)
     return json.loads(outputs(tmp, "matrix")["matrix"])
 
@@ -100,7 +100,7 @@ def matrix(workspace, tmp_path_factory) -> dict:
 def built(workspace, matrix, tmp_path_factory) -> Path:
     """The cpu job's steps, on its matrix entry; returns the wheel it left in dist/."""
     tmp = tmp_path_factory.mktemp("build")
-    python = make_venv(tmp / "python")
+    python = make_venv(tmp / "python", sees_torch=False)  # setup-python's: make builds .venv from it
     job = next(entry for entry in matrix["include"] if entry["target"] == "cpu")
     run_job("build", {"matrix": job}, workspace, python, tmp)
     wheels = sorted((workspace / "dist").glob("*.whl"))
@@ -111,7 +111,7 @@ def built(workspace, matrix, tmp_path_factory) -> Path:
 def test_the_matrix_job_gives_one_job_per_target_with_only_its_own_install_line(matrix, workspace, tmp_path):
     assert [(entry["model"], entry["target"]) for entry in matrix["include"]] == [("tiny", "cpu"), ("tiny", "cuda")]
     assert all(entry["container"] == "" for entry in matrix["include"])  # the local run: on the runner itself
-    python = make_venv(tmp_path / "python")
+    python = make_venv(tmp_path / "python", sees_torch=False)
     run_job("matrix", {"inputs": {"no_containers": False}}, workspace, python, tmp_path)
     jobs = {entry["target"]: entry for entry in json.loads(outputs(tmp_path, "matrix")["matrix"])["include"]}
     assert "manylinux_2_28" in jobs["cpu"]["container"] and jobs["cpu"]["torch_variant"] == "cpu"
@@ -170,7 +170,7 @@ def index(tmp_path):
 def test_the_publish_job_uploads_with_its_own_install_line_and_passes_on_a_rerun(built, workspace, index, tmp_path):
     url, data = index
     secrets = {"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_INDEX_USERNAME": "local", "MODELWHEEL_INDEX_PASSWORD": "no-auth"}
-    python = make_venv(tmp_path / "python")  # no torch, no numpy: what the job installs and nothing else
+    python = make_venv(tmp_path / "python", sees_torch=False)  # no torch, no numpy: what the job installs and nothing else
     first = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)
     assert f"{built.name}: uploaded to the cpu index" in first.stderr
     assert (data / "cpu" / built.name).is_file()

@@ -27,7 +27,7 @@ def run(python: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="module", params=OTHER_TORCHES)
 def other_torch_env(request, tmp_path_factory) -> tuple[str, Path]:
-    python = make_venv(tmp_path_factory.mktemp("torch-other") / "env")
+    python = make_venv(tmp_path_factory.mktemp("torch-other") / "env", sees_torch=False)  # another torch
     # The pipeline's ranges (pyproject.toml), not requirements.txt's pins: torch 2.11 needs setuptools<82.
     pip_install(python, f"torch=={request.param}", "-e", f"{REPO}[test]")
     return request.param, python
