@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -317,3 +319,25 @@ def test_spec_keys_that_do_not_go_together(tmp_path):
         (tmp_path / f"{name}.toml").write_text(text)
         ran = run_cli("build", "--spec", str(tmp_path / f"{name}.toml"))
         assert ran.code == 3 and expected in ran.err, (name, ran.err)
+
+
+QUIETED = ("TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
+def test_a_checkpoint_loads_without_progress_bars_or_the_ansi_load_report(tmp_path):
+    """transformers' 'Loading weights' bar and its ANSI-coloured LOAD REPORT (here: the MLM head's
+    keys, unexpected in a BertModel) stay out of the build's output in a pipe: the build checks
+    missing and mismatched keys itself."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64)).save_pretrained(tmp_path / "mlm")
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[model]\nname = "enc"\nversion = "1"\nhf = "mlm"\ntask = "feature-extraction"\n')
+    load = "import sys; from pipeline.spec import load_spec; from pipeline.stages.loader import load_model; " \
+           "load_model(load_spec(sys.argv[1]))"
+    env = {k: v for k, v in os.environ.items() if k not in QUIETED}
+    ran = subprocess.run([sys.executable, "-c", load, str(spec)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert "LOAD REPORT" not in ran.stderr and "Loading weights" not in ran.stderr and "\x1b" not in ran.stderr, ran.stderr

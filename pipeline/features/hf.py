@@ -221,6 +221,9 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task):
         raise ModelLoadError(f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed "
                              f"here ({exc})", f"pip install {task.library} into the environment that runs modelwheel "
                                                "(the wheel it builds does not need it)") from exc
+    from ..stages.loader import quiet_model_libraries
+
+    quiet_model_libraries(checkpoint=True)  # diffusers reads no setting for its bars: set now it is imported
     loader = getattr(library, task.loader)
     dtype = {"dtype": torch.float32, "trust_remote_code": False} if task.library == "transformers" else {
         "torch_dtype": torch.float32}

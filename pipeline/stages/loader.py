@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
 import re
 import sys
 import traceback
@@ -255,8 +256,33 @@ def state_sha256(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+# What the model libraries print while a model loads: progress bars (redrawn with \r, in pipes
+# too), and for a --hf folder transformers' ANSI-coloured LOAD REPORT, whose missing and
+# mismatched keys the build checks itself (features/hf.py, _check_loaded). A factory's own
+# warnings stay: they are the user's code's. Set only where the user has not set them
+# (TRANSFORMERS_VERBOSITY=info brings the report back).
+QUIET_BARS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+QUIET_LOGS = {"TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
+
+
+def quiet_model_libraries(checkpoint: bool) -> None:
+    """Before a model loads: through the environment for the libraries it imports later, and
+    through their logging modules for those already imported (they read it at import)."""
+    wanted = {**QUIET_BARS, **(QUIET_LOGS if checkpoint else {})}
+    ours = {name for name, value in wanted.items() if os.environ.setdefault(name, value) == value}
+    for library in ("transformers", "diffusers"):
+        logs = sys.modules.get(f"{library}.utils.logging")
+        if logs is None:
+            continue
+        if "HF_HUB_DISABLE_PROGRESS_BARS" in ours:
+            logs.disable_progress_bar()
+        if f"{library.upper()}_VERBOSITY" in ours:
+            logs.set_verbosity_error()
+
+
 def load_model(spec_file: SpecFile) -> LoadedModel:
     spec = spec_file.spec
+    quiet_model_libraries(checkpoint=spec.model.hf is not None)
     if spec.model.hf is not None:  # a save_pretrained folder: the task's wrapper around from_pretrained
         from ..features.hf import load_checkpoint
 
