@@ -11,7 +11,11 @@ import hashlib
 import json
 import re
 import zipfile
+from email.parser import HeaderParser
 from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from ..errors import UnverifiedWheelError
 from ..services.templates import wheel_integrity
@@ -51,18 +55,70 @@ def read_manifest(wheel: Path) -> dict:
         if not names:
             raise UnverifiedWheelError(f"{wheel}: no manifest.json: not a wheel built by this pipeline", "build it with `make build`")
         package = names[0].split("/")[0]
-        manifest = json.loads(archive.read(names[0]))
-        verification = manifest.get("verification") or {}
-        if verification.get("passed") is not True:
+        manifest = _parsed_manifest(wheel, archive, names[0])
+        if manifest["verification"].get("passed") is not True:
             raise UnverifiedWheelError(
                 f"{wheel}: its manifest does not record a passed verification", "build it with `make build`, which verifies"
             )
         # Every member hashed once: the manifest and RECORD checks both read these.
         digests = {info.filename: _member_sha256(archive, info.filename) for info in archive.infolist() if not info.is_dir()}
-        _check_manifest_hashes(wheel, package, manifest, digests)
+        try:
+            _check_manifest_hashes(wheel, package, manifest, digests)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a record of the wrong shape
+            raise UnverifiedWheelError(f"{wheel}: {names[0]} is damaged: {exc!r}", ALTERED_HINT) from None
         _check_record(wheel, archive, digests)
+        _check_names(wheel, archive, manifest)
     _check_report(wheel, manifest)
     return manifest
+
+
+# What publish and the checks read from a manifest, and their JSON types.
+MANIFEST_KEYS = {"import_name": str, "dist_name": str, "full_version": str, "artifacts": dict, "golden": dict,
+                 "verification": dict}
+
+
+def _parsed_manifest(wheel: Path, archive: zipfile.ZipFile, name: str) -> dict:
+    """The manifest as JSON with the keys publish reads, or exit 15 naming it (never a traceback)."""
+    try:
+        manifest = json.loads(archive.read(name))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UnverifiedWheelError(f"{wheel}: {name} is not valid JSON: {exc}", ALTERED_HINT) from None
+    if not isinstance(manifest, dict):
+        raise UnverifiedWheelError(f"{wheel}: {name} is a JSON {type(manifest).__name__}, not a manifest", ALTERED_HINT)
+    wrong = [key for key, kind in MANIFEST_KEYS.items() if not isinstance(manifest.get(key), kind)]
+    if wrong:
+        raise UnverifiedWheelError(f"{wheel}: {name} is not a manifest of this pipeline: {', '.join(wrong)} "
+                                   "missing or of the wrong type", ALTERED_HINT)
+    return manifest
+
+
+def _version(text: str | None) -> object:
+    try:
+        return Version(text or "")
+    except InvalidVersion:
+        return text
+
+
+def _check_names(wheel: Path, archive: zipfile.ZipFile, manifest: dict) -> None:
+    """The file's name and version are the ones inside: METADATA's and the manifest's. A renamed
+    copy (model_other-..., model_tiny-0.9-...) would take that name and version on the index for
+    good, though pip refuses to install it."""
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise UnverifiedWheelError(f"{wheel}: not a wheel's file name: {exc}", "publish the file as its build named it") from None
+    metadata = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+    if len(metadata) != 1:
+        raise UnverifiedWheelError(f"{wheel}: {'no' if not metadata else 'more than one'} *.dist-info/METADATA", ALTERED_HINT)
+    headers = HeaderParser().parsestr(archive.read(metadata[0]).decode("utf-8", "replace"))
+    said = {"its file name": (name, _version(str(version))),
+            f"its METADATA ({metadata[0]})": (canonicalize_name(headers["Name"] or ""), _version(headers["Version"])),
+            "its manifest": (canonicalize_name(manifest["dist_name"]), _version(manifest["full_version"]))}
+    if len(set(said.values())) > 1:
+        words = ", ".join(f"{where} says {dist} {ver}" for where, (dist, ver) in said.items())
+        raise UnverifiedWheelError(f"{wheel}: a renamed wheel: {words}",
+                                   f"publish the file under the name its build gave it ({manifest['import_name']}-"
+                                   f"{manifest['full_version']}-...whl), or rebuild")
 
 
 def _check_manifest_hashes(wheel: Path, package: str, manifest: dict, digests: dict[str, tuple[int, bytes]]) -> None:
