@@ -66,6 +66,10 @@ class Spec(Frozen):
         if self.compile.autocast and self.weights.external:
             raise ValueError("compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
                              "float32 weights the .so cannot pre-cast); remove one of them")
+        if self.compile.freezing and self.weights.external:
+            raise ValueError("compile.freezing: cannot be used with [weights] external = true (freezing folds the weights "
+                             "into the compiled code, so load(weights=...) and swap_weights() could no longer replace "
+                             "them); remove one of them")
         return self
 
     @property
@@ -197,7 +201,7 @@ def _not_a_file(path: Path) -> str:
 
 def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: str | None = None) -> SpecFile:
     """The spec with a new version and/or weights file (from the command line), validated again."""
-    raw = spec_file.spec.model_dump(exclude_none=True)
+    raw = spec_file.spec.model_dump(exclude_none=True, exclude_unset=True)  # keys left out stay left out: a target may default them
     if version is not None:
         raw["model"]["version"] = version
     if weights is not None:

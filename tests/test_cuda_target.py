@@ -99,7 +99,7 @@ def test_variant_label_and_index_follow_pytorch(monkeypatch):
 
 def test_shipped_files_are_the_library_and_its_kernels():
     options = cuda.compile_options(load_spec(TINY_SPEC).spec)
-    assert options == {cuda.EMBED_OPTION: False, cuda.MULTI_ARCH_OPTION: False}
+    assert options == {cuda.EMBED_OPTION: False, cuda.MULTI_ARCH_OPTION: False, "freezing": True}
     names = ["model.so", "k0.cubin", "k1.fatbin", "k2.ptx", "model.wrapper.cpp", "k0.json", "model_consts.weights"]
     assert [n for n in names if cuda.ships(Path(n), options)] == ["model.so", "k0.cubin", "k1.fatbin", "k2.ptx"]
     embedded = {cuda.EMBED_OPTION: True}
@@ -210,3 +210,34 @@ def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_devi
     assert "arange_on_cpu.py:20: angles = t[:, None] * freqs[None, :]" in refused.value.args[0]
     assert refused.value.hint.startswith("forward makes a tensor on another device than its inputs' (meta): create it "
                                          "on an input's device (torch.arange(..., device=x.device))")
+
+
+def test_freezing_is_the_cuda_targets_default_where_the_weights_are_embedded(tmp_path):
+    from pipeline.features.static import fixed_spec
+    from pipeline.spec import with_overrides
+
+    tiny = load_spec(TINY_SPEC)  # says nothing of freezing
+    assert cuda.compile_options(tiny.spec)["freezing"] is True
+    assert "freezing" not in targets.get("cpu").compile_options(tiny.spec)  # the cpu target keeps the spec's False
+    # the spec validated again (--version, a static size's fixed spec) still leaves it to the target
+    assert cuda.compile_options(with_overrides(tiny, version="0.2").spec)["freezing"] is True
+    assert cuda.compile_options(fixed_spec(tiny, "batch", 2).spec)["freezing"] is True
+    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text().replace("[compile]\n", "[compile]\nfreezing = false\n"))
+    assert "freezing" not in cuda.compile_options(load_spec(spec).spec)  # the spec's own word wins
+    external = TINY_SPEC.parent / "external.toml"
+    assert "freezing" not in cuda.compile_options(load_spec(external).spec)  # swappable weights stay unfrozen
+
+
+def test_freezing_external_weights_is_refused_plainly(tmp_path):
+    """It used to crash verification with a KeyError for the first frozen constant (_frozen_param5)."""
+    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    spec = tmp_path / "spec.toml"
+    spec.write_text((TINY_SPEC.parent / "external.toml").read_text().replace("[compile]\n", "[compile]\nfreezing = true\n"))
+    with pytest.raises(SpecError) as info:
+        load_spec(spec)
+    assert info.value.message == (
+        f"{spec}: invalid spec\n  key 'compile.freezing': cannot be used with [weights] external = true (freezing folds "
+        "the weights into the compiled code, so load(weights=...) and swap_weights() could no longer replace them); "
+        "remove one of them")

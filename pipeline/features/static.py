@@ -56,7 +56,7 @@ def folder(size: int) -> str:
 
 def fixed_spec(spec_file: SpecFile, dim: str, size: int) -> SpecFile:
     """The spec with ``dim`` fixed at ``size``: dropped from [dims], a number in every input shape."""
-    raw = spec_file.spec.model_dump(exclude_none=True)
+    raw = spec_file.spec.model_dump(exclude_none=True, exclude_unset=True)  # keys left out stay left out: a target may default them
     raw["dims"].pop(dim)
     for spec_input in raw["inputs"]:
         spec_input["shape"] = [size if axis == dim else axis for axis in spec_input["shape"]]
