@@ -37,13 +37,21 @@ venv: $(VENV)/.installed
 # an index), else from PyTorch's index for TORCH_VARIANT; then the rest of the toolchain.
 # --no-compile: byte-compiling all of torch's sources was half its install (51 s of it against
 # 23 s on a 2-core machine); Python compiles the modules it imports on first use.
+# The recipe's lines are not echoed (@): a newcomer sees what is being installed, not shell plumbing.
+# EDITABLE_QUIET: setuptools warns on every editable install that a folder named like the package
+# may shadow it; here that folder is the package.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 $(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || \
-	  $(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX)
-	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	touch $@
+	@echo "==> setting up $(VENV) (once): torch $(TORCH_VERSION)+$(TORCH_VARIANT), requirements.txt, modelwheel itself (editable)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --no-compile --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
+	  echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) from $(TORCH_INDEX) (no local copy)"; \
+	  $(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX); }
+	@echo "    requirements.txt"
+	@$(PY) -m pip install --quiet -r requirements.txt
+	@$(EDITABLE_QUIET) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+	@echo "    $(VENV) is ready"
 
 # The current interpreter: installs what the pipeline needs beside torch, keeping the torch it
 # has (pyproject.toml admits torch 2.11 to 2.14), from wheelhouse/ when present (offline). That

@@ -1,0 +1,62 @@
+"""What `make` shows a newcomer: what it installs, not its shell plumbing, and no setuptools
+warning about the editable install of modelwheel itself."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+MAKEFILE = (REPO / "Makefile").read_text()
+
+
+def echoed_recipe_lines(text: str) -> list[str]:
+    """Each recipe line make prints before running it: a tab-led line (with its backslash
+    continuations) that does not start with @."""
+    lines, logical, pending = text.splitlines(), [], ""
+    for line in lines:
+        if pending or line.startswith("\t"):
+            pending += line.strip() + " "
+            if not line.endswith("\\"):
+                logical.append(pending.strip())
+                pending = ""
+    return [line for line in logical if not line.startswith(("@", "-@"))]
+
+
+def test_make_echoes_no_shell_plumbing():
+    """`make build` on a fresh clone printed `… 2>/dev/null || \\` while setting up .venv."""
+    noisy = [line for line in echoed_recipe_lines(MAKEFILE) if "2>/dev/null" in line or "||" in line]
+    assert noisy == []
+    setup = MAKEFILE.split("$(VENV)/.installed: requirements.txt pyproject.toml\n")[1].split("\n\n")[0]
+    assert all(line.startswith("\t@") or line.startswith("\t  ") for line in setup.splitlines()), setup
+    assert '@echo "==> setting up $(VENV)' in setup
+
+
+def editable_build(source: Path, out: Path, env_assignment: str | None) -> str:
+    """setuptools' editable build of modelwheel, as `pip install -e .` runs it; its stderr."""
+    env = {"PATH": "/usr/bin:/bin"}
+    if env_assignment:
+        name, value = env_assignment.split("=", 1)
+        env[name] = value.strip('"')
+    ran = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_editable({str(out)!r})"],
+                         capture_output=True, text=True, cwd=source, env=env)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stderr
+
+
+def test_the_editable_install_of_modelwheel_shows_no_setuptools_warning(tmp_path):
+    quiet = re.search(r"^EDITABLE_QUIET := (\w+=.+)$", MAKEFILE, re.M)
+    assert quiet, "the Makefile sets what silences the editable install's warning"
+    assert re.search(r"^\t@\$\(EDITABLE_QUIET\) \$\(PY\) -m pip install .*-e \.$", MAKEFILE, re.M)
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("pipeline", "templates"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    assert "Editable installation" in editable_build(source, tmp_path / "loud", None)  # what it silences
+    assert "Editable installation" not in editable_build(source, tmp_path / "quiet", quiet.group(1))
