@@ -40,7 +40,9 @@ def parser() -> argparse.ArgumentParser:
     parser.set_defaults(verbose=False, quiet=False, json=False)
     parser.add_argument("--version", action="version", version=f"modelwheel {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="export, compile, verify and package one model spec",
+    what = ("export, compile, verify and package models into wheels: one or more specs (--spec, repeated: built "
+            "in parallel), or a transformers or diffusers folder (--hf)")
+    build = commands.add_parser("build", help=what, description=what[0].upper() + what[1:] + ".",
                                 parents=[_common_flags("print one JSON record of the build on stdout "
                                                        "(docs/how-a-build-works.md#the-json-record)")])
     build.add_argument("--spec", action="append",

@@ -90,3 +90,13 @@ def test_the_docs_install_the_tool_with_the_pinned_cpu_torch_from_pytorchs_index
     assert lines, "README.md shows how to install the tool"
     for page, line in lines:
         assert line.startswith(f"pip install . {pin}+cpu --extra-index-url https://download.pytorch.org/whl/cpu"), (page, line)
+
+
+def test_the_build_help_says_it_takes_several_specs_or_a_checkpoint_folder(tmp_path):
+    """`modelwheel --help` and `modelwheel build --help` said "one model spec"."""
+    for args in (["--help"], ["build", "--help"]):
+        ran = run_cli(*args, cwd=tmp_path)
+        text = " ".join(ran.out.split()).lower()
+        assert ran.code == 0 and "one or more specs (--spec, repeated: built in parallel), or a transformers or " \
+                                 "diffusers folder (--hf)" in text, ran.out
+        assert "one model spec" not in text
