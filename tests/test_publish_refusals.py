@@ -1,8 +1,12 @@
-"""What publish refuses before anything is uploaded: a renamed wheel, a damaged manifest."""
+"""What publish refuses before anything is uploaded (a renamed wheel, a damaged manifest), and
+where it sends credentials (the index's own scheme, host and port only)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import shutil
+import threading
 
 import pytest
 
@@ -43,3 +47,47 @@ def test_a_damaged_manifest_with_a_consistent_record_is_refused_naming_it(wheel,
     assert ran.code == 15, ran.err
     assert f"error: {damaged}: model_tiny/manifest.json {says}" in ran.err
     assert "Traceback" not in ran.err
+
+
+@contextlib.contextmanager
+def serving(host: str, answer):
+    """A server on ``host`` answering GETs with ``answer(path) -> bytes``, recording each request's
+    path and Authorization header."""
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = answer(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://{host}:{server.server_port}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("elsewhere", ["127.0.0.2", "127.0.0.1"])  # another host; the same host on another port
+def test_skip_existing_sends_credentials_to_the_index_s_own_origin_only(wheel, tmp_path, elsewhere):
+    """The index's simple page linked its file on another host, without #sha256: publish
+    --skip-existing downloaded it to compare, sending the user's password there."""
+    data = wheel.read_bytes()
+    with serving(elsewhere, lambda path: data) as (files, fetched):
+        page = f'<a href="{files}/files/{wheel.name}">{wheel.name}</a>'.encode()
+        with serving("127.0.0.1", lambda path: page) as (index, pages):
+            ran = run_cli("publish", "--skip-existing", "--wheel", str(wheel), "--index",
+                          index.replace("http://", "http://alice:S3cretPw@") + "/", cwd=tmp_path,
+                          env={"MODELWHEEL_SIMPLE_URL": ""})
+    assert ran.code == 0, ran.err
+    assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in ran.err
+    assert fetched == [(f"/files/{wheel.name}", None)]  # the file, fetched without credentials
+    assert [auth.startswith("Basic ") for _, auth in pages] == [True]  # the index's own page, with them

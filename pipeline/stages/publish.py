@@ -223,10 +223,11 @@ def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None
             for href, digest in HREF_RE.findall(page)}
 
 
-def _get(url: str, index: Index) -> bytes:
-    """GET ``url`` from the index (its simple page, or a file); errors the user can act on."""
+def _get(url: str, index: Index, *, foreign: bool = False) -> bytes:
+    """GET ``url`` from the index (its simple page, or a file); errors the user can act on.
+    ``foreign``: a URL off the index's own scheme, host and port, fetched without credentials."""
     try:
-        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials, anonymous=index.local),
+        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials, anonymous=index.local or foreign),
                                 timeout=30) as response:
             return response.read()
     except urllib.error.HTTPError:
@@ -239,13 +240,24 @@ def _get(url: str, index: Index) -> bytes:
                                "check the index URL (a password may hold any character; the host follows its last @)") from exc
 
 
-def published_sha256(index: Index, file_url: str) -> str:
-    """The sha256 of a file on the index: from its link's ``#sha256=``, else by downloading it."""
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def published_sha256(index: Index, file_url: str, page_url: str) -> str:
+    """The sha256 of a file on the index: from its link's ``#sha256=``, else by downloading it.
+    The index's credentials go only to its own scheme, host and port (``page_url``'s): a page
+    may link a file anywhere, and a host it names is no one the user gave a password to."""
     url, _, fragment = file_url.partition("#")
     if fragment.startswith("sha256="):
         return fragment.removeprefix("sha256=")
+    foreign = _origin(url) != _origin(page_url)
+    if foreign:
+        require_secure(url, "the file the index's page links,", index.allow_insecure_http)
     try:
-        return hashlib.sha256(_get(url, index)).hexdigest()
+        return hashlib.sha256(_get(url, index, foreign=foreign)).hexdigest()
     except urllib.error.HTTPError as exc:
         raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
 
@@ -360,7 +372,7 @@ def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = Fals
         target = wheel_targets.variant(manifest)
         known = on_index(index, target, manifest["dist_name"])
         if known is not None and wheel.name in known:
-            same = skip_existing and published_sha256(index, known[wheel.name]) == wheel_integrity.sha256_file(wheel)
+            same = skip_existing and published_sha256(index, known[wheel.name], index.simple_url(target)) == wheel_integrity.sha256_file(wheel)
             say(f"    {wheel.name}: already on the index ({target}){', the same file' if same else ''}, left as it is")
             (identical if same else existing).append(wheel.name)
         elif not _upload(index, wheel, target):
