@@ -86,12 +86,19 @@ $(ACTIONLINT):
 test-deps: $(SETUP)
 	$(PY) -m pip install --quiet -r requirements-test.txt
 
+# Two test processes (pytest-xdist), each taking a whole test file at a time (--dist loadfile:
+# a file's fixtures, its builds and venvs, are made once). Most of a test's time is one core's:
+# a build's export and C++ compile, a subprocess importing torch. TEST_WORKERS=0: one process.
+# The suite's budget and how to keep a test inside it: docs/testing.md.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: $(SETUP) tools test-deps
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) $(ARGS)
 
 # Everything the default suite leaves out, and the whole model zoo.
 test-slow: $(SETUP) tools test-deps
-	$(PY) -m pytest -q -m "slow or zoo" $(ARGS)
+	$(PYTEST) -m "slow or zoo" $(ARGS)
 
 # The GPU tests, with the current interpreter and its CUDA torch; they skip without a GPU.
 test-gpu:
