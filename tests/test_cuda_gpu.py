@@ -127,3 +127,112 @@ def test_multi_arch_ships_ptx_and_fatbin(tmp_path):
     python = installed_python(tmp_path / "env", wheel)
     ran = run_in(python, "import model_tiny as t; print(all(r.passed for r in t.verify(t.load())))")
     assert ran.returncode == 0 and ran.stdout.strip() == "True", ran.stderr
+
+
+# CUDA graphs (issue 42; the CPU side is tests/test_cuda_graphs.py): one process checks them all
+# against torch's runner (load(cuda_graphs=False)) and prints what it saw as JSON.
+GRAPHS = r"""
+import json, threading, warnings
+import torch
+import model_tiny as t
+from model_tiny._direct import DirectRunner, DirectUnavailable
+from model_tiny._graphs import GraphCaptureWarning, GraphRunner
+from model_tiny._target_cuda import CudaGraphs, stream
+from model_tiny._weights import load_into
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+graphs, runner = t.load(), t.load(cuda_graphs=False)
+seen = {"info": graphs.info(), "runner_info": runner.info()}
+x1, x1b, x4 = (list(t.example_inputs(seed=s, batch=b)) for s, b in ((1, 1), (7, 1), (4, 4)))
+seen["equal"] = [same(graphs(*x), runner(*x)) for x in (x1, x1b, x4, x1)]  # x1b: new data through batch 1's graph
+seen["graphs"] = graphs.info()["graphs"]
+kept = graphs(*x1)
+graphs(*x4)
+seen["owned"] = same(kept, runner(*x1))
+
+cases = [list(t.example_inputs(seed=10 + s, batch=b)) for b in (1, 4) for s in range(4)]
+answers = [list(runner(*x)) for x in cases]
+wrong = []
+def caller(index):
+    for round in range(25):
+        case = (index + 3 * round) % len(cases)
+        if not same(graphs(*cases[case]), answers[case]):
+            wrong.append((index, round, case))
+workers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+[w.start() for w in workers]
+[w.join() for w in workers]
+seen["threads_wrong"] = wrong
+
+before = list(graphs(*x1))
+doubled = {name: 2 * tensor if tensor.is_floating_point() else tensor
+           for name, tensor in runner._runner.extract_constants_map(False).items()}
+try:
+    for model in (graphs, runner):
+        load_into(model._runner, doubled, inactive=True)
+        model._runner.swap_constant_buffer()
+    after = list(graphs(*x1))
+    seen["swap"] = same(after, runner(*x1)) and not same(after, before)
+except DirectUnavailable as exc:  # a .so from a torch without the constants' C-ABI-safe calls
+    seen["swap"] = str(exc)
+
+class Syncing(CudaGraphs):  # a real capture that fails: synchronising is not allowed while capturing
+    def capture(self, run, warmups):
+        return super().capture(lambda: (torch.cuda.synchronize(), run())[1], warmups)
+
+fresh = t.load(cuda_graphs=False)
+refusing = GraphRunner(DirectRunner(fresh.library, fresh.device, t._manifest.ARTIFACTS_DIR, stream(fresh.device)),
+                       Syncing(fresh.device), "model_tiny 0.1")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    seen["fallback_equal"] = [same(refusing.run(x), fresh(*x)) for x in (x1, x4, x1)]
+seen["fallback_warnings"] = [str(w.message) for w in caught if w.category is GraphCaptureWarning]
+seen["fallback_info"] = refusing.info()
+print(json.dumps(seen))
+"""
+
+
+@pytest.fixture(scope="module")
+def graphs_seen(cuda_wheel) -> dict:
+    _, _, python = cuda_wheel
+    ran = run_in(python, GRAPHS)
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
+def test_cuda_graphs_are_the_default_and_replay_the_runners_outputs_bitwise(graphs_seen):
+    seen = graphs_seen
+    assert seen["info"]["path"] == "CUDA graphs" and seen["info"]["copy_outputs"] is True, seen["info"]
+    assert seen["runner_info"]["path"] == "AOTInductor runner"
+    assert seen["runner_info"]["graphs_off"] == "load(cuda_graphs=False)"
+    assert seen["equal"] == [True, True, True, True]
+    # one per batch size, least recently used first: x1b replayed batch 1's graph
+    assert seen["graphs"] == [[[4, 3, 8, 8], [4]], [[1, 3, 8, 8], [1]]]
+    assert seen["owned"] is True
+
+
+def test_cuda_graphs_from_four_threads(graphs_seen):
+    assert graphs_seen["threads_wrong"] == []
+
+
+def test_a_weight_swap_recaptures_on_the_new_weights(graphs_seen):
+    if graphs_seen["swap"] is not True and "exports no" in str(graphs_seen["swap"]):
+        pytest.skip(f"this torch's .so cannot take constants through ctypes: {graphs_seen['swap']}")
+    assert graphs_seen["swap"] is True
+
+
+def test_a_failed_capture_warns_once_and_runs_without_graphs(graphs_seen):
+    seen = graphs_seen
+    assert seen["fallback_equal"] == [True, True, True]
+    assert len(seen["fallback_warnings"]) == 1 and "capturing the model in a CUDA graph failed" in seen["fallback_warnings"][0]
+    assert seen["fallback_info"]["path"] == "single-threaded entry point, without CUDA graphs"
+
+
+def test_the_environment_variable_turns_cuda_graphs_off(cuda_wheel):
+    _, _, python = cuda_wheel
+    code = "import model_tiny as t; m = t.load(); print(m.info()['path'], m.info()['graphs_off'])"
+    ran = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
+                         env={**os.environ, "MODELWHEEL_CUDA_GRAPHS": "0"})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "AOTInductor runner MODELWHEEL_CUDA_GRAPHS=0"

@@ -26,6 +26,7 @@ from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, NativeRuntimeEr
 _TORCH_SIDE = {
     "CompiledModel": "._load", "example_inputs": "._load", "load": "._load", "verify": "._load",
     "GoldenMismatch": "._golden", "WeightsMismatch": "._weights", "NumpyModel": "._native",
+    "GraphCaptureWarning": "._graphs",
 }
 # the serving helpers (docs/serving.md): they import asyncio, and torch or numpy only when called
 _SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "ModelThreads", "RequestError", "check_request",
@@ -36,6 +37,7 @@ __all__ = [
     "CompiledModel",
     "DynamicBatcher",
     "GoldenMismatch",
+    "GraphCaptureWarning",
     "IncompatibleRuntime",
     "IntegrityError",
     "LazyModel",
@@ -68,13 +70,14 @@ def load_numpy(num_models: int = 1) -> Any:
     return load_with_numpy(num_models)
 
 
-def lazy_load(num_models: int = 1, numpy: bool = False) -> Any:
-    """A ``LazyModel``: ``load(num_models)`` (or ``load_numpy(num_models)``) run on first use in
-    each process, so it may be made before a server forks its workers (docs/serving.md)."""
+def lazy_load(num_models: int = 1, numpy: bool = False, **options: Any) -> Any:
+    """A ``LazyModel``: ``load(num_models, **options)`` (or ``load_numpy(num_models)``) run on first
+    use in each process, so it may be made before a server forks its workers (docs/serving.md).
+    ``options``: load()'s keywords (a CUDA wheel's ``cuda_graphs``, ``copy_outputs``, ``device``)."""
     from ._serving import LazyModel
 
     def open_model() -> Any:
-        return load_numpy(num_models) if numpy else __getattr__("load")(num_models)
+        return load_numpy(num_models) if numpy else __getattr__("load")(num_models, **options)
 
     return LazyModel(open_model)
 

@@ -6,14 +6,18 @@ Imports torch and nothing of its compiler stack (torch._inductor, torch._dynamo)
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import torch
 
 from . import _describe, _dispatch, _targets
 from ._constants import Store
+from ._direct import DirectRunner, DirectUnavailable
+from ._graphs import GraphCaptureWarning, GraphRunner
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, make_inputs
 from ._integrity import check_artifacts, check_files, opened_verified, weights_record
@@ -56,15 +60,22 @@ def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, 
 
 
 def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR,
-                 record: dict[str, Any] | None = None) -> Any:
+                 record: dict[str, Any] | None = None, graphs: Any = None, copy_outputs: bool = True) -> Any:
     """``kernels``: where a CUDA .so's kernel files are (a static size's: its own folder).
     ``record``: the .so's sha256 and size: it is opened once, checked, and loaded through that
-    descriptor, so the file checked is the file loaded."""
+    descriptor, so the file checked is the file loaded. ``graphs``: a _graphs.GraphBackend: the
+    .so is opened through its single-threaded entry point and its calls replay graphs."""
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
     target = _targets.for_manifest(m)
-    if record is None:
-        return target.open_runner(library, kernels, device, num_models)
-    with opened_verified(library, record, hold_open=True) as loadable:
+    with (opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library))) as loadable:
+        if graphs is not None:
+            try:
+                direct = DirectRunner(Path(loadable), device, kernels, cast(_targets.GraphTarget, target).stream(device),
+                                      constants=bool(m["weights"]["external"] or m.get("constants")))
+                return GraphRunner(direct, graphs, f"{m['dist_name']} {m['full_version']}", copy_outputs=copy_outputs)
+            except DirectUnavailable as exc:  # an older torch's .so: torch's runner, as without graphs
+                warnings.warn(f"{m['dist_name']} {m['full_version']}: {exc}; it runs without CUDA graphs",
+                              GraphCaptureWarning, stacklevel=3)
         return target.open_runner(Path(loadable), kernels, device, num_models)
 
 
@@ -88,6 +99,7 @@ class CompiledModel:
         self.library = library
         self.device = device
         self._static = static or {}
+        self.graphs_off: str | None = None  # why calls run without CUDA graphs (load sets it)
         self._store: Store | None = None  # static sizes' shared constants: the runners read its mapped file
         self.last_library: Path | None = None
         self._swap_lock = threading.Lock()
@@ -138,6 +150,22 @@ class CompiledModel:
             return [o[:batch] for o in runner.run(args)]
         return runner.run(args)
 
+    @property
+    def copy_outputs(self) -> bool:
+        """False when calls hand back the CUDA graph's own output tensors (load(copy_outputs=False)),
+        which the next call overwrites."""
+        return getattr(self._runner, "copy_outputs", True)
+
+    def info(self) -> dict[str, Any]:
+        """Which path calls run on: ``{"path": "CUDA graphs", "graphs": [input shapes captured],
+        ...}``, the single-threaded entry point after a capture failed (``"refused"`` says why), or
+        torch's AOTInductor runner (``"graphs_off"`` says why)."""
+        where = {"target": self._manifest["target"], "device": self.device}
+        if isinstance(self._runner, GraphRunner):
+            return where | self._runner.info() | {
+                "static": {size: runner.info() for size, (runner, _) in self._static.items()}}
+        return where | {"path": "AOTInductor runner", "graphs_off": self.graphs_off}
+
     def __repr__(self) -> str:
         return f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} on {self.device} from {self.library}>"
 
@@ -151,17 +179,23 @@ _EMBEDDED = (
 
 
 def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] | None = None,
-         device: str | torch.device | None = None) -> CompiledModel:
+         device: str | torch.device | None = None, *, cuda_graphs: bool | None = None,
+         copy_outputs: bool = True) -> CompiledModel:
     """Open the compiled model. ``num_models`` is how many calls may run concurrently; ``weights``
     (a safetensors file or a name -> tensor mapping) replaces the packaged weights when they are
-    external; ``device`` picks a GPU for a CUDA wheel (``"cuda:1"``; default: the current one)."""
+    external; ``device`` picks a GPU for a CUDA wheel (``"cuda:1"``; default: the current one).
+
+    A CUDA wheel replays a CUDA graph per input shape (docs/cuda.md): ``cuda_graphs=False``, or
+    MODELWHEEL_CUDA_GRAPHS=0 in the environment, runs torch's runner instead; ``copy_outputs=False``
+    returns the graph's own output tensors, overwritten by the next call."""
     m = manifest()
     external = m["weights"]["external"]
     if weights is not None and not external:
         raise WeightsMismatch(_EMBEDDED.format(**m))
     where = _device(m, device)
-    check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability(),
-                  _targets.for_manifest(m).problems_here(m, where))
+    target = _targets.for_manifest(m)
+    graphs_off = _targets.graphs_off(target, m["target"], cuda_graphs)
+    check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability(), target.problems_here(m, where))
     tensors = None
     if external:
         if weights is None:  # the packaged file: read (memory-mapped) through the descriptor its hash was checked on
@@ -173,11 +207,16 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
     library = directory / m["library"]
     names = _dispatch.static_library_names(m)
+    # one backend: one memory pool for every graph of the model
+    graphs = None if graphs_off else cast(_targets.GraphTarget, target).graph_backend(where)
     static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name,
-                                  record=m["artifacts"][names[size]]), path)
+                                  record=m["artifacts"][names[size]], graphs=graphs, copy_outputs=copy_outputs), path)
               for size, path in _dispatch.static_libraries(m, directory).items()}
-    runner = _open_runner(m, library, where, num_models, record=m["artifacts"][m["library"]])
+    runner = _open_runner(m, library, where, num_models, record=m["artifacts"][m["library"]], graphs=graphs,
+                          copy_outputs=copy_outputs)
     model = CompiledModel(runner, m, library, where, static)
+    model.graphs_off = graphs_off if graphs_off or isinstance(runner, GraphRunner) else \
+        "the .so cannot be called through its single-threaded entry point (the GraphCaptureWarning says why)"
     if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
         check_files(PACKAGE_DIR, m["constants"])
         model._store = Store(PACKAGE_DIR)
@@ -185,7 +224,18 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
             runner.update_constant_buffer(model._store.tensors(path.relative_to(directory).as_posix()), False, True, True)
     if tensors is not None:
         model._install(tensors, inactive=False)
+    _capture_static(model)
     return model
+
+
+def _capture_static(model: CompiledModel) -> None:
+    """Each static size's graph, captured now on seeded inputs of its size: the first call of
+    that size replays it at once."""
+    m = model._manifest
+    for size, (runner, _) in model._static.items():
+        if isinstance(runner, GraphRunner):
+            sizes = {name: dim["example"] for name, dim in m["dims"].items()} | {m["static"]["dim"]: size}
+            runner.capture([t.to(model.device) for t in make_inputs(m["inputs"], sizes, 0)])
 
 
 def verify(model: CompiledModel | None = None) -> list[GoldenResult]:

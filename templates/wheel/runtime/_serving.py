@@ -13,7 +13,9 @@ function that needs it, on first use (numpy arrays from ``load_numpy()``, tensor
   a batch, so a bad request fails alone and the others in its batch still run.
 - ``run_batch`` runs many requests in few calls: inputs concatenated along the batch axis, in
   groups of at most the built batch max (first fit), outputs split back per request. It is what a Ray Serve
-  ``@serve.batch`` method calls with the list Ray collected.
+  ``@serve.batch`` method calls with the list Ray collected. A CUDA wheel replays a CUDA graph per
+  batch size (``load()``'s default, docs/cuda.md); outputs the graph keeps (``copy_outputs=False``)
+  are copied before a request gets its slice, as the next batch overwrites them.
 - ``ModelThreads`` runs an asyncio server's model calls on threads of the model's own, the same
   ones every time (one by default), so the model's OpenMP threads keep up their speed.
 - ``DynamicBatcher`` collects concurrent requests in an asyncio server (FastAPI) up to the
@@ -74,7 +76,9 @@ class ModelThreads:
     stops spinning between the model's parallel regions and puts its threads to sleep instead:
     the unet's batch-1 call took 66 ms from a second thread against 32 ms from one (2 cores,
     2 OpenMP threads each). Keep ``count`` x OpenMP threads <= cores, and load the model with
-    ``num_models >= count``. Safe to create before a fork: each process starts its own threads."""
+    ``num_models >= count``. A CUDA wheel replaying CUDA graphs runs one call at a time whatever
+    ``count`` is (one lock around each replay; the GPU runs one graph at a time anyway): keep
+    ``count`` 1 there. Safe to create before a fork: each process starts its own threads."""
 
     def __init__(self, model: Callable[..., Outputs], count: int = 1) -> None:
         self.model = model
@@ -214,6 +218,22 @@ def _groups(requests: Sequence[Request], limit: int) -> list[list[int]]:
     return groups
 
 
+def _owns_outputs(model: Callable[..., Outputs]) -> bool:
+    """Whether the caller owns what ``model`` returns: not a CUDA wheel loaded with
+    ``copy_outputs=False``, whose outputs are its graph's own tensors, overwritten by the next call."""
+    inner = model.get() if isinstance(model, LazyModel) else model
+    return bool(getattr(inner, "copy_outputs", True))
+
+
+def _copying(model: Callable[..., Outputs]) -> Callable[..., Outputs]:
+    """``model``, its outputs copied out of the graph's tensors before the next batch runs: a
+    request's slice is read after the call that made it has returned."""
+    def call(*args: Any) -> Outputs:
+        outputs = model(*args)
+        return tuple(o.clone() for o in outputs) if isinstance(outputs, tuple) else outputs.clone()
+    return call
+
+
 def run_batch(model: Callable[..., Outputs], requests: Sequence[Request], limit: int | None = None) -> list[Outputs]:
     """Each request's outputs, computed in few calls of ``model``: each request joins the first
     call with room for it under the batch max (first fit).
@@ -222,13 +242,14 @@ def run_batch(model: Callable[..., Outputs], requests: Sequence[Request], limit:
     are never split across calls; ``limit`` (default: the built batch max) caps a call's batch."""
     limit = limit or max_batch()
     results: list[Outputs] = [None] * len(requests)
+    call = model if _owns_outputs(model) else _copying(model)
     for group in _groups(requests, limit):
         members = [requests[i] for i in group]
         if len(members) == 1:
-            results[group[0]] = model(*members[0])
+            results[group[0]] = call(*members[0])
             continue
         stacked = [_concat([request[k] for request in members]) for k in range(len(members[0]))]
-        outputs = model(*stacked)
+        outputs = call(*stacked)
         several = isinstance(outputs, tuple)
         start = 0
         for index, request in zip(group, members):

@@ -36,5 +36,12 @@ def open_runner(library: Path, kernel_dir: Path, device: str, num_models: int) -
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), num_models)
 
 
+def graphs_off(asked: bool | None) -> str | None:
+    """A CPU build runs without CUDA graphs; asking for them is an error."""
+    if asked:
+        raise ValueError("cuda_graphs=True: this wheel is a CPU build; CUDA graphs need its CUDA wheel")
+    return "a CPU build"
+
+
 def reference() -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()

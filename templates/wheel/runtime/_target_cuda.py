@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,69 @@ def open_runner(library: Path, kernel_dir: Path, device: str, num_models: int) -
     import torch
 
     return torch._C._aoti.AOTIModelContainerRunnerCuda(str(library), num_models, device, str(kernel_dir))
+
+
+# Servers set it to 0 to run every CUDA wheel as without graphs (load(cuda_graphs=...) overrides it).
+GRAPHS_VARIABLE = "MODELWHEEL_CUDA_GRAPHS"
+
+
+def stream(device: str) -> Callable[[], int]:
+    """The stream the .so's single-threaded entry point runs on: the caller's current one on
+    ``device`` (the capturing stream while a graph is captured)."""
+    import torch
+
+    where = torch.device(device)
+    return lambda: torch.cuda.current_stream(where).cuda_stream
+
+
+def graphs_off(asked: bool | None) -> str | None:
+    """Why calls run without CUDA graphs (None: they replay graphs, the default)."""
+    if asked is False:
+        return "load(cuda_graphs=False)"
+    if asked is None and os.environ.get(GRAPHS_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{GRAPHS_VARIABLE}={os.environ[GRAPHS_VARIABLE]}"
+    return None
+
+
+class CudaGraphs:
+    """_graphs.GraphBackend on a GPU: a torch.cuda.CUDAGraph per capture, all in one memory pool.
+
+    Sharing the pool is safe because a GraphRunner replays one graph at a time and copies what it
+    returns before the next call: a later graph may reuse an earlier one's workspace, never while
+    that one runs."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self._device = torch.device(device)
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def settings(self) -> tuple[bool, bool]:
+        """What a capture bakes in beside the shapes: whether cuDNN and cuBLAS may use TF32 (the
+        golden check turns both off: reference())."""
+        import torch
+
+        return torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+
+    def capture(self, run: Callable[[], list[Any]], warmups: int) -> tuple[Any, list[Any]]:
+        import torch
+
+        with torch.cuda.device(self._device):
+            side = torch.cuda.Stream()  # warm-up on a side stream, as torch's CUDA graph docs do
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmups):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another thread's CUDA calls during the capture do not invalidate it
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                outputs = run()
+        return graph, outputs
+
+
+def graph_backend(device: str) -> CudaGraphs:
+    return CudaGraphs(device)
 
 
 def device(asked: str | None) -> str:

@@ -8,6 +8,7 @@ Imports neither torch nor numpy: load_numpy() asks it too.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -30,6 +31,29 @@ class RuntimeTarget(Protocol):
 
     def reference(self) -> AbstractContextManager[None]:
         """The settings the golden outputs were recorded under."""
+
+
+class GraphTarget(RuntimeTarget, Protocol):
+    """A target whose calls can replay captured graphs (CUDA): these are optional, and a target
+    module without them runs torch's runner only (``graphs_off``)."""
+
+    def stream(self, device: str) -> Callable[[], int | None]:
+        """What the .so's single-threaded entry point gets as its stream, read at each call."""
+
+    def graphs_off(self, asked: bool | None) -> str | None:
+        """Why calls run without graphs (``asked``: load's cuda_graphs); None: they replay graphs."""
+
+    def graph_backend(self, device: str) -> Any:
+        """A _graphs.GraphBackend for ``device``."""
+
+
+def graphs_off(target: RuntimeTarget, name: str, asked: bool | None) -> str | None:
+    """Why this wheel's calls run without graphs; None where they replay them."""
+    if hasattr(target, "graphs_off"):
+        return cast(GraphTarget, target).graphs_off(asked)
+    if asked:
+        raise ValueError(f"cuda_graphs=True: this wheel's target {name!r} has no CUDA graphs")
+    return f"target {name!r} has no graphs"
 
 
 def for_manifest(m: dict[str, Any]) -> RuntimeTarget:
