@@ -6,11 +6,11 @@ from the repository root, with whichever python the variant needs).
 
     python -m benchmarks.variants so --spec SPEC --mode kernels --batch N --artifact MODEL.so
 
-VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-numpy | import-torch (compile-ro is
+VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-graphs | wheel-numpy | import-torch (compile-ro is
 torch.compile's ``reduce-overhead`` mode, CUDA graphs on a GPU). ``--device cuda`` runs the torch
 variants on the current GPU, synchronizing around every timed call. `wheel` and `wheel-numpy` run in
 the virtualenv the wheel is installed in (their --artifact is the import name): `wheel` uses
-load() and torch tensors, `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
+load() and torch tensors (on a GPU without CUDA graphs, `wheel-graphs` with them), `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
 `onnx` in cold mode imports only onnxruntime and numpy; `import-torch` (cold mode only) imports
 torch and nothing else. `so` with `--mode kernels` profiles a
 .so compiled with cpp.enable_kernel_profile; `onnx` with `--mode ort-profile` runs ONNX Runtime's
@@ -99,7 +99,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         model = package.load_numpy()
         args = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
         return lambda: model(*args)
-    if variant == "wheel":
+    if variant in ("wheel", "wheel-graphs"):
         import importlib
 
         import torch
@@ -108,7 +108,14 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         m = package.manifest()
         # the very arrays wheel-numpy gets, as tensors sharing their memory: the A/B differs only in the loader
         arrays = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
-        model, args = package.load(), [torch.from_numpy(a).to(DEVICE) for a in arrays]  # on the cpu: no copy
+        # on a GPU, "wheel" is torch's runner and "wheel-graphs" load()'s default, CUDA graphs
+        model = package.load(cuda_graphs=True) if variant == "wheel-graphs" else \
+            package.load(cuda_graphs=False) if DEVICE == "cuda" else package.load()
+        args = [torch.from_numpy(a).to(DEVICE) for a in arrays]  # on the cpu: no copy
+        if variant == "wheel-graphs":
+            model(*args)  # captures the graph for this batch
+            if model.info()["path"] != "CUDA graphs":  # a row that says graphs must have run them
+                raise SystemExit(f"wheel-graphs: the wheel runs without CUDA graphs: {model.info()}")
         return lambda: model(*args)
     if variant == "onnx":
         import numpy as np
@@ -252,7 +259,7 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-numpy", "so",
+    parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-graphs", "wheel-numpy", "so",
                                                  "import-torch"])
     parser.add_argument("--spec", default="")
     parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy", "ort-profile"], required=True)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One short GPU loan (the device tool: 15 minutes in all, 10 per command), run from the checkout
 # with wheelhouse/ carried (`make wheelhouse WHEEL_PYTHON=3.12` where there is network):
-#   1. make test-gpu, in the background, while
+#   1. make test-gpu (the CUDA-graph tests among them), in the background, while
 #   2. the unet's CUDA wheel builds with its spec's options pinned (no candidate search: each
-#      unet CUDA compile takes 94-143 s), then installs into a fresh venv that sees the machine's
-#      torch, verifies, and loads from the build's folder, without any /opt link, and through the
-#      link its runtime makes;
-#   3. make bench TARGET=cuda on that wheel (--wheel --lease), once the tests are done.
+#      unet CUDA compile takes 94-143 s; freezing on, the CUDA target's default, which the spec's
+#      own `freezing = false` would otherwise turn off), then installs into a fresh venv that sees
+#      the machine's torch, verifies, and loads from the build's folder, without any /opt link, and
+#      through the link its runtime makes; its CUDA graphs are checked bitwise against torch's
+#      runner at batch 1 and 8;
+#   3. make bench TARGET=cuda on that wheel (--wheel --lease): eager, torch.compile, reduce-overhead,
+#      the wheel without and with CUDA graphs, batch 1 and 8, and the three targets.
 # Everything it prints goes to $OUT (default build/gpu-lease); the last lines are a summary.
 set -u
 OUT=${OUT:-build/gpu-lease}
@@ -33,9 +36,9 @@ say "make test-gpu, in the background"
 tests=$!
 
 spec=models/unet/.bench-gpu.toml  # ignored (.gitignore); the spec's options, pinned
-sed 's/^\[compile\]$/[compile]\nsearch = false/' models/unet/spec.toml > "$spec"
+sed -e 's/^\[compile\]$/[compile]\nsearch = false/' -e "s/^freezing = false$/freezing = ${FREEZING:-true}/" models/unet/spec.toml > "$spec"
 # make build's own line (its current-env step would pip-install beside test-gpu's at once)
-say "make build MODEL=unet TARGET=cuda (search = false)"
+say "make build MODEL=unet TARGET=cuda (search = false, freezing = ${FREEZING:-true})"
 started=$(date +%s)
 timeout $(( $(left) - 150 )) "$PY" -m pipeline build --spec "$spec" --target cuda --overwrite > "$OUT/unet-build.log" 2>&1
 note "unet cuda build: rc=$? in $(( $(date +%s) - started )) s"
@@ -63,6 +66,16 @@ if [ -n "$wheel" ] && [ "${CHECKS:-1}" = 1 ]; then
   rm -f "$root"
   (cd / && "$env_python" -c 'import json, model_unet as m; d = m.manifest(); print(json.dumps({k: d[k] for k in ("target", "cuda", "platform", "torch") if k in d}))') \
     > "$OUT/unet-manifest.json" 2>&1
+  # the unet through CUDA graphs (load()'s default) against torch's runner, bitwise, at batch 1 and 8
+  graphs=$(cd / && "$env_python" -W default -c '
+import torch, model_unet as m
+g, r = m.load(), m.load(cuda_graphs=False)
+for b in (1, 8):
+    x = m.example_inputs(seed=b, device="cuda", batch=b)
+    print(f"batch {b}: bitwise equal {torch.equal(g(*x), r(*x))};", end=" ")
+info = g.info(); print("path:", info["path"], "graphs:", len(info.get("graphs", [])), info.get("refused", ""))' 2>&1 | tail -3)
+  echo "$graphs" >> "$OUT/unet-checks.log"
+  note "unet CUDA graphs: $(echo "$graphs" | tr '\n' ' ' | cut -c1-400)"
   note "manifest: $(sed 's/"kernels": \[[^]]*\]/"kernels": [...]/' "$OUT/unet-manifest.json" | cut -c1-700)"
 fi
 
