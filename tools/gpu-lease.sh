@@ -70,9 +70,10 @@ if [ -n "$wheel" ] && [ "${CHECKS:-1}" = 1 ]; then
   graphs=$(cd / && "$env_python" -W default -c '
 import torch, model_unet as m
 g, r = m.load(), m.load(cuda_graphs=False)
+both = lambda o: o if isinstance(o, tuple) else (o,)
 for b in (1, 8):
     x = m.example_inputs(seed=b, device="cuda", batch=b)
-    print(f"batch {b}: bitwise equal {torch.equal(g(*x), r(*x))};", end=" ")
+    print(f"batch {b}: bitwise equal {all(torch.equal(p, q) for p, q in zip(both(g(*x)), both(r(*x))))};", end=" ")
 info = g.info(); print("path:", info["path"], "graphs:", len(info.get("graphs", [])), info.get("refused", ""))' 2>&1 | tail -3)
   echo "$graphs" >> "$OUT/unet-checks.log"
   note "unet CUDA graphs: $(echo "$graphs" | tr '\n' ' ' | cut -c1-400)"
