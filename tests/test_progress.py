@@ -19,6 +19,7 @@ import pytest
 from pipeline.services.cache import Cache
 from pipeline.services.progress import STATUS_ENV, Progress, QuietProgress, estimate, is_live_terminal, reporting, step
 
+from pipeline.services.parallel import last_stage
 from pipeline.summary import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -230,7 +231,21 @@ def test_parallel_builds_each_give_their_record(json_build, tmp_path):
     shutil.copy(TINY_SPEC.parent / "tiny_model.py", other / "tiny_model.py")
     (other / "spec.toml").write_text(TINY_SPEC.read_text().replace('name = "tiny"', 'name = "tiny_other"'))
     ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(other / "spec.toml"), "--json",
-                  "--root", str(base / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(base / "build"))
+                  "--root", str(base / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(base / "build"),
+                  env={STATUS_ENV: "0.5"})
     assert ran.code == 0, ran.err
     record = json.loads(ran.out)
     assert sorted(b["model"] for b in record["builds"]) == ["tiny", "tiny_other"] and record["failures"] == []
+    # in a pipe, what each build is doing, from the status lines in its log, while they run
+    status = [line for line in ran.err.splitlines() if line.startswith("    ... ")]
+    assert any(re.search(rf"{re.escape(str(other / 'spec.toml'))}: \w+ .* in all · \d+s", line) for line in status), ran.err
+
+
+def test_a_parallel_builds_line_is_its_logs_newest_status(tmp_path):
+    log = tmp_path / "b.log"
+    log.write_text("==> export\n    export done in 2.0s\n==> compile: 4 candidate(s), chosen one to /o\n"
+                   "    ... compile 2/4 freezing: compiling · 40s in compile · 1m02s in all\n")
+    assert last_stage(log) == "compile 2/4 freezing: compiling · 40s in compile · 1m02s in all"
+    with log.open("a") as handle:
+        handle.write("    compile done in 50.0s\n==> verify\n")
+    assert last_stage(log) == "verify"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ModelLoadError, SpecError, UnsupportedTaskError, UsageError
+from .hf_limits import SEQUENCE, check_sequence
 from .hf_tasks import TASKS, WRAPPER_EXAMPLE, ConfigProblem, Facts, Task, find_task, supported
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -165,6 +166,9 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
                               "(docs/library-models.md#a-wrapper-of-your-own)") from exc
     generated["model"] = {"description": _description(checkpoint, task)}
     completed = _merged(generated, raw)
+    if SEQUENCE in generated["dims"]:  # before export: the config's limits, not torch's guard, say what fits
+        check_sequence(completed["dims"], (raw.get("dims") or {}).get(SEQUENCE), checkpoint.facts.config,
+                       checkpoint.config_file, where)
     completed["model"].update(hf=str(folder), task=task.name)
     return completed
 

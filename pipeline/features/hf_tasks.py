@@ -15,9 +15,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-# A text model's sequence bound is its max positions, capped: verify runs every dim at its max,
-# and Llama 3's 131072 positions would need an attention matrix no build machine holds.
-MAX_SEQUENCE = 2048
+from .hf_limits import sequence_dim
+
 DEFAULT_IMAGE_SIZE = 224  # what most image processors resize to, where neither config says
 DEFAULT_TEXT_LENGTH = 77  # CLIP's text length: what Stable Diffusion's UNets are conditioned on
 DEFAULT_BATCH = {"min": 1, "max": 8}
@@ -145,20 +144,13 @@ def _need(config: dict[str, Any], key: str, why: str) -> Any:
     return config[key]
 
 
-def max_positions(config: dict[str, Any]) -> int:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        if isinstance(config.get(key), int) and config[key] > 0:
-            return min(config[key], MAX_SEQUENCE)
-    return MAX_SEQUENCE
-
-
 def _text_spec(with_mask: bool, output: str) -> Callable[[Facts], dict[str, Any]]:
     def spec(facts: Facts) -> dict[str, Any]:
         vocab = int(_need(facts.config, "vocab_size", "a text task needs: the token ids' range (is it a text model?)"))
-        bound = max_positions(facts.config)
         ids = {"name": "input_ids", "shape": ["batch", "sequence"], "dtype": "int64", "low": 0, "high": vocab}
         mask = {"name": "attention_mask", "shape": ["batch", "sequence"], "dtype": "int64", "low": 0, "high": 2}
-        return {"dims": {"batch": dict(DEFAULT_BATCH), "sequence": {"min": 1, "max": bound, "example": min(16, bound)}},
+        # within the config's position table and on one side of its sliding window (hf_limits.py)
+        return {"dims": {"batch": dict(DEFAULT_BATCH), "sequence": sequence_dim(facts.config)},
                 "inputs": [ids, mask] if with_mask else [ids], "outputs": [{"name": output}]}
     return spec
 

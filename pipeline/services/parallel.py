@@ -82,6 +82,11 @@ def last_stage(log: Path) -> str:
             lines = handle.read().decode(errors="replace").splitlines()
     except OSError:
         return "starting"
+    for line in reversed(lines):  # the build's own status line, when it is newer than its last stage line
+        if line.startswith("==> "):
+            break
+        if line.startswith("    ... "):
+            return line[len("    ... "):]
     stage = next((line[4:].split(":")[0] for line in reversed(lines) if line.startswith("==> ")), "starting")
     candidate = next((line.strip() for line in reversed(lines) if line.startswith("    candidate ")), "")
     return f"{stage} ({candidate})" if stage == "compile" and candidate else stage

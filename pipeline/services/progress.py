@@ -103,6 +103,7 @@ class Progress:
         self.began = self.last_line = time.perf_counter()
         self.every_s = status_every_s()
         self.lock = threading.Lock()  # the heartbeat's lines and the build's never interleave
+        self.tracks: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -122,7 +123,11 @@ class Progress:
         self.expected = dict(stage_times)
 
     def track(self, key: str, text: str) -> None:
-        """One line per build of several built at once (live only)."""
+        """Each of several builds at once: its line of the live area; off a terminal, all of them
+        on one status line whenever nothing was printed for a while."""
+        self.tracks[key] = text
+        if self.HEARTBEAT and time.perf_counter() - self.last_line >= self.every_s:
+            self.say("    ... " + " | ".join(f"{name}: {status}" for name, status in self.tracks.items()))
 
     def close(self) -> None:
         pass

@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import io
 import logging
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,32 @@ def _user_frame(exc: BaseException, source_files: tuple[Path, ...]) -> str | Non
     return found
 
 
-def _export_hint(exc: BaseException) -> str:
+# torch's suggested fix for a dim, e.g. "sequence = Dim('sequence', max=14)": the spec's [dims] keys.
+SUGGESTED_DIM = re.compile(r"^\s*(\w+) = Dim\('\w+'((?:, (?:min|max)=\d+)*)\)\s*$", re.M)
+
+
+def _torch_guards(exc: BaseException) -> str:
+    """torch's own lines under a constraints error (the guard each dim's range failed, its suggested
+    fixes): they say which range exports, so they stay in the message."""
+    text = str(exc)
+    if "Constraints violated" not in text:
+        return ""
+    kept = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("The error above occurred"):
+            break
+        if line.strip():
+            kept.append(f"  {line.rstrip()}")
+    return "\n" + "\n".join(kept) if kept else ""
+
+
+def suggested_dims(exc: BaseException) -> list[str]:
+    """torch's suggested fixes as spec keys: "[dims.sequence] max = 14"."""
+    return [f"[dims.{name}] " + ", ".join(part.strip().replace("=", " = ") for part in bounds.split(",") if part.strip())
+            for name, bounds in SUGGESTED_DIM.findall(str(exc))]
+
+
+def _export_hint(exc: BaseException, checkpoint: bool = False) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if "DataDependent" in text or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
         return (
@@ -163,9 +189,14 @@ def _export_hint(exc: BaseException) -> str:
             "torch.where, or torch.cond for whole branches; see docs/writing-models.md"
         )
     if "Constraints violated" in text or "specialized" in text:
+        fixes = suggested_dims(exc)
+        suggested = f"; torch's suggestion, as spec keys: {'; '.join(fixes)}" if fixes else ""
+        if checkpoint:  # no code of the user's to change: the range is theirs to narrow
+            return ("the checkpoint's model code takes only part of a [dims] range (torch's guard above): narrow that "
+                    "dim's min/max in an override spec (--spec overrides.toml)" + suggested)
         return (
             "a dimension declared dynamic in [dims] is treated as a constant by the code (e.g. a view with a fixed "
-            "size): use x.shape[...] instead of constants, or narrow the dim's min/max in the spec"
+            "size): use x.shape[...] instead of constants, or narrow the dim's min/max in the spec" + suggested
         )
     if "Unsupported" in type(exc).__name__ or "graph break" in text.lower():
         return "the forward calls something torch.export cannot trace: move it to __init__ or replace it with tensor ops"
@@ -273,6 +304,9 @@ def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Export
     except Exception as exc:  # torch.export raises many unrelated types; all mean "did not export"
         log.info("%s", torch_stderr.getvalue())
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = _user_frame(exc, source_files) or where_defined(type(module).forward)
-        raise ExportError(f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}", _export_hint(exc)) from exc
+        model = exported.spec_file.spec.model
+        where = (f"{model.hf} (checkpoint folder, task {model.task})" if model.hf is not None  # not our wrapper's line
+                 else _user_frame(exc, source_files) or where_defined(type(module).forward))
+        raise ExportError(f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}{_torch_guards(exc)}",
+                          _export_hint(exc, exported.spec_file.spec.model.hf is not None)) from exc
     return dataclasses.replace(exported, program=program)
