@@ -137,6 +137,14 @@ seen["load_outputs"] = [same(list(loaded(*inputs[b])), expected[b]) for b in (3,
 seen["load_info"] = {k: v for k, v in loaded.info().items() if k != "static"}
 seen["load_verify"] = all(result.passed for result in t.verify(loaded))
 seen["load_copy_outputs"] = loaded.copy_outputs
+# a static batch size (as [dims.batch] static = [2] gives): its graph is captured at load, then replayed
+from model_tiny import _load
+static = GraphRunner(DirectRunner(loaded.library, "cpu", None, lambda: None), Fake(), "model_tiny")
+loaded._static = {2: (static, loaded.library)}
+loaded._manifest = {**loaded._manifest, "static": {"dim": "batch", "pad": False, "sizes": {"2": {}}}}
+_load._capture_static(loaded)
+seen["static_at_load"] = static.info()["graphs"]
+seen["static_call"] = same(list(loaded(*inputs[2])), expected[2]) and static.captures == 1
 del _target_cpu.stream, _target_cpu.graph_backend
 _target_cpu.graphs_off = own_graphs_off
 try:
@@ -207,6 +215,8 @@ def test_load_opens_the_single_threaded_entry_point_and_replays_graphs_where_the
                                  "copy_outputs": False, "graphs": [[[3, 3, 8, 8], [3]], [[1, 3, 8, 8], [1]]]}
     assert seen["load_outputs"] == [True, True] and seen["load_verify"] is True
     assert seen["load_copy_outputs"] is False
+    assert seen["static_at_load"] == [[[2, 3, 8, 8], [2]]]  # a static size's graph, captured by load()
+    assert seen["static_call"] is True  # a call of that size replays it
 
 
 def test_a_cpu_wheel_refuses_cuda_graphs(seen):
