@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import shutil
 import threading
 
@@ -91,3 +92,40 @@ def test_skip_existing_sends_credentials_to_the_index_s_own_origin_only(wheel, t
     assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in ran.err
     assert fetched == [(f"/files/{wheel.name}", None)]  # the file, fetched without credentials
     assert [auth.startswith("Basic ") for _, auth in pages] == [True]  # the index's own page, with them
+
+
+# The swap another user made while `twine check` ran, at a moment a test can hold: as the check's
+# process exits, the wheel at SWAP_TARGET is replaced by SWAP_WITH (python runs sitecustomize at start).
+SWAP_AFTER_CHECK = """
+import atexit, os, sys
+def _swap():
+    if "check" in sys.argv[1:] and os.path.exists(os.environ["SWAP_WITH"]):
+        os.replace(os.environ["SWAP_WITH"], os.environ["SWAP_TARGET"])
+atexit.register(_swap)
+"""
+
+
+def test_the_wheel_checked_is_the_wheel_uploaded(wheel, tmp_path):
+    """With --wheel in a folder another user can write, the file was replaced while twine check
+    ran: the index received the swapped wheel, which publish would have refused on its own."""
+    home = tmp_path / "home"
+    home.mkdir()
+    started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
+    assert started.code == 0, started.err
+    try:
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        given = shared / wheel.name
+        shutil.copy(wheel, given)
+        (tmp_path / "swapped").mkdir()
+        swapped = rewrite(wheel, tmp_path / "swapped", lambda name, data: data + b"\0" if name.endswith(".so") else data)
+        hook = tmp_path / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(SWAP_AFTER_CHECK)
+        ran = run_cli("publish", "--wheel", str(given), cwd=home,
+                      env={"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]), "SWAP_WITH": str(swapped), "SWAP_TARGET": str(given)})
+        assert not swapped.exists(), "the swap happened"
+        assert ran.code == 0, ran.err
+        assert (home / "data" / "cpu" / wheel.name).read_bytes() == wheel.read_bytes()
+    finally:
+        run_cli("index", "stop", cwd=home)

@@ -31,7 +31,7 @@ from ..errors import AlreadyPublishedError, IndexServerError, UploadError, Usage
 from ..services import index_auth, proc
 from ..services.index import STATE_DIR, read_state
 from ..services.templates import wheel_integrity, wheel_targets
-from .wheel_check import read_manifest
+from .wheel_check import private_copies, read_manifest
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"
 SIMPLE_ENV = "MODELWHEEL_SIMPLE_URL"
@@ -361,8 +361,14 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
 
 def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False) -> Published:
     """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
-    release); one it holds under the same name with other bytes is refused all the same."""
-    manifests = [(wheel, read_manifest(wheel)) for wheel in wheels]  # every wheel checked before any upload
+    release); one it holds under the same name with other bytes is refused all the same. Each
+    wheel is checked and uploaded from one private copy: what was checked is what is sent."""
+    with private_copies(wheels) as copies:
+        return _publish([(copy, read_manifest(copy, wheel)) for wheel, copy in copies], index, say, skip_existing)
+
+
+def _publish(manifests: list[tuple[Path, dict]], index: Index, say, skip_existing: bool) -> Published:
+    """Every wheel was checked (read_manifest) before any upload."""
     check_transport(index, {wheel_targets.variant(manifest) for _, manifest in manifests})
     for wheel, _ in manifests:
         _twine("check", "--strict", str(wheel), what=f"twine check of {wheel.name}",

@@ -6,18 +6,22 @@ too. Any difference is an UnverifiedWheelError (exit 15) naming the file."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import json
 import re
+import shutil
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ..errors import UnverifiedWheelError
+from ..errors import OutputDirError, UnverifiedWheelError
 from ..services.templates import wheel_integrity
 
 
@@ -42,12 +46,37 @@ REPORT_HINT = ("the wheel or its report was changed after the build: rebuild, or
 ALTERED_HINT = "the wheel was altered after its build: rebuild it"
 
 
-def read_manifest(wheel: Path) -> dict:
+@contextlib.contextmanager
+def private_copies(wheels: list[Path]) -> Iterator[list[tuple[Path, Path]]]:
+    """(wheel, its copy) for each wheel, copied with the build's report beside it (where there)
+    into a folder only this user can read or write (0700), removed afterwards. publish checks
+    and uploads the copy: a wheel in a folder another user can write could be swapped between
+    the check and the upload, but not its private copy."""
+    with tempfile.TemporaryDirectory(prefix="modelwheel-publish-") as folder:
+        pairs = []
+        for number, wheel in enumerate(wheels):
+            place = Path(folder) / str(number)
+            report = wheel.parent / ("-".join(wheel.name.split("-")[:2]) + ".report.json")  # <import>-<version>
+            try:
+                place.mkdir(mode=0o700)
+                shutil.copyfile(wheel, place / wheel.name)
+                if report.is_file():
+                    shutil.copyfile(report, place / report.name)
+            except OSError as exc:
+                raise OutputDirError(f"cannot copy {exc.filename or wheel} to a private folder ({place}): {exc.strerror}",
+                                     "free space there, or set TMPDIR to a folder of yours with room") from None
+            pairs.append((wheel, place / wheel.name))
+        yield pairs
+
+
+def read_manifest(path: Path, shown: Path | None = None) -> dict:
     """The wheel's manifest, after checking the chain of hashes that ties it to its build: verification
     passed, every file matches the manifest, every member matches the wheel's RECORD (so the manifest
-    itself is the one built), and the build's report beside the wheel, if any, matches both."""
+    itself is the one built), and the build's report beside the wheel, if any, matches both.
+    ``path`` is read (a private copy); messages name ``shown`` (the wheel the user gave)."""
+    wheel = shown or path
     try:
-        archive = zipfile.ZipFile(wheel)
+        archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
         raise UnverifiedWheelError(f"{wheel}: not a readable wheel: {exc}", "rebuild it") from exc
     with archive:
@@ -68,7 +97,7 @@ def read_manifest(wheel: Path) -> dict:
             raise UnverifiedWheelError(f"{wheel}: {names[0]} is damaged: {exc!r}", ALTERED_HINT) from None
         _check_record(wheel, archive, digests)
         _check_names(wheel, archive, manifest)
-    _check_report(wheel, manifest)
+    _check_report(path, manifest, wheel)
     return manifest
 
 
@@ -166,13 +195,15 @@ def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tupl
             raise UnverifiedWheelError(f"{wheel}: {names[0]} {says} ({record}){others}", ALTERED_HINT)
 
 
-def _check_report(wheel: Path, manifest: dict) -> None:
+def _check_report(read: Path, manifest: dict, wheel: Path) -> None:
     """Where the build's report lies beside the wheel (as `make build` and the CI hand-off leave
-    them), the wheel must be the file it describes: its sha256 and size, and the same artifacts."""
-    path = wheel.parent / f"{manifest['import_name']}-{manifest['full_version']}.report.json"
+    them), the wheel must be the file it describes: its sha256 and size, and the same artifacts.
+    ``read`` is the wheel as read (with its report beside it), ``wheel`` as messages name it."""
+    name = f"{manifest['import_name']}-{manifest['full_version']}.report.json"
+    path = read.parent / name
     if not path.is_file():
         return
-    beside = f"{wheel}: the report beside it ({path})"
+    beside = f"{wheel}: the report beside it ({wheel.parent / name})"
     try:
         report = json.loads(path.read_text())
         recorded, artifacts = report["wheel"], report["artifacts"]
@@ -180,7 +211,7 @@ def _check_report(wheel: Path, manifest: dict) -> None:
         raise UnverifiedWheelError(f"{beside} cannot be read as a build report: {exc!r}", REPORT_HINT) from exc
     if recorded.get("name") != wheel.name:
         raise UnverifiedWheelError(f"{beside} is for {recorded.get('name')}, not this wheel", REPORT_HINT)
-    actual = {"sha256": wheel_integrity.sha256_file(wheel), "size": wheel.stat().st_size}
+    actual = {"sha256": wheel_integrity.sha256_file(read), "size": read.stat().st_size}
     for key, value in actual.items():
         if recorded.get(key) != value:
             raise UnverifiedWheelError(f"{beside} records {key} {recorded.get(key)} for the wheel, the file has {value}", REPORT_HINT)
