@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
                        help="build a transformers or diffusers save_pretrained folder, no code needed (needs --task, "
                             "--name, --version; docs/library-models.md)")
     build.add_argument("--task", help="with --hf: image-classification, object-detection, semantic-segmentation, "
-                                      "feature-extraction, text-generation or denoising")
+                                      "feature-extraction, text-generation or denoising (--task help lists them)")
     build.add_argument("--name", help="with --hf: the model's name (the wheel is model-<name>)")
     build.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds (default: the machine's cores)")
     build.add_argument(

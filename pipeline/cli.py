@@ -130,6 +130,11 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     if jobs is not None and jobs < 1:
         raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
                          "give -j N with N >= 1, or leave -j out to use one build per core")
+    if getattr(args, "task", None) == "help":  # asked for, not a mistake: the table, and exit 0
+        from .features.hf_tasks import supported
+
+        print(f"the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n{supported()}")
+        return 0
     if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
         return _run_build(_checkpoint_spec(args), args, progress)  # --version and --name are in its spec
     if not args.spec:

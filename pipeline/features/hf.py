@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import CheckpointError, ModelLoadError, SpecError, UnsupportedTaskError, UsageError
 from .hf_limits import SEQUENCE, check_sequence
-from .hf_tasks import TASKS, WRAPPER_EXAMPLE, ConfigProblem, Facts, Task, find_task, supported
+from .hf_tasks import TASKS, ConfigProblem, Facts, Task, close_task, find_task, for_class, supported
+from .hf_wrappers import wrapper_example
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 SUMMARY_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")  # what a wheel's one-line summary cannot hold
@@ -33,6 +34,7 @@ class Checkpoint:
     config_file: Path
     config_sha256: str
     facts: Facts
+    task: Task  # the task as it builds this class (the unconditional UNet's denoising, say)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -97,10 +99,14 @@ def _require_safetensors(folder: Path) -> None:
 def resolve_task(name: str, folder: Path | str) -> Task:
     task = find_task(name)
     if task is None:
+        meant = close_task(name)
+        if meant is not None:
+            raise UnsupportedTaskError(f"task {name!r} is not one modelwheel builds; did you mean {meant!r}? It builds:\n"
+                                       f"{supported()}", f"--task {meant}")
         raise UnsupportedTaskError(
             f"task {name!r} is not one modelwheel builds from a checkpoint folder with no code; it builds:\n"
             f"{supported()}",
-            "for another task, write a small wrapper and a spec instead:\n" + WRAPPER_EXAMPLE.format(folder=folder))
+            "for another task, write a small wrapper and a spec instead:\n" + wrapper_example(folder))
     return task
 
 
@@ -113,13 +119,18 @@ def inspect_checkpoint(folder: Path, task: Task) -> Checkpoint:
         raise CheckpointError(f"{model_folder}: is a {library} checkpoint ({class_name}), but task {task.name!r} builds "
                               f"{task.library} models ({task.loader})",
                               "pick the task that fits the model; the tasks are:\n" + supported())
+    if task.classes and class_name not in task.classes:
+        raise CheckpointError(f"{model_folder}: holds a {class_name}, but task {task.name!r} builds "
+                              f"{' or '.join(task.classes)} only",
+                              f"write a small wrapper for {class_name} and a spec instead:\n" + wrapper_example(folder))
     _require_safetensors(model_folder)
     pipeline = model_folder.parent if model_folder != folder.resolve() and model_folder.name == "unet" else None
     facts = Facts(config=config, preprocessor=_optional_json(folder / "preprocessor_config.json"),
                   text_config=_optional_json(pipeline / "text_encoder" / "config.json") if pipeline else {},
                   scheduler=_optional_json(pipeline / "scheduler" / "scheduler_config.json") if pipeline else {})
     return Checkpoint(folder=model_folder, library=library, class_name=class_name, config_file=config_file,
-                      config_sha256=hashlib.sha256(config_file.read_bytes()).hexdigest(), facts=facts)
+                      config_sha256=hashlib.sha256(config_file.read_bytes()).hexdigest(), facts=facts,
+                      task=for_class(task, class_name))
 
 
 def _description(checkpoint: Checkpoint, task: Task) -> str:
@@ -158,6 +169,7 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
     folder = (base / str(model["hf"])).resolve()
     task = resolve_task(str(model["task"]), folder)
     checkpoint = inspect_checkpoint(folder, task)
+    task = checkpoint.task
     try:
         generated = task.spec(checkpoint.facts)
     except ConfigProblem as exc:
@@ -207,7 +219,7 @@ def guess_task(folder: str) -> str:
         return f"add --task, one of:\n{supported()}"
     hints = {"ImageClassification": "image-classification", "ObjectDetection": "object-detection",
              "SemanticSegmentation": "semantic-segmentation", "CausalLM": "text-generation", "LMHead": "text-generation",
-             "UNet2DCondition": "denoising"}
+             "UNet2D": "denoising"}
     for fragment, task in hints.items():
         if fragment in saved:
             return f"its config.json names {saved}: add --task {task}"
@@ -238,7 +250,8 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task):
         raise CheckpointError(f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
                               f"task {task.name!r}: {type(exc).__name__}: {exc}",
                               "check that the task fits the model (the tasks are listed by --task help) and that the "
-                              "folder is complete") from exc
+                              f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
+                              + wrapper_example(checkpoint.folder)) from exc
 
 
 def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> None:
@@ -261,6 +274,7 @@ def load_checkpoint(spec_file):
     spec = spec_file.spec
     task = resolve_task(spec.model.task, spec.model.hf)
     checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
+    task = checkpoint.task
     model, info = _from_pretrained(checkpoint, task)
     _check_loaded(checkpoint, task, info)
     module = task.wrapper(model).eval()

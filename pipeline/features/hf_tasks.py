@@ -80,6 +80,17 @@ class Denoiser(nn.Module):
         return self.model(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
 
 
+class UnconditionalDenoiser(nn.Module):
+    """One denoising step of an unconditional UNet (diffusers' UNet2DModel, as DDPM pipelines keep it)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        return self.model(sample, timestep, return_dict=False)[0]
+
+
 class ConfigProblem(ValueError):
     """config.json lacks what the task needs; the caller names the folder."""
 
@@ -105,6 +116,8 @@ class Task:
     # Weights the kept outputs never use, so the folder may lack them (BertModel's pooler, when
     # the folder was saved from a BertForMaskedLM).
     unused: tuple[str, ...] = ()
+    # The saved classes it takes, where the loader is one class (diffusers'); () for Auto classes.
+    classes: tuple[str, ...] = ()
 
 
 def _square(value: Any) -> tuple[int, int] | None:
@@ -178,6 +191,27 @@ def _unet_spec(facts: Facts) -> dict[str, Any]:
             "outputs": [{"name": "noise_pred", "atol": 1e-3}]}
 
 
+def _unconditional_unet_spec(facts: Facts) -> dict[str, Any]:
+    config = facts.config
+    if config.get("num_class_embeds") or config.get("class_embed_type"):
+        raise ConfigProblem(f"the UNet is class-conditional (num_class_embeds {config.get('num_class_embeds')!r}, "
+                            f"class_embed_type {config.get('class_embed_type')!r}), which the denoising task does not pass")
+    size = _square(_need(config, "sample_size", "gives the sample's height and width"))
+    if size is None:
+        raise ConfigProblem(f"sample_size {config['sample_size']!r} is not one size")
+    steps = int(facts.scheduler.get("num_train_timesteps", 1000))
+    return {"dims": {"batch": dict(DEFAULT_BATCH)},
+            "inputs": [{"name": "sample", "shape": ["batch", int(config.get("in_channels", 3)), *size]},
+                       {"name": "timestep", "shape": ["batch"], "dtype": "int64", "low": 0, "high": steps}],
+            "outputs": [{"name": "noise_pred", "atol": 1e-3}]}  # atol: as the conditional UNet's (GroupNorm)
+
+
+DENOISING_SUMMARY = ("sample, timestep[, encoder_hidden_states] -> noise_pred (diffusers UNet2DConditionModel, "
+                     "or an unconditional UNet2DModel)")
+# The denoising task per saved class: the conditional UNet's, and the unconditional one's.
+UNCONDITIONAL_DENOISING = Task("denoising", "diffusers", "UNet2DModel", UnconditionalDenoiser,
+                               _unconditional_unet_spec, DENOISING_SUMMARY, classes=("UNet2DModel",))
+
 TASKS = {task.name: task for task in (
     Task("image-classification", "transformers", "AutoModelForImageClassification", ImageLogits,
          _image_spec(["logits"]), "pixel_values -> logits (ViT, DeiT, ResNet, ConvNeXt, …)"),
@@ -189,9 +223,10 @@ TASKS = {task.name: task for task in (
          "input_ids, attention_mask -> last_hidden_state (BERT-style text encoders)", unused=("pooler.",)),
     Task("text-generation", "transformers", "AutoModelForCausalLM", CausalLM, _text_spec(False, "logits"),
          "input_ids -> logits, one forward, no KV cache (Llama, GPT-2, …)"),
-    Task("denoising", "diffusers", "UNet2DConditionModel", Denoiser, _unet_spec,
-         "sample, timestep, encoder_hidden_states -> noise_pred (a diffusers UNet2DConditionModel)"),
+    Task("denoising", "diffusers", "UNet2DConditionModel", Denoiser, _unet_spec, DENOISING_SUMMARY,
+         classes=("UNet2DConditionModel", "UNet2DModel")),
 )}
+VARIANTS = {("denoising", "UNet2DModel"): UNCONDITIONAL_DENOISING}
 # Other names for the same tasks (Optimum's and common usage).
 ALIASES = {"causal-lm": "text-generation", "text-encoder": "feature-extraction",
            "image-segmentation": "semantic-segmentation", "unet": "denoising"}
@@ -201,24 +236,20 @@ def find_task(name: str) -> Task | None:
     return TASKS.get(ALIASES.get(name, name))
 
 
+def for_class(task: Task, class_name: str) -> Task:
+    """The task as it builds the saved class: the unconditional UNet's denoising, say."""
+    return VARIANTS.get((task.name, class_name), task)
+
+
+def close_task(name: str) -> str | None:
+    """The task or alias a typo most likely meant ("image-classifcation")."""
+    import difflib
+
+    found = difflib.get_close_matches(name.lower().replace("_", "-"), [*TASKS, *ALIASES], n=1, cutoff=0.9)
+    return found[0] if found else None
+
+
 def supported() -> str:
     """The task table as a user reads it in a refusal."""
     aliases = ", ".join(f"{alias} = {name}" for alias, name in ALIASES.items())
     return "\n".join(f"  {name:<22} {task.summary}" for name, task in TASKS.items()) + f"\n  (also: {aliases})"
-
-
-WRAPPER_EXAMPLE = '''\
-    # model.py, beside your spec.toml: forward takes tensors and returns tensors
-    import torch
-    from transformers import AutoModelForTokenClassification
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = AutoModelForTokenClassification.from_pretrained("{folder}", local_files_only=True)
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-
-  with [model] factory = "model:Wrapped", [weights] seed = 0 (the weights it loads are the ones
-  that ship) and the spec's [dims], [[inputs]] and [[outputs]] (docs/library-models.md#a-wrapper-of-your-own)'''
