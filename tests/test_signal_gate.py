@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline import targets
 from pipeline.errors import NoSignalError, SpecError
@@ -176,3 +177,26 @@ def test_the_build_report_records_what_the_gate_saw(tiny_build):
     assert [(o["name"], o["distinct"]) for o in signal["outputs"]] == [("features", True), ("logits", True)]
     assert [(i["name"], i["changed"]) for i in signal["inputs"]] == [("x", ["features", "logits"]),
                                                                       ("t", ["features", "logits"])]
+
+
+def test_a_checkpoint_with_a_zero_head_is_refused_with_the_checkpoints_fix(tmp_path, dirs):
+    """`--hf` with no spec: the fix is the folder's weights, and an allowance goes in an override spec, not config.json."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                                num_attention_heads=4, intermediate_size=64, num_labels=5))
+    torch.nn.init.zeros_(model.classifier.weight)  # as an adapter or a head before training starts
+    torch.nn.init.zeros_(model.classifier.bias)
+    model.save_pretrained(tmp_path / "vit")
+    ran = run_cli("build", "--hf", str(tmp_path / "vit"), "--task", "image-classification", "--name", "v",
+                  "--version", "1", *dirs.args())
+    assert ran.code == NoSignalError.exit_code, ran.err
+    assert "  output 'logits': its eager reference is the same for the 3 seeded inputs" in ran.err
+    assert "    model.classifier.weight (Linear) is all zeros\n" in ran.err
+    assert ("hint: the checkpoint folder's weights are the ones that ship: save it from a trained model, or set these "
+            "tensors as a trained model has them") in ran.err
+    assert ("add allow_constant = \"<why>\" under its [[outputs]] table in an override spec (--spec overrides.toml; "
+            "its [[inputs]] and [[outputs]] replace the generated lists whole)") in ran.err
+    assert dirs.leftovers() == []
+

@@ -12,6 +12,7 @@ spec say where that is intended.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -147,8 +148,18 @@ def _input_line(effect: InputEffect) -> str:
             f"stayed within its tolerance; a model that ignores an input is verified on nothing for it")
 
 
+def _spec_to_edit(exported: Exported) -> str:
+    """Where an allowance goes: the spec, or for `--hf` without one an override spec (never config.json)."""
+    spec_file = exported.spec_file
+    hf = spec_file.spec.model.hf
+    if hf is not None and spec_file.path == Path(hf) / "config.json":
+        return ("an override spec (--spec overrides.toml; its [[inputs]] and [[outputs]] replace the generated "
+                "lists whole)")
+    return str(spec_file.path)
+
+
 def _hint(exported: Exported, found: list[str], flat: bool, unused: bool) -> str:
-    path = exported.spec_file.path
+    path = _spec_to_edit(exported)
     parts = []
     if found and exported.spec_file.spec.model.hf is not None:
         parts.append("the checkpoint folder's weights are the ones that ship: save it from a trained model, or set "
