@@ -100,12 +100,24 @@ def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bo
 
 # Descriptors of loaded libraries, open for the life of the process: dlopen() knows a library by
 # its name first, so a /proc/self/fd/N reused by another file would be handed the first library.
-_HELD: list[int] = []
+# One per file state (device, inode, size, mtime, ctime), not one per load: a process that loads
+# and closes a model 100,000 times keeps one descriptor, not 100,000 (it ran out at ~1,000).
+_HELD: dict[tuple[int, ...], int] = {}
 
 
 def hold(fd: int) -> str:
-    """Keep ``fd`` open for the life of the process; returns the name a library is loaded by."""
-    _HELD.append(fd)
+    """The name a library is loaded by: ``/proc/self/fd/N`` of a descriptor held open for the life
+    of the process, so N is never reused and the name never means another file. When a held
+    descriptor already has the same file in the same state (the kernel changes the ctime on every
+    write or rename, and nothing can set it back), ``fd`` is closed and that one's name is given:
+    the same bytes, under a name that still means them."""
+    info = os.fstat(fd)
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    held = _HELD.get(key)
+    if held is not None and held != fd:
+        os.close(fd)
+        return f"/proc/self/fd/{held}"
+    _HELD[key] = fd
     return f"/proc/self/fd/{fd}"
 
 
@@ -121,13 +133,15 @@ def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False, h
         raise IntegrityError(f"artifact {path} is missing ({exc.strerror}): reinstall the wheel") from None
     try:
         _check_descriptor(path, fd, record, full)
-        yield f"/proc/self/fd/{fd}"
     except BaseException:
         os.close(fd)
         raise
     if hold_open:
-        hold(fd)
-    else:
+        yield hold(fd)  # held from here, whatever the caller does: its number is never reused
+        return
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
         os.close(fd)
 
 
