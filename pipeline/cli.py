@@ -176,6 +176,8 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
         targets.get(name).before_torch(spec_file.spec.build.options(name), args)
 
+    if not getattr(args, "target", None):  # the spec's own list: a target this machine lacks is left out, said
+        target_names = targets.buildable_here(target_names, progress.say)
     targets.require_available(target_names)  # before anything is written
     shutil.rmtree(trace_dir, ignore_errors=True)
     from .build import build
@@ -263,12 +265,17 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
 def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
     """The spec's wheels in dist/, built first when one is missing."""
     spec_file = _spec_from(args)
+    spec = spec_file.spec
+    from . import targets
+
+    for name in spec.build.targets:  # before torch is imported, as a build does (the cpu target's ISA)
+        targets.get(name).before_torch(spec.build.options(name), args)
     from .services.manifest import local_label  # imports torch: the label names its version
 
-    spec = spec_file.spec
     dist = Path(args.dist)
     check_private(dist, "--dist")  # the wheels found there are uploaded as they are
-    wanted = {t: f"{spec.import_name}-{spec.model.version}+{local_label(t)}-" for t in spec.build.targets}
+    args.target = targets.buildable_here(list(spec.build.targets), progress.say)  # what a build here would make
+    wanted = {t: f"{spec.import_name}-{spec.model.version}+{local_label(t)}-" for t in args.target}
     found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     if not all(found.values()):
         progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
@@ -304,7 +311,7 @@ def _matrix(args: argparse.Namespace, progress: Progress) -> int:
     specs = [Path(s) for s in args.spec] if args.spec else spec_paths(Path(args.models))
     if not specs:
         raise UsageError(f"no <model>/spec.toml under {args.models}", "give --models DIR or --spec PATH")
-    print(json.dumps(build_matrix(specs, containers=not args.no_containers), separators=(",", ":")))
+    print(json.dumps(build_matrix(specs, containers=not args.no_containers, note=progress.say), separators=(",", ":")))
     return 0
 
 

@@ -73,6 +73,13 @@ for action in "${ACTIONS_USED[@]}"; do act_args+=(--local-repository "actions/$a
 # This machine's pip settings (a local mirror, say) reach the jobs as they reach `make`.
 while IFS='=' read -r name _; do act_args+=(--env "$name=${!name}"); done < <(env | grep '^PIP_' || true)
 
+# The matrix job says the same in act's log: a job this machine cannot run (cuda without the NVIDIA
+# driver) is left out of the run, not failed.
+say "the jobs of this run (the matrix job's choice):"
+"$PY" -m pipeline matrix --no-containers | "$PY" -c '
+import json, sys
+for job in json.load(sys.stdin)["include"]:
+    print("    build %s (%s)" % (job["model"], job["target"]), file=sys.stderr)'
 say "act ${act_args[*]}"
 "$WORK/act-venv/bin/act" "${act_args[@]}" 2>&1 | tee "$WORK/act.log"
 
@@ -84,7 +91,7 @@ if "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1],
 else
   echo "    $TORCH_INDEX cannot be reached from here: torch comes from pip's own settings" >&2
 fi
-"$PY" -m pipeline matrix --no-containers | "$PY" -c '
+"$PY" -m pipeline matrix --no-containers 2>/dev/null | "$PY" -c '
 import json, sys
 for job in json.load(sys.stdin)["include"]:
     if job["target"] == "cpu":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
@@ -46,7 +46,9 @@ class Target(Protocol):
     SHARED_CONSTANTS: bool
     # The release workflow's job for this target (``pipeline matrix``): the runner label, the
     # container image it builds in ("" for none) and that container's options, and the PyTorch
-    # index variant (``cpu``, ``cu130``) its torch comes from.
+    # index variant (``cpu``, ``cu130``) its torch comes from. A target may also define
+    # ``runner_missing() -> str | None``: why this machine cannot run its job on itself (a local
+    # run under act, no container), asked without torch; the matrix then leaves the job out.
     RUNNER: str | list[str]
     CONTAINER: str
     CONTAINER_OPTIONS: str
@@ -133,6 +135,21 @@ def get(name: str) -> Target:
         return registry()[name]
     except KeyError:
         raise SpecError(f"unknown target {name!r}", f"choose from {', '.join(names())}") from None
+
+
+def buildable_here(spec_targets: list[str], say: Callable[[str], None]) -> list[str]:
+    """A spec's own targets (no --target given) less those this machine cannot build, each said
+    with why: the unet names cpu and cuda for the release, and `make build` on a machine without
+    a GPU still builds its cpu wheel. Where none is left, all stay, and require_available refuses."""
+    reasons = {name: get(name).unavailable() for name in spec_targets}
+    left = [name for name in spec_targets if reasons[name] is None]
+    if not left:
+        return list(spec_targets)
+    for name in spec_targets:
+        if reasons[name]:
+            say(f"target {name}: not built here: {reasons[name]} (the spec names it for machines that have it; "
+                f"--target {name} asks for it)")
+    return left
 
 
 def require_available(chosen: list[str]) -> None:

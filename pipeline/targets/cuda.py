@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def before_torch(options: BUILD_OPTIONS, args: argparse.Namespace) -> None:
     pass
+
+
+def runner_missing() -> str | None:
+    """Why this machine cannot run the release's cuda job on itself (a local run under act), asked
+    without torch: the matrix job has none. The job needs an NVIDIA driver, which brings nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return "no NVIDIA driver here (nvidia-smi is not on PATH)"
+    return None
 
 
 def unavailable() -> str | None:
