@@ -1,8 +1,14 @@
-"""The installed wheel under load: descriptors that do not run out."""
+"""The installed wheel under load and among other users: descriptors that do not run out, and a
+verified-files cache another user cannot redirect."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+
+import pytest
+
+NOBODY = 65534
 
 LOADS_AND_CLOSES = """
 import gc, os, model_tiny as m
@@ -34,3 +40,31 @@ def test_loads_and_closes_keep_the_descriptor_count_flat(installed):
     before, after, same = ran.stdout.split()[-3:]
     assert int(after) - int(before) <= 2, (before, after)
     assert same == "True"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link or folder of another user's (nobody) needs root to make")
+@pytest.mark.parametrize("planted", ["a link to a folder of this user's", "a folder of nobody's"])
+def test_a_cache_folder_another_user_planted_is_never_changed(installed, tmp_path, planted):
+    """Where the cache path is shared, nobody linked $XDG_CACHE_HOME/modelwheel/verified to a
+    folder of root's: root's load() ran chmod 0700 on the link's target and made a file in it."""
+    cache = tmp_path / "cache"
+    (cache / "modelwheel").mkdir(parents=True)
+    os.chown(cache / "modelwheel", NOBODY, NOBODY)  # the shared part of the path, nobody's
+    verified = cache / "modelwheel" / "verified"
+    target = tmp_path / "roots"
+    target.mkdir(mode=0o755)
+    os.chmod(target, 0o755)
+    if planted.startswith("a link"):
+        verified.symlink_to(target)
+        os.lchown(verified, NOBODY, NOBODY)
+        watched = target
+    else:
+        verified.mkdir(mode=0o755)
+        os.chown(verified, NOBODY, NOBODY)
+        watched = verified
+    ran = subprocess.run([str(installed), "-c", "import model_tiny as m; m.load(); print('loaded')"],
+                         capture_output=True, text=True, cwd="/", env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+                         timeout=300)
+    assert ran.returncode == 0 and ran.stdout.split() == ["loaded"], ran.stderr[-3000:]
+    assert oct(watched.stat().st_mode & 0o777) == "0o755"
+    assert list(watched.iterdir()) == []

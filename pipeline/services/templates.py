@@ -28,11 +28,15 @@ SHARED = {
 
 
 # Runtime modules the shared ones import relatively (``from ._deps import require``): loaded
-# under the name that import looks for here, pipeline.<name>.
+# under the name that import looks for here, pipeline.<name>. One may import those listed
+# before it (_integrity imports _trust), which are loaded first.
 RELATIVE_IMPORTS = ("_deps", "_trust", "_malloc", "_integrity")
 
 
 def _load_runtime_module(name: str) -> ModuleType:
+    if name in RELATIVE_IMPORTS:
+        for earlier in RELATIVE_IMPORTS[:RELATIVE_IMPORTS.index(name)]:
+            _load(f"pipeline.{earlier}", RUNTIME_DIR / f"{earlier}.py", helpers=False)
     qualified = f"pipeline.{name}" if name in RELATIVE_IMPORTS else f"pipeline._wheel_{name.lstrip('_')}"
     return _load(qualified, RUNTIME_DIR / f"{name}.py", helpers=name not in RELATIVE_IMPORTS)
 
@@ -45,7 +49,7 @@ def runtime_target(name: str, path: Path) -> ModuleType:
 def _load(qualified: str, path: Path, helpers: bool) -> ModuleType:
     if qualified in sys.modules:
         return sys.modules[qualified]
-    if helpers:  # the helpers import nothing of each other
+    if helpers:  # the helpers import only helpers listed before them (_load_runtime_module)
         for helper in RELATIVE_IMPORTS:
             _load_runtime_module(helper)
     spec = importlib.util.spec_from_file_location(qualified, path)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from stat import S_ISDIR
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from ._trust import chain_problem
 
 
 class IntegrityError(RuntimeError):
@@ -49,20 +52,39 @@ def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
     return _stamp_dir() / hashlib.sha256(key.encode()).hexdigest()
 
 
+def _own_cache(folder: Path) -> bool:
+    """``folder`` (where it exists) is a real folder of this user's that no one else can write, in
+    a chain of folders no one else controls: the build's check (_trust.chain_problem), and no
+    symlink at the end. Where the cache path is shared ($XDG_CACHE_HOME in a common folder),
+    another user could otherwise plant a link or a folder there and have this user chmod and
+    write into a folder of their choosing, or read and plant stamps."""
+    if chain_problem(folder, private=True):
+        return False
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return True
+    return S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+
+
 def _stamped(stamp: Path) -> bool:
     """A stamp counts only in a folder no one else can write: one who could would plant stamps
     that skip the hash of a file they altered."""
     try:
-        folder = os.stat(stamp.parent)
-        private = folder.st_uid == os.geteuid() and not folder.st_mode & 0o022
-        return private and stamp.exists()
-    except OSError:  # no cache yet, or one this user may not read (HOME of another user): hash again
+        return _own_cache(stamp.parent) and stamp.parent.is_dir() and stamp.exists()
+    except OSError:  # one this user may not read (HOME of another user): hash again
         return False
 
 
 def _write_stamp(stamp: Path) -> None:
+    """Checked before any change (mkdir, chmod, the stamp), and again after mkdir: a folder
+    another user owns or links is never touched, and the next load hashes again."""
     try:
+        if not _own_cache(stamp.parent):
+            return
         stamp.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _own_cache(stamp.parent):
+            return
         os.chmod(stamp.parent, 0o700)  # mkdir's mode is cut by the umask, never widened; make it exact
         stamp.touch(mode=0o600)
     except OSError:
