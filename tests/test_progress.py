@@ -67,7 +67,7 @@ def json_build(tmp_path_factory):
 
 
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
-STATUS_LINE = r"    \.\.\. (load|doctor|export|compile|verify|package)( .+)? · \d+s in \1 · \d+s in all"
+STATUS_LINE = r"    \.\.\. (load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1 · (\d+m)?\d+s in all"
 
 
 def test_plain_lines_are_exactly_these_and_have_no_control_characters(json_build):
