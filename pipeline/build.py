@@ -160,6 +160,8 @@ def doctor_stage(ctx: BuildContext, loaded: LoadedModel) -> tuple[list, Exported
     minutes of compiling, since no comparison could verify them."""
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded)
+        # eager calls too (minutes for a large model on a busy machine): the status says which
+        ctx.progress.step("signal: eager on the seeded inputs, whose outputs must differ (the verification's gate)")
         exported = prepare(ctx.spec_file, loaded, ctx.target)
         return findings, exported, check_signal(exported)
 
