@@ -68,3 +68,45 @@ def test_a_cache_folder_another_user_planted_is_never_changed(installed, tmp_pat
     assert ran.returncode == 0 and ran.stdout.split() == ["loaded"], ran.stderr[-3000:]
     assert oct(watched.stat().st_mode & 0o777) == "0o755"
     assert list(watched.iterdir()) == []
+
+
+HUGE = """
+import io, zipfile, resource
+import numpy as np
+from numpy.lib import format as npy
+import model_tiny as m
+from model_tiny._serving import RequestError, read_npz
+
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # an allocation of what is claimed would fail here
+try:
+    m.example_inputs(batch=10**7)  # 7.7 GB of inputs, refused before any is made
+except ValueError as exc:
+    print("example_inputs:", exc)
+
+def member(shape):
+    out = io.BytesIO()
+    npy.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return out.getvalue() + bytes(16)
+
+body = io.BytesIO()
+with zipfile.ZipFile(body, "w") as npz:
+    npz.writestr("x.npy", member((2**38, 3, 8, 8)))  # 8 TB claimed, 16 bytes given
+    npz.writestr("t.npy", member((1,)))
+try:
+    read_npz(body.getvalue())
+except RequestError as exc:
+    print("read_npz:", exc.status, exc)
+"""
+
+
+def test_sizes_are_refused_before_anything_is_allocated(installed):
+    """example_inputs(batch=10**6) filled ~770 MB before refusing (10**8: torch's raw allocation
+    error); an .npz whose .npy header claims 8 TB got a 500 from the serving app (numpy's
+    _ArrayMemoryError), not 413."""
+    ran = subprocess.run([str(installed), "-c", HUGE], capture_output=True, text=True, cwd="/", timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.splitlines() == [
+        "example_inputs: input 'x': dim 0 (batch) is 10000000, outside the built range [1, 4]",
+        f"read_npz: 413 the arrays' headers claim {2**38 * 3 * 8 * 8 * 4 + 4} bytes, over the "
+        f"{4 * 3 * 8 * 8 * 4 + 4 * 4 + 4096} of the largest request the model takes",
+    ], ran.stdout + ran.stderr[-2000:]

@@ -19,7 +19,7 @@ from ._constants import Store
 from ._direct import DirectRunner, DirectUnavailable
 from ._graphs import GraphCaptureWarning, GraphRunner
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
-from ._inputs import check_inputs, make_inputs
+from ._inputs import check_inputs, check_sizes, make_inputs, resolve_shape
 from ._integrity import check_artifacts, check_files, opened_verified, weights_record
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
 from ._preload import load_cxx_runtime
@@ -42,6 +42,8 @@ def example_inputs(seed: int = 0, *, device: str | torch.device | None = None, *
     if unknown:
         raise ValueError(f"unknown dims {unknown}; this model's dynamic dims are {sorted(m['dims'])}")
     chosen = {name: dim["example"] for name, dim in m["dims"].items()} | sizes
+    # The sizes first, before any tensor is made: batch=10**6 filled 770 MB before it was refused.
+    check_sizes(m["inputs"], m["dims"], [resolve_shape(spec["shape"], chosen) for spec in m["inputs"]])
     where = _device(m, device)
     tensors = [t.to(where) for t in make_inputs(m["inputs"], chosen, seed)]
     check_inputs(m["inputs"], m["dims"], tensors, where)

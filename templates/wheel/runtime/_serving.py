@@ -153,6 +153,10 @@ def read_npz(body: bytes) -> list[Any]:
             if unpacked > limit:
                 raise RequestError(413, f"the arrays unpack to {unpacked} bytes, over the {limit} of the largest "
                                         "request the model takes")
+            claimed = _claimed_bytes(npz.zip)
+            if claimed > limit:  # numpy would allocate what the header says before reading a byte (8 TB: a 500)
+                raise RequestError(413, f"the arrays' headers claim {claimed} bytes, over the {limit} of the largest "
+                                        "request the model takes")
             arrays = {name: npz[name] for name in npz.files}
     except RequestError:
         raise
@@ -161,6 +165,26 @@ def read_npz(body: bytes) -> list[Any]:
     if sorted(arrays) != sorted(names):
         raise RequestError(422, f"expected arrays named {names}, got {sorted(arrays)}")
     return [arrays[name] for name in names]
+
+
+def _claimed_bytes(archive: Any) -> int:
+    """What the .npz's arrays would take in memory, by their .npy headers alone (shape x itemsize)."""
+    import math
+
+    from numpy.lib import format as npy
+
+    readers = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+    total = 0
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy"):
+            continue
+        with archive.open(info) as member:
+            version = npy.read_magic(member)
+            if version not in readers:
+                raise ValueError(f"{info.filename}: .npy format version {version} is not one numpy.savez writes")
+            shape, _, dtype = readers[version](member)
+        total += math.prod(shape) * dtype.itemsize
+    return total
 
 
 def _batch_range() -> tuple[str, int]:
