@@ -110,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
     publish.add_argument("--allow-insecure-http", action="store_true",
                          help="let plain http (and the credentials sent with it) reach a host outside loopback; "
                               "only for a network you trust, as pip's --trusted-host")
+    publish.add_argument("--without-report", action="store_true",
+                         help="publish a wheel built elsewhere, without the build's report beside it (checked then "
+                              "by its RECORD and manifest alone); by default a wheel needs its report")
     publish.add_argument("--dist", default="dist")
     publish.add_argument("--root", default=None)
     publish.add_argument("--build-dir", default="build")

@@ -297,7 +297,8 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
     if missing:
         raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
     with progress.stage("publish", ", ".join(w.name for w in wheels)):
-        result = publish(wheels, index, progress.say, skip_existing=args.skip_existing)
+        result = publish(wheels, index, progress.say, skip_existing=args.skip_existing,
+                         require_report=not args.without_report)
     args.extra["published"] = {"uploaded": list(result.uploaded), "existing": list(result.existing)}
     progress.say(f"published {len(result.uploaded)} wheel(s); {len(result.existing)} already on the index")
     return 0

@@ -195,7 +195,8 @@ def test_consistently_tampered_wheel_is_refused_by_its_record_and_nothing_is_upl
 @pytest.mark.parametrize("edit", ["wheel sha256", "artifact size"])
 def test_wheel_disagreeing_with_the_report_beside_it_is_refused(published, tmp_path, edit):
     """The wheel and its report copied aside, the report edited: refused, naming the report. Without the
-    report beside it the same wheel publishes (nothing to compare with)."""
+    report beside it the same wheel is refused too (a wheel rewritten whole, .so, manifest and RECORD,
+    was published with exit 0 that way), unless --without-report says it was built elsewhere."""
     home, state, wheel = published
     copy, report = Path(shutil.copy(wheel, tmp_path)), Path(shutil.copy(report_of(wheel), tmp_path))
     recorded = json.loads(report.read_text())
@@ -215,8 +216,14 @@ def test_wheel_disagreeing_with_the_report_beside_it_is_refused(published, tmp_p
         assert listing(Path(state["data"])) == before
         report.unlink()
         alone = publish(home, copy)
-        assert alone.code == 0, alone.err
-        assert f"{wheel.name}: uploaded to the cpu index" in alone.err
+        assert alone.code == UnverifiedWheelError.exit_code, alone.err
+        assert f"error: {copy}: no build report beside it ({report}): nothing ties this wheel to a build that " \
+               "verified it" in alone.err
+        assert "or pass --without-report to publish a wheel built elsewhere" in alone.err
+        assert listing(Path(state["data"])) == before
+        elsewhere = run_cli("publish", "--without-report", "--wheel", str(copy), cwd=home)
+        assert elsewhere.code == 0, elsewhere.err
+        assert f"{wheel.name}: uploaded to the cpu index" in elsewhere.err
 
 
 def test_credentials_never_appear_in_output(published):
@@ -265,7 +272,7 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
     assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in again.err
     assert json.loads(again.out)["published"] == {"uploaded": [], "existing": [wheel.name]}
     other = rewrite(wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data, rerecord=True)
-    different = run_cli("publish", "--skip-existing", "--wheel", str(other), cwd=home)
+    different = run_cli("publish", "--skip-existing", "--without-report", "--wheel", str(other), cwd=home)
     assert different.code == AlreadyPublishedError.exit_code, different.err
     assert "not as the same file" in different.err and "bump model.version" in different.err
     assert listing(Path(state["data"])) == before

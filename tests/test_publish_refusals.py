@@ -117,6 +117,7 @@ def test_the_wheel_checked_is_the_wheel_uploaded(wheel, tmp_path):
         shared.mkdir()
         given = shared / wheel.name
         shutil.copy(wheel, given)
+        shutil.copy(wheel.parent / ("-".join(wheel.name.split("-")[:2]) + ".report.json"), shared)  # its report
         (tmp_path / "swapped").mkdir()
         swapped = rewrite(wheel, tmp_path / "swapped", lambda name, data: data + b"\0" if name.endswith(".so") else data)
         hook = tmp_path / "hook"

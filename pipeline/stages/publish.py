@@ -359,12 +359,15 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
     return True
 
 
-def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False) -> Published:
+def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False,
+            require_report: bool = True) -> Published:
     """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
     release); one it holds under the same name with other bytes is refused all the same. Each
-    wheel is checked and uploaded from one private copy: what was checked is what is sent."""
+    wheel is checked and uploaded from one private copy: what was checked is what is sent.
+    ``require_report``: each wheel needs the build's report beside it (--without-report: not)."""
     with private_copies(wheels) as copies:
-        return _publish([(copy, read_manifest(copy, wheel)) for wheel, copy in copies], index, say, skip_existing)
+        checked = [(copy, read_manifest(copy, wheel, require_report=require_report)) for wheel, copy in copies]
+        return _publish(checked, index, say, skip_existing)
 
 
 def _publish(manifests: list[tuple[Path, dict]], index: Index, say, skip_existing: bool) -> Published:

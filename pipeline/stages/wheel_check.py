@@ -69,11 +69,12 @@ def private_copies(wheels: list[Path]) -> Iterator[list[tuple[Path, Path]]]:
         yield pairs
 
 
-def read_manifest(path: Path, shown: Path | None = None) -> dict:
+def read_manifest(path: Path, shown: Path | None = None, *, require_report: bool = False) -> dict:
     """The wheel's manifest, after checking the chain of hashes that ties it to its build: verification
     passed, every file matches the manifest, every member matches the wheel's RECORD (so the manifest
     itself is the one built), and the build's report beside the wheel, if any, matches both.
-    ``path`` is read (a private copy); messages name ``shown`` (the wheel the user gave)."""
+    ``path`` is read (a private copy); messages name ``shown`` (the wheel the user gave).
+    ``require_report``: a wheel without its report beside it is refused (publish's default)."""
     wheel = shown or path
     try:
         archive = zipfile.ZipFile(path)
@@ -97,7 +98,7 @@ def read_manifest(path: Path, shown: Path | None = None) -> dict:
             raise UnverifiedWheelError(f"{wheel}: {names[0]} is damaged: {exc!r}", ALTERED_HINT) from None
         _check_record(wheel, archive, digests)
         _check_names(wheel, archive, manifest)
-    _check_report(path, manifest, wheel)
+    _check_report(path, manifest, wheel, require_report)
     return manifest
 
 
@@ -195,13 +196,19 @@ def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tupl
             raise UnverifiedWheelError(f"{wheel}: {names[0]} {says} ({record}){others}", ALTERED_HINT)
 
 
-def _check_report(read: Path, manifest: dict, wheel: Path) -> None:
+def _check_report(read: Path, manifest: dict, wheel: Path, required: bool) -> None:
     """Where the build's report lies beside the wheel (as `make build` and the CI hand-off leave
     them), the wheel must be the file it describes: its sha256 and size, and the same artifacts.
     ``read`` is the wheel as read (with its report beside it), ``wheel`` as messages name it."""
     name = f"{manifest['import_name']}-{manifest['full_version']}.report.json"
     path = read.parent / name
     if not path.is_file():
+        if required:  # without it, a wheel rewritten whole (.so, manifest, RECORD) is consistent
+            raise UnverifiedWheelError(
+                f"{wheel}: no build report beside it ({wheel.parent / name}): nothing ties this wheel to a build "
+                "that verified it", "publish the wheel with the report its build wrote beside it (`make build` leaves "
+                "both in dist/; the release workflow carries both), or pass --without-report to publish a wheel built "
+                "elsewhere, checked by its RECORD and manifest alone")
         return
     beside = f"{wheel}: the report beside it ({wheel.parent / name})"
     try:
