@@ -341,3 +341,21 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
         assert max(timed[tuned.chosen].rounds_ms) < min(timed["spec-options"].rounds_ms), tuned
     assert tuned.why.startswith("no candidate is faster beyond the noise" if tuned.chosen == "spec-options"
                                 else "its slowest round")
+
+
+def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
+    """A fresh unet's estimate counted max-autotune (3x a compile), which the budget then skipped."""
+    import io
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
+    outlook = tune.Outlook([(name, SimpleNamespace(key=f"key-{name}")) for name in names], Cache(tmp_path / "cache"))
+    budget, out = tune.Budget(None), io.StringIO()
+    with progress.reporting(progress.Progress(out)):
+        budget.spent("spec-options", 100.0)  # the compile: a 300 s budget, max-autotune expected at 300 s more
+        outlook.done(0, "spec-options", 120.0, from_cache=False, budget=budget)  # compiled and verified
+    assert out.getvalue().splitlines() == [
+        "    candidate spec-options took 2m00s to compile and verify: about 4m00s more for the other 2 candidate(s); "
+        "max-autotune would take the search past its compile budget: not compiled, then the timing"]

@@ -17,6 +17,7 @@ skipped, with the reason, as are all after it that are not cached.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shutil
 import time
@@ -233,26 +234,44 @@ class Outlook:
                      "(said once the first is timed)")
         return [what, SHORTER]
 
-    def left_s(self, after: int) -> float | None:
-        """What the fresh candidates after index ``after`` should take."""
+    def coming(self, after: int, budget: Budget) -> tuple[list[str], list[str]]:
+        """The fresh candidates after index ``after`` the search's budget will compile, and those
+        it will skip, as Budget.refusal() will decide them one by one."""
+        ahead = copy.copy(budget)
+        compiled, skipped = [], []
+        for name in self.order[after + 1:]:
+            if name not in self.fresh:
+                continue
+            if ahead.refusal(name):
+                skipped.append(name)
+                continue
+            compiled.append(name)
+            if ahead.plain_s is not None:
+                ahead.spent_s += ahead.plain_s * COMPILE_COST.get(name, 1.0)
+        return compiled, skipped
+
+    def left_s(self, after: int, budget: Budget) -> float | None:
+        """What the fresh candidates after index ``after`` should take to compile and verify."""
         if self.plain_s is None:
             return None
-        return sum(self.plain_s * COMPILE_COST.get(name, 1.0) for name in self.order[after + 1:] if name in self.fresh)
+        return sum(self.plain_s * COMPILE_COST.get(name, 1.0) for name in self.coming(after, budget)[0])
 
-    def done(self, index: int, name: str, seconds: float, from_cache: bool) -> None:
+    def done(self, index: int, name: str, seconds: float, from_cache: bool, budget: Budget) -> None:
         """A candidate is compiled and verified: the first fresh one sets the estimate."""
         if from_cache or name not in self.fresh:
             return
         first = self.plain_s is None
         if first:
             self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
-        left = self.left_s(index)
+        left = self.left_s(index, budget)
         if left is None or len(self.order) < 2:
             return
-        if first and left:
-            others = sum(1 for n in self.order[index + 1:] if n in self.fresh)
+        compiled, skipped = self.coming(index, budget)
+        if first and (compiled or skipped):
+            over = (f"; {', '.join(skipped)} would take the search past its compile budget: not compiled"
+                    if skipped else "")
             say(f"    candidate {name} took {duration(seconds)} to compile and verify: about {duration(left)} more "
-                f"for the other {others} candidate(s), then the timing")
+                f"for the other {len(compiled)} candidate(s){over}, then the timing")
         estimate(left)
 
 
@@ -276,14 +295,14 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             skipped.append(Skipped(name, over))
             say(f"    candidate {name}: not tried: {over}")
             continue
-        left = outlook.left_s(index - 1)
+        left = outlook.left_s(index - 1, budget)
         if left is not None:
             estimate(left)
         started = time.perf_counter()
         outcome = _compile_and_verify(exported, index, name, plan, f"{index + 1}/{len(planned)} {name}", weights_file,
                                       work_dir, store, budget)
         outlook.done(index, name, time.perf_counter() - started,
-                     from_cache=not isinstance(outcome, tuple) and outcome.from_cache)
+                     from_cache=not isinstance(outcome, tuple) and outcome.from_cache, budget=budget)
         if isinstance(outcome, tuple):
             failed[name] = outcome[0]
             first_failure = first_failure or outcome[1]
