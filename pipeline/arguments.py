@@ -73,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     TARGET_FLAGS.clear()
     for target in targets.all():  # each target's own flags (the cpu target's --cpu-isa)
         TARGET_FLAGS.extend(target.add_arguments(build))
+    build.add_argument("--update-lock", action="store_true",
+                       help="run the compile-option search even where the spec's lock file (spec.lock.json beside it) "
+                            "has this build's entry, and write its choice there (docs/how-a-build-works.md)")
     build.add_argument("--keep-debug", action="store_true",
                        help="ship the .so with its debug info (by default it is stripped with strip --strip-debug: "
                             "about a quarter of the size)")

@@ -21,6 +21,7 @@ from filelock import FileLock, Timeout
 
 from . import targets
 from .errors import BuildInterrupted, OutputDirError, PipelineError
+from .features import lock as options_lock
 from .features import static, tune
 from .features.tune import Tuned
 from .services import cache
@@ -62,6 +63,7 @@ class BuildContext:
     progress: Progress
     overwrite: bool  # replace a wheel of the same name in dist/ even where its contents differ
     keep_debug: bool  # ship the .so files with their debug info (--keep-debug)
+    update_lock: bool = False  # search again and rewrite the spec's lock entry (--update-lock)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Packaged:
 
 def build(
     spec_file: SpecFile, *, root: Path, dist_dir: Path, layout: WorkLayout, progress: Progress, use_cache: bool = True,
-    target_names: list[str] | None = None, overwrite: bool = False, keep_debug: bool = False,
+    target_names: list[str] | None = None, overwrite: bool = False, keep_debug: bool = False, update_lock: bool = False,
 ) -> list[BuildResult]:
     """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
     names = target_names or list(spec_file.spec.build.targets)
@@ -86,7 +88,7 @@ def build(
                 spec_file=spec_file, target=targets.get(name), work_dir=layout.work_dir(model.name, model.version, name),
                 out_dir=output_path(root, model.name, model.version, name), dist_dir=dist_dir,
                 store=cache.Cache(layout.cache_dir, reuse=use_cache), progress=progress, overwrite=overwrite,
-                keep_debug=keep_debug)
+                keep_debug=keep_debug, update_lock=update_lock)
             with reporting(progress):  # what the stages say() goes to this display
                 results.append(build_target(context))
     except KeyboardInterrupt:
@@ -126,26 +128,35 @@ def build_target(ctx: BuildContext) -> BuildResult:
     cxx_version = find_cxx()
     if not ctx.keep_debug:  # checked before minutes of compiling, not after
         find_strip()
+    lock_key, locked = options_lock.consult(ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock,
+                                            ctx.progress.say)
     build_key = cache.build_key(content_hash=content_hash(ctx.spec_file, loaded), target=ctx.target.NAME,
                                 root=str(ctx.out_dir), cxx_version=cxx_version, machine=ctx.target.machine(),
-                                debug_info="kept" if ctx.keep_debug else "stripped")
-    if ctx.store.has(build_key):
+                                debug_info="kept" if ctx.keep_debug else "stripped",
+                                locked=json.dumps(locked.record(), sort_keys=True) if locked else "")
+    if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
     findings, exported, signal = doctor_stage(ctx, loaded)
-    planned, skipped = tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug)
+    planned, skipped = tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug, locked)
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.
     with hold_work_dir(ctx.work_dir):
         with claim_output_dir(ctx.out_dir):
             weights_file = write_weights(exported, ctx.work_dir)
-            tuned, compiled = compile_stage(ctx, exported, planned, skipped, weights_file)
+            tuned, compiled = compile_stage(ctx, exported, planned, skipped, weights_file, locked)
             verified = verify_stage(ctx, exported, compiled, weights_file)
             sizes = static_stage(ctx, exported, loaded, tuned, verified, weights_file, cxx_version)
             packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
         report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key, signal)
-        return commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
-                      packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
+        if locked:
+            report["compile_search"]["locked"] = str(locked.path)
+        result = commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
+                        packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
+    if lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry
+        options_lock.keep_choice(ctx.spec_file.path, lock_key, dict(planned)[tuned.chosen].overrides,
+                                 packaged.manifest["compile_search"], tuned.why, ctx.progress.say)
+    return result
 
 
 def load_stage(ctx: BuildContext) -> LoadedModel:
@@ -175,14 +186,16 @@ def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pla
         return export_program(exported, loaded.source_files)
 
 
-def compile_stage(ctx: BuildContext, exported: Exported, planned, skipped,
-                  weights_file: Path | None) -> tuple[Tuned, Compiled]:
+def compile_stage(ctx: BuildContext, exported: Exported, planned, skipped, weights_file: Path | None,
+                  locked: options_lock.Locked | None = None) -> tuple[Tuned, Compiled]:
     say = ctx.progress.say
     with ctx.progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {ctx.out_dir}"):
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
+        if locked:  # the manifest records the search as it ran when its choice was locked
+            tuned = tune.as_locked(tuned, locked)
         say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
     return tuned, compiled
 

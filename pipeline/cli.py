@@ -112,6 +112,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
     passthrough += ["--keep-debug"] if args.keep_debug else []
+    passthrough += ["--update-lock"] if args.update_lock else []
     for flag in TARGET_FLAGS:  # each target's own (--cpu-isa)
         value = getattr(args, flag.dest, None)
         passthrough += ([flag.option_strings[0]] if flag.nargs == 0 else [flag.option_strings[0], str(value)]) if value else []
@@ -190,7 +191,8 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
 
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), layout=layout, progress=progress,
                         use_cache=not getattr(args, "no_cache", False), target_names=target_names,
-                        overwrite=getattr(args, "overwrite", False), keep_debug=getattr(args, "keep_debug", False)):
+                        overwrite=getattr(args, "overwrite", False), keep_debug=getattr(args, "keep_debug", False),
+                        update_lock=getattr(args, "update_lock", False)):
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from . import constants, precision, rounds
+from .lock import Locked
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
@@ -77,11 +78,14 @@ class Tuned:
 BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
 
 
-def candidates(exported: Exported) -> tuple[list[tuple[str, dict]], list[Skipped]]:
-    """The candidates to compile, and those ruled out beforehand (with why)."""
+def candidates(exported: Exported, locked: Locked | None = None) -> tuple[list[tuple[str, dict]], list[Skipped]]:
+    """The candidates to compile, and those ruled out beforehand (with why). A matching lock
+    entry (lock.py) is the one candidate: what the search chose before, with no search."""
     spec = exported.spec_file.spec
     if not spec.compile.search:
         return [("pinned", {})], []
+    if locked is not None:
+        return [(locked.chosen, locked.overrides)], []
     found, skipped, ops = [("spec-options", {})], [], heavy_ops(exported)
     if not spec.weights.external and not spec.compile.freezing:
         found.append(("freezing", {"freezing": True}))
@@ -150,13 +154,13 @@ def screen_autocast(exported: Exported) -> str | None:
     return None
 
 
-def plans(exported: Exported, cxx_version: str, output_dir: Path,
-          keep_debug: bool = False) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+def plans(exported: Exported, cxx_version: str, output_dir: Path, keep_debug: bool = False,
+          locked: Locked | None = None) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
     """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
     build of this model version (the .so records where it was compiled, and wheels must be
     reproducible) and different for every candidate (a process cannot load two .so at one path).
     A lone candidate of a target whose .so must stay where it was compiled compiles in place."""
-    found, skipped = candidates(exported)
+    found, skipped = candidates(exported, locked)
     in_place = len(found) == 1 and not exported.target.RELOCATABLE
     where = lambda name: output_dir if in_place else output_dir / ".candidates" / name  # noqa: E731
     return [(name, plan_compile(exported, cxx_version, where(name), overrides, keep_debug))
@@ -328,6 +332,24 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
             trials.append(failed[name])
     plan = dict(planned)[chosen]
     return Tuned(compiled=passed[chosen], chosen=chosen, plan=plan, trials=tuple(trials), skipped=tuple(skipped), why=why)
+
+
+def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
+    """A build from a lock compiled its choice alone: it records the search as it ran when the
+    choice was locked (the other candidates as they were then, untimed here), so its manifest is
+    the one that search's build wrote."""
+    ran = {trial.name: trial for trial in tuned.trials}
+    recorded = locked.search.get("candidates")
+    if tuned.chosen != locked.chosen or not any(c["name"] == locked.chosen for c in recorded or ()):
+        return tuned  # a lock from before the search was recorded in it: this build's own record
+    # from_cache as the chosen one's: the others were not compiled here either way
+    trials = tuple(ran[locked.chosen] if c["name"] == locked.chosen else
+                   Trial(c["name"], c["options"], c["verified"], None, ran[locked.chosen].from_cache,
+                         "locked: not compiled in this build")
+                   for c in recorded)
+    skipped = tuple(Skipped(s["name"], s["reason"]) for s in locked.search.get("not_tried", []))
+    why = f"locked in {locked.path.name}" + (f" (the search there: {locked.why})" if locked.why else "")
+    return dataclasses.replace(tuned, trials=trials, skipped=skipped, why=why)
 
 
 def _compile_and_verify(exported: Exported, index: int, name: str, plan: CompilePlan, counter: str,

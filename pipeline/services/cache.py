@@ -43,11 +43,13 @@ def pipeline_sha256() -> str:
     return digest.hexdigest()
 
 
-def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, machine: str, debug_info: str) -> str:
-    """``debug_info``: "stripped" or "kept" (--keep-debug), which makes another wheel."""
+def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, machine: str, debug_info: str,
+              locked: str = "") -> str:
+    """``debug_info``: "stripped" or "kept" (--keep-debug), which makes another wheel. ``locked``:
+    the options a lock entry pins (features/lock.py), which decide the wheel as the search would."""
     digest = hashlib.sha256()
     for part in (CACHE_VERSION, content_hash, target, root, torch.__version__, cxx_version, machine, pipeline_sha256(),
-                 debug_info):
+                 debug_info, *([locked] if locked else [])):  # no lock: the keys of earlier builds stand
         digest.update(part.encode() + b"\0")
     return "build-" + digest.hexdigest()[:32]
 

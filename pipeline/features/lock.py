@@ -1,0 +1,160 @@
+"""The compile options, locked: what the option search chose, kept beside the spec.
+
+The search (tune.py) chooses on timings, so a rebuild could choose otherwise and make other
+bytes. Its choice is written to ``<spec stem>.lock.json`` beside the spec (``spec.toml`` ->
+``spec.lock.json``), one entry per what decided it: the target, the CPU kind (the target's
+``machine()``: the CPU capability the build runs as; a CUDA build's GPU), the torch version and
+the spec's own [compile] keys. A build that finds its entry compiles those options alone and
+runs no search; an entry for another torch, CPU kind or [compile] is never used, and the build
+says why. ``build --update-lock`` searches again and rewrites the entry. Commit the file with the
+spec, as any package manager's lockfile.
+
+Reading, matching and writing need no torch: the key is made by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+
+FORMAT = 1
+SUFFIX = ".lock.json"
+# The keys an entry must match, in the order a note names the first that differs.
+MATCHED = ("target", "cpu_kind", "torch", "compile")
+ABOUT = ("written by `modelwheel build`: the compile options its option search chose, one entry per target, CPU "
+         "kind, torch and [compile] keys; a build with a matching entry uses it and runs no search "
+         "(`build --update-lock` searches again); commit it with the spec")
+
+
+def lock_path(spec_path: Path) -> Path | None:
+    """``models/unet/spec.toml`` -> ``models/unet/spec.lock.json``; None for a spec made from a
+    checkpoint folder alone (--hf without --spec): nothing is written into the user's checkpoint."""
+    if spec_path.suffix != ".toml":
+        return None
+    return spec_path.with_name(spec_path.name.removesuffix(".toml") + SUFFIX)
+
+
+@dataclass(frozen=True)
+class Key:
+    target: str
+    cpu_kind: str  # the target's machine(): "AVX2" for a CPU build for AVX2 CPUs
+    torch: str  # torch.__version__
+    compile: dict[str, Any]  # the spec's own [compile] keys, less the search's own
+
+    def record(self) -> dict[str, Any]:
+        return {"target": self.target, "cpu_kind": self.cpu_kind, "torch": self.torch, "compile": self.compile}
+
+    def describe(self) -> str:
+        return f"{self.target}, CPU kind {self.cpu_kind}, torch {self.torch}"
+
+
+@dataclass(frozen=True)
+class Locked:
+    """A matching entry: the candidate the search chose, the options it adds to the spec's, and
+    the search as the wheel's manifest recorded it (its candidates and what was not tried), which
+    a build from the lock records again: the same manifest, the same bytes."""
+
+    path: Path
+    chosen: str
+    overrides: dict[str, Any]
+    search: dict[str, Any] = field(default_factory=dict)  # the manifest's compile_search
+    why: str = ""
+
+    def record(self) -> dict[str, Any]:
+        return {"chosen": self.chosen, "overrides": self.overrides, "search": self.search}
+
+
+def compile_keys(compile_section: dict[str, Any]) -> dict[str, Any]:
+    """The spec's [compile] keys that decide the candidates (not whether or how long to search)."""
+    return {k: v for k, v in sorted(compile_section.items()) if k not in ("search", "search_budget_s")}
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """The file's entries ([] where there is no file). A damaged file names itself: it was
+    committed with the spec, and a build must not silently search past it."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path}: the compile-options lock cannot be read: {exc}",
+                        f"restore it from version control, or delete it and build with --update-lock") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if data.get("format") != FORMAT or not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SpecError(f"{path}: not a compile-options lock of format {FORMAT} (an 'entries' list)",
+                        "restore it from version control, or delete it and build with --update-lock")
+    return entries
+
+
+def find(path: Path, key: Key) -> tuple[Locked | None, str]:
+    """The entry for ``key``, or None and why none is used ("" where the file has none for the target)."""
+    entries = read(path)
+    for entry in entries:
+        if all(entry.get(name) == value for name, value in key.record().items()):
+            return Locked(path, str(entry["chosen"]), dict(entry.get("overrides") or {}), dict(entry.get("search") or {}),
+                          str(entry.get("why") or "")), ""
+    same_target = [e for e in entries if e.get("target") == key.target]
+    if not same_target:
+        return None, ""
+    nearest = max(same_target, key=lambda e: sum(e.get(n) == v for n, v in key.record().items()))
+    differs = next(name for name in MATCHED if nearest.get(name) != key.record()[name])
+    if differs == "compile":
+        return None, f"{path.name} has a {key.target} entry for other [compile] keys than the spec's: ignored"
+    return None, (f"{path.name} has a {key.target} entry for {differs.replace('_', ' ')} {nearest.get(differs)!r}, "
+                  f"not this build's {key.record()[differs]!r}: ignored")
+
+
+def write(path: Path, key: Key, chosen: str, overrides: dict[str, Any], search: dict[str, Any] | None = None,
+          why: str = "") -> None:
+    """Put this key's entry in the file (replacing its old one, keeping the others), atomically."""
+    entries = [e for e in read(path) if any(e.get(n) != v for n, v in key.record().items())]
+    entries.append({**key.record(), "chosen": chosen, "overrides": dict(sorted(overrides.items())),
+                    "search": search or {}, "why": why})
+    entries.sort(key=lambda e: json.dumps([e.get(n) for n in MATCHED], sort_keys=True))
+    text = json.dumps({"format": FORMAT, "about": ABOUT, "entries": entries}, indent=2, sort_keys=True) + "\n"
+    aside = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        aside.write_text(text)
+        os.replace(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)
+
+
+def consult(spec_file, target: str, cpu_kind: str, update: bool,
+            say: Callable[[str], None]) -> tuple[Key | None, Locked | None]:
+    """A build's lock key (None where no search would run, or the spec has no file to sit beside)
+    and its matching entry, said either way: used, or ignored and why."""
+    import torch
+
+    path = lock_path(spec_file.path)
+    if not spec_file.spec.compile.search or path is None:
+        if update:
+            say("    --update-lock: nothing to lock, no option search runs here ("
+                + ("the spec says [compile] search = false)" if path else "a spec with no file of its own)"))
+        return None, None
+    key = Key(target, cpu_kind, torch.__version__, compile_keys(spec_file.spec.compile.model_dump(mode="json")))
+    if update:
+        say(f"    --update-lock: the option search runs, and its choice replaces this build's entry in {path}")
+        return key, None
+    locked, why_not = find(path, key)
+    if locked:
+        say(f"    compile options from {path} ({key.describe()}): {locked.chosen}, as the search chose there; "
+            "no option search (--update-lock searches again)")
+    elif why_not:
+        say(f"    {why_not}: the option search runs, and its choice is added to {path.name}")
+    return key, locked
+
+
+def keep_choice(spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], why: str,
+                say: Callable[[str], None]) -> None:
+    """After a build whose search ran: its choice becomes the key's entry."""
+    path = lock_path(spec_path)
+    write(path, key, search["chosen"], overrides, {k: v for k, v in search.items() if k != "chosen"}, why)
+    say(f"    wrote the search's choice ({search['chosen']}) to {path}: builds like this one ({key.describe()}) "
+        "use it and run no search")

@@ -1,0 +1,98 @@
+"""The compile options, locked (pipeline/features/lock.py): what the option search chose is kept
+beside the spec, keyed by what decided it (target, CPU kind, torch, the spec's [compile] keys). A
+build with the matching entry uses it and runs no search; an entry for another key is never used,
+and the build says why. These tests read, match and write the file; they compile nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import targets
+from pipeline.errors import SpecError
+from pipeline.features import lock
+from pipeline.spec import load_spec
+
+from .conftest import GOOD, run_cli, spec_copy
+
+COMPILE = {"autocast": None, "freezing": False, "inductor": {}, "max_autotune": False}
+KEY = lock.Key("cpu", "AVX2", "2.13.0+cpu", COMPILE)
+
+
+def test_the_lock_sits_beside_the_spec_named_after_it(tmp_path):
+    assert lock.lock_path(Path("models/unet/spec.toml")) == Path("models/unet/spec.lock.json")
+    assert lock.lock_path(Path("specs/vit-small.toml")) == Path("specs/vit-small.lock.json")
+    assert lock.lock_path(Path("ckpt/config.json")) is None  # a --hf folder alone: nothing written into it
+
+
+def test_a_written_choice_is_found_for_its_own_key_only(tmp_path):
+    path = tmp_path / "spec.lock.json"
+    assert lock.find(path, KEY) == (None, "")  # no file: the search runs, nothing to say
+    lock.write(path, KEY, "freezing", {"freezing": True})
+    found, note = lock.find(path, KEY)
+    assert (found.chosen, found.overrides, found.path, note) == ("freezing", {"freezing": True}, path, "")
+    other_torch = lock.Key("cpu", "AVX2", "2.14.0+cpu", COMPILE)
+    assert lock.find(path, other_torch) == (
+        None, "spec.lock.json has a cpu entry for torch '2.13.0+cpu', not this build's '2.14.0+cpu': ignored")
+    other_kind = lock.Key("cpu", "AVX512", "2.13.0+cpu", COMPILE)
+    assert lock.find(path, other_kind)[1] == (
+        "spec.lock.json has a cpu entry for cpu kind 'AVX2', not this build's 'AVX512': ignored")
+    other_spec = lock.Key("cpu", "AVX2", "2.13.0+cpu", {**COMPILE, "max_autotune": True})
+    assert lock.find(path, other_spec)[1] == (
+        "spec.lock.json has a cpu entry for other [compile] keys than the spec's: ignored")
+    assert lock.find(path, lock.Key("cuda", "sm_90", "2.13.0+cu130", COMPILE)) == (None, "")  # no cuda entry at all
+
+
+def test_update_replaces_its_own_entry_and_keeps_the_others(tmp_path):
+    path = tmp_path / "spec.lock.json"
+    avx512 = lock.Key("cpu", "AVX512", "2.13.0+cpu", COMPILE)
+    lock.write(path, KEY, "freezing", {"freezing": True})
+    lock.write(path, avx512, "max-autotune", {"max_autotune": True})
+    lock.write(path, KEY, "spec-options", {})  # --update-lock chose otherwise
+    data = json.loads(path.read_text())
+    assert data["format"] == 1 and "commit it with the spec" in data["about"]
+    assert [(e["cpu_kind"], e["chosen"]) for e in data["entries"]] == [("AVX2", "spec-options"), ("AVX512", "max-autotune")]
+    assert lock.find(path, avx512)[0].chosen == "max-autotune"
+    assert list(tmp_path.iterdir()) == [path]  # written aside, then renamed: nothing left over
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"format": 2, "entries": []}', '{"format": 1, "entries": {}}'])
+def test_a_damaged_lock_is_refused_naming_the_file(tmp_path, text):
+    path = tmp_path / "spec.lock.json"
+    path.write_text(text)
+    with pytest.raises(SpecError) as refused:
+        lock.find(path, KEY)
+    assert refused.value.message.startswith(f"{path}: ")
+    assert refused.value.hint == "restore it from version control, or delete it and build with --update-lock"
+
+
+def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(tmp_path):
+    """One fresh compile: the budget stops the search after the spec's own options. The first build
+    finds only an entry for another torch (said, ignored), searches and adds its choice; the
+    second uses that entry and runs no search."""
+    import torch
+
+    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true\nsearch_budget_s = 0.5"))
+    path = tmp_path / "m" / "spec.lock.json"
+    compile_keys = lock.compile_keys(load_spec(spec).spec.compile.model_dump(mode="json"))
+    kind = targets.get("cpu").machine()
+    lock.write(path, lock.Key("cpu", kind, "2.0.0+cpu", compile_keys), "freezing", {"freezing": True})
+    args = ["--root", str(tmp_path / "opt"), "--build-dir", str(tmp_path / "build")]
+    first = run_cli("build", "--spec", str(spec), "--dist", str(tmp_path / "dist"), *args)
+    assert first.code == 0, first.err
+    assert (f"    spec.lock.json has a cpu entry for torch '2.0.0+cpu', not this build's '{torch.__version__}': ignored: "
+            "the option search runs, and its choice is added to spec.lock.json") in first.err.splitlines()
+    assert "    candidate freezing: not tried: over the search's compile budget: " in first.err
+    assert (f"    wrote the search's choice (spec-options) to {path}: builds like this one (cpu, CPU kind {kind}, "
+            f"torch {torch.__version__}) use it and run no search") in first.err.splitlines()
+    entries = json.loads(path.read_text())["entries"]
+    assert [(e["torch"], e["chosen"]) for e in entries] == [("2.0.0+cpu", "freezing"), (torch.__version__, "spec-options")]
+    again = run_cli("build", "--spec", str(spec), "--dist", str(tmp_path / "dist2"), *args)
+    assert again.code == 0, again.err
+    assert (f"    compile options from {path} (cpu, CPU kind {kind}, torch {torch.__version__}): spec-options, as the "
+            "search chose there; no option search (--update-lock searches again)") in again.err.splitlines()
+    assert "not tried" not in again.err and "search:" not in again.err
+    first_wheel, second_wheel = (next((tmp_path / d).glob("*.whl")) for d in ("dist", "dist2"))
+    assert first_wheel.read_bytes() == second_wheel.read_bytes(), "built from the lock: the search's own wheel"
