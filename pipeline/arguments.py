@@ -119,6 +119,15 @@ def parser() -> argparse.ArgumentParser:
     publish.add_argument("--dist", default="dist")
     publish.add_argument("--root", default=None)
     publish.add_argument("--build-dir", default="build")
+    reproduce = commands.add_parser(
+        "reproduce", parents=[_common_flags()],
+        help="rebuild a wheel from its source and the options it records, and say whether it is identical",
+        description="Rebuild WHEEL from the spec its report names (or --spec), with the options, CPU kind and root "
+                    "it records, into a temporary folder, and compare: `identical`, or the first file inside the wheel "
+                    "that differs (exit 28). torch, the compiler and the CPU kind must match the build's "
+                    "(docs/how-a-build-works.md#reproducible-wheels).")
+    reproduce.add_argument("wheel", help="a wheel modelwheel built (its report beside it names the spec)")
+    reproduce.add_argument("--spec", help="the spec to rebuild it from (default: the one the report beside it names)")
     matrix = commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON",
                                  parents=[_common_flags()])
     matrix.add_argument("--spec", action="append", help="a spec.toml to include (repeatable; default: every models/*/spec.toml)")

@@ -64,6 +64,7 @@ class BuildContext:
     overwrite: bool  # replace a wheel of the same name in dist/ even where its contents differ
     keep_debug: bool  # ship the .so files with their debug info (--keep-debug)
     update_lock: bool = False  # search again and rewrite the spec's lock entry (--update-lock)
+    forced: options_lock.Locked | None = None  # the options a wheel records (reproduce): no search, no lock
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Packaged:
 def build(
     spec_file: SpecFile, *, root: Path, dist_dir: Path, layout: WorkLayout, progress: Progress, use_cache: bool = True,
     target_names: list[str] | None = None, overwrite: bool = False, keep_debug: bool = False, update_lock: bool = False,
+    forced: options_lock.Locked | None = None,
 ) -> list[BuildResult]:
     """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
     names = target_names or list(spec_file.spec.build.targets)
@@ -88,7 +90,7 @@ def build(
                 spec_file=spec_file, target=targets.get(name), work_dir=layout.work_dir(model.name, model.version, name),
                 out_dir=output_path(root, model.name, model.version, name), dist_dir=dist_dir,
                 store=cache.Cache(layout.cache_dir, reuse=use_cache), progress=progress, overwrite=overwrite,
-                keep_debug=keep_debug, update_lock=update_lock)
+                keep_debug=keep_debug, update_lock=update_lock, forced=forced)
             with reporting(progress):  # what the stages say() goes to this display
                 results.append(build_target(context))
     except KeyboardInterrupt:
@@ -128,8 +130,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
     cxx_version = find_cxx()
     if not ctx.keep_debug:  # checked before minutes of compiling, not after
         find_strip()
-    lock_key, locked = options_lock.consult(ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock,
-                                            ctx.progress.say)
+    lock_key, locked = (None, ctx.forced) if ctx.forced else options_lock.consult(
+        ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, ctx.progress.say)
     build_key = cache.build_key(content_hash=content_hash(ctx.spec_file, loaded), target=ctx.target.NAME,
                                 root=str(ctx.out_dir), cxx_version=cxx_version, machine=ctx.target.machine(),
                                 debug_info="kept" if ctx.keep_debug else "stripped",
@@ -151,6 +153,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
         report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key, signal)
         if locked:
             report["compile_search"]["locked"] = str(locked.path)
+        # What `modelwheel reproduce` rebuilds from, and the compiler a rebuild must match.
+        report.update(spec=str(ctx.spec_file.path.resolve()), compiler=cxx_version)
         result = commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
                         packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
     if lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry

@@ -192,7 +192,7 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), layout=layout, progress=progress,
                         use_cache=not getattr(args, "no_cache", False), target_names=target_names,
                         overwrite=getattr(args, "overwrite", False), keep_debug=getattr(args, "keep_debug", False),
-                        update_lock=getattr(args, "update_lock", False)):
+                        update_lock=getattr(args, "update_lock", False), forced=getattr(args, "forced", None)):
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
@@ -318,7 +318,26 @@ def _matrix(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _publish, "matrix": _matrix}
+def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
+    """Rebuild the wheel as its build did (_run_build, into a temporary folder) and compare."""
+    from . import targets
+    from .stages import reproduce
+
+    plan = reproduce.recipe(Path(args.wheel), args.spec)
+    spec_file = load_spec(plan.spec)
+    work = reproduce.work_folder()
+    vars(args).update(root=str(plan.root), dist=str(work / "dist"), build_dir=str(work / "build"), no_cache=True,
+                      target=[plan.target], cpu_isa=plan.cpu_isa, keep_debug=plan.keep_debug, forced=plan.forced)
+    progress.say(reproduce.announce(plan, work))
+    targets.get(plan.target).before_torch(spec_file.spec.build.options(plan.target), args)  # before torch
+    reproduce.must_match(plan.manifest)
+    _run_build(spec_file, args, progress)
+    progress.say(reproduce.verdict(plan, work))  # or NotReproducedError, naming the first file that differs
+    return 0
+
+
+COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _publish, "matrix": _matrix,
+            "reproduce": _reproduce}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,6 +75,13 @@ class NoSignalError(PipelineError):
     kind = "no-signal"
 
 
+class NotReproducedError(PipelineError):
+    """``reproduce``: a rebuild from the wheel's source and records gave other bytes."""
+
+    exit_code = 28
+    kind = "not-reproduced"
+
+
 class PackageError(PipelineError):
     """The wheel could not be built."""
 

@@ -1,0 +1,133 @@
+"""`modelwheel reproduce WHEEL`: rebuild a wheel from its source and the records it carries, then
+compare it, file by file, with the wheel.
+
+What the rebuild takes from the wheel: its target, the CPU kind it was built for, the root its
+.so was compiled under (its bytes record that path) and the compile options its manifest records
+(no option search: its timings would decide). From the source: the spec the report beside the
+wheel names (or ``--spec``), with the model code and weights it names. It builds into a fresh
+temporary folder (work folder, build cache, dist/), so nothing cached is reused, and it must run
+with the wheel's torch; the compiler and the CPU kind must match too (docs/how-a-build-works.md).
+
+Reading the wheel needs no torch: the CPU kind is selected before torch is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import NotReproducedError, UnverifiedWheelError, UsageError
+from ..features.lock import Locked
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a rebuild of ``wheel`` uses."""
+
+    wheel: Path
+    manifest: dict[str, Any]
+    spec: Path
+    target: str
+    root: Path
+    cpu_isa: str  # the named CPU kind it was built for ("avx2"), or "native": the build machine's own
+    forced: Locked  # the options the manifest records, as a lock entry: one candidate, no search
+    keep_debug: bool  # built with --keep-debug (the report says; without a report, stripped as by default)
+
+
+def read_wheel_manifest(wheel: Path) -> dict[str, Any]:
+    """``<import_name>/manifest.json`` inside the wheel."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/manifest.json")]
+            manifest = json.loads(archive.read(names[0])) if len(names) == 1 else None
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise UnverifiedWheelError(f"{wheel}: not a readable wheel: {exc}", "give a wheel modelwheel built") from None
+    if not isinstance(manifest, dict) or not {"import_name", "full_version", "target", "opt_path", "torch"} <= set(manifest):
+        raise UnverifiedWheelError(f"{wheel}: holds no modelwheel manifest (<package>/manifest.json) to rebuild it from",
+                                   "give a wheel modelwheel built")
+    return manifest
+
+
+def recipe(wheel: Path, spec: str | None) -> Recipe:
+    manifest = read_wheel_manifest(wheel)
+    report_path = wheel.with_name(f"{manifest['import_name']}-{manifest['full_version']}.report.json")
+    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    spec_path = Path(spec) if spec else Path(report["spec"]) if report.get("spec") else None
+    if spec_path is None:
+        raise UsageError(f"{wheel.name}: no spec to rebuild it from: {report_path.name} is not beside it, or names none",
+                         "give the spec it was built from with --spec PATH")
+    search = manifest.get("compile_search") or {}
+    chosen = search.get("chosen", "pinned")
+    options = next((c["options"] for c in search.get("candidates", []) if c["name"] == chosen),
+                   manifest.get("compile_options", {}))
+    platform = manifest.get("platform", {})
+    # A named CPU kind is one whose oneDNN cap the build ran under (cpu.select_isa); native has none.
+    cpu_isa = str(platform["cpu_capability"]).lower() if platform.get("onednn_max_isa") else "native"
+    opt_path = Path(manifest["opt_path"])  # <root>/<model>/<version>/<target> (outdir.output_path)
+    return Recipe(wheel=wheel, manifest=manifest, spec=spec_path, target=manifest["target"], root=opt_path.parents[2],
+                  cpu_isa=cpu_isa, forced=Locked(wheel, chosen, dict(options),
+                                                 {k: v for k, v in search.items() if k != "chosen"}),
+                  keep_debug=report.get("debug_info") == "kept")
+
+
+def must_match(manifest: dict[str, Any]) -> None:
+    """Refuse a rebuild that cannot give the same wheel here: another torch names another wheel."""
+    import torch
+
+    built_with = manifest["torch"]["version"]
+    if torch.__version__ != built_with:
+        raise UsageError(f"the wheel was built with torch {built_with}; this is torch {torch.__version__}, whose rebuild "
+                         "is another wheel (its name and pin say the torch)",
+                         f"run reproduce where torch {built_with} is installed (a venv with that torch)")
+
+
+def first_difference(wheel: Path, rebuilt: Path) -> str | None:
+    """The first file, in the wheel's order, whose bytes differ from the rebuild's (or that one of
+    them lacks); "the zip archive itself" where every file is the same but the archives are not;
+    None where the two are the same bytes."""
+    if wheel.read_bytes() == rebuilt.read_bytes():
+        return None
+    with zipfile.ZipFile(wheel) as ours, zipfile.ZipFile(rebuilt) as theirs:
+        names, rebuilt_names = ours.namelist(), theirs.namelist()
+        for name in names + [n for n in rebuilt_names if n not in names]:
+            if name not in names or name not in rebuilt_names or ours.read(name) != theirs.read(name):
+                return name
+    return "the zip archive itself (its member order, timestamps or modes)"
+
+
+def work_folder() -> Path:
+    """A fresh folder for the rebuild's work files, build cache and dist/: nothing cached is reused."""
+    return Path(tempfile.mkdtemp(prefix="modelwheel-reproduce-"))
+
+
+def announce(recipe: Recipe, work: Path) -> str:
+    return (f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} ({recipe.target}, CPU kind {recipe.cpu_isa}, "
+            f"root {recipe.root}, options {recipe.forced.chosen} as the wheel records them: no option search)")
+
+
+def verdict(recipe: Recipe, work: Path) -> str:
+    """``identical: ...`` (the rebuild's folder removed), or NotReproducedError naming the first file
+    that differs (the rebuild kept, to look at)."""
+    rebuilt = next((work / "dist").glob("*.whl"))
+    differs = first_difference(recipe.wheel, rebuilt)
+    if differs is None:
+        shutil.rmtree(work, ignore_errors=True)
+        return f"identical: {recipe.wheel.name} is byte for byte its rebuild from {recipe.spec}"
+    from .compile import find_cxx
+
+    report = recipe.wheel.with_name(f"{recipe.manifest['import_name']}-{recipe.manifest['full_version']}.report.json")
+    recorded = json.loads(report.read_text()).get("compiler") if report.is_file() else None
+    cxx = find_cxx()
+    compilers = (f"the compiler it was built with ({recorded}) and this one ({cxx})" if recorded and recorded != cxx
+                 else f"the compiler ({cxx})")
+    kind = recipe.manifest.get("platform", {}).get("cpu_capability", recipe.target)
+    raise NotReproducedError(
+        f"{recipe.wheel.name} is not identical to its rebuild from {recipe.spec}: the first file that differs is "
+        f"{differs} (the rebuild is kept: {rebuilt})",
+        f"a changed spec, model code or weights, or another modelwheel (the runtime files every wheel carries), make "
+        f"another wheel; else compare what must match: torch, {compilers}, the CPU kind ({kind})")

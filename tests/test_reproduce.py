@@ -1,0 +1,37 @@
+"""`modelwheel reproduce WHEEL`: the wheel rebuilt from the spec its report names, with the options,
+CPU kind and root it records, into a temporary folder, and compared file by file. Two tiny builds:
+the session's wheel against its own source, and against a copy whose model code changed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.errors import NotReproducedError
+
+from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
+
+
+def test_the_session_wheel_is_identical_to_its_rebuild(wheel):
+    ran = run_cli("reproduce", str(wheel))
+    assert ran.code == 0, ran.err
+    assert "options pinned as the wheel records them: no option search" in ran.err
+    assert ran.err.splitlines()[-1] == f"identical: {wheel.name} is byte for byte its rebuild from {TINY_SPEC}"
+    rebuilt_in = re.search(r" in (\S+modelwheel-reproduce-\S+) \(", ran.err)[1]
+    assert not Path(rebuilt_in).exists(), "an identical rebuild leaves nothing behind"
+
+
+def test_a_changed_model_source_names_the_first_file_that_differs(wheel, tmp_path):
+    """The copy also turns the option search on: the rebuild still compiles the options the wheel
+    records, and no other candidate."""
+    spec = spec_copy(tmp_path / "src", GOOD.replace("search = false", "search = true"))
+    code = spec.parent / "tiny_model.py"
+    code.write_text(code.read_text().replace("nn.functional.silu(", "nn.functional.gelu("))
+    ran = run_cli("reproduce", str(wheel), "--spec", str(spec))
+    assert ran.code == NotReproducedError.exit_code == 28, ran.err
+    assert "candidate freezing" not in ran.err and "search:" not in ran.err
+    error, hint = ran.err.splitlines()[-2:]
+    assert error.startswith(f"error: {wheel.name} is not identical to its rebuild from {spec}: the first file that "
+                            "differs is model_tiny/golden.safetensors (the rebuild is kept: "), error
+    assert hint.startswith("hint: a changed spec, model code or weights, or another modelwheel (the runtime files every "
+                           "wheel carries), make another wheel; else compare what must match: torch, the compiler (")
