@@ -353,9 +353,15 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
     outlook = tune.Outlook([(name, SimpleNamespace(key=f"key-{name}")) for name in names], Cache(tmp_path / "cache"))
     budget, out = tune.Budget(None), io.StringIO()
-    with progress.reporting(progress.Progress(out)):
+    shown = progress.Progress(out)
+    with progress.reporting(shown):
         budget.spent("spec-options", 100.0)  # the compile: a 300 s budget, max-autotune expected at 300 s more
         outlook.done(0, "spec-options", 120.0, from_cache=False, budget=budget)  # compiled and verified
+        assert shown.stage_end is not None
+        for index, name in ((1, "freezing"), (2, "freezing+channels-last")):
+            budget.spent(name, 100.0)
+            outlook.done(index, name, 120.0, from_cache=False, budget=budget)
     assert out.getvalue().splitlines() == [
         "    candidate spec-options took 2m00s to compile and verify: about 4m00s more for the other 2 candidate(s); "
         "max-autotune would take the search past its compile budget: not compiled, then the timing"]
+    assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"

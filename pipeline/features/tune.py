@@ -276,7 +276,7 @@ class Outlook:
                     if skipped else "")
             say(f"    candidate {name} took {duration(seconds)} to compile and verify: about {duration(left)} more "
                 f"for the other {len(compiled)} candidate(s){over}, then the timing")
-        estimate(left)
+        estimate(left if compiled else None)  # the timing rounds are not compiles: no estimate for them
 
 
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,

@@ -132,9 +132,9 @@ class Progress:
     def close(self) -> None:
         pass
 
-    def estimate(self, stage_left_s: float) -> None:
-        """The running stage's own estimate of what is left of it (the search's)."""
-        self.stage_end = time.perf_counter() + stage_left_s
+    def estimate(self, stage_left_s: float | None) -> None:
+        """The running stage's own estimate of what is left of it (the search's); None: none now."""
+        self.stage_end = None if stage_left_s is None else time.perf_counter() + stage_left_s
 
     def left_s(self) -> float | None:
         if self.current is None:
@@ -210,8 +210,9 @@ def step(text: str) -> None:
         active.step(text)
 
 
-def estimate(stage_left_s: float) -> None:
-    """About how long the running stage has left, by its own measure (the search's, from its first compile)."""
+def estimate(stage_left_s: float | None) -> None:
+    """About how long the running stage has left, by its own measure (the search's, from its first
+    compile); None where it cannot say (the timing rounds: the estimate counts compiles)."""
     active = _ACTIVE.get()
     if active is not None:
         active.estimate(stage_left_s)
@@ -294,9 +295,9 @@ class LiveProgress(Progress):
         super().expect(stage_times)
         self._send(expect=self.expected)
 
-    def estimate(self, stage_left_s: float) -> None:
+    def estimate(self, stage_left_s: float | None) -> None:
         super().estimate(stage_left_s)
-        self._send(stage_end=time.monotonic() + stage_left_s)
+        self._send(stage_end=None if stage_left_s is None else time.monotonic() + stage_left_s)
 
     def track(self, key: str, text: str) -> None:
         self._send(track=key, text=text)
