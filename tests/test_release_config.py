@@ -99,3 +99,10 @@ def test_a_spec_naming_cuda_too_builds_its_cpu_wheel_where_there_is_no_gpu():
     assert notes == [f"target cuda: not built here: {cuda.unavailable()} (the spec names it for machines that have "
                      "it; --target cuda asks for it)"]
     assert targets.buildable_here(["cuda"], notes.append) == ["cuda"] and len(notes) == 1  # require_available refuses
+
+
+def test_the_publish_job_hands_publish_the_simple_page_url():
+    """On registries whose upload and simple URLs differ, --skip-existing must read the right page."""
+    publish = yaml.safe_load(WORKFLOW.read_text())["jobs"]["publish"]
+    step = next(s for s in publish["steps"] if "pipeline publish --skip-existing" in s.get("run", ""))
+    assert step["env"]["MODELWHEEL_SIMPLE_URL"] == "${{ secrets.MODELWHEEL_SIMPLE_URL }}"

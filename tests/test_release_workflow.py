@@ -29,7 +29,6 @@ EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 # The two shapes of expression the workflow's run steps and conditions use beyond a plain lookup.
 CHOICE = re.compile(r"^([\w.]+) && '([^']*)' \|\| '([^']*)'$")
 COMPARISON = re.compile(r"^([\w.]+) (==|!=) '([^']*)'$")
-EITHER = re.compile(r"^([\w.]+) \|\| ([\w.]+)$")  # the first that is set, as GitHub's || gives
 
 
 def workflow() -> dict:
@@ -40,8 +39,6 @@ def evaluate(expression: str, context: dict):
     """The value of a GitHub expression of the forms the workflow uses; an unknown name fails the test."""
     if match := CHOICE.match(expression):
         return match[2] if lookup(match[1], context) else match[3]
-    if match := EITHER.match(expression):
-        return lookup(match[1], context) or lookup(match[2], context)
     if match := COMPARISON.match(expression):
         equal = str(lookup(match[1], context)) == match[3]
         return equal if match[2] == "==" else not equal
@@ -176,15 +173,14 @@ def index(tmp_path):
 
 def test_the_publish_job_uploads_with_its_own_install_line_and_passes_on_a_rerun(built, workspace, index, tmp_path):
     url, data = index
+    # MODELWHEEL_SIMPLE_URL: where --skip-existing reads the simple pages (a wrong one would 404).
     secrets = {"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_INDEX_USERNAME": "local", "MODELWHEEL_INDEX_PASSWORD": "no-auth",
-               "MODELWHEEL_SIMPLE_URL": ""}
-    # The simple pages where --skip-existing reads them, from the repository variable: a wrong one would 404.
-    variables = {"MODELWHEEL_SIMPLE_URL": f"{url}{{target}}/simple/"}
+               "MODELWHEEL_SIMPLE_URL": f"{url}{{target}}/simple/"}
     python = make_venv(tmp_path / "python", sees_torch=False)  # no torch, no numpy: what the job installs and nothing else
-    first = run_job("publish", {"secrets": secrets, "vars": variables}, workspace, python, tmp_path)
+    first = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)
     assert f"{built.name}: uploaded to the cpu index" in first.stderr
     assert (data / "cpu" / built.name).is_file()
-    again = run_job("publish", {"secrets": secrets, "vars": variables}, workspace, python, tmp_path)  # a re-run release
+    again = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)  # a re-run release
     assert f"{built.name}: already on the index (cpu), the same file, left as it is" in again.stderr
     installed = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('numpy'))"],
                                capture_output=True, text=True)
