@@ -190,6 +190,7 @@ def _torch_links() -> Path:
     if _TORCH_LINKS:
         return _TORCH_LINKS[0]
     folder = Path(tempfile.mkdtemp(prefix="suite-torch-"))
+    folder.chmod(0o755)  # readable by the tests' second user (uid 65534), like the packages it links to
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # links only: the packages stay
     for name in _requirement_closure("torch") | {"pip"}:
         dist = importlib.metadata.distribution(name)

@@ -5,9 +5,11 @@ takes minutes), with the names it relies on checked (the model's version, a task
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -100,14 +102,19 @@ def check_make(args: list[str]) -> None:
                 f"make {' '.join(args)} builds {spec}, which is not there"
 
 
-def check_pip(args: list[str]) -> None:
-    from pip._internal.commands import create_command
+# pip's parser runs in a process of its own: importing pip turns off setuptools' distutils shim for
+# the rest of the process (_distutils_hack), and a later test importing setuptools (through
+# torch.utils.cpp_extension) then fails its assertion that distutils is setuptools' own.
+PIP_PARSE = ("import json, sys\nfrom pip._internal.commands import create_command\n"
+             "print(json.dumps(create_command('install').parse_args(sys.argv[1:])[1]))")
 
+
+def check_pip(args: list[str]) -> None:
     assert args[0] == "install", args
-    try:
-        _, requirements = create_command("install").parse_args(args[1:])
-    except SystemExit:
-        pytest.fail(f"pip's parser refuses: pip {' '.join(args)}")
+    parsed = subprocess.run([sys.executable, "-c", PIP_PARSE, *args[1:]], capture_output=True, text=True)
+    if parsed.returncode != 0:
+        pytest.fail(f"pip's parser refuses: pip {' '.join(args)}\n{parsed.stderr}")
+    requirements = json.loads(parsed.stdout)
     unet = tomllib.loads((REPO / "models" / "unet" / "spec.toml").read_text())["model"]
     for requirement in requirements:
         wheel = re.fullmatch(r"dist/model_(\w+)-([\d.]+)\*\.whl", requirement)
