@@ -202,6 +202,12 @@ def test_the_search_stops_at_its_budget(tmp_path):
     search = report["compile_search"]
     assert [c["name"] for c in search["candidates"]] == ["spec-options"] and search["chosen"] == "spec-options"
     assert {"freezing", "max-autotune"} <= {s["name"] for s in search["not_tried"]}
+    assert "budget 0.5 s" in {s["name"]: s["reason"] for s in search["not_tried"]}["freezing"]
+    # the wheel's manifest keeps the reason without its measured seconds, which differ run to run
+    with zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))) as archive:
+        recorded = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("/manifest.json"))))
+    reasons = {s["name"]: s["reason"] for s in recorded["compile_search"]["not_tried"]}
+    assert reasons["freezing"] == "over the search's compile budget (the build's report has the seconds)", reasons
 
 
 def test_budget_scales_with_the_first_compile():

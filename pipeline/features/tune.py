@@ -62,7 +62,12 @@ class Trial:
 @dataclass(frozen=True)
 class Skipped:
     name: str
-    reason: str
+    reason: str  # what the build says and its report keeps, with the seconds measured where there are any
+    recorded: str = ""  # the reason without measured values, for the manifest: a wheel's bytes never hold timings
+
+    @property
+    def stable_reason(self) -> str:
+        return self.recorded or self.reason
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,10 @@ def timed_calls(compiled: dict[str, Compiled], weights_file: Path | None, inputs
     return calls
 
 
+# A budget refusal as the manifest records it: its seconds differ run to run (the report has them).
+OVER_BUDGET = "over the search's compile budget (the build's report has the seconds)"
+
+
 class Budget:
     """How much compiling the search may still do, measured on its own fresh compiles."""
 
@@ -296,7 +305,7 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
         check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
         over = budget.refusal(name) if index > 0 and not store.has(plan.key) else None
         if over:
-            skipped.append(Skipped(name, over))
+            skipped.append(Skipped(name, over, OVER_BUDGET))
             say(f"    candidate {name}: not tried: {over}")
             continue
         left = outlook.left_s(index - 1, budget)

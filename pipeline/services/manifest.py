@@ -90,7 +90,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         "compile_search": {
             "chosen": tuned.chosen,
             "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in tuned.trials],
-            "not_tried": [{"name": s.name, "reason": s.reason} for s in tuned.skipped],
+            "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in tuned.skipped],
         },
         "content_hash": exported.content_hash,
         # A build from a save_pretrained folder names it, and its config.json's hash (issue 30).
