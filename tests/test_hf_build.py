@@ -20,11 +20,20 @@ import torch
 
 from pipeline.spec import load_spec
 
-from .conftest import BuildDirs, make_venv, pip_install, run_cli
+from .conftest import BuildDirs, Ran, make_venv, pip_install, run_cli
 
 # Keeps the default suite's two builds short: one compile instead of the option search. The
 # slow tests build with no spec at all, as a user does.
 NO_SEARCH = "[compile]\nsearch = false\n"
+
+
+def build_without_search(folder: Path, task: str, name: str, tmp_path: Path) -> Ran:
+    """``modelwheel build --hf folder --task task`` with an override spec that turns the search off."""
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text(NO_SEARCH)
+    dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
+    return run_cli("build", "--hf", str(folder), "--task", task, "--name", name, "--version", "1.0",
+                   "--spec", str(overrides), *dirs.args(), timeout=1800)
 
 
 def save_vit(folder: Path, base: type | None = None) -> Path:

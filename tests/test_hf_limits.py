@@ -13,8 +13,8 @@ import torch
 from pipeline.errors import ExportError, SpecError
 from pipeline.spec import load_spec
 
-from .conftest import BuildDirs, one_input_spec, run_cli
-from .test_hf_build import NO_SEARCH, save_bert
+from .conftest import one_input_spec, run_cli
+from .test_hf_build import NO_SEARCH, build_without_search, save_bert
 
 
 def save_mistral(folder: Path) -> Path:
@@ -133,11 +133,6 @@ class _Wrapped(torch.nn.Module):
 @pytest.mark.slow
 def test_the_sliding_window_decoder_builds_as_feature_extraction(tmp_path):
     """The issue's decoder, with no spec of the user's but the search off: builds and verifies."""
-    folder = save_mistral(tmp_path / "mistral")
-    overrides = tmp_path / "overrides.toml"
-    overrides.write_text(NO_SEARCH)
-    dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
-    ran = run_cli("build", "--hf", str(folder), "--task", "feature-extraction", "--name", "mistral", "--version", "1.0",
-                  "--spec", str(overrides), *dirs.args(), timeout=1800)
+    ran = build_without_search(save_mistral(tmp_path / "mistral"), "feature-extraction", "mistral", tmp_path)
     assert ran.code == 0, ran.err
     assert "verified  last_hidden_state: 13 cases" in ran.out + ran.err

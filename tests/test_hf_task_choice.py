@@ -12,8 +12,8 @@ import torch
 from pipeline.errors import CheckpointError, UnsupportedTaskError
 from pipeline.spec import load_spec
 
-from .conftest import BuildDirs, run_cli
-from .test_hf_build import NO_SEARCH, save_vit
+from .conftest import run_cli
+from .test_hf_build import build_without_search, save_vit
 
 
 def save_unconditional_unet(folder: Path) -> Path:
@@ -101,11 +101,6 @@ def test_a_task_typo_gets_did_you_mean(tmp_path):
 
 @pytest.mark.slow
 def test_an_unconditional_unet_builds_as_denoising(tmp_path):
-    folder = save_unconditional_unet(tmp_path / "ddpm")
-    overrides = tmp_path / "overrides.toml"
-    overrides.write_text(NO_SEARCH)
-    dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
-    ran = run_cli("build", "--hf", str(folder), "--task", "denoising", "--name", "ddpm", "--version", "1.0",
-                  "--spec", str(overrides), *dirs.args(), timeout=1800)
+    ran = build_without_search(save_unconditional_unet(tmp_path / "ddpm"), "denoising", "ddpm", tmp_path)
     assert ran.code == 0, ran.err
     assert "verified  noise_pred: 10 cases" in ran.out + ran.err
