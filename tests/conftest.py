@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -193,14 +194,10 @@ def attach_torch(python: Path) -> None:
     Path(site, "_suite_torch.pth").write_text(f"{_torch_links()}\n")
 
 
-_TORCH_LINKS: list[Path] = []
-
-
+@functools.cache
 def _torch_links() -> Path:
     """One folder (made on first use, per test process) with a link to each top-level file and
     folder of torch, of every distribution torch requires, and of pip, with their .dist-info."""
-    if _TORCH_LINKS:
-        return _TORCH_LINKS[0]
     folder = Path(tempfile.mkdtemp(prefix="suite-torch-"))
     folder.chmod(0o755)  # readable by the tests' second user (uid 65534), like the packages it links to
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # links only: the packages stay
@@ -211,7 +208,6 @@ def _torch_links() -> Path:
             source = Path(dist.locate_file(top))
             if source.exists() and not top.endswith(".pth"):
                 (folder / top).symlink_to(source)
-    _TORCH_LINKS.append(folder)
     return folder
 
 
