@@ -128,6 +128,12 @@ def parser() -> argparse.ArgumentParser:
                     "(docs/how-a-build-works.md#reproducible-wheels).")
     reproduce.add_argument("wheel", help="a wheel modelwheel built (its report beside it names the spec)")
     reproduce.add_argument("--spec", help="the spec to rebuild it from (default: the one the report beside it names)")
+    schema = commands.add_parser("schema", parents=[_common_flags()],
+                                 help="print the JSON Schema of spec.toml, for editors (docs/quickstart.md#in-your-editor)",
+                                 description="Print the JSON Schema (draft-07) of a spec.toml file, generated from the "
+                                             "models the build checks specs with, for your editor's TOML extension "
+                                             "(docs/quickstart.md#in-your-editor).")
+    schema.add_argument("-o", "--output", metavar="FILE", help="write it to FILE instead of printing it")
     matrix = commands.add_parser("matrix", help="print the CI build matrix (models x targets) as JSON",
                                  parents=[_common_flags()])
     matrix.add_argument("--spec", action="append", help="a spec.toml to include (repeatable; default: every models/*/spec.toml)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ from .services.progress import Progress, QuietProgress, for_stream, reporting, s
 from .summary import print_report
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, load_spec, with_overrides
+from .spec_schema import spec_schema
 
 def _artifact_root(flag: str | None) -> Path:
     value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
@@ -336,8 +338,22 @@ def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def _schema(args: argparse.Namespace, progress: Progress) -> int:
+    text = json.dumps(spec_schema(), indent=2) + "\n"
+    if args.output is None:
+        print(text, end="")
+        return 0
+    try:
+        Path(args.output).write_text(text)
+    except OSError as exc:
+        raise UsageError(f"--output {args.output}: cannot write it: {exc.strerror}",
+                         "give a file in a folder that exists and that you can write") from exc
+    progress.say(f"wrote the spec's JSON Schema to {args.output}")
+    return 0
+
+
 COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _publish, "matrix": _matrix,
-            "reproduce": _reproduce}
+            "reproduce": _reproduce, "schema": _schema}
 
 
 def main(argv: list[str] | None = None) -> int:
