@@ -29,7 +29,7 @@ from benchmarks.rounds import summarize
 from pipeline import targets as build_targets
 from pipeline.features import precision
 from pipeline.features.rounds import rotated
-from pipeline.services.templates import wheel_inputs
+from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 from pipeline.spec import load_spec
 from pipeline.stages.export import dynamic_shapes, export_program, prepare, spec_inputs
 from pipeline.stages.loader import load_model

@@ -42,7 +42,7 @@ def synchronize() -> None:
 def spec_inputs(spec_path: str, batch: int | None):
     from pipeline.stages.export import export_sizes, spec_inputs as inputs_of
     from pipeline.spec import load_spec
-    from pipeline.services.templates import wheel_inputs
+    from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 
     spec_file = load_spec(spec_path)
     sizes = export_sizes(spec_file)

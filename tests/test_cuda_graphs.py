@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from pipeline.services.templates import wheel_cuda
+from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 
 # Runs in the installed venv; prints one JSON object of what each check saw.
 SCRIPT = r"""

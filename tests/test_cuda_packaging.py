@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pipeline.services.manifest import sha256_file
-from pipeline.services.templates import wheel_cuda
+from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 from pipeline.stages.compile import _move_sources
 from pipeline.stages.package import package_wheel
 

@@ -14,8 +14,9 @@ import torch
 from pipeline import targets
 from pipeline.errors import SpecError, TargetUnavailableError
 from pipeline.services.manifest import local_label
-from pipeline.services.templates import wheel_targets
-from pipeline.services.templates import RUNTIME_DIR, wheel_cuda
+from pipeline.wheel_template.runtime import _targets as wheel_targets
+from pipeline.services.templates import RUNTIME_DIR
+from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 from pipeline.spec import load_spec
 from pipeline.spec_sections import Tolerance as SpecTolerance
 from pipeline.stages.publish import Index

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.services.templates import wheel_integrity
+from pipeline.wheel_template.runtime import _integrity as wheel_integrity
 
 from .test_end_to_end import altered, installed_package, run_in
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.errors import VerificationError
-from pipeline.services.templates import wheel_compare
+from pipeline.wheel_template.runtime import _compare as wheel_compare
 from pipeline.stages.verify import LARGE_ERROR_FACTOR, judge_against_fp64
 
 from .conftest import REPO, one_input_spec, run_cli

@@ -14,9 +14,7 @@ import pytest
 
 from pipeline.errors import OutputDirError
 from pipeline.services.outdir import MARKER, claim_output_dir
-from pipeline.services.templates import _load_runtime_module
-
-link_module = _load_runtime_module("_link")
+from pipeline.wheel_template.runtime import _link as link_module
 
 
 @pytest.fixture

@@ -229,7 +229,7 @@ def test_two_libraries_loaded_through_descriptors_stay_two(tmp_path):
     import ctypes
     import hashlib
 
-    from pipeline.services.templates import wheel_integrity
+    from pipeline.wheel_template.runtime import _integrity as wheel_integrity
 
     if shutil.which("cc") is None:
         pytest.skip("needs a C compiler")

@@ -14,8 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline import targets
 from pipeline.errors import SpecError
-from pipeline.services.templates import wheel_dispatch as _dispatch
-from pipeline.services.templates import wheel_inputs as _inputs
+from pipeline.wheel_template.runtime import _dispatch, _inputs
 from pipeline.spec import load_spec
 from pipeline.stages.loader import load_model
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import OutputDirError
-from pipeline.services.templates import wheel_trust
+from pipeline.wheel_template.runtime import _trust as wheel_trust
 
 from .conftest import REPO, TINY_SPEC
 

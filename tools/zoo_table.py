@@ -44,7 +44,7 @@ inputs = m.example_inputs(batch=1)
 run = lambda: model(*inputs)
 """
 EAGER_SETUP = """
-from pipeline.services.templates import wheel_inputs
+from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 from pipeline.spec import load_spec
 from pipeline.stages.export import spec_inputs
 from pipeline.stages.loader import call_forward, load_model

@@ -30,7 +30,9 @@ from .. import targets
 from ..errors import VerificationError
 from ..services.cache import Cache
 from ..services.progress import say, step
-from ..services.templates import wheel_compare, wheel_dispatch, wheel_inputs
+from ..wheel_template.runtime import _compare as wheel_compare
+from ..wheel_template.runtime import _dispatch as wheel_dispatch
+from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..spec import Spec, SpecFile
 from ..stages.compile import Compiled, compile_model, plan_compile
 from ..stages.export import Exported, export_program, prepare, spec_inputs

@@ -32,7 +32,7 @@ from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
 from ..services.progress import check_stop, duration, estimate, expected_s, say, step
-from ..services.templates import wheel_compare
+from ..wheel_template.runtime import _compare as wheel_compare
 from ..stages.compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
 from ..stages.loader import call_forward

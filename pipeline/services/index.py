@@ -32,7 +32,7 @@ from pathlib import Path
 from ..errors import IndexServerError, OutputDirError
 from . import index_auth
 from .writable import made_folders, remove_if_empty
-from .templates import wheel_trust
+from ..wheel_template.runtime import _trust as wheel_trust
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
 DEFAULT_PORT = 8765

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import IndexServerError
 from . import proc
-from .templates import wheel_trust
+from ..wheel_template.runtime import _trust as wheel_trust
 
 USERNAME = "modelwheel"
 SECRET_NAME = "upload.secret"

@@ -20,7 +20,7 @@ from ..stages.compile import Compiled
 from ..stages.export import Exported, export_sizes, spec_inputs
 from ..stages.loader import weight_tensors
 from ..stages.verify import VERIFIED_SHA256, Verified
-from .templates import wheel_integrity, wheel_weights
+from ..wheel_template.runtime import _integrity as wheel_integrity, _weights as wheel_weights
 
 FORMAT = 1
 

@@ -24,7 +24,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
 from .progress import say, stop_requested
-from .templates import wheel_trust
+from ..wheel_template.runtime import _trust as wheel_trust
 
 MARKER = ".modelwheel-build"
 

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import OutputDirError
-from .templates import wheel_trust
+from ..wheel_template.runtime import _trust as wheel_trust
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_ALLOWED = (errno.EACCES, errno.EPERM, errno.EROFS)

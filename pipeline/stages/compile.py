@@ -15,7 +15,7 @@ from .. import targets
 from ..errors import CompileError, SpecError, ToolchainError
 from ..features import constants, precision
 from ..services import cache, proc
-from ..services.templates import wheel_weights
+from ..wheel_template.runtime import _weights as wheel_weights
 from .export import Exported
 from .loader import forward_arguments, weight_tensors
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ExportError, SpecError
-from ..services.templates import wheel_inputs
+from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..spec import SpecFile
 from ..targets import Target
 from .input_fit import check_index_ranges, size_suspects, watching_embeddings

@@ -19,7 +19,8 @@ from .. import targets
 from ..errors import PackageError
 from ..services import proc
 from ..services.manifest import dumps, sha256_file
-from ..services.templates import RUNTIME_DIR, WHEEL_TEMPLATE, wheel_targets
+from ..services.templates import RUNTIME_DIR, WHEEL_TEMPLATE
+from ..wheel_template.runtime import _targets as wheel_targets
 from ..targets import Target
 
 # Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
 from ..services import index_auth, proc
 from ..services.index import STATE_DIR, read_state
-from ..services.templates import wheel_integrity, wheel_targets
+from ..wheel_template.runtime import _integrity as wheel_integrity, _targets as wheel_targets
 from .wheel_check import private_copies, read_manifest
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"

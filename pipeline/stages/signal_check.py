@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..errors import NoSignalError
-from ..services.templates import wheel_inputs
+from ..wheel_template.runtime import _inputs as wheel_inputs
 from .export import Exported, export_sizes, spec_inputs
 from .loader import call_forward
 from .verify import SEEDS, as_tuple, tolerances

@@ -18,8 +18,12 @@ import torch
 
 from .. import targets
 from ..errors import VerificationError
-from ..services.templates import wheel_compare, wheel_inputs, wheel_integrity, wheel_weights
 from ..spec import OutputSpec
+from ..wheel_template.runtime import _compare as wheel_compare
+from ..wheel_template.runtime import _constants as wheel_constants
+from ..wheel_template.runtime import _inputs as wheel_inputs
+from ..wheel_template.runtime import _integrity as wheel_integrity
+from ..wheel_template.runtime import _weights as wheel_weights
 from .compile import Compiled
 from .export import Exported, export_sizes, spec_inputs
 from .loader import call_forward, weight_tensors
@@ -229,8 +233,6 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
         tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
     if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/features/constants.py)
-        from ..services.templates import wheel_constants
-
         store = wheel_constants.Store(compiled.constants)
         runner.update_constant_buffer(store.tensors(compiled.library.name), False, True, True)
         return _WithStore(runner, store)

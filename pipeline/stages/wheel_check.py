@@ -22,7 +22,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from ..errors import OutputDirError, UnverifiedWheelError
-from ..services.templates import wheel_integrity
+from ..wheel_template.runtime import _integrity as wheel_integrity
 
 
 def hashed_files(package: str, manifest: dict) -> dict[str, dict]:

@@ -175,7 +175,7 @@ def runtime(target: Target) -> Any:
 def open_runner(target: Target, library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
     """The compiled model as the wheel opens it (for verification and timing); ``kernels``: where
     its kernel files are, when not beside ``library`` (a /proc/self/fd path)."""
-    from ..services.templates import wheel_preload
+    from ..wheel_template.runtime import _preload as wheel_preload
 
     wheel_preload.load_cxx_runtime()
     side = runtime(target)

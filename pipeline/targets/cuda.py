@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from ..services.frozen import Frozen
-from ..services.templates import RUNTIME_DIR, wheel_cuda
+from ..services.templates import RUNTIME_DIR
+from ..wheel_template.runtime import _target_cuda as wheel_cuda
 
 if TYPE_CHECKING:
     from ..stages.compile import Compiled
