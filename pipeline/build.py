@@ -26,7 +26,7 @@ from .features import static, tune
 from .features.tune import Tuned
 from .services import cache
 from .services.layout import WorkLayout
-from .services.manifest import build_manifest, sha256_file
+from .services.manifest import sha256_file
 from .services.outdir import claim_output_dir, output_path, signals_deferred
 from .services.progress import Progress, check_stop, reporting, stop_requested
 from .services.writable import (NO_ROOM, NOT_ALLOWED, check_private, made_folders, remove_if_empty, sweep_partials,
@@ -36,10 +36,12 @@ from .stages.compile import Compiled, find_cxx, find_strip
 from .stages.doctor import run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
+from .stages.manifest import build_manifest
 from .stages.package import Wheel, package_wheel
 from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
+from .wheel_template.runtime._schema import Manifest
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class BuildContext:
 @dataclass(frozen=True)
 class Packaged:
     wheel: Wheel
-    manifest: dict[str, Any]
+    manifest: Manifest
     sizes: static.StaticSizes  # the static batch sizes' models (none without [dims.*] static)
 
 
@@ -159,7 +161,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
                         packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
     if lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry
         options_lock.keep_choice(ctx.spec_file.path, lock_key, dict(planned)[tuned.chosen].overrides,
-                                 packaged.manifest["compile_search"], tuned.why, ctx.progress.say)
+                                 dict(packaged.manifest["compile_search"]), tuned.why, ctx.progress.say)
     return result
 
 

@@ -274,7 +274,7 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
     for name in spec.build.targets:  # before torch is imported, as a build does (the cpu target's ISA)
         targets.get(name).before_torch(spec.build.options(name), args)
-    from .services.manifest import local_label  # imports torch: the label names its version
+    from .stages.manifest import local_label  # imports torch: the label names its version
 
     dist = Path(args.dist)
     check_private(dist, "--dist")  # the wheels found there are uploaded as they are

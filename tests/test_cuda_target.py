@@ -13,7 +13,7 @@ import torch
 
 from pipeline import targets
 from pipeline.errors import SpecError, TargetUnavailableError
-from pipeline.services.manifest import local_label
+from pipeline.stages.manifest import local_label
 from pipeline.wheel_template.runtime import _targets as wheel_targets
 from pipeline.services.templates import RUNTIME_DIR
 from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda

@@ -113,16 +113,15 @@ def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
     import hashlib
 
     from pipeline.errors import PackageError
-    from pipeline.services.manifest import _as_verified
-    from pipeline.stages.verify import VERIFIED_SHA256
+    from pipeline.stages.manifest import as_verified
 
     library = tmp_path / "model.so"
     library.write_bytes(b"the verified bytes")
-    VERIFIED_SHA256[library] = hashlib.sha256(b"the verified bytes").hexdigest()
-    assert _as_verified(library) == VERIFIED_SHA256[library]
+    loaded = hashlib.sha256(b"the verified bytes").hexdigest()  # Verified.library_sha256
+    assert as_verified(library, loaded) == loaded
     library.write_bytes(b"other bytes, same name")
     with pytest.raises(PackageError, match="changed after it was verified"):
-        _as_verified(library)
+        as_verified(library, loaded)
 
 
 # -- links another user owns, folders others can add files to (a second-user audit found these) --

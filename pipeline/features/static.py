@@ -29,15 +29,17 @@ from . import constants
 from .. import targets
 from ..errors import VerificationError
 from ..services.cache import Cache
+from ..services.manifest import sha256_file
 from ..services.progress import say, step
-from ..wheel_template.runtime import _compare as wheel_compare
-from ..wheel_template.runtime import _dispatch as wheel_dispatch
-from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..spec import Spec, SpecFile
 from ..stages.compile import Compiled, compile_model, plan_compile
 from ..stages.export import Exported, export_program, prepare, spec_inputs
 from ..stages.loader import LoadedModel, call_forward
 from ..stages.verify import Verified, as_tuple, open_runner, tolerances, verify_model
+from ..wheel_template.runtime import _compare as wheel_compare
+from ..wheel_template.runtime import _dispatch as wheel_dispatch
+from ..wheel_template.runtime import _inputs as wheel_inputs
+from ..wheel_template.runtime._schema import Manifest, Static
 from .tune import Tuned
 
 PAD_SEED = 500
@@ -153,16 +155,16 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
     return results
 
 
-def manifest_record(exported: Exported, models: list[StaticModel]) -> dict | None:
+def manifest_record(exported: Exported, models: list[StaticModel]) -> Static | None:
     """The manifest's "static" section: the dim, whether padding is allowed, each size's .so and verification."""
     spec = exported.spec_file.spec
     dim = spec.static_dim
     if dim is None:
         return None
-    return {
-        "dim": dim,
-        "pad": spec.dims[dim].pad,
-        "sizes": {
+    return Static(
+        dim=dim,
+        pad=spec.dims[dim].pad,
+        sizes={
             str(m.size): {
                 "library": f"{folder(m.size)}/{m.compiled.library.name}",
                 "golden_cases": [f"{folder(m.size)}/{case}" for case in m.verified.golden_cases],
@@ -170,7 +172,7 @@ def manifest_record(exported: Exported, models: list[StaticModel]) -> dict | Non
             }
             for m in models
         },
-    }
+    )
 
 
 def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
@@ -186,10 +188,8 @@ def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
     save_file(tensors, str(golden_file))
 
 
-def add_to_manifest(manifest: dict, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]) -> dict:
+def add_to_manifest(manifest: Manifest, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]) -> Manifest:
     """The static sizes' .so files under "artifacts" (by their path in artifacts/), and the "static" section."""
-    from ..services.manifest import sha256_file
-
     record = manifest_record(exported, models)
     if record is None:
         return manifest
@@ -222,8 +222,8 @@ def verify_all(exported: Exported, models: list[StaticModel], verified: Verified
     return StaticSizes(models, padding)
 
 
-def package(manifest: dict, exported: Exported, compiled: Compiled, sizes: StaticSizes,
-            work_dir: Path) -> tuple[dict, tuple[Path, ...], list[Path]]:
+def package(manifest: Manifest, exported: Exported, compiled: Compiled, sizes: StaticSizes,
+            work_dir: Path) -> tuple[Manifest, tuple[Path, ...], list[Path]]:
     """The package stage's part: the manifest with the sizes' files and section, the shared
     constants store, and the sizes' .so files to ship."""
     store = shared_store(compiled, sizes.models, work_dir)

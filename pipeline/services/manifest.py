@@ -1,124 +1,17 @@
-"""The manifest every wheel carries: what it was built with, what it expects, and its file hashes.
-
-Nothing in it depends on when or where the build ran (beyond the artifact root), so two builds
-of the same inputs give the same bytes.
+"""The manifest's helpers every layer may use: its file hashes and its JSON.
+Its type is the runtime's (runtime/_schema.py); the package stage makes it (stages/manifest.py).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-from typing import Any
 
-import torch
-
-from .. import targets
-from ..errors import PackageError
-from ..features.hf import checkpoint_record
-from ..features.tune import Tuned
-from ..stages.compile import Compiled
-from ..stages.export import Exported, export_sizes, spec_inputs
-from ..stages.loader import weight_tensors
-from ..stages.verify import VERIFIED_SHA256, Verified
-from ..wheel_template.runtime import _integrity as wheel_integrity, _weights as wheel_weights
-
-FORMAT = 1
-
+from ..wheel_template.runtime import _integrity as wheel_integrity
+from ..wheel_template.runtime._schema import Manifest
 
 # The wheel's own integrity check hashes files the same way.
 sha256_file = wheel_integrity.sha256_file
 
 
-def local_label(target: str) -> str:
-    """Tells wheels of one model version apart by target and torch build: ``cpu.torch2.13.0``,
-    ``cu130.torch2.11.0``."""
-    return f"{targets.get(target).index_variant()}.torch{torch.__version__.split('+')[0]}"
-
-
-def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned) -> dict[str, Any]:
-    spec = exported.spec_file.spec
-    example = export_sizes(exported.spec_file)
-    return {
-        "format": FORMAT,
-        "name": spec.model.name,
-        "dist_name": spec.dist_name,
-        "import_name": spec.import_name,
-        "version": spec.model.version,
-        "full_version": f"{spec.model.version}+{local_label(compiled.target)}",
-        "description": spec.model.description,
-        "license": spec.model.license,  # SPDX expression, or None
-        "urls": dict(spec.model.urls),  # label -> URL
-        # The runtime opens the model through its target's module (runtime/_targets.py) and
-        # places tensors on the device kind.
-        "target": compiled.target,
-        "device": targets.get(compiled.target).DEVICE,
-        # The index the wheel is published to and its version's label start with (PyTorch's
-        # variant names): publish reads it without importing torch.
-        "variant": targets.get(compiled.target).index_variant(),
-        # torch.__version__ can carry a label its distribution lacks (PyPI's CUDA builds report
-        # 2.14.1+cu130 for the distribution 2.14.1): the runtime checks the first, pip pins the second.
-        "torch": {"version": torch.__version__, "distribution": importlib.metadata.version("torch")},
-        **targets.get(compiled.target).manifest_facts(compiled),
-        "opt_path": str(compiled.output_dir),
-        # Whether the .so runs from wherever it is installed (CPU), or must be reached at opt_path,
-        # where it was compiled (CUDA: its kernels are addressed by absolute path): the runtime
-        # makes the link only then.
-        "relocatable": targets.get(compiled.target).RELOCATABLE,
-        "library": compiled.library.name,
-        "artifacts": {
-            path.name: {"sha256": _as_verified(path), "size": path.stat().st_size} for path in compiled.artifacts
-        },
-        "inputs": spec_inputs(exported.spec_file),
-        "dims": {name: {"min": d.min, "max": d.max, "example": example[name]} for name, d in spec.dims.items()},
-        "outputs": [
-            {"name": o.name, "dtype": dtype, "rtol": verified.tolerances[o.name].rtol, "atol": verified.tolerances[o.name].atol}
-            for o, dtype in zip(spec.outputs, exported.output_dtypes)
-        ],
-        "returns_tuple": exported.returns_tuple,
-        "weights": _weights_record(exported, verified),
-        "golden": {
-            "file": verified.golden_file.name,
-            "sha256": sha256_file(verified.golden_file),
-            "size": verified.golden_file.stat().st_size,
-            "cases": list(verified.golden_cases),
-        },
-        # Only a verified build reaches packaging; publish refuses a wheel without this record.
-        "verification": {"passed": True, "reference": verified.reference, "cases": [c.case for c in verified.cases]},
-        "compile_options": compiled.options,
-        "compile_cache_key": compiled.cache_key,
-        # Timings stay in the report: in the manifest they would make every wheel's bytes differ.
-        "compile_search": {
-            "chosen": tuned.chosen,
-            "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in tuned.trials],
-            "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in tuned.skipped],
-        },
-        "content_hash": exported.content_hash,
-        # A build from a save_pretrained folder names it, and its config.json's hash (issue 30).
-        **({"checkpoint": record} if (record := checkpoint_record(spec)) else {}),
-    }
-
-
-def _as_verified(path) -> str:
-    """The file's sha256, which must be that of the bytes verification loaded from it."""
-    digest = sha256_file(path)
-    loaded = VERIFIED_SHA256.get(path)
-    if loaded is not None and loaded != digest:
-        raise PackageError(f"{path} changed after it was verified (sha256 {loaded[:16]}… loaded, {digest[:16]}… now)",
-                           "another process wrote into the build's output folder: build again, into a root only you can write")
-    return digest
-
-
-def _weights_record(exported: Exported, verified: Verified) -> dict[str, Any]:
-    record: dict[str, Any] = {"external": verified.weights_file is not None, "sha256": exported.weights_sha256}
-    if verified.weights_file is not None:
-        record.update(
-            file=verified.weights_file.name,
-            file_sha256=sha256_file(verified.weights_file),
-            size=verified.weights_file.stat().st_size,
-            tensors=wheel_weights.describe(weight_tensors(exported.module)),
-        )
-    return record
-
-
-def dumps(manifest: dict[str, Any]) -> str:
+def dumps(manifest: Manifest) -> str:
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"

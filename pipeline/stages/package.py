@@ -11,7 +11,6 @@ import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
@@ -21,6 +20,7 @@ from ..services import proc
 from ..services.manifest import dumps, sha256_file
 from ..services.templates import RUNTIME_DIR, WHEEL_TEMPLATE
 from ..wheel_template.runtime import _targets as wheel_targets
+from ..wheel_template.runtime._schema import Manifest
 from ..targets import Target
 
 # Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.
@@ -87,7 +87,7 @@ def requires_python() -> str:
     return f">={RUNTIME_PYTHON}"
 
 
-def project_links(manifest: dict[str, Any]) -> tuple[str, str]:
+def project_links(manifest: Manifest) -> tuple[str, str]:
     """The pyproject lines for the spec's optional license and URLs ("" for each one not given);
     JSON strings are valid TOML basic strings."""
     license_line = f"license = {json.dumps(manifest['license'])}\n" if manifest.get("license") else ""
@@ -100,7 +100,7 @@ def _render(template: Path, destination: Path, values: dict[str, str]) -> None:
     destination.write_text(string.Template(template.read_text()).substitute(values))
 
 
-def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extras: list[Path], tag: str) -> None:
+def _stage(staging: Path, manifest: Manifest, artifacts: list[Path], extras: list[Path], tag: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     package_dir = staging / manifest["import_name"]
     (package_dir / "artifacts").mkdir(parents=True)
@@ -150,7 +150,7 @@ def _stage(staging: Path, manifest: dict[str, Any], artifacts: list[Path], extra
         os.chmod(path, 0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
 
 
-def checkpoint_note(manifest: dict[str, Any]) -> str:
+def checkpoint_note(manifest: Manifest) -> str:
     """The README's line naming the save_pretrained folder a wheel was built from (none for a factory's)."""
     found = manifest.get("checkpoint")
     return "" if not found else (
@@ -158,7 +158,7 @@ def checkpoint_note(manifest: dict[str, Any]) -> str:
         f"task {found['task']}, config.json sha256 `{found['config_sha256']}`.")
 
 
-def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[Path], work_dir: Path) -> Wheel:
+def package_wheel(manifest: Manifest, artifacts: list[Path], extras: list[Path], work_dir: Path) -> Wheel:
     """Build the wheel into ``work_dir/wheel``; the caller moves it into dist/ once all is done."""
     staging = work_dir / "wheel-src"
     out_dir = work_dir / "wheel"
@@ -171,7 +171,7 @@ def package_wheel(manifest: dict[str, Any], artifacts: list[Path], extras: list[
     return Wheel(path=wheel, sha256=sha256_file(wheel), size=wheel.stat().st_size, platform_tag=tag)
 
 
-def _build_wheel(staging: Path, out_dir: Path, manifest: dict[str, Any], artifacts: list[Path], extras: list[Path],
+def _build_wheel(staging: Path, out_dir: Path, manifest: Manifest, artifacts: list[Path], extras: list[Path],
                  tag: str) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     _stage(staging, manifest, artifacts, extras, tag)

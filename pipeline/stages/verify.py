@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -102,6 +103,9 @@ class Verified:
     golden_cases: tuple[str, ...]
     reference: str
     weights_file: Path | None  # external weights, exactly as verified
+    # The sha256 of the .so's bytes as verification loaded them: the manifest's hash of the file
+    # must be the same (stages/manifest.py), so the wheel ships what was verified.
+    library_sha256: str
 
     def worst(self) -> dict[str, dict[str, float]]:
         return worst(self.cases)
@@ -216,17 +220,17 @@ def _to_fp64(tensors):
     return [t.double() if t.dtype.is_floating_point else t for t in tensors]
 
 
-# Each .so verification opened -> the sha256 of the bytes it loaded: the manifest's hash of the
-# file must be the same (manifest.py), so the wheel ships what was verified.
-VERIFIED_SHA256: dict[Path, str] = {}
-
-
 def open_runner(compiled: Compiled, weights_file: Path | None):
     """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if
     any. The .so is opened once, hashed through that descriptor and loaded through it."""
+    return open_hashed(compiled, weights_file)[0]
+
+
+def open_hashed(compiled: Compiled, weights_file: Path | None) -> tuple[Any, str]:
+    """open_runner's runner, and the sha256 of the bytes it loaded (Verified.library_sha256)."""
     target = targets.get(compiled.target)
     fd = os.open(compiled.library, os.O_RDONLY | os.O_CLOEXEC)
-    VERIFIED_SHA256[compiled.library] = wheel_integrity.sha256_fd(fd)
+    sha256 = wheel_integrity.sha256_fd(fd)
     # held open as the wheel's loaders hold theirs (dlopen knows a library by its name first)
     runner = targets.open_runner(target, Path(wheel_integrity.hold(fd)), kernels=compiled.library.parent)
     if weights_file is not None:
@@ -235,8 +239,8 @@ def open_runner(compiled: Compiled, weights_file: Path | None):
     if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/features/constants.py)
         store = wheel_constants.Store(compiled.constants)
         runner.update_constant_buffer(store.tensors(compiled.library.name), False, True, True)
-        return _WithStore(runner, store)
-    return runner
+        return _WithStore(runner, store), sha256
+    return runner, sha256
 
 
 class _WithStore:
@@ -298,7 +302,7 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     """``weights_file``: write_weights()'s file for a model with external weights, else None."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
-    runner = open_runner(compiled, weights_file)
+    runner, library_sha256 = open_hashed(compiled, weights_file)
     target = targets.get(compiled.target)
     applied = _applied(exported)
     tols = {name: (t.rtol, t.atol) for name, t in applied.items()}
@@ -342,6 +346,7 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
         golden_cases=golden_cases,
         reference=reference,
         weights_file=weights_file,
+        library_sha256=library_sha256,
     )
 
 

@@ -17,12 +17,13 @@ from ._deps import MissingDependency
 from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link, sweep_dangling
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, IncompatibleRuntime, manifest
+from ._schema import Manifest
 from ._trust import UntrustedPath
 
 EXIT_CODES = {IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}  # and 1: a golden case differs
 
 
-def _link(m: dict) -> int:
+def _link(m: Manifest) -> int:
     check_artifacts(ARTIFACTS_DIR, m, full=True)
     try:
         ok, detail = ensure_link(Path(m["opt_path"]), ARTIFACTS_DIR)
@@ -38,7 +39,7 @@ def _link(m: dict) -> int:
     return 5
 
 
-def _verify(m: dict) -> int:
+def _verify(m: Manifest) -> int:
     if importlib.util.find_spec("torch") is None:  # an install with --no-deps
         raise MissingDependency(f"{m['dist_name']} verify needs torch, which is not installed here: pip install "
                                 f"{m['dist_name']}=={m['full_version']} again, without --no-deps, for the torch it pins")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from ._schema import Manifest
+
 _POSITIONAL = inspect.Parameter.POSITIONAL_ONLY
 
 
@@ -21,11 +23,11 @@ def _identifier(name: str, index: int, prefix: str) -> str:
     return name if name.isidentifier() else f"{prefix}{index}"
 
 
-def _dims(m: dict[str, Any]) -> str:
+def _dims(m: Manifest) -> str:
     return "; ".join(f"{name} from {d['min']} to {d['max']}" for name, d in m["dims"].items())
 
 
-def listing(m: dict[str, Any], kind: str) -> str:
+def listing(m: Manifest, kind: str) -> str:
     """The inputs (name, dtype, shape) and outputs (name, dtype), as help() shows them."""
     inputs = "\n".join(f"    {i['name']}: {i['dtype']} {list(i['shape'])}" for i in m["inputs"])
     outputs = "\n".join(f"    {o['name']}: {o['dtype']}" for o in m["outputs"])
@@ -41,7 +43,7 @@ def named(self: Any, outputs: Any) -> dict[str, Any]:
     return dict(zip(self.output_names, outputs if self._manifest["returns_tuple"] else (outputs,)))
 
 
-def describe(cls: type, m: dict[str, Any], kind: str) -> None:
+def describe(cls: type, m: Manifest, kind: str) -> None:
     """Give ``cls`` the model's ``input_names`` and ``output_names``, ``named()``, its call the
     input names as signature, and the listing in the docstrings of both."""
     cls.named = named

@@ -10,25 +10,26 @@ size runs on the dynamic model. Imports nothing heavy: both loaders use it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from ._schema import Manifest
 
 
-def static_library_names(m: dict[str, Any]) -> dict[int, str]:
+def static_library_names(m: Manifest) -> dict[int, str]:
     """Each static size's .so by its path in artifacts/ (its key in the manifest's "artifacts")."""
     return {int(size): record["library"] for size, record in m.get("static", {}).get("sizes", {}).items()}
 
 
-def static_libraries(m: dict[str, Any], directory: Path) -> dict[int, Path]:
+def static_libraries(m: Manifest, directory: Path) -> dict[int, Path]:
     """Each static size's .so under ``directory`` (empty for a wheel without static sizes)."""
     return {size: directory / name for size, name in static_library_names(m).items()}
 
 
-def library_names(m: dict[str, Any]) -> list[str]:
+def library_names(m: Manifest) -> list[str]:
     """Every .so a loader opens (each checked as it is opened, through its own descriptor)."""
     return [m["library"], *static_library_names(m).values()]
 
 
-def route(m: dict[str, Any], batch: int) -> tuple[int | None, int]:
+def route(m: Manifest, batch: int) -> tuple[int | None, int]:
     """(the static size that runs a batch of ``batch``, or None for the dynamic model; the size it
     runs at, ``batch`` itself unless padded)."""
     record = m.get("static")
@@ -55,7 +56,7 @@ def pad(arrays: list, size: int, concat) -> list:
     return [concat([a, *[a[-1:]] * (size - a.shape[0])]) for a in arrays]
 
 
-def describe(m: dict[str, Any], batch: int) -> str:
+def describe(m: Manifest, batch: int) -> str:
     size, runs_at = route(m, batch)
     if size is None:
         return "dynamic"

@@ -11,6 +11,7 @@ from typing import Any
 
 from ._compare import OutputDiff, compare
 from ._deps import require
+from ._schema import Manifest
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class GoldenMismatch(AssertionError):
     """The installed model's outputs differ from the recorded eager outputs beyond tolerance."""
 
 
-def run_golden(model: Any, manifest: dict[str, Any], golden_file: Path, device: str,
+def run_golden(model: Any, manifest: Manifest, golden_file: Path, device: str,
                cases: list[str] | None = None) -> list[GoldenResult]:
     """``cases``: default the dynamic model's (manifest["golden"]["cases"]); a static size's are
     named ``batch<N>/golden<i>``."""

@@ -41,7 +41,7 @@ def make_inputs(inputs: Sequence[Mapping[str, Any]], sizes: Mapping[str, int], s
 
 def check_inputs(
     inputs: Sequence[Mapping[str, Any]],
-    dims: Mapping[str, Mapping[str, int]],
+    dims: Mapping[str, Mapping[str, Any]],
     args: Sequence[object],
     device: str,
 ) -> None:
@@ -67,7 +67,7 @@ def check_count(inputs: Sequence[Mapping[str, Any]], count: int, noun: str) -> N
         raise ValueError(f"expected {len(inputs)} {noun} ({names}), got {count}")
 
 
-def check_sizes(inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[str, int]], shapes: Sequence[Sequence[int]]) -> None:
+def check_sizes(inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[str, Any]], shapes: Sequence[Sequence[int]]) -> None:
     """Raise ValueError naming the argument when a shape has the wrong rank, a wrong fixed size,
     a dynamic size outside its built range, or disagrees with another input on a shared dim."""
     seen: dict[str, tuple[int, str]] = {}

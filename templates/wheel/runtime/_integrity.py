@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from stat import S_ISDIR
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -91,12 +91,12 @@ def _write_stamp(stamp: Path) -> None:
         pass  # no writable cache: the next load hashes again, which is slower but still safe
 
 
-def weights_record(manifest: dict[str, Any]) -> dict[str, Any]:
+def weights_record(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The external weights file's sha256 and size (the manifest keeps them as weights.file_sha256, .size)."""
     return {"sha256": manifest["weights"]["file_sha256"], "size": manifest["weights"]["size"]}
 
 
-def packaged_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def packaged_files(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Every file the manifest records a sha256 and size for, by its path inside the package."""
     files = {f"artifacts/{name}": record for name, record in manifest["artifacts"].items()}
     files[manifest["golden"]["file"]] = manifest["golden"]
@@ -106,14 +106,14 @@ def packaged_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return files
 
 
-def check_artifacts(directory: Path, manifest: dict[str, Any], *, full: bool = False, skip: Iterable[str] = ()) -> None:
+def check_artifacts(directory: Path, manifest: Mapping[str, Any], *, full: bool = False, skip: Iterable[str] = ()) -> None:
     """check_files() on the compiled artifacts (the .so, kernels) in ``directory``; ``skip``: the
     ones the caller checks as it opens them (opened_verified), which would be hashed twice."""
     left_out = set(skip)
     check_files(directory, {name: r for name, r in manifest["artifacts"].items() if name not in left_out}, full=full)
 
 
-def check_files(directory: Path, records: dict[str, dict[str, Any]], *, full: bool = False) -> None:
+def check_files(directory: Path, records: Mapping[str, Mapping[str, Any]], *, full: bool = False) -> None:
     """Raise IntegrityError naming the first file that is missing, resized or altered."""
     for name, record in sorted(records.items()):
         with opened_verified(directory / name, record, full=full):
@@ -144,7 +144,7 @@ def hold(fd: int) -> str:
 
 
 @contextmanager
-def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False, hold_open: bool = False) -> Iterator[str]:
+def opened_verified(path: Path, record: Mapping[str, Any], *, full: bool = False, hold_open: bool = False) -> Iterator[str]:
     """``path`` opened once, checked against ``record`` through that descriptor, and yielded as
     ``/proc/self/fd/N`` for the caller to load: what is loaded is what was checked, whatever
     replaces ``path`` in the meantime (a swapped link, a renamed file). ``hold_open``: for a
@@ -167,7 +167,7 @@ def opened_verified(path: Path, record: dict[str, Any], *, full: bool = False, h
         os.close(fd)
 
 
-def _check_descriptor(path: Path, fd: int, record: dict[str, Any], full: bool) -> None:
+def _check_descriptor(path: Path, fd: int, record: Mapping[str, Any], full: bool) -> None:
     stat = os.fstat(fd)
     if stat.st_size != record["size"]:
         raise IntegrityError(

@@ -20,13 +20,15 @@ from ._direct import DirectRunner, DirectUnavailable
 from ._graphs import GraphCaptureWarning, GraphRunner
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._inputs import check_inputs, check_sizes, make_inputs, resolve_shape
-from ._integrity import check_artifacts, check_files, opened_verified, weights_record
-from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, artifacts_dir, check_runtime, manifest
+from ._integrity import opened_verified, weights_record
+from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, manifest
+from ._open import checked
 from ._preload import load_cxx_runtime
+from ._schema import Manifest
 from ._weights import WeightsMismatch, check_weights, load_into, read_weights
 
 
-def _device(m: dict[str, Any], device: str | torch.device | None) -> str:
+def _device(m: Manifest, device: str | torch.device | None) -> str:
     """The device this wheel's model runs on, as its target resolves it (``cpu``, ``cuda:N``)."""
     try:
         return _targets.for_manifest(m).device(None if device is None else str(device))
@@ -50,7 +52,7 @@ def example_inputs(seed: int = 0, *, device: str | torch.device | None = None, *
     return tuple(tensors)
 
 
-def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, Any], device: str) -> dict[str, torch.Tensor]:
+def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: Manifest, device: str) -> dict[str, torch.Tensor]:
     """Read (memory-mapped) and check a weights file or mapping against the manifest's tensors;
     on a GPU they are then copied to it."""
     if isinstance(source, Mapping):
@@ -61,8 +63,8 @@ def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: dict[str, 
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def _open_runner(m: dict[str, Any], library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR,
-                 record: dict[str, Any] | None = None, graphs: Any = None, copy_outputs: bool = True) -> Any:
+def _open_runner(m: Manifest, library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR,
+                 record: Mapping[str, Any] | None = None, graphs: Any = None, copy_outputs: bool = True) -> Any:
     """``kernels``: where a CUDA .so's kernel files are (a static size's: its own folder).
     ``record``: the .so's sha256 and size: it is opened once, checked, and loaded through that
     descriptor, so the file checked is the file loaded. ``graphs``: a _graphs.GraphBackend: the
@@ -94,7 +96,7 @@ class CompiledModel:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
 
-    def __init__(self, runner: Any, m: dict[str, Any], library: Path, device: str,
+    def __init__(self, runner: Any, m: Manifest, library: Path, device: str,
                  static: dict[int, tuple[Any, Path]] | None = None) -> None:
         self._runner = runner
         self._manifest = m
@@ -197,31 +199,28 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     where = _device(m, device)
     target = _targets.for_manifest(m)
     graphs_off = _targets.graphs_off(target, m["target"], cuda_graphs)
-    check_runtime(m, torch.__version__, torch.backends.cpu.get_cpu_capability(), target.problems_here(m, where))
+    files = checked(m, torch.__version__, torch.backends.cpu.get_cpu_capability(), target.problems_here(m, where))
     tensors = None
     if external:
         if weights is None:  # the packaged file: read (memory-mapped) through the descriptor its hash was checked on
             with opened_verified(PACKAGE_DIR / m["weights"]["file"], weights_record(m)) as opened:
                 tensors = _weights_from(Path(opened), m, where)
         else:
-            tensors = _weights_from(weights, m, where)  # checked before anything is loaded
-    directory = artifacts_dir()
-    check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
-    library = directory / m["library"]
+            tensors = _weights_from(weights, m, where)  # checked before any model is opened
+    directory, library = files.directory, files.library
     names = _dispatch.static_library_names(m)
     # one backend: one memory pool for every graph of the model
     graphs = None if graphs_off else cast(_targets.GraphTarget, target).graph_backend(where)
     static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name,
                                   record=m["artifacts"][names[size]], graphs=graphs, copy_outputs=copy_outputs), path)
-              for size, path in _dispatch.static_libraries(m, directory).items()}
+              for size, path in files.static.items()}
     runner = _open_runner(m, library, where, num_models, record=m["artifacts"][m["library"]], graphs=graphs,
                           copy_outputs=copy_outputs)
     model = CompiledModel(runner, m, library, where, static)
     model.graphs_off = graphs_off if graphs_off or isinstance(runner, GraphRunner) else \
         "the .so cannot be called through its single-threaded entry point (the GraphCaptureWarning says why)"
-    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
-        check_files(PACKAGE_DIR, m["constants"])
-        model._store = Store(PACKAGE_DIR)
+    if files.store is not None:  # static batch sizes: the models' constants, shared, outside the .so files
+        model._store = files.store
         for runner, path in [(model._runner, library), *static.values()]:
             runner.update_constant_buffer(model._store.tensors(path.relative_to(directory).as_posix()), False, True, True)
     if tensors is not None:

@@ -12,9 +12,11 @@ import os
 import platform
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import cast
 
+from . import _schema
 from ._integrity import IntegrityError
+from ._schema import Manifest
 from ._targets import variant
 from ._link import ensure_link, sweep_dangling
 from ._trust import UntrustedPath
@@ -26,7 +28,7 @@ CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name
 TORCH_INDEX = "https://download.pytorch.org/whl"  # one index per torch build: /cpu, /cu130
 
-_manifest: dict[str, Any] | None = None
+_manifest: Manifest | None = None
 _swept = False
 log = logging.getLogger(__name__)
 
@@ -49,22 +51,27 @@ class ArtifactLinkWarning(UserWarning):
     loads from the package directory, which works, and says so only in a debug log line."""
 
 
-def manifest() -> dict[str, Any]:
-    """The build manifest (torch version, target, inputs, tolerances, hashes). Treat as read-only."""
+def manifest() -> Manifest:
+    """The build manifest (torch version, target, inputs, tolerances, hashes), checked against its
+    definition (_schema.py) once, as it is first read. Treat as read-only."""
     global _manifest
     if _manifest is None:
         path = PACKAGE_DIR / "manifest.json"
+        data: object = None
         try:
-            _manifest = json.loads(path.read_text(encoding="utf-8"))
-            _manifest["dist_name"], _manifest["full_version"]  # noqa: B018  # what every message names
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            found = _schema.problems(data)
+        except (OSError, ValueError) as exc:
+            found = [f"{type(exc).__name__}: {exc}"]
+        if found:
             name = PACKAGE_DIR.name.replace("_", "-")
-            raise IntegrityError(f"{path} is unreadable or corrupt ({type(exc).__name__}: {exc}): the installed "
-                                 f"package is damaged; reinstall it (pip install --force-reinstall {name})") from None
+            raise IntegrityError(f"{path} is unreadable or corrupt ({'; '.join(found[:3])}): the installed package is "
+                                 f"damaged; reinstall it (pip install --force-reinstall {name})")
+        _manifest = cast(Manifest, data)
     return _manifest
 
 
-def incompatibilities(m: dict[str, Any], torch_version: str, cpu_capability: str) -> list[str]:
+def incompatibilities(m: Manifest, torch_version: str, cpu_capability: str) -> list[str]:
     """Each way this process differs from what the model was built for, with what fixes it."""
     problems = []
     if torch_version != m["torch"]["version"]:
@@ -98,7 +105,7 @@ def _lacks(have: str, needed: str) -> bool:
     return have != needed
 
 
-def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
+def check_runtime(m: Manifest, torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
     """Raise IncompatibleRuntime listing every problem, each with its fix (``gpu_problems``: a
     CUDA wheel's, from _target_cuda.py). Where the model can run, hold oneDNN at the build's
     cap (hold_onednn_isa): this is the one gate load() and load_numpy() both pass before opening."""
@@ -108,7 +115,7 @@ def check_runtime(m: dict[str, Any], torch_version: str, cpu_capability: str, gp
     hold_onednn_isa(m)
 
 
-def hold_onednn_isa(m: dict[str, Any]) -> None:
+def hold_onednn_isa(m: Manifest) -> None:
     """Run oneDNN at the instruction set the build packed the weights for. A wheel built for a
     named CPU kind (--cpu-isa avx2: the release's portable one) holds weights in that kind's
     blocked layouts; on a CPU with more (AVX-512), an uncapped oneDNN picks its own kernels and
@@ -121,7 +128,7 @@ def hold_onednn_isa(m: dict[str, Any]) -> None:
         os.environ["ONEDNN_MAX_CPU_ISA"] = cap
 
 
-def relocatable(m: dict[str, Any]) -> bool:
+def relocatable(m: Manifest) -> bool:
     """Whether the .so runs from the installed package as it is (CPU builds), as the build recorded."""
     return bool(m["relocatable"])
 

@@ -15,16 +15,18 @@ import os
 import platform
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from . import _describe, _dispatch, _targets
 from ._deps import require
 from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
-from ._integrity import check_artifacts, check_files, opened_verified
+from ._integrity import opened_verified
 from ._malloc import keep_freed_memory
-from ._manifest import CPU_CAPABILITY_ORDER, PACKAGE_DIR, NativeRuntimeError, artifacts_dir, check_runtime, manifest
+from ._manifest import CPU_CAPABILITY_ORDER, NativeRuntimeError, manifest
+from ._open import checked
 from ._preload import load_cxx_runtime
+from ._schema import Manifest
 
 np = require("numpy", "numpy", "load_numpy() (numpy arrays in and out)")
 
@@ -150,7 +152,7 @@ def _check(code: int, what: str) -> None:
         raise NativeRuntimeError(f"the model's C interface failed while {what} (error {code})")
 
 
-def _check_array(spec: dict[str, Any], arg: object) -> None:
+def _check_array(spec: Mapping[str, Any], arg: object) -> None:
     """Refuse what no conversion can make right: not an array, a masked array, another dtype."""
     name = spec["name"]
     if not isinstance(arg, np.ndarray):
@@ -182,8 +184,8 @@ class NumpyModel:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
 
-    def __init__(self, m: dict[str, Any], library: Path, num_models: int, static: dict[int, Path] | None = None,
-                 store: tuple[Store, str] | None = None, record: dict[str, Any] | None = None) -> None:
+    def __init__(self, m: Manifest, library: Path, num_models: int, static: dict[int, Path] | None = None,
+                 store: tuple[Store, str] | None = None, record: Mapping[str, Any] | None = None) -> None:
         """``record``: the .so's sha256 and size: it is opened once, checked, and loaded through
         that descriptor, so the file checked is the file loaded."""
         self._manifest = m
@@ -319,12 +321,6 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     unsupported = [spec["name"] for spec in m["inputs"] if spec["dtype"] not in _NUMPY_DTYPES]
     if unsupported:
         raise NativeRuntimeError(f"inputs {unsupported} have dtypes numpy has no type for: use load()")
-    check_runtime(m, torch_version(), cpu_capability())
-    directory = artifacts_dir()
-    check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
-    store = None
-    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
-        check_files(PACKAGE_DIR, m["constants"])
-        store = (Store(PACKAGE_DIR), m["library"])
-    return NumpyModel(m, directory / m["library"], num_models, _dispatch.static_libraries(m, directory), store,
-                      record=m["artifacts"][m["library"]])
+    files = checked(m, torch_version(), cpu_capability(), [])
+    store = (files.store, m["library"]) if files.store is not None else None
+    return NumpyModel(m, files.library, num_models, files.static, store, record=m["artifacts"][m["library"]])

@@ -8,12 +8,13 @@ Imports neither torch nor numpy: load_numpy() asks it too.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 from ._integrity import IntegrityError
+from ._schema import Manifest
 
 
 class RuntimeTarget(Protocol):
@@ -23,7 +24,7 @@ class RuntimeTarget(Protocol):
     def device(self, asked: str | None) -> str:
         """The device calls run on (``cpu``, ``cuda:0``); ValueError for one this wheel cannot use."""
 
-    def problems_here(self, m: dict[str, Any], device: str) -> list[str]:
+    def problems_here(self, m: Manifest, device: str) -> list[str]:
         """Why the model cannot run on ``device`` in this process, each with its fix; [] if it can."""
 
     def open_runner(self, library: Path, kernel_dir: Path, device: str, num_models: int) -> Any:
@@ -56,7 +57,7 @@ def graphs_off(target: RuntimeTarget, name: str, asked: bool | None) -> str | No
     return f"target {name!r} has no graphs"
 
 
-def for_manifest(m: dict[str, Any]) -> RuntimeTarget:
+def for_manifest(m: Manifest) -> RuntimeTarget:
     name = m["target"]
     qualified = f"{__package__}.{module_name(name)}"
     try:
@@ -71,7 +72,7 @@ def for_manifest(m: dict[str, Any]) -> RuntimeTarget:
                              f"(pip install --force-reinstall {m['dist_name']})") from None
 
 
-def variant(m: dict[str, Any]) -> str:
+def variant(m: Mapping[str, Any]) -> str:
     """PyTorch's name for the torch build the wheel pins (``cpu``, ``cu130``): the index it is
     published to, and its torch's. Wheels from before the manifest recorded it: the first part of
     the version's local label."""

@@ -1,0 +1,41 @@
+"""The load sequence ``load()`` and ``load_numpy()`` share, after each has checked what only it
+needs: the machine gate, where the artifacts load from, their hashes, and the shared constants.
+
+Imports neither torch nor numpy: the caller hands in torch's version and CPU kind (load_numpy()
+reads them without importing torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from . import _dispatch
+from ._constants import Store
+from ._integrity import check_artifacts, check_files
+from ._manifest import PACKAGE_DIR, artifacts_dir, check_runtime
+from ._schema import Manifest
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What a loader opens, each file checked against the manifest (each .so as it is opened)."""
+
+    directory: Path  # where the artifacts load from: this package's, or a CUDA wheel's /opt link
+    library: Path  # the dynamic model's .so
+    static: dict[int, Path]  # each static batch size's .so
+    store: Optional[Store]  # the static sizes' shared constants, mapped (None: the .so files hold them)
+
+
+def checked(m: Manifest, torch_version: str, cpu_capability: str, target_problems: list[str]) -> Checked:
+    """Raise IncompatibleRuntime or IntegrityError before anything is opened; ``target_problems``:
+    the wheel's target's own (runtime/_targets.py's problems_here)."""
+    check_runtime(m, torch_version, cpu_capability, target_problems)
+    directory = artifacts_dir()
+    check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
+    store = None
+    if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
+        check_files(PACKAGE_DIR, m["constants"])
+        store = Store(PACKAGE_DIR)
+    return Checked(directory, directory / m["library"], _dispatch.static_libraries(m, directory), store)
