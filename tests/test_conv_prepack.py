@@ -1,5 +1,5 @@
 """The CPU target packs convolution weights at compile time for a dynamic batch too
-(pipeline/features/conv_prepack.py), each only where oneDNN wants the same layout at every batch size:
+(pipeline/targets/cpu_prepack.py), each only where oneDNN wants the same layout at every batch size:
 the compiled model must give eager's results at every size, and never reorder a packed weight
 into another blocked layout (oneDNN's reference code: 2.6x slower on the unet with AVX2)."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from pipeline import targets
-from pipeline.features import conv_prepack
+from pipeline.targets import cpu_prepack as conv_prepack
 
 
 class Convs(nn.Module):

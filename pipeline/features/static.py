@@ -2,8 +2,8 @@
 ``[dims.<batch>] static = [...]``, beside the dynamic model.
 
 At a fixed size Inductor compiles code for that size alone (and packs convolution weights for
-it; the dynamic model's are packed where one layout serves every size: conv_prepack.py). Each size is compiled with the
-options the search chose for the dynamic model (the search runs once), into
+it; the dynamic model's are packed where one layout serves every size: targets/cpu_prepack.py).
+Each size is compiled with the options the search chose for the dynamic model (the search runs once), into
 ``<output>/batch<N>/`` (where it ships from: a CUDA .so finds its kernels by that path), and
 verified like the dynamic model on its own cases at that size. With ``[weights] external = true``
 every size reads the one weights file the dynamic model reads; with embedded weights on the CPU

@@ -41,7 +41,8 @@ class Exported:
 
     @property
     def device(self) -> str:
-        return self.target.DEVICE
+        """torch's device the build runs the model on."""
+        return self.target.TORCH_DEVICE
 
 
 def export_sizes(spec_file: SpecFile) -> dict[str, int]:
@@ -243,7 +244,7 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exporte
     Cheap (one eager call), so a build can tell from it whether torch.export is needed at all.
     """
     spec = spec_file.spec
-    device = target.DEVICE
+    device = target.TORCH_DEVICE
     module = loaded.module.to(device)
     example = example_inputs(spec_file, device)
     try:

@@ -234,7 +234,7 @@ def open_hashed(compiled: Compiled, weights_file: Path | None) -> tuple[Any, str
     # held open as the wheel's loaders hold theirs (dlopen knows a library by its name first)
     runner = targets.open_runner(target, Path(wheel_integrity.hold(fd)), kernels=compiled.library.parent)
     if weights_file is not None:
-        tensors = {name: t.to(target.DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
+        tensors = {name: t.to(target.TORCH_DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
     if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/features/constants.py)
         store = wheel_constants.Store(compiled.constants)

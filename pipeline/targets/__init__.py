@@ -1,11 +1,13 @@
 """What differs between build targets (CPU, CUDA), behind one interface and one registry.
 
 A target is one module on each side: here, what the build does differently (``cpu.py``,
-``cuda.py``), and in the wheel's runtime, how the model loads (``RUNTIME_FILE``:
-templates/wheel/runtime/_target_<name>.py). PEP 544 lets a module satisfy a Protocol, as
-cibuildwheel's ``platforms/`` modules do. The registry below is the only list of target names:
-the spec, the command line, the release matrix and the manifest ask it, and nothing else tests
-a target's name.
+``cuda.py``), in four parts (Setup, Compiling, Packaging, Running); and in the wheel's runtime,
+how the model loads (``RUNTIME_FILE``: templates/wheel/runtime/_target_<name>.py). PEP 544 lets
+a module satisfy a Protocol, as cibuildwheel's ``platforms/`` modules do. What only one target
+knows (a CPU's instruction set and oneDNN cap, a GPU's architecture) stays in its two modules.
+The registry below is the only list of target names: the spec, the command line, the release
+matrix, the manifest, the benchmarks and the Makefile ask it (tests/test_targets.py holds
+pipeline/ and templates/ to naming no target outside the target modules).
 
 A target from outside this repository registers under the ``modelwheel.targets`` entry-point
 group (``name = "package.module"``); its runtime file ships in the wheels it builds.
@@ -34,28 +36,21 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "modelwheel.targets"
 
 
-class Target(Protocol):
+class Setup(Protocol):
+    """What building for the target needs: its spec section and flags, the process and machine it
+    builds on, and the release workflow's job for it (``modelwheel matrix``)."""
+
     NAME: str
-    DEVICE: str  # torch's device kind: where export, the eager reference and the compiled model run
-    REFERENCE: str  # what verification compares with, as the report and manifest name it
-    # Whether a compiled folder still runs after it is copied elsewhere; CUDA kernels are found
-    # by the absolute path they were compiled at, so a CUDA .so is compiled where it ships from.
-    RELOCATABLE: bool
-    # Whether the models of a build with static batch sizes can share one constants store (constants.py)
-    # instead of each .so embedding the weights.
-    SHARED_CONSTANTS: bool
-    # The release workflow's job for this target (``pipeline matrix``): the runner label, the
-    # container image it builds in ("" for none) and that container's options, and the PyTorch
-    # index variant (``cpu``, ``cu130``) its torch comes from. A target may also define
-    # ``runner_missing() -> str | None``: why this machine cannot run its job on itself (a local
-    # run under act, no container), asked without torch; the matrix then leaves the job out.
+    BUILD_OPTIONS: type[BaseModel]  # the spec's [build.<NAME>] section: its keys, defaults and checks
+    # The release job: the runner label, the container image it builds in ("" for none) and that
+    # container's options, and the PyTorch index variant (``cpu``, ``cu130``) its torch comes from.
+    # A target may also define ``runner_missing() -> str | None``: why this machine cannot run its
+    # job on itself (a local run under act, no container), asked without torch; the matrix then
+    # leaves the job out.
     RUNNER: str | list[str]
     CONTAINER: str
     CONTAINER_OPTIONS: str
     TORCH_VARIANT: str
-    BUILD_OPTIONS: type[BaseModel]  # the spec's [build.<NAME>] section: its keys, defaults and checks
-    RUNTIME_FILE: Path  # the wheel's side of the target (runtime/_targets.py's RuntimeTarget)
-    BF16_SLOW: str  # why bfloat16 autocast is not tried where the device has no native bfloat16
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> list[argparse.Action]:
         """Command-line flags of its own for ``modelwheel build`` (what add_argument returned)."""
@@ -66,6 +61,18 @@ class Target(Protocol):
     def unavailable(self) -> str | None:
         """Why this machine cannot build the target (naming what is missing), or None."""
 
+    def machine(self) -> str:
+        """The build machine's facts a cached wheel must match to be reused."""
+
+
+class Compiling(Protocol):
+    """What compiling for the target adds to the spec's own options, and what the result depends on."""
+
+    # Whether the models of a build with static batch sizes can share one constants store (constants.py)
+    # instead of each .so embedding the weights.
+    SHARED_CONSTANTS: bool
+    BF16_SLOW: str  # why bfloat16 autocast is not tried where the device has no native bfloat16
+
     def compile_options(self, spec: Spec) -> dict[str, object]:
         """Inductor options the target adds to the spec's own."""
 
@@ -73,14 +80,23 @@ class Target(Protocol):
         """Inductor's graph-pass hooks for a compile with these options: objects, so kept out of the
         options that cache keys and the manifest record (``key_facts`` carries their version)."""
 
-    def ships(self, path: Path, options: Mapping[str, object]) -> bool:
-        """Whether a file AOTInductor wrote goes into the wheel (else it is kept with the sources)."""
-
     def key_facts(self, compile_dir: Path) -> tuple[str, ...]:
         """What the compiled files depend on beyond the model, options, torch and compiler."""
 
-    def machine(self) -> str:
-        """The build machine's facts a cached wheel must match to be reused."""
+    def bf16_native(self) -> bool:
+        """Whether the device runs bfloat16 natively (else autocast would only slow it down)."""
+
+
+class Packaging(Protocol):
+    """What goes into the target's wheels: files, the manifest's facts, the runtime module."""
+
+    # Whether a compiled folder still runs after it is copied elsewhere; CUDA kernels are found
+    # by the absolute path they were compiled at, so a CUDA .so is compiled where it ships from.
+    RELOCATABLE: bool
+    RUNTIME_FILE: Path  # the wheel's side of the target (runtime/_targets.py's RuntimeTarget)
+
+    def ships(self, path: Path, options: Mapping[str, object]) -> bool:
+        """Whether a file AOTInductor wrote goes into the wheel (else it is kept with the sources)."""
 
     def index_variant(self) -> str:
         """The wheel's local-label prefix and its index, from the running torch: ``cpu``, ``cu130``."""
@@ -88,14 +104,27 @@ class Target(Protocol):
     def provided_libraries(self) -> set[str]:
         """Shared libraries the target's torch brings beyond torch/lib (the nvidia-* packages')."""
 
-    def bf16_native(self) -> bool:
-        """Whether the device runs bfloat16 natively (else autocast would only slow it down)."""
-
     def manifest_facts(self, compiled: Compiled) -> dict[str, Any]:
-        """Top-level manifest entries describing what the wheel needs to run."""
+        """Top-level manifest entries describing what the wheel needs to run: the target's own
+        facts (a CPU's instruction set, a GPU's architecture), which only its runtime module reads."""
+
+
+class Running(Protocol):
+    """Where the model runs, on the build machine (export, verification, timing) and in the wheel."""
+
+    DEVICE: str  # the device its wheels run on, as the manifest records it
+    # torch's device kind the build runs the model on: export, the eager reference, the compiled
+    # model. The same as DEVICE but for a device torch reaches through another (the tests' fake one).
+    TORCH_DEVICE: str
+    REFERENCE: str  # what verification compares with, as the report and manifest name it
 
     def synchronize(self) -> None:
         """Wait for queued device work (around every timing)."""
+
+
+class Target(Setup, Compiling, Packaging, Running, Protocol):
+    """A build target: one module (PEP 544 lets a module satisfy a Protocol), in four parts. A
+    stage that needs one part takes that part (``Compiling``), not the whole target."""
 
 
 BUILT_IN: tuple[Target, ...] = (cpu, cuda)
@@ -108,7 +137,7 @@ def registry() -> dict[str, Target]:
     found: dict[str, Target] = {target.NAME: target for target in BUILT_IN}
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         module: Target = importlib.import_module(entry.value)  # type: ignore[assignment]  # checked below
-        missing = [name for name in Target.__annotations__ if not hasattr(module, name)]
+        missing = [name for name in _ATTRIBUTES if not hasattr(module, name)]
         missing += [name for name in _METHODS if not callable(getattr(module, name, None))]
         if missing or module.NAME != entry.name or module.NAME in found:
             raise SpecError(f"target {entry.name!r} ({entry.value}, entry point group {ENTRY_POINT_GROUP}) is not a "
@@ -119,7 +148,9 @@ def registry() -> dict[str, Target]:
     return found
 
 
-_METHODS = [name for name, value in vars(Target).items() if callable(value) and not name.startswith("_")]
+_PARTS = (Setup, Compiling, Packaging, Running)
+_ATTRIBUTES = [name for part in _PARTS for name in part.__annotations__]
+_METHODS = [name for part in _PARTS for name, value in vars(part).items() if callable(value) and not name.startswith("_")]
 
 
 def names() -> list[str]:

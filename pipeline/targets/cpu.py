@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 NAME = "cpu"
 DEVICE = "cpu"
+TORCH_DEVICE = DEVICE
 REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 SHARED_CONSTANTS = True
@@ -117,10 +118,10 @@ def compile_options(spec: Spec) -> dict[str, object]:
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
-    from ..features import conv_prepack
+    from . import cpu_prepack
 
     # Only freezing makes weights constants that can be packed at compile time.
-    return conv_prepack.inductor_options() if options.get("freezing") else {}
+    return cpu_prepack.inductor_options() if options.get("freezing") else {}
 
 
 def ships(path: Path, options: Mapping[str, object]) -> bool:
@@ -134,9 +135,9 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    from ..features import conv_prepack
+    from . import cpu_prepack
 
-    return (vec_isa(), conv_prepack.VERSION)
+    return (vec_isa(), cpu_prepack.VERSION)
 
 
 def machine() -> str:

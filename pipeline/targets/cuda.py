@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 NAME = "cuda"
 DEVICE = "cuda"
+TORCH_DEVICE = DEVICE
 # The release workflow: a GPU runner label, a manylinux_2_28 image with the CUDA toolkit
 # (PyTorch's own builder), the GPU handed to it, and the PyTorch index variant it builds against.
 RUNNER: str | list[str] = ["self-hosted", "linux", "gpu"]

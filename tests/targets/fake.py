@@ -1,8 +1,10 @@
 """A third build target, for the tests only: the whole of its build side, in one file.
 
-It runs on the host, as the cpu target does (it borrows the cpu target's compile), but it has its
-own name, runner, container, index variant, [build.fake] section, flag and runtime module
-(``_target_fake.py``, beside it). tests/test_targets.py registers it as an installed package
+It runs on the host (torch reaches the fake device through the CPU, and it borrows the cpu
+target's compile options), but it has its own name, device, runner, container, index variant,
+[build.fake] section, flag and runtime module (``_target_fake.py``, beside it), and records none
+of the CPU's facts (no instruction set, no oneDNN cap): shared code that assumes a CPU wheel
+fails its tests. tests/test_targets.py registers it as an installed package
 would (a ``modelwheel.targets`` entry point) and builds, lists, installs and loads it: no file
 of pipeline/ or templates/ names it.
 """
@@ -10,6 +12,7 @@ of pipeline/ or templates/ names it.
 from __future__ import annotations
 
 import argparse
+import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,8 @@ from pipeline.services.frozen import Frozen
 from pipeline.targets import cpu
 
 NAME = "fake"
-DEVICE = cpu.DEVICE  # the host: the fake device is a CPU in disguise
+DEVICE = "fake"  # what its wheels record and load(device=) names
+TORCH_DEVICE = cpu.DEVICE  # torch reaches the fake device through the host's
 REFERENCE = "eager, on the fake device"
 RELOCATABLE = True
 SHARED_CONSTANTS = True
@@ -64,11 +68,11 @@ def ships(path: Path, options: Mapping[str, object]) -> bool:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    return (*cpu.key_facts(compile_dir), NAME)
+    return (NAME,)
 
 
 def machine() -> str:
-    return f"fake|{cpu.machine()}"
+    return f"fake|{platform.machine()}"
 
 
 def index_variant() -> str:
@@ -84,7 +88,9 @@ def bf16_native() -> bool:
 
 
 def manifest_facts(compiled: Any) -> dict[str, Any]:
-    return {**cpu.manifest_facts(compiled), "fake": {"label": _chosen["label"]}}
+    """Its own facts only: a shared check that reads a CPU's (cpu_capability) finds none here."""
+    return {"platform": {"machine": platform.machine(), "glibc": platform.libc_ver()[1]},
+            "fake": {"label": _chosen["label"]}}
 
 
 def synchronize() -> None:

@@ -2,19 +2,29 @@
 folder, on the host, through torch's CPU runner or load_numpy()'s C interface.
 
 Shared with the build (pipeline/targets/cpu.py opens the model it verifies and times through
-this file, so what the build checks is what the wheel runs). Imports torch only when opening.
+this file, so what the build checks is what the wheel runs). Every fact about the CPU a wheel
+needs (the vector ISA its kernels were built for, the oneDNN cap its weights were packed under)
+is read here, and nowhere else in the runtime. Imports torch only when opening.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._malloc import keep_freed_memory
 
+if TYPE_CHECKING:
+    from ._schema import Manifest
+
 RELOCATABLE = True  # runs from wherever the wheel is installed; writes nothing outside it
 NUMPY = True  # load_numpy() can open it without torch
+# Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
+CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
+NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name
 
 
 def device(asked: str | None) -> str:
@@ -23,9 +33,74 @@ def device(asked: str | None) -> str:
     return "cpu"
 
 
-def problems_here(m: dict[str, Any], device: str) -> list[str]:
-    """The CPU's own needs (its vector ISA) are checked by _manifest.check_runtime for every target."""
-    return []
+def problems_here(m: Manifest, device: str) -> list[str]:
+    """The CPU kind the kernels need, against the one torch runs here (load(): torch is imported)."""
+    import torch
+
+    return problems_on(m, torch.backends.cpu.get_cpu_capability())
+
+
+def problems_without_torch(m: Manifest) -> list[str]:
+    """The same check for load_numpy(), which reads the CPU kind without importing torch."""
+    return problems_on(m, cpu_capability())
+
+
+def problems_on(m: Manifest, have: str) -> list[str]:
+    needed = m["platform"].get("cpu_capability")
+    return [_cpu_kind_problem(have, needed)] if needed is not None and _lacks(have, needed) else []
+
+
+def cpu_capability() -> str:
+    """The vector ISA ATen would pick here (what torch.backends.cpu.get_cpu_capability() reports)."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        return "DEFAULT"
+    if platform.machine() != "x86_64":
+        return "DEFAULT"
+    best = "AVX512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags else (
+        "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT")
+    # ATen honours this variable to run a lower ISA; mirror it.
+    forced = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    order = CPU_CAPABILITY_ORDER
+    if forced in order and order.index(forced) < order.index(best):
+        return forced
+    return best
+
+
+def _cpu_kind_problem(have: str, needed: str) -> str:
+    forced = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    why = (f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks" if forced.upper() == have
+           else f"this CPU supports {have}")
+    # `modelwheel build --cpu-isa` names avx2 and avx512; a wheel for a CPU below AVX2 is built on one.
+    wheel = (f"a wheel built for {have.lower()} (modelwheel build --cpu-isa {have.lower()})" if have in NAMED_CPU_KINDS
+             else f"a wheel built on a CPU without {CPU_CAPABILITY_ORDER[1]} (modelwheel build --cpu-isa native there)")
+    fix = (f"unset ATEN_CPU_CAPABILITY, or install {wheel}" if forced.upper() == have else
+           f"run it on a CPU with {needed}, or install {wheel}")
+    return f"{why}, but the model's kernels were built for {needed} CPUs: {fix}"
+
+
+def _lacks(have: str, needed: str) -> bool:
+    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
+        return CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed)
+    return have != needed
+
+
+def before_open(m: Manifest) -> None:
+    """Run oneDNN at the instruction set the build packed the weights for. A wheel built for a
+    named CPU kind (--cpu-isa avx2: the release's portable one) holds weights in that kind's
+    blocked layouts; on a CPU with more (AVX-512), an uncapped oneDNN picks its own kernels and
+    reorders every packed weight on every call: 6x slower than eager on the unet. oneDNN reads
+    the cap once, at its first use in the process, so a process that ran oneDNN before this
+    (eager convolutions) keeps its own: set ONEDNN_MAX_CPU_ISA before it starts (docs:
+    publishing.md, "Which CPUs a wheel runs on"). A cap the user set is theirs."""
+    cap = m["platform"].get("onednn_max_isa")
+    if cap and not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
+        os.environ["ONEDNN_MAX_CPU_ISA"] = cap
 
 
 def open_runner(library: Path, kernel_dir: Path, device: str, num_models: int) -> Any:

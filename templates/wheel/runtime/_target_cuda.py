@@ -124,6 +124,10 @@ def problems_here(m: dict[str, Any], device: str) -> list[str]:
     return problems(m, device=device, **device_facts(device))
 
 
+def before_open(m: dict[str, Any]) -> None:
+    """Nothing to set up in the process: the GPU's needs are all checked by problems_here."""
+
+
 def resolve_device(device: str | None) -> str:
     """``None`` or ``"cuda"`` -> the current CUDA device as ``cuda:N``; ``"cuda:N"`` as given."""
     import torch
