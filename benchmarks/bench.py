@@ -27,7 +27,7 @@ from benchmarks import sampling, say, write_results
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
 from benchmarks.rounds import summarize
 from pipeline import targets as build_targets
-from pipeline.features import precision
+from pipeline.stages import precision
 from pipeline.features.rounds import rotated
 from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 from pipeline.spec import load_spec

@@ -22,7 +22,8 @@ from filelock import FileLock, Timeout
 from . import targets
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .features import lock as options_lock
-from .features import static, tune
+from .stages import static
+from .features import tune
 from .features.tune import Tuned
 from .services import cache
 from .services.layout import WorkLayout
@@ -41,7 +42,7 @@ from .stages.package import Wheel, package_wheel
 from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
-from .wheel_template.runtime._schema import Manifest
+from .wheel_template.runtime._schema import CompileSearch, Manifest
 
 
 @dataclass(frozen=True)
@@ -219,18 +220,28 @@ def static_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, tun
     if spec.static_dim is None:
         return static.StaticSizes(models=[], padding=None)
     with ctx.progress.stage("static", f"{spec.static_dim} = {spec.dims[spec.static_dim].static}"):
-        models = static.compile_sizes(exported, loaded, tuned, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
+        models = static.compile_sizes(exported, loaded, tuned.chosen, tuned.plan, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
         return static.verify_all(exported, models, verified, weights_file, ctx.work_dir)
 
 
 def package_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned,
                   sizes: static.StaticSizes) -> Packaged:
     with ctx.progress.stage("package"):
-        manifest, shared, static_libraries = static.package(build_manifest(exported, compiled, verified, tuned),
+        manifest, shared, static_libraries = static.package(build_manifest(exported, compiled, verified, search_record(tuned)),
                                                             exported, compiled, sizes, ctx.work_dir)
         extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
         artifacts = list(compiled.artifacts) + static_libraries
         return Packaged(package_wheel(manifest, artifacts, extras, ctx.work_dir), manifest, sizes)
+
+
+def search_record(tuned: Tuned) -> CompileSearch:
+    """The manifest's record of the option search (its timings stay in the report: in the
+    manifest they would make every wheel's bytes differ)."""
+    return {
+        "chosen": tuned.chosen,
+        "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in tuned.trials],
+        "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in tuned.skipped],
+    }
 
 
 @contextmanager

@@ -16,10 +16,10 @@ import sys
 import threading
 import traceback
 import warnings
+from typing import TextIO
 from pathlib import Path
 
 from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
-from .entry import json_stdout
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .services import record
 from .services.layout import WorkLayout
@@ -27,7 +27,7 @@ from .services.proc import RedactingFilter, redact
 from .services.progress import Progress, QuietProgress, for_stream, reporting, stop_requested
 from .summary import print_report
 from .services.writable import check_private, check_writable
-from .spec import SpecFile, load_spec, with_overrides
+from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
 
 def _artifact_root(flag: str | None) -> Path:
@@ -134,7 +134,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
                          "give -j N with N >= 1, or leave -j out to use one build per core")
     if getattr(args, "task", None) == "help":  # asked for, not a mistake: the table, and exit 0
-        from .features.hf_tasks import supported
+        from .hf_tasks import supported
 
         print(f"the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n{supported()}")
         return 0
@@ -202,7 +202,7 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
 
 def _checkpoint_spec(args: argparse.Namespace):
     """build --hf DIR --task TASK --name N --version V [--spec overrides.toml]."""
-    from .features.hf import checkpoint_spec, guess_task
+    from .hf import guess_task  # imports torch (the tasks' wrappers): only --hf pays for it
 
     if not args.hf:
         raise UsageError("--task and --name go with --hf DIR (a save_pretrained folder)",
@@ -293,7 +293,7 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
 
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
-    from .stages.publish import publish, resolve_index
+    from .commands.publish import publish, resolve_index
 
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
@@ -311,7 +311,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
 def _matrix(args: argparse.Namespace, progress: Progress) -> int:
     import json
 
-    from .services.matrix import build_matrix, spec_paths
+    from .commands.matrix import build_matrix, spec_paths
 
     specs = [Path(s) for s in args.spec] if args.spec else spec_paths(Path(args.models))
     if not specs:
@@ -323,7 +323,7 @@ def _matrix(args: argparse.Namespace, progress: Progress) -> int:
 def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     """Rebuild the wheel as its build did (_run_build, into a temporary folder) and compare."""
     from . import targets
-    from .stages import reproduce
+    from .commands import reproduce
 
     plan = reproduce.recipe(Path(args.wheel), args.spec)
     spec_file = load_spec(plan.spec)
@@ -355,6 +355,15 @@ def _schema(args: argparse.Namespace, progress: Progress) -> int:
 COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _publish, "matrix": _matrix,
             "reproduce": _reproduce, "schema": _schema}
 
+
+def json_stdout() -> TextIO:
+    """The real stdout, kept for the one JSON record; from here on fd 1 and sys.stdout are the
+    process's stderr, so what the model prints (from Python or from its C libraries) goes there."""
+    sys.stdout.flush()
+    saved = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return saved
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)

@@ -1,6 +1,5 @@
-"""The process around the CLI (``modelwheel``, ``python -m pipeline``): under --json, one JSON
-document on stdout and nothing else; and an end that no thread the model left running can
-hold up (tokenizer pools and telemetry threads are not daemons: the interpreter would wait for
+"""The process around the CLI (``modelwheel``, ``python -m pipeline``): an end that no thread the
+model left running can hold up (tokenizer pools and telemetry threads are not daemons: the interpreter would wait for
 them forever, past the build's own result, and a CI job would never end)."""
 
 from __future__ import annotations
@@ -10,33 +9,22 @@ import logging
 import os
 import sys
 import threading
-from typing import NoReturn, TextIO
+from typing import NoReturn
 
-
-def json_stdout() -> TextIO:
-    """The real stdout, kept for the one JSON record; from here on fd 1 and sys.stdout are the
-    process's stderr, so what the model prints (from Python or from its C libraries) goes there."""
-    sys.stdout.flush()
-    saved = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return saved
+from .cli import main
+from .services import progress
 
 
 def run() -> NoReturn:
-    from .cli import main
-
     end(main())
 
 
 def end(code: int) -> NoReturn:
     """Exit with ``code``: normally; or, where threads the model started are still running, or
     the command was stopped by a signal, at once, after flushing what was written."""
-    from .services.progress import stop_requested
-
     left = [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if not left and not stop_requested:
+    if not left and not progress.stop_requested:
         sys.exit(code)
     if left:  # the interpreter's exit would wait on them
         logging.getLogger(__name__).info("exiting past %d thread(s) the model left running: %s", len(left), ", ".join(left))

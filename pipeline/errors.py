@@ -5,7 +5,7 @@ Only the CLI catches these; it prints ``error: <message>`` and ``hint: <hint>``.
 
 from __future__ import annotations
 
-from .stages.doctor_checks import PURITY
+from .doctor_checks import PURITY
 
 
 class PipelineError(Exception):

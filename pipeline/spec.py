@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import SpecError
+from .errors import SpecError, UsageError
 from .services.frozen import Frozen
 from .spec_sections import (MAX_INPUT_ELEMENTS, TOP_LEVEL_KEY, BuildSection, CompileSection, DimSpec, DoctorSection,
                             InputSpec, ModelSection, OutputSpec, VerifySection, WeightsSection)
@@ -162,7 +162,7 @@ def load_spec(path: str | Path) -> SpecFile:
     spec_path, raw = read_spec_toml(path)
     model = raw.get("model")
     if isinstance(model, dict) and model.get("hf") is not None:  # a checkpoint folder: the rest from its config
-        from .features.hf import complete_spec
+        from .hf import complete_spec  # imports torch (the tasks' wrappers): only a --hf spec pays for it
 
         raw = complete_spec(raw, spec_path.parent, str(spec_path))
     return validated(raw, spec_path)
@@ -218,3 +218,23 @@ def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: 
         raise SpecError(f"--weights: {weights} {_not_a_file(overridden.weights_path)}",
                         "give the path of a .safetensors file")
     return overridden
+
+
+def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None, spec: str | None) -> SpecFile:
+    """The SpecFile for `build --hf DIR --task TASK [--name N] [--version V] [--spec overrides.toml]`."""
+    from .hf import complete_spec, suggested_name  # imports torch (the tasks' wrappers): only --hf pays for it
+
+    spec_path, raw = read_spec_toml(spec) if spec else (None, {})
+    model = raw.setdefault("model", {})
+    if not isinstance(model, dict):
+        raise SpecError(f"{spec_path}: key 'model': must be a table ([model])", "write [model] as a TOML table")
+    model.update({key: value for key, value in (("name", name), ("version", version)) if value})
+    missing = [flag for flag, key in (("--name", "name"), ("--version", "version")) if key not in model]
+    if missing:
+        raise UsageError(f"--hf needs {' and '.join(missing)}: the wheel is model-<name>, version <version>",
+                         f"e.g. --name {suggested_name(Path(hf))} --version 1.0")
+    model.update(hf=str(Path(hf).resolve()), task=task)
+    where = str(spec_path) if spec_path else f"--hf {hf}"
+    completed = complete_spec(raw, Path.cwd(), where)
+    path = spec_path or Path(completed["model"]["hf"]) / "config.json"
+    return validated(completed, path, where)

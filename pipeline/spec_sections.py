@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, create_model, field_vali
 
 from . import targets
 from .services.frozen import Frozen
-from .stages import doctor_checks
+from . import doctor_checks
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
@@ -38,7 +38,7 @@ class ModelSection(Frozen):
     version: str
     factory: str | None = Field(None, description="importable 'package.module:callable' returning the nn.Module")
     hf: str | None = Field(None, description="a save_pretrained folder to build instead of a factory "
-                                         "(pipeline/features/hf.py)")
+                                         "(pipeline/hf.py)")
     task: str | None = Field(None, description="what to build the hf folder for: image-classification, …")
     kwargs: dict[str, int | float | str | bool | list[int]] = {}
     description: str = ""

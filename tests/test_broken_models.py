@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ExportError, PurityError, VerificationError
-from pipeline.stages import doctor_checks
+from pipeline import doctor_checks
 
 from .conftest import BROKEN, run_cli
 

@@ -19,7 +19,7 @@ from pipeline.services.templates import RUNTIME_DIR
 from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 from pipeline.spec import load_spec
 from pipeline.spec_sections import Tolerance as SpecTolerance
-from pipeline.stages.publish import Index
+from pipeline.commands.publish import Index
 from pipeline.stages.verify import applied_tolerances
 from pipeline.targets import cuda
 
@@ -214,7 +214,7 @@ def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_devi
 
 
 def test_freezing_is_the_cuda_targets_default_where_the_weights_are_embedded(tmp_path):
-    from pipeline.features.static import fixed_spec
+    from pipeline.stages.static import fixed_spec
     from pipeline.spec import with_overrides
 
     tiny = load_spec(TINY_SPEC)  # says nothing of freezing

@@ -82,7 +82,7 @@ def check_modelwheel(args: list[str]) -> None:
     except SystemExit:
         pytest.fail(f"modelwheel's parser refuses: modelwheel {' '.join(args)}")
     if getattr(parsed, "task", None):
-        from pipeline.features.hf_tasks import find_task
+        from pipeline.hf_tasks import find_task
 
         assert find_task(parsed.task) is not None, f"no task {parsed.task!r}: modelwheel {' '.join(args)}"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from pipeline.stages import doctor_checks
+from pipeline import doctor_checks
 
 from .conftest import REPO, one_input_spec, run_cli
 

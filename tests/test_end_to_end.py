@@ -438,7 +438,7 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
 
 
 def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build, tmp_path):
-    from pipeline.stages import doctor_checks
+    from pipeline import doctor_checks
 
     from .conftest import BROKEN
 

@@ -18,9 +18,9 @@ import torch
 
 from pipeline import targets
 from pipeline.errors import ModelLoadError, VerificationError
-from pipeline.features import precision
+from pipeline.stages import precision
 from pipeline.spec import load_spec
-from pipeline.stages import doctor_checks
+from pipeline import doctor_checks
 from pipeline.stages.export import prepare, where_defined
 from pipeline.stages.loader import load_model, state_sha256
 

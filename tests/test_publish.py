@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
-from pipeline.stages.publish import is_loopback, require_secure
+from pipeline.commands.publish import is_loopback, require_secure
 
 from .conftest import REPO, Ran, make_venv, pip_install, run_cli
 
@@ -347,7 +347,7 @@ def test_a_state_file_naming_no_local_index_of_this_tool_is_not_used(tiny_build,
 
 
 def test_the_local_index_is_never_sent_twine_credentials(monkeypatch):
-    from pipeline.stages.publish import _authorized_request
+    from pipeline.commands.publish import _authorized_request
 
     monkeypatch.setenv("TWINE_USERNAME", "deploy")
     monkeypatch.setenv("TWINE_PASSWORD", "s3cret")
@@ -357,7 +357,7 @@ def test_the_local_index_is_never_sent_twine_credentials(monkeypatch):
 
 def test_publish_and_matrix_import_neither_torch_nor_numpy(tmp_path):
     ran = subprocess.run([sys.executable, "-c", "import sys; from pipeline import cli; cli.main(['matrix']); "
-                          "import pipeline.stages.publish; "
+                          "import pipeline.commands.publish; "
                           "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
                          capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 0, ran.stderr

@@ -71,7 +71,7 @@ def test_route_picks_the_exact_size_else_pads_or_falls_back(pad, expected):
 
 
 def test_the_padding_gate_checks_the_sizes_the_wheel_pads():
-    from pipeline.features.static import padded_sizes
+    from pipeline.stages.static import padded_sizes
 
     assert padded_sizes([1, 2, 4, 8], 1) == {3: 4, 5: 8, 6: 8, 7: 8}
     assert padded_sizes([8, 2], 1) == {1: 2, 3: 8, 4: 8, 5: 8, 6: 8, 7: 8}
@@ -245,7 +245,7 @@ def test_static_sizes_enter_the_cache_keys(tmp_path):
     """The whole-build key (content hash) and each size's compile key differ with the sizes."""
     from pipeline.stages.compile import plan_compile
     from pipeline.stages.export import content_hash, prepare
-    from pipeline.features.static import fixed_spec
+    from pipeline.stages.static import fixed_spec
 
     ours = load_spec(SPEC)
     other = load_spec(spec_with(tmp_path, "[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\npad = true"))

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from . import constants, precision, rounds
+from ..stages import constants, precision
+from . import rounds
 from .lock import Locked
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError

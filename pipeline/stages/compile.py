@@ -13,7 +13,7 @@ import torch
 
 from .. import targets
 from ..errors import CompileError, SpecError, ToolchainError
-from ..features import constants, precision
+from . import constants, precision
 from ..services import cache, proc
 from ..wheel_template.runtime import _weights as wheel_weights
 from .export import Exported

@@ -18,10 +18,15 @@ from pathlib import Path
 
 import torch
 
-from . import doctor_checks
-from .doctor_checks import (ARGS_NON_TENSOR, ARGS_OPTIONAL, ARGS_VARIADIC, DATA_DEPENDENT, GRAPH_BREAK, SELF_WRITE,
+from .. import doctor_checks
+from ..errors import DoctorError
+from ..services.progress import say, step
+from ..doctor_checks import (ARGS_NON_TENSOR, ARGS_OPTIONAL, ARGS_VARIADIC, DATA_DEPENDENT, GRAPH_BREAK, SELF_WRITE,
                             VERSION_CHECK)
 from .doctor_trace import ForwardRun, trace_forwards
+from .export import check_inputs_fit, check_signature, example_inputs, where_defined
+from .loader import forward_arguments
+from .purity import check_purity
 
 VALUE_READS = {"item", "tolist", "numpy"}
 SHAPE_ATTRS = {"shape", "ndim", "dtype", "device", "is_floating_point"}
@@ -242,9 +247,7 @@ def judged(findings: list[Finding], allow: tuple[str, ...], own_folder: Path | N
 
 def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...]) -> list[Finding]:
     """Graph breaks found by torch._dynamo.explain, each placed at the user's line."""
-    import torch._dynamo
-
-    from .loader import forward_arguments
+    import torch._dynamo  # heavy: imported by the one check that runs dynamo
 
     args, kwargs = forward_arguments(module, inputs)
     wanted = {str(p) for p in source_files}
@@ -290,8 +293,6 @@ def diagnose(
     ``own_folder`` (the spec's folder), are reported as warnings; neither turns a check off.
     ``before_tracing`` runs before dynamo sees the model (it checks that the inputs fit it).
     """
-    from ..services.progress import step
-
     step("1/3: the forward's source, on the lines one eager call runs")
     findings = judged(static_findings(module, traced_runs(module, inputs)), allow, own_folder)
     if not any(f.severity == "error" for f in findings):
@@ -302,8 +303,6 @@ def diagnose(
 
 
 def raise_on_errors(findings: list[Finding], model: str) -> None:
-    from ..errors import DoctorError
-
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise DoctorError(
@@ -317,10 +316,6 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
 def run_doctor(spec_file, loaded) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
     source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
-    from .export import check_inputs_fit, check_signature, example_inputs, where_defined
-    from ..services.progress import say, step
-    from .purity import check_purity
-
     inputs = example_inputs(spec_file, None)  # beside the module as it was loaded
 
     def inputs_fit() -> None:  # before dynamo: a spec error in one paragraph, not a trace of the model

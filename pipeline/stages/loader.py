@@ -11,10 +11,14 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import CheckpointError, ModelLoadError
+from ..hf import Checkpoint, inspect_checkpoint, resolve_task
+from ..hf_tasks import Task
+from ..hf_wrappers import wrapper_example
 from ..spec import SpecFile
 
 PER_TENSOR_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric)
@@ -258,7 +262,7 @@ def state_sha256(module: torch.nn.Module) -> str:
 
 # What the model libraries print while a model loads: progress bars (redrawn with \r, in pipes
 # too), and for a --hf folder transformers' ANSI-coloured LOAD REPORT, whose missing and
-# mismatched keys the build checks itself (features/hf.py, _check_loaded). A factory's own
+# mismatched keys the build checks itself (_check_loaded, below). A factory's own
 # warnings stay: they are the user's code's. Set only where the user has not set them
 # (TRANSFORMERS_VERBOSITY=info brings the report back).
 QUIET_BARS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -284,8 +288,6 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
     spec = spec_file.spec
     quiet_model_libraries(checkpoint=spec.model.hf is not None)
     if spec.model.hf is not None:  # a save_pretrained folder: the task's wrapper around from_pretrained
-        from ..features.hf import load_checkpoint
-
         return load_checkpoint(spec_file)
     factory = _import_factory(spec_file)
     if spec.weights.seed is not None:
@@ -319,3 +321,55 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
         _load_weights(spec_file, module)
     module.eval()
     return LoadedModel(module=module, source_files=_source_files(factory, module), weights_sha256=state_sha256(module))
+
+
+def _from_pretrained(checkpoint: Checkpoint, task: Task):
+    # Read when huggingface_hub is imported: no request leaves this process, whatever the folder says.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        library = __import__(task.library)
+    except ImportError as exc:
+        raise ModelLoadError(f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed "
+                             f"here ({exc})", f"pip install {task.library} into the environment that runs modelwheel "
+                                               "(the wheel it builds does not need it)") from exc
+    quiet_model_libraries(checkpoint=True)  # diffusers reads no setting for its bars: set now it is imported
+    loader = getattr(library, task.loader)
+    dtype = {"dtype": torch.float32, "trust_remote_code": False} if task.library == "transformers" else {
+        "torch_dtype": torch.float32}
+    try:
+        return loader.from_pretrained(str(checkpoint.folder), local_files_only=True, use_safetensors=True,
+                                      output_loading_info=True, **dtype)
+    except Exception as exc:  # the libraries raise ValueError, OSError, KeyError… for a folder they cannot load
+        raise CheckpointError(f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
+                              f"task {task.name!r}: {type(exc).__name__}: {exc}",
+                              "check that the task fits the model (the tasks are listed by --task help) and that the "
+                              f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
+                              + wrapper_example(checkpoint.folder)) from exc
+
+
+def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> None:
+    """Weights the folder lacks would be left at random: refuse, unless the outputs never use them."""
+    missing = [k for k in info.get("missing_keys", []) if not k.startswith(task.unused)]
+    mismatched = [str(m) for m in info.get("mismatched_keys", [])]
+    if missing or mismatched:
+        shown = [f"missing: {k}" for k in sorted(missing)] + [f"mismatched: {m}" for m in mismatched]
+        raise CheckpointError(
+            f"{checkpoint.folder}: the safetensors files lack weights that {task.loader} for task {task.name!r} "
+            f"needs (they would be random):\n  " + "\n  ".join(shown[:20]),
+            "pick the task the checkpoint was trained for (its config.json names "
+            f"{checkpoint.class_name}), or save the whole model with save_pretrained()")
+
+
+def load_checkpoint(spec_file: SpecFile) -> LoadedModel:
+    """The wrapped model of a spec with ``model.hf``, as loader.load_model returns a factory's."""
+    spec = spec_file.spec
+    task = resolve_task(spec.model.task, spec.model.hf)
+    checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
+    task = checkpoint.task
+    model, info = _from_pretrained(checkpoint, task)
+    _check_loaded(checkpoint, task, info)
+    module = task.wrapper(model).eval()
+    # config.json among the sources: its values (eps, scales) shape the graph, so it is part of
+    # the content hash as a factory's code is.
+    sources = sorted({*_source_files(task.wrapper, module), checkpoint.config_file})
+    return LoadedModel(module=module, source_files=tuple(sources), weights_sha256=state_sha256(module))

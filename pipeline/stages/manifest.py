@@ -15,11 +15,10 @@ import torch
 
 from .. import targets
 from ..errors import PackageError
-from ..features.hf import checkpoint_record
-from ..features.tune import Tuned
+from ..hf import checkpoint_record
 from ..services.manifest import sha256_file
 from ..wheel_template.runtime import _weights as wheel_weights
-from ..wheel_template.runtime._schema import FORMAT, Checkpoint, Input, Manifest, TensorRecord, Weights
+from ..wheel_template.runtime._schema import FORMAT, Checkpoint, CompileSearch, Input, Manifest, TensorRecord, Weights
 from .compile import Compiled
 from .export import Exported, export_sizes, spec_inputs
 from .loader import weight_tensors
@@ -32,7 +31,8 @@ def local_label(target: str) -> str:
     return f"{targets.get(target).index_variant()}.torch{torch.__version__.split('+')[0]}"
 
 
-def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned) -> Manifest:
+def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, search: CompileSearch) -> Manifest:
+    """``search``: the option search as it ran (build.py's search_record)."""
     spec = exported.spec_file.spec
     example = export_sizes(exported.spec_file)
     target = targets.get(compiled.target)
@@ -61,7 +61,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         # makes the link only then.
         relocatable=target.RELOCATABLE,
         library=compiled.library.name,
-        artifacts={path.name: {"sha256": as_verified(path, verified.library_sha256 if path == compiled.library else None),
+        artifacts={path.name: {"sha256": as_verified(path, loaded_sha256(path, compiled, verified)),
                                "size": path.stat().st_size} for path in compiled.artifacts},
         inputs=cast(list[Input], spec_inputs(exported.spec_file)),
         dims={name: {"min": d.min, "max": d.max, "example": example[name]} for name, d in spec.dims.items()},
@@ -75,12 +75,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
         verification={"passed": True, "reference": verified.reference, "cases": [c.case for c in verified.cases]},
         compile_options=compiled.options,
         compile_cache_key=compiled.cache_key,
-        # Timings stay in the report: in the manifest they would make every wheel's bytes differ.
-        compile_search={
-            "chosen": tuned.chosen,
-            "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in tuned.trials],
-            "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in tuned.skipped],
-        },
+        compile_search=search,
         content_hash=exported.content_hash,
     )
     # A build from a save_pretrained folder names it, and its config.json's hash (issue 30).
@@ -89,13 +84,19 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, t
     return cast(Manifest, {**facts, **manifest})
 
 
+def loaded_sha256(path: Path, compiled: Compiled, verified: Verified) -> str | None:
+    """The sha256 verification loaded ``path`` with: the .so's (None for the files it did not open)."""
+    return verified.library_sha256 if path == compiled.library else None
+
+
 def as_verified(path: Path, loaded: str | None) -> str:
     """The file's sha256, which must be ``loaded``, that of the bytes verification loaded from it
     (None: a file verification did not open)."""
     digest = sha256_file(path)
     if loaded is not None and loaded != digest:
         raise PackageError(f"{path} changed after it was verified (sha256 {loaded[:16]}… loaded, {digest[:16]}… now)",
-                           "another process wrote into the build's output folder: build again, into a root only you can write")
+                           "another process wrote into the build's output folder: build again, into a root only you "
+                           "can write")
     return digest
 
 

@@ -55,7 +55,7 @@ def platform_tag(artifacts: list[Path], machine: str) -> str:
 def torch_libraries(target: Target) -> set[str]:
     """Shared libraries the pinned torch brings: libtorch_cpu.so, libc10.so, its libgomp.so.1, and
     those of the target's torch build (on CUDA, the nvidia-* packages' and the driver's libcuda)."""
-    import torch
+    import torch  # heavy: the commands that read this module's constants (summary) start without it
 
     return {lib.name for lib in (Path(torch.__file__).parent / "lib").rglob("*.so*")} | target.provided_libraries()
 

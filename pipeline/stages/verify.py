@@ -236,7 +236,7 @@ def open_hashed(compiled: Compiled, weights_file: Path | None) -> tuple[Any, str
     if weights_file is not None:
         tensors = {name: t.to(target.TORCH_DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
-    if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/features/constants.py)
+    if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/stages/constants.py)
         store = wheel_constants.Store(compiled.constants)
         runner.update_constant_buffer(store.tensors(compiled.library.name), False, True, True)
         return _WithStore(runner, store), sha256

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import _dispatch
 from ._constants import Store
@@ -25,7 +24,7 @@ class Checked:
     directory: Path  # where the artifacts load from: this package's, or a CUDA wheel's /opt link
     library: Path  # the dynamic model's .so
     static: dict[int, Path]  # each static batch size's .so
-    store: Optional[Store]  # the static sizes' shared constants, mapped (None: the .so files hold them)
+    store: Store | None  # the static sizes' shared constants, mapped (None: the .so files hold them)
 
 
 def checked(m: Manifest, torch_version: str, cpu_capability: str, target_problems: list[str]) -> Checked:

@@ -1,13 +1,15 @@
 """The manifest's one definition: what the build writes into manifest.json and the runtime reads.
 
-The build (pipeline/services/manifest.py) makes a ``Manifest``; the runtime reads one, checked
+The build (pipeline/stages/manifest.py) makes a ``Manifest``; the runtime reads one, checked
 against these types once, as it is loaded (``problems``). Imports neither torch nor numpy, and
 its annotations are evaluated on the runtime's oldest Python (3.9): ``Optional``, not ``X | None``.
 A target adds facts of its own under a key of its own (a CUDA wheel's ``cuda``): keys this
 definition does not name are kept, unchecked.
 """
 
-from typing import Any, Dict, List, Optional, TypedDict, Union, get_args, get_origin, get_type_hints
+# ruff: noqa: UP007, UP045  # Optional and Union: these annotations are evaluated, on Python 3.9 too
+
+from typing import Any, Optional, TypedDict, Union, get_args, get_origin, get_type_hints
 
 FORMAT = 1
 
@@ -35,7 +37,7 @@ class FileRecord(TypedDict):
 
 class _Input(TypedDict):
     name: str
-    shape: List[Union[int, str]]  # sizes, or the names of dims
+    shape: list[Union[int, str]]  # sizes, or the names of dims
     dtype: str
 
 
@@ -59,7 +61,7 @@ class Output(TypedDict):
 
 
 class TensorRecord(TypedDict):
-    shape: List[int]
+    shape: list[int]
     dtype: str
 
 
@@ -72,19 +74,19 @@ class Weights(_Weights, total=False):  # external weights only: the file the whe
     file: str
     file_sha256: str
     size: int
-    tensors: Dict[str, TensorRecord]
+    tensors: dict[str, TensorRecord]
 
 
 class Golden(TypedDict):
     file: str
     sha256: str
     size: int
-    cases: List[str]
+    cases: list[str]
 
 
 class _Verification(TypedDict):
     passed: bool
-    cases: List[str]
+    cases: list[str]
 
 
 class Verification(_Verification, total=False):
@@ -93,7 +95,7 @@ class Verification(_Verification, total=False):
 
 class Candidate(TypedDict):
     name: str
-    options: Dict[str, Any]
+    options: dict[str, Any]
     verified: bool
 
 
@@ -104,8 +106,8 @@ class NotTried(TypedDict):
 
 class CompileSearch(TypedDict):
     chosen: str
-    candidates: List[Candidate]
-    not_tried: List[NotTried]
+    candidates: list[Candidate]
+    not_tried: list[NotTried]
 
 
 # "class" is a keyword: this record is spelled in the functional syntax
@@ -114,14 +116,14 @@ Checkpoint = TypedDict("Checkpoint", {"folder": str, "task": str, "library": str
 
 class StaticSize(TypedDict):
     library: str  # its path under artifacts/
-    golden_cases: List[str]
+    golden_cases: list[str]
     verification: Verification
 
 
 class Static(TypedDict):
     dim: str
     pad: bool
-    sizes: Dict[str, StaticSize]  # batch size (as a string: a JSON key) -> its model
+    sizes: dict[str, StaticSize]  # batch size (as a string: a JSON key) -> its model
 
 
 class _Manifest(TypedDict):
@@ -133,7 +135,7 @@ class _Manifest(TypedDict):
     full_version: str
     description: Optional[str]
     license: Optional[str]  # an SPDX expression
-    urls: Dict[str, str]  # label -> URL
+    urls: dict[str, str]  # label -> URL
     target: str
     device: str
     variant: str  # PyTorch's name for the torch build the wheel pins: its index
@@ -142,15 +144,15 @@ class _Manifest(TypedDict):
     opt_path: str  # where the build compiled it
     relocatable: bool  # whether the .so runs from wherever it is installed
     library: str
-    artifacts: Dict[str, FileRecord]  # by path under artifacts/
-    inputs: List[Input]
-    dims: Dict[str, Dim]
-    outputs: List[Output]
+    artifacts: dict[str, FileRecord]  # by path under artifacts/
+    inputs: list[Input]
+    dims: dict[str, Dim]
+    outputs: list[Output]
     returns_tuple: bool
     weights: Weights
     golden: Golden
     verification: Verification
-    compile_options: Dict[str, Any]
+    compile_options: dict[str, Any]
     compile_cache_key: str
     compile_search: CompileSearch
     content_hash: str
@@ -159,25 +161,26 @@ class _Manifest(TypedDict):
 class Manifest(_Manifest, total=False):
     checkpoint: Checkpoint  # a build from a save_pretrained folder
     static: Static  # static batch sizes
-    constants: Dict[str, FileRecord]  # the static sizes' shared constants files
-    cuda: Dict[str, Any]  # a CUDA wheel's facts (its target's own)
+    constants: dict[str, FileRecord]  # the static sizes' shared constants files
+    cuda: dict[str, Any]  # a CUDA wheel's facts (its target's own)
 
 
-def problems(data: object) -> List[str]:
+def problems(data: object) -> list[str]:
     """Each way ``data`` differs from a Manifest ("golden.size: expected int, got str"); [] if none."""
     return _check(data, Manifest, "")
 
 
-def _check(value: object, kind: Any, where: str) -> List[str]:
+def _check(value: object, kind: Any, where: str) -> list[str]:
     if kind is Any:
         return []
     if hasattr(kind, "__required_keys__"):  # a TypedDict
         if not isinstance(value, dict):
             return [f"{where or 'the manifest'}: expected an object, got {type(value).__name__}"]
-        found = [f"{where}{'.' if where else ''}{key}: missing" for key in sorted(kind.__required_keys__ - value.keys())]
+        prefix = f"{where}." if where else ""
+        found = [f"{prefix}{key}: missing" for key in sorted(kind.__required_keys__ - value.keys())]
         hints = get_type_hints(kind)
         for key in sorted(value.keys() & hints.keys()):
-            found += _check(value[key], hints[key], f"{where}{'.' if where else ''}{key}")
+            found += _check(value[key], hints[key], f"{prefix}{key}")
         return found
     origin, args = get_origin(kind), get_args(kind)
     if origin is Union:

@@ -4,7 +4,7 @@ from transformers import BertConfig, BertModel
 from torch import nn
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.features.hf_tasks import TextEncoder as Encoder
+from pipeline.hf_tasks import TextEncoder as Encoder
 
 
 def build() -> nn.Module:

@@ -5,7 +5,7 @@ from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 from torch import nn
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.features.hf_tasks import Detector
+from pipeline.hf_tasks import Detector
 
 
 def build() -> nn.Module:

@@ -4,7 +4,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from torch import nn
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.features.hf_tasks import CausalLM as Decoder
+from pipeline.hf_tasks import CausalLM as Decoder
 
 
 def build() -> nn.Module:

@@ -5,7 +5,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from torch import nn
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.features.hf_tasks import CausalLM as Decoder
+from pipeline.hf_tasks import CausalLM as Decoder
 
 
 def build() -> nn.Module:

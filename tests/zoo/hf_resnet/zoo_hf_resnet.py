@@ -4,7 +4,7 @@ from transformers import ResNetConfig, ResNetForImageClassification
 from torch import nn
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.features.hf_tasks import ImageLogits as Classifier
+from pipeline.hf_tasks import ImageLogits as Classifier
 
 
 def build() -> nn.Module:

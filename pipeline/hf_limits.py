@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
+from .errors import SpecError
 
 # A text model's sequence bound is its max positions, capped: verify runs every dim at its max,
 # and Llama 3's 131072 positions would need an attention matrix no build machine holds.

@@ -9,6 +9,7 @@ the ones a user would write (docs/library-models.md#the-wrapper); the zoo's spec
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -243,8 +244,6 @@ def for_class(task: Task, class_name: str) -> Task:
 
 def close_task(name: str) -> str | None:
     """The task or alias a typo most likely meant ("image-classifcation")."""
-    import difflib
-
     found = difflib.get_close_matches(name.lower().replace("_", "-"), [*TASKS, *ALIASES], n=1, cutoff=0.9)
     return found[0] if found else None
 

@@ -15,8 +15,8 @@ import io
 import torch
 
 from ..errors import ExportError
-from ..stages.export import Exported, dynamic_shapes
-from ..stages.loader import call_forward
+from .export import Exported, dynamic_shapes
+from .loader import call_forward
 
 # Our own compile option (not an Inductor setting): the candidate's options carry it, so it is
 # part of the compile cache key and of the manifest's compile_options.

@@ -38,7 +38,7 @@ def captured() -> Iterator[dict[str, torch.Tensor]]:
     """The constants AOTInductor serialises (name -> tensor, oneDNN tensors included), taken from
     the graph it hands to its code compiler. A private hook: a torch that no longer calls it is
     named in the error rather than giving a model without weights."""
-    from torch._inductor.codecache import AotCodeCompiler
+    from torch._inductor.codecache import AotCodeCompiler  # heavy: Inductor, imported once a compile runs
 
     original, found = AotCodeCompiler.__dict__["compile"], {}
     bound = AotCodeCompiler.compile

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import NotReproducedError, UnverifiedWheelError, UsageError
 from ..features.lock import Locked
+from ..stages.compile import find_cxx
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,6 @@ def verdict(recipe: Recipe, work: Path) -> str:
     if differs is None:
         shutil.rmtree(work, ignore_errors=True)
         return f"identical: {recipe.wheel.name} is byte for byte its rebuild from {recipe.spec}"
-    from .compile import find_cxx
-
     report = recipe.wheel.with_name(f"{recipe.manifest['import_name']}-{recipe.manifest['full_version']}.report.json")
     recorded = json.loads(report.read_text()).get("compiler") if report.is_file() else None
     cxx = find_cxx()

@@ -1,23 +1,23 @@
 """Build from a `save_pretrained` folder with no code (issue 30): `--hf DIR --task TASK`, or
 `[model] hf = "…"` and `task = "…"` in a spec.
 
-The folder's config.json and the task (pipeline/features/hf_tasks.py) make the spec's dims, inputs and
+The folder's config.json and the task (pipeline/hf_tasks.py) make the spec's dims, inputs and
 outputs; keys the user's spec gives override them, and the result goes through the same
 validation as any spec. The weights come from the folder's safetensors files, loaded with
-`from_pretrained(local_files_only=True)`: nothing is downloaded and no pickle file is read.
+`from_pretrained(local_files_only=True)` (the load stage, stages/loader.py): nothing is downloaded and no
+pickle file is read. The spec reads this module; it imports nothing above the spec.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, ModelLoadError, SpecError, UnsupportedTaskError, UsageError
+from .errors import CheckpointError, SpecError, UnsupportedTaskError
 from .hf_limits import SEQUENCE, check_sequence
 from .hf_tasks import TASKS, ConfigProblem, Facts, Task, close_task, find_task, for_class, supported
 from .hf_wrappers import wrapper_example
@@ -185,27 +185,7 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
     return completed
 
 
-def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None, spec: str | None):
-    """The SpecFile for `build --hf DIR --task TASK [--name N] [--version V] [--spec overrides.toml]`."""
-    from ..spec import read_spec_toml, validated
-
-    spec_path, raw = read_spec_toml(spec) if spec else (None, {})
-    model = raw.setdefault("model", {})
-    if not isinstance(model, dict):
-        raise SpecError(f"{spec_path}: key 'model': must be a table ([model])", "write [model] as a TOML table")
-    model.update({key: value for key, value in (("name", name), ("version", version)) if value})
-    missing = [flag for flag, key in (("--name", "name"), ("--version", "version")) if key not in model]
-    if missing:
-        raise UsageError(f"--hf needs {' and '.join(missing)}: the wheel is model-<name>, version <version>",
-                         f"e.g. --name {_suggested_name(Path(hf))} --version 1.0")
-    model.update(hf=str(Path(hf).resolve()), task=task)
-    where = str(spec_path) if spec_path else f"--hf {hf}"
-    completed = complete_spec(raw, Path.cwd(), where)
-    path = spec_path or Path(completed["model"]["hf"]) / "config.json"
-    return validated(completed, path, where)
-
-
-def _suggested_name(folder: Path) -> str:
+def suggested_name(folder: Path) -> str:
     name = re.sub(r"[^a-z0-9_]+", "_", folder.resolve().name.lower()).strip("_")
     return name if name[:1].isalpha() else f"model_{name}"
 
@@ -226,64 +206,6 @@ def guess_task(folder: str) -> str:
     return f"its config.json names {saved or 'no class'}; add --task, one of:\n{supported()}"
 
 
-def _from_pretrained(checkpoint: Checkpoint, task: Task):
-    import torch
-
-    # Read when huggingface_hub is imported: no request leaves this process, whatever the folder says.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        library = __import__(task.library)
-    except ImportError as exc:
-        raise ModelLoadError(f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed "
-                             f"here ({exc})", f"pip install {task.library} into the environment that runs modelwheel "
-                                               "(the wheel it builds does not need it)") from exc
-    from ..stages.loader import quiet_model_libraries
-
-    quiet_model_libraries(checkpoint=True)  # diffusers reads no setting for its bars: set now it is imported
-    loader = getattr(library, task.loader)
-    dtype = {"dtype": torch.float32, "trust_remote_code": False} if task.library == "transformers" else {
-        "torch_dtype": torch.float32}
-    try:
-        return loader.from_pretrained(str(checkpoint.folder), local_files_only=True, use_safetensors=True,
-                                      output_loading_info=True, **dtype)
-    except Exception as exc:  # the libraries raise ValueError, OSError, KeyError… for a folder they cannot load
-        raise CheckpointError(f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
-                              f"task {task.name!r}: {type(exc).__name__}: {exc}",
-                              "check that the task fits the model (the tasks are listed by --task help) and that the "
-                              f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
-                              + wrapper_example(checkpoint.folder)) from exc
-
-
-def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> None:
-    """Weights the folder lacks would be left at random: refuse, unless the outputs never use them."""
-    missing = [k for k in info.get("missing_keys", []) if not k.startswith(task.unused)]
-    mismatched = [str(m) for m in info.get("mismatched_keys", [])]
-    if missing or mismatched:
-        shown = [f"missing: {k}" for k in sorted(missing)] + [f"mismatched: {m}" for m in mismatched]
-        raise CheckpointError(
-            f"{checkpoint.folder}: the safetensors files lack weights that {task.loader} for task {task.name!r} "
-            f"needs (they would be random):\n  " + "\n  ".join(shown[:20]),
-            "pick the task the checkpoint was trained for (its config.json names "
-            f"{checkpoint.class_name}), or save the whole model with save_pretrained()")
-
-
-def load_checkpoint(spec_file):
-    """The wrapped model of a spec with ``model.hf``, as loader.load_model returns a factory's."""
-    from ..stages.loader import LoadedModel, _source_files, state_sha256
-
-    spec = spec_file.spec
-    task = resolve_task(spec.model.task, spec.model.hf)
-    checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
-    task = checkpoint.task
-    model, info = _from_pretrained(checkpoint, task)
-    _check_loaded(checkpoint, task, info)
-    module = task.wrapper(model).eval()
-    # config.json among the sources: its values (eps, scales) shape the graph, so it is part of
-    # the content hash as a factory's code is.
-    sources = sorted({*_source_files(task.wrapper, module), checkpoint.config_file})
-    return LoadedModel(module=module, source_files=tuple(sources), weights_sha256=state_sha256(module))
-
-
 def checkpoint_record(spec) -> dict[str, Any] | None:
     """What the manifest says of the checkpoint (no path: a manifest does not depend on where the
     build ran); the report adds the folder's path."""
@@ -295,4 +217,4 @@ def checkpoint_record(spec) -> dict[str, Any] | None:
             "class": checkpoint.class_name, "config_sha256": checkpoint.config_sha256}
 
 
-__all__ = ["TASKS", "checkpoint_record", "checkpoint_spec", "complete_spec", "guess_task", "load_checkpoint"]
+__all__ = ["TASKS", "checkpoint_record", "complete_spec", "guess_task", "inspect_checkpoint", "resolve_task"]

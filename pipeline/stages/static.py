@@ -32,15 +32,14 @@ from ..services.cache import Cache
 from ..services.manifest import sha256_file
 from ..services.progress import say, step
 from ..spec import Spec, SpecFile
-from ..stages.compile import Compiled, compile_model, plan_compile
-from ..stages.export import Exported, export_program, prepare, spec_inputs
-from ..stages.loader import LoadedModel, call_forward
-from ..stages.verify import Verified, as_tuple, open_runner, tolerances, verify_model
+from .compile import CompilePlan, Compiled, compile_model, plan_compile
+from .export import Exported, export_program, prepare, spec_inputs
+from .loader import LoadedModel, call_forward
+from .verify import Verified, as_tuple, open_runner, tolerances, verify_model
 from ..wheel_template.runtime import _compare as wheel_compare
 from ..wheel_template.runtime import _dispatch as wheel_dispatch
 from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..wheel_template.runtime._schema import Manifest, Static
-from .tune import Tuned
 
 PAD_SEED = 500
 
@@ -67,10 +66,10 @@ def fixed_spec(spec_file: SpecFile, dim: str, size: int) -> SpecFile:
     return SpecFile(path=spec_file.path, spec=Spec.model_validate(raw))
 
 
-def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_version: str, output_dir: Path,
-                  work_dir: Path, store: Cache) -> list[StaticModel]:
-    """Export and compile each static size with the chosen candidate's options (from the cache when
-    it holds them)."""
+def compile_sizes(exported: Exported, loaded: LoadedModel, chosen: str, chosen_plan: CompilePlan, cxx_version: str,
+                  output_dir: Path, work_dir: Path, store: Cache) -> list[StaticModel]:
+    """Export and compile each static size with the options of the candidate the search chose
+    (``chosen``, compiled by ``chosen_plan``), from the cache when it holds them."""
     spec_file = exported.spec_file
     dim = spec_file.spec.static_dim
     if dim is None:
@@ -81,15 +80,15 @@ def compile_sizes(exported: Exported, loaded: LoadedModel, tuned: Tuned, cxx_ver
         step(f"static {index + 1}/{len(sizes)} {dim}={size}: compiling")
         fixed = prepare(fixed_spec(spec_file, dim, size), loaded, exported.target)
         shared = {constants.OPTION: False} if constants.shared(exported.target, spec_file.spec) else {}
-        plan = plan_compile(fixed, cxx_version, output_dir / folder(size), {**tuned.plan.overrides, **shared},
-                            tuned.plan.keep_debug)
+        plan = plan_compile(fixed, cxx_version, output_dir / folder(size), {**chosen_plan.overrides, **shared},
+                            chosen_plan.keep_debug)
         if not store.has(plan.key):
             fixed = export_program(fixed, loaded.source_files)
         plan.compile_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         compiled = compile_model(fixed, plan, work_dir / "static" / folder(size), store)
         took = "from the build cache" if compiled.from_cache else f"in {time.perf_counter() - started:.1f}s"
-        say(f"    static {dim}={size}: compiled {took} ({tuned.chosen} options)")
+        say(f"    static {dim}={size}: compiled {took} ({chosen} options)")
         models.append(StaticModel(size, fixed, compiled))
     return models
 
