@@ -131,15 +131,11 @@ matrix: $(SETUP)
 	@$(PY) -m pipeline matrix
 
 # Side by side: the wheel, eager, torch.compile, the .pt2 loader, ONNX Runtime (build/bench/<model>/).
-# TARGET=cuda: on the current GPU against eager and torch.compile (benchmarks/bench_cuda.py);
-# it installs nothing, as GPU images often have no network. benchmarks/ is a package, run from here.
+# TARGET=NAME: the bench of that target, as the target registry names them (benchmarks/__main__.py):
+# cuda's on the current GPU against eager and torch.compile, installing nothing, as GPU images
+# often have no network. benchmarks/ is a package, run from here.
 bench: $(SETUP)
-ifeq ($(TARGET),cuda)
-	$(PY) -m benchmarks.bench_cuda --spec $(SPEC) $(ARGS)
-else
-	$(PY) -m pip install --quiet $(OFFLINE) -r benchmarks/requirements.txt
-	$(PY) -m benchmarks.bench --spec $(SPEC) $(ARGS)
-endif
+	$(PY) -m benchmarks $(TARGET_ARGS) --spec $(SPEC) --pip-args="$(OFFLINE)" $(ARGS)
 
 # Resident memory of a fresh process loading the built wheel, against its weights' size: the
 # wheel's own virtualenv, run from / with the checkout on its path for the benchmarks package only.

@@ -1,5 +1,5 @@
 """The product benchmarks (`make bench`, `make bench TARGET=cuda`, `make bench-memory`), run from the
-repository root as modules: `python -m benchmarks.bench --spec ...`."""
+repository root as modules: `python -m benchmarks [--target NAME] --spec ...` (__main__.py)."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def timed(cmd: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def build_times(spec: Path, out: Path, root: str | None, target: str = "cpu") -> tuple[dict, Path]:
+def build_times(spec: Path, out: Path, root: str | None, target: str = build_targets.DEFAULT) -> tuple[dict, Path]:
     args = [sys.executable, "-m", "pipeline", "build", "--spec", spec, "--build-dir", out / "build", "--dist", out / "dist",
             "--target", target]
     args += ["--root", root] if root else []
@@ -90,7 +90,7 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def export_once(spec_file, target: str = "cpu"):
+def export_once(spec_file, target: str = build_targets.DEFAULT):
     """The model exported as the build exports it: every compile below starts from this."""
     loaded = load_model(spec_file)
     return export_program(prepare(spec_file, loaded, build_targets.get(target)), loaded.source_files)
@@ -102,7 +102,7 @@ def program_for(exported, compile_options: dict) -> tuple:
     autocast, options = precision.split_options(compile_options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
     options = {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
-    return program, {**options, **build_targets.get("cpu").graph_passes(options)}
+    return program, {**options, **exported.target.graph_passes(options)}
 
 
 def make_pt2(exported, manifest: dict, out: Path) -> Path:
@@ -123,23 +123,24 @@ def compile_so(exported, compile_options: dict, path: Path) -> Path:
     return path
 
 
-def so_latency(spec: Path, library: Path, min_seconds: float | None = None) -> dict:
+def so_latency(spec: Path, library: Path, min_seconds: float | None = None,
+               target: str = build_targets.DEFAULT) -> dict:
     """A bare .so's batch-1 latency, in a fresh process (`benchmarks.variants so`)."""
     more = ["--min-seconds", min_seconds] if min_seconds is not None else []
     return run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec, "--mode", "latency", "--batch", 1,
-                     "--artifact", library, *more])
+                     "--artifact", library, "--target", target, *more])
 
 
 def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | None:
     """What bfloat16 autocast would give this model (latency, difference from float32 eager), when
     the search did not ship it: the speed the spec's tolerances leave on the table."""
-    if precision.AUTOCAST_OPTION in manifest["compile_options"] or not build_targets.get("cpu").bf16_native():
+    if precision.AUTOCAST_OPTION in manifest["compile_options"] or not exported.target.bf16_native():
         return None
     say("==> compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)")
     options = {**manifest["compile_options"], "freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE}
     library = compile_so(exported, options, out / "bf16" / "model.so")
-    timing = so_latency(spec, library)
-    runner = build_targets.open_runner(build_targets.get("cpu"), library)
+    timing = so_latency(spec, library, target=exported.target.NAME)
+    runner = build_targets.open_runner(exported.target, library)
     spec_file, diffs = exported.spec_file, {}
     for seed in range(3):
         args = wheel_inputs.make_inputs(spec_inputs(spec_file), {n: 1 for n in spec_file.spec.dims}, seed)
@@ -231,6 +232,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--root", default=None, help="artifact root for the build (default: the pipeline's)")
+    parser.add_argument("--target", choices=build_targets.names(), default=build_targets.DEFAULT,
+                        help="the target to build and measure on this machine (default: the registry's default)")
     args = parser.parse_args()
     spec = Path(args.spec).resolve()
     spec_file = load_spec(spec)
@@ -239,11 +242,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "inductor-cache", ignore_errors=True)
     INDUCTOR_ENV["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
-    build, wheel = build_times(spec, out, args.root)
+    build, wheel = build_times(spec, out, args.root, args.target)
     venv_python = wheel_venv(wheel, out)
     manifest = json.loads(subprocess.run([venv_python, "-c", f"import json, model_{name} as m; print(json.dumps(m.manifest()))"],
                                          capture_output=True, text=True, check=True).stdout)
-    exported = export_once(spec_file)
+    exported = export_once(spec_file, args.target)
     artifacts = {"pt2": make_pt2(exported, manifest, out), "onnx": make_onnx(exported, out),
                  "wheel": f"model_{name}", "wheel-numpy": f"model_{name}"}
     batches = sorted({1, spec_file.spec.dims["batch"].max}) if "batch" in spec_file.spec.dims else [1]

@@ -25,18 +25,30 @@ import json
 import resource
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 MIN_RUNS, MIN_SECONDS, WARMUP = 10, 2.0, 3
 
 
+# torch's device the variant runs on (--device: the target's TORCH_DEVICE, as the bench asked the
+# registry), and the target a bare .so is opened for (--target; the wheel's variants need none:
+# they run where the checkout's packages are not installed, with the wheel's own load()).
 DEVICE = "cpu"
+TARGET: str | None = None
 
 
 def synchronize() -> None:
-    if DEVICE != "cpu":
+    if torch_device().type != "cpu":  # queued kernels of an accelerator: wait for them
         import torch
 
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
+
+
+def torch_device():
+    import torch
+
+    return torch.device(DEVICE)
 
 
 def spec_inputs(spec_path: str, batch: int | None):
@@ -52,15 +64,12 @@ def spec_inputs(spec_path: str, batch: int | None):
     return spec_file, [t.to(DEVICE) for t in tensors]
 
 
-def open_so(path: str):
-    """A bare CPU .so with torch's runner, after what the wheel's load() does first (libstdc++
-    made global, freed buffers kept in the heap): pipeline/targets/cpu.py."""
-    from pathlib import Path
-
+def open_so(path: Path) -> Any:
+    """A bare .so with torch's runner for the target, after what the wheel's load() does first
+    (libstdc++ made global; on a CPU, freed buffers kept in the heap): pipeline/targets/."""
     from pipeline import targets
 
-    # the command line's --artifact is a str; open_runner reads .parent off a Path
-    return targets.open_runner(targets.get("cpu"), Path(path))
+    return targets.open_runner(targets.get(TARGET or targets.DEFAULT), path)
 
 
 def eager_module(spec_file):
@@ -110,7 +119,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         arrays = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
         # on a GPU, "wheel" is torch's runner and "wheel-graphs" load()'s default, CUDA graphs
         model = package.load(cuda_graphs=True) if variant == "wheel-graphs" else \
-            package.load(cuda_graphs=False) if DEVICE == "cuda" else package.load()
+            package.load(cuda_graphs=False)
         args = [torch.from_numpy(a).to(DEVICE) for a in arrays]  # on the cpu: no copy
         if variant == "wheel-graphs":
             model(*args)  # captures the graph for this batch
@@ -134,7 +143,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
 
     spec_file, args = spec_inputs(spec_path, batch)
     if variant == "so":  # a bare .so, opened as the wheel's load() opens it
-        runner = open_so(artifact)
+        runner = open_so(Path(artifact))
         return lambda: runner.run(list(args))
     if variant == "pt2":
         model = torch._inductor.aoti_load_package(artifact)
@@ -186,7 +195,7 @@ def kernel_profile(so_path: str, spec_path: str, batch: int, top: int = 12) -> d
     from torch.utils.flop_counter import FlopCounterMode
 
     spec_file, args = spec_inputs(spec_path, batch)
-    runner = open_so(so_path)
+    runner = open_so(Path(so_path))
     for _ in range(3):
         runner.run(list(args))
     calls = 5
@@ -263,14 +272,16 @@ def main() -> None:
                                                  "import-torch"])
     parser.add_argument("--spec", default="")
     parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy", "ort-profile"], required=True)
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the current GPU")
+    parser.add_argument("--device", default="cpu", help="torch's device: the target's (cpu; cuda for the current GPU)")
+    parser.add_argument("--target", default=None, help="the target a bare .so (so) is opened for (default: the "
+                                                       "registry's default)")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--artifact", default=None)
     parser.add_argument("--start", type=float, default=None, help="time.time() when the parent started this process")
     parser.add_argument("--min-seconds", type=float, default=MIN_SECONDS, help="latency mode: time calls for at least this long")
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, TARGET
+    DEVICE, TARGET = args.device, args.target
     if args.mode == "cold":
         call = make_runner(args.variant, args.spec if args.variant != "onnx" else "", args.batch, args.artifact)
         call()

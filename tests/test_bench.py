@@ -107,7 +107,7 @@ def test_the_benchs_own_compiles_use_the_wheels_graph_passes():
     convolution weights included), or the bench compares against a different model."""
     from types import SimpleNamespace
 
-    program, options = bench.program_for(SimpleNamespace(program="exported"),
+    program, options = bench.program_for(SimpleNamespace(program="exported", target=bench.build_targets.get("cpu")),
                                          {"freezing": True, "aot_inductor.package_constants_in_so": False})
     assert program == "exported"
     assert options["freezing"] is True and "aot_inductor.package_constants_in_so" not in options

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -128,3 +129,27 @@ def test_no_file_outside_the_target_files_names_a_target():
                "templates/wheel/runtime/_target_cuda.py")
     outside = [line for line in found if not line.startswith(allowed) and '"""' not in line and "``" not in line]
     assert outside == [], "\n".join(outside)
+
+
+def test_make_bench_asks_the_registry_for_the_target_it_measures(plugin):
+    ran = subprocess.run(["make", "-n", "--no-print-directory", "bench", "TARGET=fake", "USE_VENV=0"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "-m benchmarks --target fake --spec models/unet/spec.toml" in ran.stdout, ran.stdout
+    refused = subprocess.run([sys.executable, "-m", "benchmarks", "--target", "nope"], cwd=REPO, capture_output=True,
+                             text=True, env={**os.environ, **plugin})
+    assert refused.returncode != 0 and "(choose from 'cpu', 'cuda', 'fake')" in refused.stderr, refused.stderr
+    from benchmarks.__main__ import bench_module
+
+    assert (bench_module("cuda"), bench_module("fake")) == ("benchmarks.bench_cuda", "benchmarks.bench")
+
+
+def test_the_benchmarks_name_no_target_but_their_own():
+    """A target's name is the registry's to give: only a bench of the target's own
+    (benchmarks/bench_<name>.py) names it."""
+    names = "|".join(("cpu", "cuda"))
+    found = subprocess.run(["grep", "-rnE", rf'(get\(|target=|DEVICE [!=]= ?)"({names})"', "benchmarks", "Makefile"],
+                           cwd=REPO, capture_output=True, text=True).stdout.splitlines()
+    outside = [line for line in found if not re.match(rf"benchmarks/bench_({names})\.py:", line)]
+    assert outside == [], "\n".join(outside)
+    assert "ifeq ($(TARGET)" not in (REPO / "Makefile").read_text()
