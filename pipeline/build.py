@@ -160,7 +160,10 @@ def build_target(ctx: BuildContext) -> BuildResult:
         report.update(spec=str(ctx.spec_file.path.resolve()), compiler=cxx_version)
         result = commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
                         packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
-    if lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry
+    if lock_key is not None and locked is None and tuned.cost.stopped:  # nothing was chosen: nothing to lock
+        ctx.progress.say(f"    the search stopped before compiling a candidate: nothing locked in "
+                         f"{options_lock.lock_path(ctx.spec_file.path)} (the next build searches again)")
+    elif lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry
         options_lock.keep_choice(ctx.spec_file.path, lock_key, dict(planned)[tuned.chosen].overrides,
                                  dict(packaged.manifest["compile_search"]), tuned.why, ctx.progress.say)
     return result
@@ -321,6 +324,7 @@ def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compi
             "why": tuned.why,
             "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
             "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
+            "cost": dataclasses.asdict(tuned.cost),  # what the search cost and won (payback.py)
         },
     }
     if packaged.sizes.models:

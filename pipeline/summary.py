@@ -19,6 +19,7 @@ def report_lines(result) -> list[str]:
              f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…"]
     lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
     lines.append(f"  stages    {stages}")
+    lines += search_lines(report.get("compile_search") or {})
     cases = len(report["verification"]["cases"])
     for name, worst in report["verification"]["worst"].items():
         tol = report["verification"]["tolerances"][name]
@@ -26,6 +27,21 @@ def report_lines(result) -> list[str]:
                      f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}")
     lines.append(f"  report    {result.report_path}")
     return lines + usage_lines(result.wheel, report["import_name"])
+
+
+def search_lines(search: dict[str, Any]) -> list[str]:
+    """What the option search cost (compile and timing seconds) and what it won, where it ran."""
+    cost = search.get("cost")
+    if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"]):
+        return []
+    if cost["stopped"]:
+        spent = f"stopped by the noise before compiling a candidate ({cost['spread']:.2f}x spread)"
+    else:
+        side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
+        spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}"
+    won = (f"won {cost['won']:.2f}x ({search['chosen']} over spec-options)" if cost["won"]
+           else "won nothing (the spec's options kept)")
+    return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s; {won}"]
 
 
 def decided_by(max_abs: float, max_rel: float, rtol: float, atol: float) -> str:

@@ -72,7 +72,7 @@ class Locked:
 
 def compile_keys(compile_section: dict[str, Any]) -> dict[str, Any]:
     """The spec's [compile] keys that decide the candidates (not whether or how long to search)."""
-    return {k: v for k, v in sorted(compile_section.items()) if k not in ("search", "search_budget_s")}
+    return {k: v for k, v in sorted(compile_section.items()) if k not in ("search", "search_budget_s", "search_when_noisy")}
 
 
 def read(path: Path) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """Choosing compile options: compile and verify each candidate, then time those that pass together
 (pipeline/features/rounds.py): the spec's own options stay unless another wins beyond the measured noise.
+What the search may spend, and on which candidates, is payback.py's; the compiles side by side, parallel.py's.
 
 Candidates (with `[compile] search = true`, the default): the spec's own options, freezing
 (not with external weights: it folds weights into the code), freezing with channels-last
@@ -9,15 +10,13 @@ allow it (screened in eager first, so a model they refuse costs no compile). Eac
 candidate is dropped. `search = false` pins the spec's options.
 
 Candidates that cannot win are not compiled: channels-last without convolutions, max-autotune
-without matmuls or convolutions (eager's FLOP counter says which the model runs). The search
-has a compile-time budget that scales with the model: a candidate whose expected compile time
-(the first fresh compile's, times its cost factor) would take the search past the budget is
-skipped, with the reason, as are all after it that are not cached.
+without matmuls or convolutions (eager's FLOP counter says which the model runs), any candidate
+when the spec's own options, timed alone first, are too noisy for it to win beyond the noise,
+and those a compile-time budget that scales with the model leaves out (payback.py).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import shutil
 import time
@@ -27,22 +26,19 @@ from pathlib import Path
 import torch
 
 from ..stages import constants, precision
-from . import rounds
+from . import parallel, payback, rounds
 from .lock import Locked
+from .payback import OVER_BUDGET, SHORTER, Budget, Outlook  # noqa: F401 (SHORTER, OVER_BUDGET: the search's, named here too)
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import check_stop, duration, estimate, expected_s, say, step
+from ..services.progress import check_stop, say, step
 from ..wheel_template.runtime import _compare as wheel_compare
 from ..stages.compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
 from ..stages.loader import call_forward
 from ..stages.verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
 
-# The search's default budget: BUDGET_FACTOR x the first fresh compile, at least MIN_BUDGET_S.
-BUDGET_FACTOR, MIN_BUDGET_S = 3.0, 60.0
-# A candidate's compile time against a plain compile's: max-autotune benchmarks kernel choices.
-COMPILE_COST = {"max-autotune": 3.0}
 CONVOLUTIONS = {"convolution"}
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
@@ -58,6 +54,7 @@ class Trial:
     problem: str = ""
     rounds_ms: tuple[float, ...] = ()  # each timing round's median, in round order
     spread_ms: tuple[float, float] | None = None  # the fastest and slowest round
+    compile_s: float | None = None  # its fresh compile's seconds (None: from the cache, or not compiled)
 
 
 @dataclass(frozen=True)
@@ -79,6 +76,7 @@ class Tuned:
     trials: tuple[Trial, ...]
     skipped: tuple[Skipped, ...] = ()
     why: str = ""  # why the chosen candidate was chosen (pipeline/features/rounds.py)
+    cost: payback.Cost = payback.Cost()  # what the search cost and won
 
 
 BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
@@ -190,158 +188,176 @@ def timed_calls(compiled: dict[str, Compiled], weights_file: Path | None, inputs
     return calls
 
 
-# A budget refusal as the manifest records it: its seconds differ run to run (the report has them).
-OVER_BUDGET = "over the search's compile budget (the build's report has the seconds)"
-
-
-class Budget:
-    """How much compiling the search may still do, measured on its own fresh compiles."""
-
-    def __init__(self, given_s: float | None) -> None:
-        self.given_s, self.spent_s, self.plain_s = given_s, 0.0, None
-
-    def spent(self, name: str, seconds: float) -> None:
-        self.spent_s += seconds
-        if self.plain_s is None:
-            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
-
-    def refusal(self, name: str) -> str | None:
-        """Why ``name`` is not compiled (it would take the search past its budget), or None."""
-        if self.plain_s is None:  # nothing compiled fresh yet: nothing to predict from
-            return None
-        budget = self.given_s or max(MIN_BUDGET_S, BUDGET_FACTOR * self.plain_s)
-        expected = self.plain_s * COMPILE_COST.get(name, 1.0)
-        if self.spent_s + expected <= budget:
-            return None
-        source = "[compile] search_budget_s" if self.given_s else f"{BUDGET_FACTOR:g}x the first compile, at least {MIN_BUDGET_S:g} s"
-        return (f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
-                f"budget {round(budget, 1):g} s ({source})")
-
-
-SHORTER = ("    to make it shorter: `[compile] search = false` in the spec (one compile, the spec's options), "
-           "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
-           "from the build cache, build/cache)")
-
-
-class Outlook:
-    """About how long the search has left, from the time its first fresh candidate took to
-    compile and verify (times its cost factor for each fresh candidate still to come)."""
-
-    def __init__(self, planned: list[tuple[str, CompilePlan]], store: Cache) -> None:
-        self.order = [name for name, _ in planned]
-        self.fresh = {name for name, plan in planned if not store.has(plan.key)}
-        self.plain_s: float | None = None
-
-    def before_search(self) -> list[str]:
-        """What the search will cost here, said before it starts: from the last build's compile
-        stage where there was one, else in compiles (the first one's time gives the estimate)."""
-        if len(self.order) < 2 or not self.fresh:
-            return []
-        cached = len(self.order) - len(self.fresh)
-        what = (f"    search: {len(self.fresh)} candidate(s) to compile and verify"
-                + (f" ({cached} more from the cache)" if cached else "") + ", then all timed together")
-        last = expected_s("compile")
-        if last:
-            what += f": about {duration(last)} on this machine (the last build's compile stage)"
-        else:
-            what += (f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
-                     "(said once the first is timed)")
-        return [what, SHORTER]
-
-    def coming(self, after: int, budget: Budget) -> tuple[list[str], list[str]]:
-        """The fresh candidates after index ``after`` the search's budget will compile, and those
-        it will skip, as Budget.refusal() will decide them one by one."""
-        ahead = copy.copy(budget)
-        compiled, skipped = [], []
-        for name in self.order[after + 1:]:
-            if name not in self.fresh:
-                continue
-            if ahead.refusal(name):
-                skipped.append(name)
-                continue
-            compiled.append(name)
-            if ahead.plain_s is not None:
-                ahead.spent_s += ahead.plain_s * COMPILE_COST.get(name, 1.0)
-        return compiled, skipped
-
-    def left_s(self, after: int, budget: Budget) -> float | None:
-        """What the fresh candidates after index ``after`` should take to compile and verify."""
-        if self.plain_s is None:
-            return None
-        return sum(self.plain_s * COMPILE_COST.get(name, 1.0) for name in self.coming(after, budget)[0])
-
-    def done(self, index: int, name: str, seconds: float, from_cache: bool, budget: Budget) -> None:
-        """A candidate is compiled and verified: the first fresh one sets the estimate."""
-        if from_cache or name not in self.fresh:
-            return
-        first = self.plain_s is None
-        if first:
-            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
-        left = self.left_s(index, budget)
-        if left is None or len(self.order) < 2:
-            return
-        compiled, skipped = self.coming(index, budget)
-        if first and (compiled or skipped):
-            over = (f"; {', '.join(skipped)} would take the search past its compile budget: not compiled"
-                    if skipped else "")
-            say(f"    candidate {name} took {duration(seconds)} to compile and verify: about {duration(left)} more "
-                f"for the other {len(compiled)} candidate(s){over}, then the timing")
-        estimate(left if compiled else None)  # the timing rounds are not compiles: no estimate for them
-
-
 def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
          work_dir: Path, store: Cache) -> Tuned:
     """A line per candidate; the live status says what is being done now (``2/4 freezing: compiling``).
-    Every candidate is compiled and verified first; those that pass are then timed together, in
-    interleaved rounds (pipeline/features/rounds.py), and the spec's own options stay unless one wins
-    beyond the spread measured in those rounds."""
+    The spec's own options are compiled, verified and timed alone first (the noise); the candidates
+    that could win beyond it and that the budget allows are compiled side by side, then verified
+    one at a time; those that pass are timed together, in interleaved rounds (rounds.py), and the
+    spec's own options stay unless one wins beyond the spread measured in those rounds."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
-    skipped, budget = list(skipped), Budget(exported.spec_file.spec.compile.search_budget_s)
-    failed, passed, first_failure = {}, {}, None
-    outlook = Outlook(planned, store)
+    spec, skipped = exported.spec_file.spec, list(skipped)
+    workers = max(1, min(payback.cores(), len(planned) - 1))
+    budget, outlook = Budget(spec.compile.search_budget_s, workers), Outlook(planned, store, workers)
     for line in outlook.before_search():
         say(line)
-    for index, (name, plan) in enumerate(planned):
-        check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
-        over = budget.refusal(name) if index > 0 and not store.has(plan.key) else None
-        if over:
-            skipped.append(Skipped(name, over, OVER_BUDGET))
-            say(f"    candidate {name}: not tried: {over}")
-            continue
-        left = outlook.left_s(index - 1, budget)
-        if left is not None:
-            estimate(left)
-        started = time.perf_counter()
-        outcome = _compile_and_verify(exported, index, name, plan, f"{index + 1}/{len(planned)} {name}", weights_file,
-                                      work_dir, store, budget)
-        outlook.done(index, name, time.perf_counter() - started,
-                     from_cache=not isinstance(outcome, tuple) and outcome.from_cache, budget=budget)
-        if isinstance(outcome, tuple):
-            failed[name] = outcome[0]
-            first_failure = first_failure or outcome[1]
+    first, plans = planned[0][0], dict(planned)
+    search = _Search(exported, planned, weights_file, work_dir, store, budget)
+    started = time.perf_counter()
+    search.compile_and_verify(first)
+    outlook.first(first, time.perf_counter() - started, from_cache=search.from_cache(first))
+    cost, chosen = payback.Cost(workers=workers), list[payback.Expected]()
+    if len(planned) > 1:
+        noise = search.noise() if first in search.passed else None
+        chosen, refused, cost = choose_candidates(exported, planned, noise, budget, store, cost)
+        skipped += refused
+        outlook.announce(first, time.perf_counter() - started, [e.name for e in chosen],
+                         [s.name for s in refused if s.recorded == payback.OVER_BUDGET],
+                         {e.name: e.cost for e in chosen})
+        cost = search.compile_candidates([e.name for e in chosen], workers, outlook, cost)
+    if not search.passed:  # the first candidate's own report, with every case's diffs
+        more = f"\n(all {len(search.failed)} compile candidates failed verification)" if len(search.failed) > 1 else ""
+        failure = search.first_failure
+        assert failure is not None  # every candidate failed verification: the first one's error
+        raise VerificationError(failure.message + more, failure.hint) from failure
+    step(f"timing {len(search.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+    started = time.perf_counter()
+    timed = rounds.time_in_rounds(timed_calls(search.passed, weights_file, exported.example_inputs),
+                                  exported.target.synchronize)
+    cost = dataclasses.replace(cost, timing_s=time.perf_counter() - started)
+    choice, why = rounds.choose(timed, first) if len(planned) > 1 else (first, "")
+    if choice != first and first in timed:
+        cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)
+    trials = search.trials(timed, shown=len(planned) > 1)
+    return Tuned(compiled=search.passed[choice], chosen=choice, plan=plans[choice], trials=trials,
+                 skipped=tuple(skipped), why=why, cost=cost)
+
+
+def choose_candidates(
+    exported: Exported, planned: list[tuple[str, CompilePlan]], noise: rounds.Timed | None, budget: Budget,
+    store: Cache, cost: payback.Cost,
+) -> tuple[list[payback.Expected], list[Skipped], payback.Cost]:
+    """The candidates worth compiling, best expected gain per compile second first, and those left
+    out (an earlier build measured them no faster, they cannot win beyond the noise, or the budget is
+    spent), said as they are decided. When the noise leaves none to compile, the search stops."""
+    spec, first, plans = exported.spec_file.spec, planned[0][0], dict(planned)
+    earlier = payback.earlier_search(store.directory, spec.model.name, exported.target.NAME)
+    expected = payback.expectations([name for name, _ in planned[1:]], earlier)
+    refused, noisy, open_ = [], [], []
+    gate = noise is not None and not spec.compile.search_when_noisy
+    for one in expected:
+        if why := payback.payback_refusal(one, first):
+            refused.append(Skipped(one.name, why, payback.NO_PAYBACK))
+        elif why := payback.noise_refusal(one, noise, first) if gate and noise is not None else None:
+            noisy.append(Skipped(one.name, why, payback.NOISY))
         else:
-            passed[name] = outcome
-    if not passed:  # the first candidate's own report, with every case's diffs
-        more = f"\n(all {len(failed)} compile candidates failed verification)" if len(failed) > 1 else ""
-        raise VerificationError(first_failure.message + more, first_failure.hint) from first_failure
-    step(f"timing {len(passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
-    target = exported.target
-    timed = rounds.time_in_rounds(timed_calls(passed, weights_file, exported.example_inputs), target.synchronize)
-    chosen, why = rounds.choose(timed, planned[0][0]) if len(planned) > 1 else (planned[0][0], "")
-    trials = []
-    for name, plan in planned:
-        if name in passed:
-            t = timed[name]
-            # unrounded: the choice is made on them
-            trials.append(Trial(name, plan.options, True, t.median_ms, passed[name].from_cache,
-                                rounds_ms=t.rounds_ms, spread_ms=(t.low_ms, t.high_ms)))
-            shown = t.describe() if len(planned) > 1 else f"{t.median_ms:.1f} ms"  # pinned: nothing to compare
-            say(f"    candidate {name}: {shown}{' (cached)' if passed[name].from_cache else ''}")
-        elif name in failed:
-            trials.append(failed[name])
-    plan = dict(planned)[chosen]
-    return Tuned(compiled=passed[chosen], chosen=chosen, plan=plan, trials=tuple(trials), skipped=tuple(skipped), why=why)
+            open_.append(one)
+    if noise is not None:
+        cost = dataclasses.replace(cost, spread=payback.spread(noise))
+    for skip in refused:
+        say(f"    candidate {skip.name}: not tried: {skip.reason}")
+    if noisy and not open_ and noise is not None:
+        line = payback.stopped_line(noise, first, len(noisy))
+        say(line)
+        return [], refused + noisy, dataclasses.replace(cost, stopped=line.strip())
+    refused += noisy
+    for skip in noisy:
+        say(f"    candidate {skip.name}: not tried: {skip.reason}")
+    chosen, over = payback.select(open_, budget, lambda name: store.has(plans[name].key))
+    for one, why in over:
+        refused.append(Skipped(one.name, why, payback.OVER_BUDGET))
+        say(f"    candidate {one.name}: not tried: {why}")
+    return chosen, refused, cost
+
+
+class _Search:
+    """The candidates as they are compiled and verified: those that passed, those dropped."""
+
+    def __init__(self, exported: Exported, planned: list[tuple[str, CompilePlan]], weights_file: Path | None,
+                 work_dir: Path, store: Cache, budget: Budget) -> None:
+        self.exported, self.planned, self.plans = exported, planned, dict(planned)
+        self.weights_file, self.work_dir, self.store, self.budget = weights_file, work_dir, store, budget
+        self.passed: dict[str, Compiled] = {}
+        self.failed: dict[str, Trial] = {}
+        self.compile_s: dict[str, float] = {}
+        self.first_failure: VerificationError | None = None
+        self.noise_s = 0.0
+
+    def from_cache(self, name: str) -> bool:
+        return name in self.passed and self.passed[name].from_cache
+
+    def counter(self, name: str) -> str:
+        return f"{[n for n, _ in self.planned].index(name) + 1}/{len(self.planned)} {name}"
+
+    def compile_and_verify(self, name: str, precompiled: parallel.Done | None = None) -> None:
+        check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
+        index = [n for n, _ in self.planned].index(name)
+        outcome = _compile_and_verify(self.exported, index, name, self.plans[name], self.counter(name),
+                                      self.weights_file, self.work_dir, self.store, self.budget, precompiled)
+        if isinstance(outcome, tuple):
+            self.failed[name] = outcome[0]
+            self.first_failure = self.first_failure or outcome[1]
+        else:
+            self.passed[name] = outcome
+        if precompiled is not None:
+            self.compile_s[name] = precompiled.seconds
+        elif self.budget.last is not None and self.budget.last[0] == name:
+            self.compile_s[name] = self.budget.last[1]
+
+    def noise(self) -> rounds.Timed:
+        """The spec's own options timed alone, in the search's rounds, before any candidate is compiled."""
+        name = self.planned[0][0]
+        step(f"noise: {name} timed alone in {rounds.ROUNDS} rounds, before any candidate is compiled")
+        started = time.perf_counter()
+        timed = rounds.time_in_rounds(timed_calls({name: self.passed[name]}, self.weights_file,
+                                                  self.exported.example_inputs), self.exported.target.synchronize)[name]
+        self.noise_s = time.perf_counter() - started
+        say(f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {payback.spread(timed):.2f}x "
+            "faster to win beyond it")
+        return timed
+
+    def compile_candidates(self, names: list[str], workers: int, outlook: Outlook, cost: payback.Cost) -> payback.Cost:
+        """Compile the fresh ones side by side where there are cores for it, then verify each."""
+        fresh = [name for name in names if not self.store.has(self.plans[name].key)]
+        done: dict[str, parallel.Done] = {}
+        started = time.perf_counter()
+        if workers > 1 and len(fresh) > 1:
+            step(f"{', '.join(self.counter(n) for n in fresh)}: compiling, {min(workers, len(fresh))} at a time")
+            jobs = [(name, self.plans[name], self.trial_work(name)) for name in fresh]
+            for name, _, work in jobs:
+                shutil.rmtree(work, ignore_errors=True)
+                self.plans[name].compile_dir.mkdir(parents=True, exist_ok=True)
+            done = parallel.compile_all(self.exported, jobs, self.store.directory, min(workers, len(fresh)))
+            for name in fresh:
+                self.budget.spent(name, done[name].seconds)
+        wall_s = time.perf_counter() - started
+        for index, name in enumerate(names):
+            self.compile_and_verify(name, done.get(name))
+            outlook.after([] if done else names[index + 1:])  # side by side: all compiled already
+        if not done:
+            wall_s = sum(self.compile_s.get(name, 0.0) for name in fresh)
+        spent = sum(self.compile_s.get(name, 0.0) for name in fresh)
+        return dataclasses.replace(cost, compiled=len(fresh), compile_s=spent, compile_wall_s=wall_s,
+                                   noise_s=self.noise_s, workers=min(workers, max(1, len(fresh))))
+
+    def trial_work(self, name: str) -> Path:
+        return self.work_dir / "candidates" / name
+
+    def trials(self, timed: dict[str, rounds.Timed], shown: bool) -> tuple[Trial, ...]:
+        """Every candidate compiled, in the planned order, each one's line said."""
+        out = []
+        for name, plan in self.planned:
+            if name in self.passed:
+                t, cached = timed[name], self.passed[name].from_cache
+                # unrounded: the choice is made on them
+                out.append(Trial(name, plan.options, True, t.median_ms, cached, rounds_ms=t.rounds_ms,
+                                 spread_ms=(t.low_ms, t.high_ms), compile_s=self.compile_s.get(name)))
+                line = t.describe() if shown else f"{t.median_ms:.1f} ms"  # pinned: nothing to compare
+                say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
+            elif name in self.failed:
+                out.append(self.failed[name])
+        return tuple(out)
 
 
 def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
@@ -363,18 +379,21 @@ def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
 
 
 def _compile_and_verify(exported: Exported, index: int, name: str, plan: CompilePlan, counter: str,
-                        weights_file: Path | None, work_dir: Path, store: Cache, budget: Budget):
+                        weights_file: Path | None, work_dir: Path, store: Cache, budget: Budget,
+                        precompiled: parallel.Done | None = None) -> Compiled | tuple[Trial, VerificationError | None]:
     """The candidate compiled and verified, or (the Trial saying why it was dropped, its
-    VerificationError or None): that error is the build's message when every candidate fails."""
-    step(f"{counter}: compiling")
+    VerificationError or None): that error is the build's message when every candidate fails.
+    ``precompiled``: a worker compiled it into the cache (parallel.py); it is taken from there."""
     trial_work = work_dir / "candidates" / name
-    shutil.rmtree(trial_work, ignore_errors=True)
-    plan.compile_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     try:
-        compiled = compile_model(exported, plan, trial_work, store)
-        if not compiled.from_cache:
-            budget.spent(name, time.perf_counter() - started)
+        if precompiled is not None:
+            if precompiled.problem:
+                raise CompileError(precompiled.problem, "")
+            # The worker's compile, as the cache holds it (read even with --no-cache: it is this build's).
+            compiled = dataclasses.replace(compile_model(exported, plan, trial_work, Cache(store.directory)),
+                                           from_cache=False)
+        else:
+            compiled = _compile(exported, name, plan, counter, trial_work, store, budget)
     except (CompileError, ExportError) as exc:
         if index == 0:  # the spec's own options: their failure is the build's
             raise
@@ -388,6 +407,19 @@ def _compile_and_verify(exported: Exported, index: int, name: str, plan: Compile
         return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc
     if not counter.startswith("1/1 "):  # a lone candidate's (pinned) one line is its time
         say(f"    candidate {name}: verified{' (cached)' if compiled.from_cache else ''}")
+    return compiled
+
+
+def _compile(exported: Exported, name: str, plan: CompilePlan, counter: str, trial_work: Path, store: Cache,
+             budget: Budget) -> Compiled:
+    """One candidate compiled here (or taken from the cache), its fresh compile time counted."""
+    step(f"{counter}: compiling")
+    shutil.rmtree(trial_work, ignore_errors=True)
+    plan.compile_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    compiled = compile_model(exported, plan, trial_work, store)
+    if not compiled.from_cache:
+        budget.spent(name, time.perf_counter() - started)
     return compiled
 
 

@@ -1,0 +1,59 @@
+"""Compiling the search's candidates side by side, one forked process per core (issue 44).
+
+A compile is mostly Python (Inductor's code generation) on one core, so candidates compiled
+one after another leave the other cores idle. Each worker is a fork of the build: it has the
+exported program already, compiles one candidate into its own folder and the build cache,
+and returns how long that took; the build then takes the result from the cache and verifies
+and times the candidates itself, one at a time. Forked, not spawned: a spawned worker would
+import torch and load the model again (seconds), and Inductor's configuration is per process,
+so threads could not share it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import CompileError, ExportError
+from ..services.cache import Cache
+from ..stages.compile import CompilePlan, compile_model
+from ..stages.export import Exported
+
+# Set in the parent just before forking: what a worker compiles from (not pickled: inherited).
+_EXPORTED: list[Exported] = []
+
+
+@dataclass(frozen=True)
+class Done:
+    name: str
+    seconds: float  # the worker's compile time
+    problem: str = ""  # the first line of its CompileError/ExportError, or ""
+
+
+def _compile_one(name: str, plan: CompilePlan, work_dir: Path, cache_dir: Path) -> Done:
+    # One thread per worker: the workers share the cores, and OpenMP's pool does not survive a fork.
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    try:
+        # reuse off: the worker compiles (the parent asked for this one because the cache lacks it)
+        compile_model(_EXPORTED[0], plan, work_dir, Cache(cache_dir, reuse=False))
+    except (CompileError, ExportError) as exc:
+        return Done(name, time.perf_counter() - started, exc.message)
+    return Done(name, time.perf_counter() - started)
+
+
+def compile_all(exported: Exported, jobs: list[tuple[str, CompilePlan, Path]], cache_dir: Path,
+                workers: int) -> dict[str, Done]:
+    """Compile each (name, plan, work folder) into ``cache_dir``, ``workers`` at a time."""
+    _EXPORTED[:] = [exported]
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {name: pool.submit(_compile_one, name, plan, work, cache_dir) for name, plan, work in jobs}
+            return {name: future.result() for name, future in futures.items()}
+    finally:
+        _EXPORTED.clear()

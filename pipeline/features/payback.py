@@ -1,0 +1,259 @@
+"""What the option search may spend, and on what (issue 44): a search that pays for itself.
+
+Timing noise decides first. The spec's own options are compiled (the build needs them anyway)
+and timed alone in the search's rounds before any candidate is compiled: a candidate replaces
+them only when its slowest round beats their fastest (rounds.py), so it must be faster by more
+than their spread (slowest round / fastest). A candidate that could not plausibly gain that
+much cannot win here, and is not compiled; when none can, the search stops.
+
+Then value for compile time: each candidate has a prior (the speed-up it plausibly gives at
+best, and its compile time against a plain compile's), replaced by what the newest earlier
+build of this model and target measured where its report in the build cache has it. The
+candidates are compiled in the order of expected gain per compile second, while the budget
+lasts: by default the first compile's time on each core the build may use, since the
+candidates compile side by side (parallel.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..services.cache import Cache
+from ..services.progress import duration, estimate, expected_s, say
+from .rounds import Timed
+
+
+@dataclass(frozen=True)
+class Prior:
+    gain: float  # the speed-up over the spec's options it plausibly gives at best
+    cost: float  # its compile time against a plain compile's
+
+
+# Where nothing was measured: what these options gave on this project's models at best
+# (docs/performance.md; freezing up to 1.3x on convolution nets, bfloat16 about 2x on AMX).
+PRIORS = {"freezing": Prior(1.3, 1.0), "freezing+channels-last": Prior(1.3, 1.0),
+          "max-autotune": Prior(1.2, 3.0), "bf16-autocast": Prior(2.0, 1.2)}
+UNKNOWN = Prior(1.2, 1.0)
+COMPILE_COST = {name: prior.cost for name, prior in PRIORS.items() if prior.cost != 1.0}
+# The default budget: the first compile's time, BUDGET_FACTOR times, on each core the search compiles on.
+BUDGET_FACTOR = 1.0
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's or taskset's share, not the machine's)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class Expected:
+    name: str
+    gain: float
+    cost: float
+    measured: bool  # from an earlier build's report, not the prior
+
+    @property
+    def value(self) -> float:
+        """Expected gain per compile (in units of a plain compile): the search's order."""
+        return (self.gain - 1.0) / self.cost
+
+    def source(self) -> str:
+        return (f"measured {self.gain:.2f}x in an earlier build of this model" if self.measured
+                else f"plausibly gains at most {self.gain:.2f}x")
+
+
+def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
+    """The compile_search of the newest build of this model and target in the build cache that
+    timed its candidates ({} if none). Read even with --no-cache: it is only advice."""
+    reports = sorted(cache_dir.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in reports:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        search = report.get("compile_search") or {}
+        if report.get("model") == model and report.get("target") == target and len(search.get("candidates", ())) > 1:
+            return search
+    return {}
+
+
+def expectations(names: list[str], earlier: dict) -> list[Expected]:
+    """Each candidate's expected gain and compile cost, best value first (ties keep their order)."""
+    found = {c["name"]: c for c in earlier.get("candidates", ())}
+    base = found.get("spec-options") or {}
+    out = []
+    for name in names:
+        prior, seen = PRIORS.get(name, UNKNOWN), found.get(name) or {}
+        gain, cost, measured = prior.gain, prior.cost, False
+        if seen.get("median_ms") and base.get("median_ms"):
+            gain, measured = base["median_ms"] / seen["median_ms"], True
+        if seen.get("compile_s") and base.get("compile_s"):
+            cost = seen["compile_s"] / base["compile_s"]
+        out.append(Expected(name, gain, max(cost, 0.05), measured))
+    return sorted(out, key=lambda e: -e.value)
+
+
+def spread(noise: Timed) -> float:
+    """How much faster than the spec's options a candidate must be to win beyond the noise."""
+    return noise.high_ms / noise.low_ms if noise.low_ms > 0 else float("inf")
+
+
+def payback_refusal(expected: Expected, baseline: str) -> str | None:
+    """Why an earlier build's timing says the candidate cannot pay for its compile, or None."""
+    if not expected.measured or expected.gain > 1.0:
+        return None
+    return (f"cannot pay back its compile: an earlier build of this model measured it {expected.gain:.2f}x "
+            f"{baseline}'s speed (--no-cache and a fresh build folder forget that)")
+
+
+def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None:
+    """Why the candidate cannot win beyond the measured noise (not compiled), or None."""
+    needed = spread(noise)
+    if expected.gain > needed:
+        return None
+    return (f"cannot win beyond the noise: {baseline}'s rounds spread {needed:.2f}x ({noise.low_ms:.3g}-"
+            f"{noise.high_ms:.3g} ms), and it {expected.source()}")
+
+
+# As the manifest records a payback refusal, and a noise refusal: the spread differs run to run (the report has it).
+NO_PAYBACK = "cannot pay back its compile: an earlier build of this model measured it no faster"
+NOISY = "cannot win beyond the noise measured before compiling it (the build's report has the spread)"
+
+
+def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
+    return (f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
+            f"any of the {refused} candidate(s) to win (rounds {noise.low_ms:.3g} to {noise.high_ms:.3g} ms, a "
+            f"{spread(noise):.2f}x spread); build on a quieter machine for a search, or set `[compile] "
+            f"search_when_noisy = true` to compile them anyway")
+
+
+class Budget:
+    """How much compiling the search may still do, measured on its own fresh compiles."""
+
+    def __init__(self, given_s: float | None, workers: int = 1) -> None:
+        self.given_s, self.workers, self.spent_s = given_s, workers, 0.0
+        self.plain_s: float | None = None
+        self.last: tuple[str, float] | None = None  # the latest fresh compile: (its name, its seconds)
+
+    def spent(self, name: str, seconds: float) -> None:
+        self.spent_s, self.last = self.spent_s + seconds, (name, seconds)
+        if self.plain_s is None:
+            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
+
+    def refusal(self, name: str, cost: float | None = None) -> str | None:
+        """Why ``name`` is not compiled (it would take the search past its budget), or None."""
+        if self.plain_s is None:  # nothing compiled fresh yet: nothing to predict from
+            return None
+        budget = self.given_s or BUDGET_FACTOR * self.plain_s * (1 + self.workers)
+        expected = self.plain_s * (cost if cost is not None else COMPILE_COST.get(name, 1.0))
+        if self.spent_s + expected <= budget:
+            return None
+        source = ("[compile] search_budget_s" if self.given_s else
+                  f"the first compile, and {BUDGET_FACTOR:g}x it on each of {self.workers} core(s) for the candidates")
+        return (f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
+                f"budget {round(budget, 1):g} s ({source})")
+
+
+# A budget refusal as the manifest records it: its seconds differ run to run (the report has them).
+OVER_BUDGET = "over the search's compile budget (the build's report has the seconds)"
+
+SHORTER = ("    to make it shorter: `[compile] search = false` in the spec (one compile, the spec's options), "
+           "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
+           "from the build cache, build/cache)")
+
+
+class Outlook:
+    """About how long the search has left, from the time its first fresh compile took (times a
+    candidate's cost for each fresh one still to come, shared among the cores compiling them)."""
+
+    def __init__(self, planned: list[tuple[str, Any]], store: Cache, workers: int = 1) -> None:
+        self.order = [name for name, _ in planned]
+        self.fresh = {name for name, plan in planned if not store.has(plan.key)}
+        self.workers = workers
+        self.plain_s: float | None = None
+
+    def before_search(self) -> list[str]:
+        """What the search will cost here, said before it starts: from the last build's compile
+        stage where there was one, else in compiles (the first one's time gives the estimate)."""
+        if len(self.order) < 2 or not self.fresh:
+            return []
+        cached = len(self.order) - len(self.fresh)
+        what = (f"    search: {len(self.fresh)} candidate(s) to compile and verify"
+                + (f" ({cached} more from the cache)" if cached else "") + ", then all timed together")
+        last = expected_s("compile")
+        if last:
+            what += f": about {duration(last)} on this machine (the last build's compile stage)"
+        else:
+            what += (f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
+                     "(said once the first is timed)")
+        return [what, SHORTER]
+
+    def left_s(self, names: list[str], costs: dict[str, float] | None = None) -> float | None:
+        """What compiling and verifying the fresh ones of ``names`` should take, side by side."""
+        if self.plain_s is None:
+            return None
+        costs = costs or {}
+        total = sum(self.plain_s * costs.get(n, COMPILE_COST.get(n, 1.0)) for n in names if n in self.fresh)
+        return total / max(1, min(self.workers, len(names)))
+
+    def first(self, name: str, seconds: float, from_cache: bool) -> None:
+        """The spec's options are compiled and verified: a fresh compile sets the estimate."""
+        if not from_cache and name in self.fresh:
+            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
+
+    def after(self, rest: list[str]) -> None:
+        """A candidate is verified: what the ones after it should take (none left: no estimate,
+        since the timing rounds are not compiles)."""
+        estimate(self.left_s(rest) if rest else None)
+
+    def announce(self, first: str, seconds: float, chosen: list[str], skipped: list[str],
+                 costs: dict[str, float] | None = None) -> None:
+        """Once the search knows what it will compile: how long that should take."""
+        left = self.left_s(chosen, costs)
+        if left is None or first not in self.fresh:
+            return
+        over = (f"; {', '.join(skipped)} would take the search past its compile budget: not compiled"
+                if skipped else "")
+        if chosen or skipped:
+            side = f", {min(self.workers, len(chosen))} at a time" if min(self.workers, len(chosen)) > 1 else ""
+            say(f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more "
+                f"for the other {len(chosen)} candidate(s){side}{over}, then the timing")
+        estimate(left if chosen else None)  # the timing rounds are not compiles: no estimate for them
+
+
+def select(expected: list[Expected], budget: Budget,
+           store_has: Callable[[str], bool]) -> tuple[list[Expected], list[tuple[Expected, str]]]:
+    """The candidates to compile, best value first, and those the budget leaves out (with why);
+    a cached one costs nothing. The budget is counted on expected compile times."""
+    ahead, chosen, over = copy.copy(budget), [], []
+    for one in expected:
+        if store_has(one.name):
+            chosen.append(one)
+            continue
+        refusal = ahead.refusal(one.name, one.cost)
+        if refusal:
+            over.append((one, refusal))
+            continue
+        chosen.append(one)
+        if ahead.plain_s is not None:
+            ahead.spent_s += ahead.plain_s * one.cost
+    return chosen, over
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What the search cost and what it won: the build's summary and its report."""
+    compiled: int = 0  # candidates compiled fresh, the spec's options aside
+    compile_s: float = 0.0  # their compile seconds, summed over the cores
+    compile_wall_s: float = 0.0  # the wall-clock time they took, side by side
+    workers: int = 1
+    noise_s: float = 0.0  # timing the spec's options alone, before any candidate
+    timing_s: float = 0.0  # the rounds that timed the candidates against each other
+    spread: float | None = None  # the spec's options' slowest round / fastest, before any candidate
+    stopped: str = ""  # why the search stopped before compiling a candidate, if it did
+    won: float | None = None  # the chosen candidate's speed-up over the spec's options (None: kept them)
