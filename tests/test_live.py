@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import BuildInterrupted
+from pipeline.services.progress import STATUS_ENV
 
 from .conftest import REPO, TINY_SPEC
 
@@ -188,3 +189,34 @@ def test_stdout_sent_elsewhere_stays_there_while_the_status_is_live(tmp_path):
     code, text, _, _ = on_terminal(["sh", "-c", f'exec "$0" -m pipeline matrix > {out}', sys.executable])
     assert code == 0, text
     assert json.loads(out.read_text()) and "include" not in text, text
+
+
+# In a pipe: a stage whose model call holds the GIL for 3 s, status lines every half second.
+PLAIN_HOLD = """
+    import ctypes, sys
+    from pipeline.services.progress import for_stream
+
+    progress = for_stream(sys.stderr)
+    with progress.stage("verify"):
+        progress.step("case large")
+        progress.say("hold")
+        ctypes.PyDLL(None).usleep(3_000_000)  # the GIL held through the call, as AOTInductor's runner holds it
+        progress.say("held")
+    progress.close()
+"""
+
+
+def test_in_a_pipe_status_lines_come_while_a_c_call_holds_the_gil(tmp_path):
+    """Verifying the unet on a loaded 2-core machine left 16-18 s between lines: each model call
+    of the runner holds the GIL, and the thread that printed the status waited for it."""
+    script = tmp_path / "hold.py"
+    script.write_text(textwrap.dedent(PLAIN_HOLD))
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, STATUS_ENV: "0.5"})
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stderr.splitlines()
+    assert lines[0] == "==> verify" and lines[-1].startswith("    verify done in "), lines
+    during = lines[lines.index("hold") + 1:lines.index("held")]
+    assert len(during) >= 3, lines  # about six; a thread of the build's process printed none
+    assert all(re.fullmatch(r"    \.\.\. verify case large · \ds in verify · \ds in all", line) for line in during), during
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", ran.stderr), ran.stderr  # no control characters in a pipe

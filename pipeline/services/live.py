@@ -14,6 +14,11 @@ it), ``{"expect": {stage: seconds}}`` (an earlier build's stage times), ``{"stag
 "text": text}`` (one line per build of several). Times are ``time.monotonic()``, one clock for
 every process of the machine (CLOCK_MONOTONIC).
 
+Off a terminal (a pipe, a log file: ``plain`` mode, its interval in argv[3]) it prints the same
+lines, and in place of the area a ``    ... `` status line whenever nothing was printed for that
+interval: a thread in the build's process could not, while a model call there holds the GIL
+(verifying the unet on a loaded 2-core machine left 16-18 s between lines).
+
 It ends when its stdin ends: the build closed it, or the build died (a crash, SIGKILL), or when
 the build is gone while something the build forked still holds the pipe. Ctrl-C reaches the
 whole process group; this process ignores SIGINT and SIGTERM, so it prints every line the build
@@ -38,15 +43,13 @@ class Status:
     """What the area shows; written by the reading loop, read by rich's refresh thread."""
 
     def __init__(self, began: float) -> None:
-        from rich.spinner import Spinner
-
         self.began = began
         self.stage: tuple[str, float] | None = None
         self.detail = ""
         self.stage_end: float | None = None  # when the stage expects to end, by its own estimate
         self.expected: dict[str, float] = {}
         self.tracks: dict[str, str] = {}
-        self.spinner = Spinner("dots", text="starting")
+        self.spinner = None  # rich's, made on the first draw (plain mode imports no rich)
 
     def apply(self, message: dict) -> None:
         if "stage" in message:
@@ -61,29 +64,41 @@ class Status:
         elif "track" in message:
             self.tracks[message["track"]] = message["text"]
 
+    def line(self) -> str | None:
+        """The running stage's status, as Progress.status() words it (None between stages)."""
+        stage = self.stage
+        if stage is None:
+            return None
+        (name, began), now, end = stage, time.monotonic(), self.stage_end
+        left = left_s(self.expected, name, now - began, None if end is None else end - now)
+        return status_text(name, self.detail, now - began, now - self.began, left, end is not None)
+
     def render(self):
+        from rich.spinner import Spinner
         from rich.text import Text
 
+        if self.spinner is None:
+            self.spinner = Spinner("dots", text="starting")
         if self.tracks:
             self.spinner.update(text=Text("\n".join(f"{key}: {text}" for key, text in self.tracks.items())))
             return self.spinner
-        stage = self.stage
-        if stage is None:
+        line = self.line()
+        if line is None:
             return Text("")
-        (name, began), now, end = stage, time.monotonic(), self.stage_end
-        left = left_s(self.expected, name, now - began, None if end is None else end - now)
-        self.spinner.update(text=Text(status_text(name, self.detail, now - began, now - self.began, left, end is not None)))
+        self.spinner.update(text=Text(line))
         return self.spinner
 
 
 def messages(fd: int, build_pid: int):
-    """Each message the build sends, until its end of the pipe is closed or the build is gone."""
+    """Each message the build sends, until its end of the pipe is closed or the build is gone;
+    None whenever none came for POLL_S (plain mode's cue to look at the clock)."""
     pending = b""
     while True:
         ready, _, _ = select.select([fd], [], [], POLL_S)
         if not ready:
             if os.getppid() != build_pid:  # the build died; a process it forked keeps the pipe open
                 return
+            yield None
             continue
         data = os.read(fd, 65536)
         if not data:
@@ -96,20 +111,46 @@ def messages(fd: int, build_pid: int):
                 continue
 
 
+def plain(status: Status, build_pid: int, every_s: float) -> None:
+    """The build's lines as they come, and its status whenever nothing was printed for ``every_s``
+    (the build's tracks instead, while it runs several builds), on this process's clock."""
+    last = time.monotonic()
+    for message in messages(sys.stdin.fileno(), build_pid):
+        if message is not None:
+            status.apply(message)
+            if "say" in message:
+                print(message["say"], file=sys.stderr, flush=True)
+                last = time.monotonic()
+        if time.monotonic() - last < every_s:
+            continue
+        if status.tracks:
+            line: str | None = " | ".join(f"{name}: {text}" for name, text in status.tracks.items())
+        else:
+            line = status.line()
+        if line is not None:
+            print(f"    ... {line}", file=sys.stderr, flush=True)
+            last = time.monotonic()
+
+
 def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     build_pid, began = int(sys.argv[1]), float(sys.argv[2])
+    status = Status(began)
+    if len(sys.argv) > 3:  # plain mode: no terminal to draw on
+        plain(status, build_pid, float(sys.argv[3]))
+        return
     from rich.console import Console
     from rich.live import Live
 
-    status = Status(began)
     console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
     live = Live(get_renderable=status.render, console=console, refresh_per_second=4, transient=True,
                 redirect_stdout=False, redirect_stderr=False)
     live.start()
     try:
         for message in messages(sys.stdin.fileno(), build_pid):
+            if message is None:
+                continue
             status.apply(message)
             if "say" in message:
                 console.print(message["say"], markup=False, highlight=False)

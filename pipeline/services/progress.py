@@ -3,7 +3,9 @@
 - plain lines (CI, a pipe, ``NO_COLOR``, ``TERM=dumb``): each stage's name when it starts, one
   line per finished candidate, its elapsed time when it ends, and in between, whenever nothing
   was printed for ``STATUS_EVERY_S``, a ``...`` line saying what runs, how long it has run and
-  about how long is left (a thread prints it: a pipe has no live area); never a control character;
+  about how long is left; never a control character. From the first stage on, a process of its
+  own prints them (pipeline/services/live.py in plain mode), as a thread here could not while a
+  model call holds the GIL;
 - live (a terminal): the same lines, under one status area that rich redraws four times a second
   with the stage, the candidate being compiled or timed (``2/4 freezing``), the elapsed time,
   and what is left where an earlier build of the same model gives its stage times; a process of
@@ -36,8 +38,8 @@ STAGES = ("load", "doctor", "export", "compile", "verify", "static", "package") 
 
 
 # A plain build says what it is doing when it printed nothing for this long (a pipe has no
-# live area); MODELWHEEL_STATUS_EVERY_S changes it (the tests make it short). Well under 15 s, so
-# a line still comes within 15 s when a C call holds the GIL for a few seconds.
+# live area); MODELWHEEL_STATUS_EVERY_S changes it (the tests make it short). Under 15 s, the
+# longest a user should wait for a line; the renderer's clock runs while the build holds the GIL.
 STATUS_EVERY_S = 10.0
 STATUS_ENV = "MODELWHEEL_STATUS_EVERY_S"
 
@@ -243,32 +245,56 @@ class QuietProgress(Progress):
 
 class LiveProgress(Progress):
     """Plain lines printed above a status area that redraws itself, drawn by a process of its own
-    (pipeline/services/live.py says why): this one only sends it what changed, in order."""
+    (pipeline/services/live.py says why): this one only sends it what changed, in order.
+    ``plain_every_s``: off a terminal, that process prints a status line whenever nothing was
+    printed for that long instead; it starts with the first stage (a command without stages,
+    `index start` or `--version`, starts no process), and until then lines are printed here."""
 
-    HEARTBEAT = False  # the renderer redraws the status four times a second
+    HEARTBEAT = False  # the renderer redraws the status four times a second, or prints it
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, stream: TextIO = sys.stderr, plain_every_s: float | None = None) -> None:
         super().__init__(stream)
+        self.plain_every_s = plain_every_s
+        self.renderer: subprocess.Popen | None = None
+        self.redirected = (sys.stdout, sys.stderr)
+        self.handlers: list[logging.StreamHandler] = []
+        self.started = False
+        # plain: a thread here prints the status until the renderer runs (or if none can be had)
+        self.HEARTBEAT = plain_every_s is not None
+        if plain_every_s is None:
+            self._start_renderer()
+
+    def _start_renderer(self) -> None:
+        self.started = True
+        stream, plain = self.stream, self.plain_every_s is not None
         package_parent = str(Path(__file__).resolve().parents[2])  # the folder that holds pipeline/
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
-        # SIGINT ignored from the start, inherited through exec: Ctrl-C reaches the whole process
-        # group, and the renderer must outlive the build's last line (no threads yet to make
-        # preexec_fn unsafe: this runs before torch is imported).
-        self.renderer: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.services.live", str(os.getpid()), repr(time.monotonic())],
+        # The renderer must outlive the build's last line, so Ctrl-C (sent to the whole process
+        # group) must not reach it. On a terminal: SIGINT ignored from the start, inherited through
+        # exec (no threads yet to make preexec_fn unsafe: this runs before torch is imported). Off
+        # one, it starts with the first stage, when torch may have threads: a session of its own.
+        began = time.monotonic() - (time.perf_counter() - self.began)  # the build's start, on the renderer's clock
+        argv = [sys.executable, "-m", "pipeline.services.live", str(os.getpid()), repr(began)]
+        self.renderer = subprocess.Popen(
+            argv + ([repr(self.plain_every_s)] if plain else []),
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stream.fileno(), env=env,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+            **({"start_new_session": True} if plain else
+               {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)}))
         self.redirected = (sys.stdout, sys.stderr)
         # Python's own writes to the terminal (a warning, a print in a model's code) go above the
-        # area too, in order; stdout only where it is the terminal (not `matrix > file`).
+        # area too, in order; stdout only where it is the terminal (not `matrix > file`), and
+        # never in plain mode, whose renderer writes to stderr only.
         sys.stderr = _LinesTo(self, sys.stderr)
-        if sys.stdout is not None and sys.stdout.isatty():
+        if not plain and sys.stdout is not None and sys.stdout.isatty():
             sys.stdout = _LinesTo(self, sys.stdout)
         # --verbose's log lines too (logging's handler kept the stderr it was made with)
         self.handlers = [h for h in logging.getLogger().handlers
                          if isinstance(h, logging.StreamHandler) and h.stream is self.redirected[1]]
         for handler in self.handlers:
             handler.setStream(sys.stderr)
+        self.HEARTBEAT = False
+        if self.expected:  # what it was told before it ran
+            self._send(expect=self.expected)
 
     def _send(self, **message: object) -> bool:
         """False once the renderer is gone (killed on its own): the build goes on in plain lines."""
@@ -300,10 +326,16 @@ class LiveProgress(Progress):
         self._send(stage_end=None if stage_left_s is None else time.monotonic() + stage_left_s)
 
     def track(self, key: str, text: str) -> None:
-        self._send(track=key, text=text)
+        if not self._send(track=key, text=text):
+            super().track(key, text)  # plain lines from here, where no stage started the renderer
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[None]:
+        if not self.started:
+            try:
+                self._start_renderer()
+            except OSError:  # no process to be had (no free pid, no memory): the thread goes on
+                pass
         with super().stage(name, detail):
             self._send(stage=name, began=time.monotonic())
             yield
@@ -333,7 +365,7 @@ class LiveProgress(Progress):
         except subprocess.TimeoutExpired:
             renderer.kill()
             code = renderer.wait()
-        if code != 0:  # it died before it could show the cursor again
+        if code != 0 and self.plain_every_s is None:  # it died before it could show the cursor again
             self.stream.write("\x1b[?25h")
             self.stream.flush()
 
@@ -377,4 +409,8 @@ def for_stream(stream: TextIO = sys.stderr, *, quiet: bool = False, json: bool =
             return LiveProgress(stream)
         except OSError:  # no renderer process to be had (no free pid, no memory): plain lines
             pass
-    return Progress(stream)
+    try:
+        stream.fileno()
+    except (OSError, ValueError):  # no file under it (a StringIO): plain lines from a thread here
+        return Progress(stream)
+    return LiveProgress(stream, plain_every_s=status_every_s())
