@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,20 @@ from typing import Any
 def say(text: str) -> None:
     """Progress on stderr: stdout carries the results table."""
     print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def step(name: str, what: str) -> Iterator[None]:
+    """A long step in this process (an Inductor compile takes minutes): ``==> name: what``, then
+    a status line whenever nothing was printed for 10 s, as a build prints them, and its time."""
+    from pipeline.services.progress import for_stream
+
+    progress = for_stream(sys.stderr)
+    try:
+        with progress.stage(name, what):
+            yield
+    finally:
+        progress.close()
 
 
 def write_results(out: Path, results: dict[str, Any], markdown: Callable[[dict], str],

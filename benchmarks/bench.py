@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import sampling, say, write_results
+from benchmarks import sampling, say, step, write_results
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
 from benchmarks.rounds import summarize
 from pipeline import targets as build_targets
@@ -61,10 +61,11 @@ def run_json(cmd: list[str], cwd: Path = REPO, env: dict[str, str] | None = None
 
 
 def timed(cmd: list[str]) -> float:
+    """A build's seconds; its own lines are shown as it prints them (the cold one takes minutes)."""
     started = time.perf_counter()
-    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=REPO, env={**os.environ, **INDUCTOR_ENV})
+    done = subprocess.run([str(c) for c in cmd], stdout=sys.stderr, cwd=REPO, env={**os.environ, **INDUCTOR_ENV})
     if done.returncode != 0:
-        raise SystemExit(f"bench: {' '.join(map(str, cmd))} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"bench: {' '.join(map(str, cmd))} failed (exit {done.returncode}: its error is above)")
     return time.perf_counter() - started
 
 
@@ -106,10 +107,10 @@ def program_for(exported, compile_options: dict) -> tuple:
 
 
 def make_pt2(exported, manifest: dict, out: Path) -> Path:
-    say("==> compiling the same model to a .pt2 (aoti_compile_and_package, the wheel's options)")
     program, options = program_for(exported, manifest["compile_options"])
     path = out / "model.pt2"
-    torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
+    with step("pt2", "compiling the same model to a .pt2 (aoti_compile_and_package, the wheel's options)"):
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
     return path
 
 
@@ -136,9 +137,9 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
     the search did not ship it: the speed the spec's tolerances leave on the table."""
     if precision.AUTOCAST_OPTION in manifest["compile_options"] or not exported.target.bf16_native():
         return None
-    say("==> compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)")
     options = {**manifest["compile_options"], "freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE}
-    library = compile_so(exported, options, out / "bf16" / "model.so")
+    with step("bf16", "compiling the model under bfloat16 autocast, for comparison (not what the wheel ships)"):
+        library = compile_so(exported, options, out / "bf16" / "model.so")
     timing = so_latency(spec, library, target=exported.target.NAME)
     runner = build_targets.open_runner(exported.target, library)
     spec_file, diffs = exported.spec_file, {}
@@ -153,10 +154,10 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
 
 
 def make_onnx(exported, out: Path) -> Path:
-    say("==> exporting to ONNX (torch.onnx.export, dynamo)")
     path = out / "model.onnx"
-    torch.onnx.export(exported.module, exported.example_inputs, dynamo=True,
-                      dynamic_shapes=dynamic_shapes(exported.spec_file)).save(str(path))
+    with step("onnx", "exporting to ONNX (torch.onnx.export, dynamo)"):
+        torch.onnx.export(exported.module, exported.example_inputs, dynamo=True,
+                          dynamic_shapes=dynamic_shapes(exported.spec_file)).save(str(path))
     return path
 
 
@@ -263,9 +264,9 @@ def main() -> None:
     results["targets"] = targets(results)
     if not all(t["met"] for t in results["targets"]):
         say("==> profiling the compiled kernels (a target was not met)")
-        say("==> compiling the wheel's model again with kernel profiling on (cpp.enable_kernel_profile)")
-        profiled = compile_so(exported, {**manifest["compile_options"], "cpp.enable_kernel_profile": True},
-                              out / "profile" / "model.so")
+        with step("profile", "compiling the wheel's model again with kernel profiling on (cpp.enable_kernel_profile)"):
+            profiled = compile_so(exported, {**manifest["compile_options"], "cpp.enable_kernel_profile": True},
+                                  out / "profile" / "model.so")
         results["profile"] = run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec,
                                        "--mode", "kernels", "--batch", 1, "--artifact", profiled])
         say("==> profiling ONNX Runtime at batch 1 (its own profiler), for the side-by-side")

@@ -3,6 +3,8 @@ load_numpy()/load() target (the bench itself runs in `make bench`, not in the te
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +221,22 @@ def test_the_so_variant_runs_a_bare_model_so_on_every_cpu(tiny_build, wheel, tmp
         library = Path(archive.extract(member, tmp_path))
     timing = bench.so_latency(TINY_SPEC, library, min_seconds=0.1)
     assert timing["runs"] >= 10 and timing["median_ms"] > 0
+
+
+def test_a_long_step_of_the_bench_says_what_runs_while_it_runs():
+    """`make bench` printed nothing for the minutes of its cold build and of its .pt2 and bfloat16
+    compiles: an in-process step gets a build's status lines, even while a C call holds the GIL."""
+    code = ("import ctypes\nfrom benchmarks import step\n\nwith step('pt2', 'compiling the same model'):\n"
+            "    ctypes.PyDLL(None).usleep(2_000_000)\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "MODELWHEEL_STATUS_EVERY_S": "0.5"})
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stderr.splitlines()
+    assert lines[0] == "==> pt2: compiling the same model" and lines[-1].startswith("    pt2 done in "), lines
+    assert len(lines) >= 4 and all(re.fullmatch(r"    \.\.\. pt2 · \ds in pt2 · \ds in all", line) for line in lines[1:-1]), lines
+
+
+def test_the_bench_shows_a_build_s_lines_as_they_come(capfd):
+    seconds = bench.timed([sys.executable, "-c", "import sys; print('==> compile', file=sys.stderr); print('built')"])
+    assert seconds > 0
+    assert capfd.readouterr().err.splitlines() == ["==> compile", "built"]  # stdout too, beside the bench's own lines
