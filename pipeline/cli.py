@@ -16,19 +16,25 @@ import sys
 import threading
 import traceback
 import warnings
-from typing import TextIO
 from pathlib import Path
+from typing import TextIO
 
+from . import targets
 from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
+from .commands.matrix import build_matrix, spec_paths
+from .commands.publish import publish, resolve_index
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
-from .services import record
+from .services import index, record
 from .services.layout import WorkLayout
+from .services.outdir import check_trusted, claim_inductor_cache, output_path
+from .services.parallel import build_many, default_jobs
 from .services.proc import RedactingFilter, redact
 from .services.progress import Progress, QuietProgress, for_stream, reporting, stop_requested
-from .summary import print_report
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
+from .summary import print_report
+
 
 def _artifact_root(flag: str | None) -> Path:
     value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
@@ -105,8 +111,6 @@ def _check_outputs(args: argparse.Namespace, root: Path) -> None:
 
 
 def _build_many(args: argparse.Namespace, progress: Progress) -> int:
-    from .services.parallel import build_many, default_jobs
-
     if args.weights or args.version:
         raise UsageError("--weights and --version apply to one spec", "build the specs one at a time")
     passthrough = [a for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
@@ -134,7 +138,7 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
                          "give -j N with N >= 1, or leave -j out to use one build per core")
     if getattr(args, "task", None) == "help":  # asked for, not a mistake: the table, and exit 0
-        from .hf_tasks import supported
+        from .hf_tasks import supported  # imports torch (the tasks' wrappers): only --hf pays for it
 
         print(f"the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n{supported()}")
         return 0
@@ -169,10 +173,6 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     trace_dir = layout.trace_dir(model.name, model.version)
     os.environ.setdefault("TORCH_TRACE", str(trace_dir))
     target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
-    from . import targets
-
-    from .services.outdir import check_trusted, claim_inductor_cache, output_path
-
     for name in target_names:  # a root another user controls is refused before any work
         check_trusted(output_path(root, model.name, model.version, name))
     claim_inductor_cache()  # and so is a compile cache of theirs (/tmp/torchinductor_<user> taken first)
@@ -183,10 +183,10 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
         target_names = targets.buildable_here(target_names, progress.say)
     targets.require_available(target_names)  # before anything is written
     shutil.rmtree(trace_dir, ignore_errors=True)
-    from .build import build
+    from .build import build  # imports torch, which reads TORCH_TRACE and the target's settings made above
 
     if not args.verbose:
-        import torch._logging
+        import torch._logging  # torch: imported by the build above already
 
         # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
         torch._logging.set_logs(all=logging.ERROR)
@@ -230,7 +230,7 @@ def _spec_from(args: argparse.Namespace):
 
 def _doctor(args: argparse.Namespace, progress: Progress) -> int:
     spec_file = _spec_from(args)
-    from .stages.doctor import run_doctor
+    from .stages.doctor import run_doctor  # these import torch: commands that load no model start without it
     from .stages.loader import load_model
 
     with reporting(progress):
@@ -241,8 +241,6 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _index(args: argparse.Namespace, progress: Progress) -> int:
-    from .services import index
-
     if args.action == "stop":
         progress.say("local index stopped" if index.stop()
                      else f"no local index was started from this folder ({index.STATE_DIR.resolve()})")
@@ -270,8 +268,6 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
     """The spec's wheels in dist/, built first when one is missing."""
     spec_file = _spec_from(args)
     spec = spec_file.spec
-    from . import targets
-
     for name in spec.build.targets:  # before torch is imported, as a build does (the cpu target's ISA)
         targets.get(name).before_torch(spec.build.options(name), args)
     from .stages.manifest import local_label  # imports torch: the label names its version
@@ -293,8 +289,6 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
 
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
-    from .commands.publish import publish, resolve_index
-
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
     missing = [str(w) for w in wheels if not w.is_file()]
@@ -309,10 +303,6 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _matrix(args: argparse.Namespace, progress: Progress) -> int:
-    import json
-
-    from .commands.matrix import build_matrix, spec_paths
-
     specs = [Path(s) for s in args.spec] if args.spec else spec_paths(Path(args.models))
     if not specs:
         raise UsageError(f"no <model>/spec.toml under {args.models}", "give --models DIR or --spec PATH")
@@ -322,8 +312,7 @@ def _matrix(args: argparse.Namespace, progress: Progress) -> int:
 
 def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     """Rebuild the wheel as its build did (_run_build, into a temporary folder) and compare."""
-    from . import targets
-    from .commands import reproduce
+    from .commands import reproduce  # imports torch (it rebuilds)
 
     plan = reproduce.recipe(Path(args.wheel), args.spec)
     spec_file = load_spec(plan.spec)
