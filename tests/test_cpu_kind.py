@@ -91,6 +91,6 @@ def test_a_refusal_below_avx2_names_a_build_that_exists(installed):
         assert "unset ATEN_CPU_CAPABILITY" in message and "--cpu-isa native" in message
         assert "--cpu-isa default" not in message and "pip install torch" not in message
     # the runtime's list of named kinds is the build's
-    ran = subprocess.run([str(installed), "-c", "import model_tiny._manifest as m; print(*m.NAMED_CPU_KINDS)"],
+    ran = subprocess.run([str(installed), "-c", "import model_tiny._target_cpu as m; print(*m.NAMED_CPU_KINDS)"],
                          capture_output=True, text=True, cwd="/")
     assert ran.stdout.split() == [kind.upper() for kind in ISA_CHOICES if kind != "native"], ran.stderr

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
-from . import cpu, cuda
 from ..errors import SpecError, TargetUnavailableError
+from . import cpu, cuda
 
 if TYPE_CHECKING:
-    from ..stages.compile import Compiled
     from ..spec import Spec
+    from ..stages.compile import Compiled
 
 ENTRY_POINT_GROUP = "modelwheel.targets"
 

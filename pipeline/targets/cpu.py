@@ -21,8 +21,8 @@ from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
 
 if TYPE_CHECKING:
-    from ..stages.compile import Compiled
     from ..spec import Spec
+    from ..stages.compile import Compiled
 
 NAME = "cpu"
 DEVICE = "cpu"
@@ -172,7 +172,7 @@ def manifest_facts(compiled: Compiled) -> dict[str, Any]:
             "cpu_capability": VEC_ISA_CAPABILITY.get(isa, torch.backends.cpu.get_cpu_capability()),
             "glibc": platform.libc_ver()[1],
             # The oneDNN cap the build ran under (a named kind: select_isa), which packed the
-            # weights; the runtime holds oneDNN there too (_manifest.hold_onednn_isa).
+            # weights; the runtime holds oneDNN there too (runtime/_target_cpu.py's before_open).
             **({"onednn_max_isa": cap} if (cap := os.environ.get("ONEDNN_MAX_CPU_ISA")) else {}),
         },
     }

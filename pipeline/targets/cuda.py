@@ -22,8 +22,8 @@ from ..services.templates import RUNTIME_DIR
 from ..wheel_template.runtime import _target_cuda as wheel_cuda
 
 if TYPE_CHECKING:
-    from ..stages.compile import Compiled
     from ..spec import Spec
+    from ..stages.compile import Compiled
 
 NAME = "cuda"
 DEVICE = "cuda"

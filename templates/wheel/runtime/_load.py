@@ -199,7 +199,7 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     where = _device(m, device)
     target = _targets.for_manifest(m)
     graphs_off = _targets.graphs_off(target, m["target"], cuda_graphs)
-    files = checked(m, torch.__version__, torch.backends.cpu.get_cpu_capability(), target.problems_here(m, where))
+    files = checked(m, torch.__version__, target, target.problems_here(m, where))
     tensors = None
     if external:
         if weights is None:  # the packaged file: read (memory-mapped) through the descriptor its hash was checked on

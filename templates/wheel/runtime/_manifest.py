@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import platform
 import warnings
 from pathlib import Path
@@ -23,9 +22,6 @@ from ._trust import UntrustedPath
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS_DIR = PACKAGE_DIR / "artifacts"
-# Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
-CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
-NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name
 TORCH_INDEX = "https://download.pytorch.org/whl"  # one index per torch build: /cpu, /cu130
 
 _manifest: Manifest | None = None
@@ -71,8 +67,10 @@ def manifest() -> Manifest:
     return _manifest
 
 
-def incompatibilities(m: Manifest, torch_version: str, cpu_capability: str) -> list[str]:
-    """Each way this process differs from what the model was built for, with what fixes it."""
+def incompatibilities(m: Manifest, torch_version: str) -> list[str]:
+    """Each way this process differs from what the model was built for, with what fixes it: the
+    torch and the machine every wheel needs (what its target needs besides: its runtime module's
+    problems_here)."""
     problems = []
     if torch_version != m["torch"]["version"]:
         index = f"{TORCH_INDEX}/{variant(m)}"
@@ -81,51 +79,16 @@ def incompatibilities(m: Manifest, torch_version: str, cpu_capability: str) -> l
     if platform.machine() != m["platform"]["machine"]:
         problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}: "
                         f"install the wheel built for {platform.machine()}")
-    needed = m["platform"].get("cpu_capability")  # CPU kernels only; a CUDA wheel's GPU is checked by _target_cuda.py
-    if needed is not None and _lacks(cpu_capability, needed):
-        problems.append(_cpu_kind_problem(cpu_capability, needed))
     return problems
 
 
-def _cpu_kind_problem(have: str, needed: str) -> str:
-    forced = os.environ.get("ATEN_CPU_CAPABILITY", "")
-    why = (f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks" if forced.upper() == have
-           else f"this CPU supports {have}")
-    # `modelwheel build --cpu-isa` names avx2 and avx512; a wheel for a CPU below AVX2 is built on one.
-    wheel = (f"a wheel built for {have.lower()} (modelwheel build --cpu-isa {have.lower()})" if have in NAMED_CPU_KINDS
-             else f"a wheel built on a CPU without {CPU_CAPABILITY_ORDER[1]} (modelwheel build --cpu-isa native there)")
-    fix = (f"unset ATEN_CPU_CAPABILITY, or install {wheel}" if forced.upper() == have else
-           f"run it on a CPU with {needed}, or install {wheel}")
-    return f"{why}, but the model's kernels were built for {needed} CPUs: {fix}"
-
-
-def _lacks(have: str, needed: str) -> bool:
-    if needed in CPU_CAPABILITY_ORDER and have in CPU_CAPABILITY_ORDER:
-        return CPU_CAPABILITY_ORDER.index(have) < CPU_CAPABILITY_ORDER.index(needed)
-    return have != needed
-
-
-def check_runtime(m: Manifest, torch_version: str, cpu_capability: str, gpu_problems: list[str] = ()) -> None:
-    """Raise IncompatibleRuntime listing every problem, each with its fix (``gpu_problems``: a
-    CUDA wheel's, from _target_cuda.py). Where the model can run, hold oneDNN at the build's
-    cap (hold_onednn_isa): this is the one gate load() and load_numpy() both pass before opening."""
-    problems = incompatibilities(m, torch_version, cpu_capability) + list(gpu_problems)
+def check_runtime(m: Manifest, torch_version: str, target_problems: list[str]) -> None:
+    """Raise IncompatibleRuntime listing every problem, each with its fix (``target_problems``:
+    the wheel's target's own, from its runtime module): the one gate load() and load_numpy() both
+    pass before opening."""
+    problems = incompatibilities(m, torch_version) + list(target_problems)
     if problems:
         raise IncompatibleRuntime(f"{m['dist_name']} {m['full_version']} cannot run here: " + "; ".join(problems) + ".")
-    hold_onednn_isa(m)
-
-
-def hold_onednn_isa(m: Manifest) -> None:
-    """Run oneDNN at the instruction set the build packed the weights for. A wheel built for a
-    named CPU kind (--cpu-isa avx2: the release's portable one) holds weights in that kind's
-    blocked layouts; on a CPU with more (AVX-512), an uncapped oneDNN picks its own kernels and
-    reorders every packed weight on every call: 6x slower than eager on the unet. oneDNN reads
-    the cap once, at its first use in the process, so a process that ran oneDNN before this
-    (eager convolutions) keeps its own: set ONEDNN_MAX_CPU_ISA before it starts (docs:
-    publishing.md, "Which CPUs a wheel runs on"). A cap the user set is theirs."""
-    cap = m["platform"].get("onednn_max_isa")
-    if cap and not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
-        os.environ["ONEDNN_MAX_CPU_ISA"] = cap
 
 
 def relocatable(m: Manifest) -> bool:

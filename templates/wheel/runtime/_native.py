@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
-import os
-import platform
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from . import _describe, _dispatch, _targets
 from ._deps import require
@@ -23,7 +21,7 @@ from ._inputs import check_count, check_sizes
 from ._constants import Store, pairs
 from ._integrity import opened_verified
 from ._malloc import keep_freed_memory
-from ._manifest import CPU_CAPABILITY_ORDER, NativeRuntimeError, manifest
+from ._manifest import NativeRuntimeError, manifest
 from ._open import checked
 from ._preload import load_cxx_runtime
 from ._schema import Manifest
@@ -51,28 +49,6 @@ def torch_version() -> str:
     namespace: dict[str, Any] = {}
     exec((_torch_dir() / "version.py").read_text(encoding="utf-8"), namespace)  # a generated file of constants
     return str(namespace["__version__"])
-
-
-def cpu_capability() -> str:
-    """The vector ISA ATen would pick here (what torch.backends.cpu.get_cpu_capability() reports)."""
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        return "DEFAULT"
-    if platform.machine() != "x86_64":
-        return "DEFAULT"
-    best = "AVX512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags else (
-        "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT")
-    # ATen honours this variable to run a lower ISA; mirror it.
-    forced = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
-    order = CPU_CAPABILITY_ORDER
-    if forced in order and order.index(forced) < order.index(best):
-        return forced
-    return best
 
 
 def _open_libtorch() -> ctypes.CDLL:
@@ -309,7 +285,8 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     For processes that do not otherwise use PyTorch: start-up skips ``import torch`` (about a
     second). Models with external weights need ``load()``, which can hand the weights over."""
     m = manifest()
-    if not _targets.for_manifest(m).NUMPY:
+    target = _targets.for_manifest(m)
+    if not target.NUMPY:
         raise NativeRuntimeError(
             f"{m['dist_name']} {m['full_version']} is a {m['target'].upper()} build; load_numpy() runs CPU builds only: use load()"
         )
@@ -321,6 +298,7 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     unsupported = [spec["name"] for spec in m["inputs"] if spec["dtype"] not in _NUMPY_DTYPES]
     if unsupported:
         raise NativeRuntimeError(f"inputs {unsupported} have dtypes numpy has no type for: use load()")
-    files = checked(m, torch_version(), cpu_capability(), [])
+    # the target's own needs, read without torch (a CPU wheel's: the CPU kind its kernels need)
+    files = checked(m, torch_version(), target, cast(_targets.NumpyTarget, target).problems_without_torch(m))
     store = (files.store, m["library"]) if files.store is not None else None
     return NumpyModel(m, files.library, num_models, files.static, store, record=m["artifacts"][m["library"]])

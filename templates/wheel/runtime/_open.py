@@ -1,8 +1,8 @@
 """The load sequence ``load()`` and ``load_numpy()`` share, after each has checked what only it
 needs: the machine gate, where the artifacts load from, their hashes, and the shared constants.
 
-Imports neither torch nor numpy: the caller hands in torch's version and CPU kind (load_numpy()
-reads them without importing torch).
+Imports neither torch nor numpy: the caller hands in torch's version and its target's problems
+(load_numpy() reads them without importing torch).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ._constants import Store
 from ._integrity import check_artifacts, check_files
 from ._manifest import PACKAGE_DIR, artifacts_dir, check_runtime
 from ._schema import Manifest
+from ._targets import RuntimeTarget
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,11 @@ class Checked:
     store: Store | None  # the static sizes' shared constants, mapped (None: the .so files hold them)
 
 
-def checked(m: Manifest, torch_version: str, cpu_capability: str, target_problems: list[str]) -> Checked:
+def checked(m: Manifest, torch_version: str, target: RuntimeTarget, target_problems: list[str]) -> Checked:
     """Raise IncompatibleRuntime or IntegrityError before anything is opened; ``target_problems``:
     the wheel's target's own (runtime/_targets.py's problems_here)."""
-    check_runtime(m, torch_version, cpu_capability, target_problems)
+    check_runtime(m, torch_version, target_problems)
+    target.before_open(m)  # the target's own set-up of the process (a CPU wheel's oneDNN cap)
     directory = artifacts_dir()
     check_artifacts(directory, m, skip=_dispatch.library_names(m))  # each .so is checked as it is opened
     store = None

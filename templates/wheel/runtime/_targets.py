@@ -33,6 +33,16 @@ class RuntimeTarget(Protocol):
     def reference(self) -> AbstractContextManager[None]:
         """The settings the golden outputs were recorded under."""
 
+    def before_open(self, m: Manifest) -> None:
+        """Set the process up for the model once it passed the gate, before it is opened."""
+
+
+class NumpyTarget(RuntimeTarget, Protocol):
+    """A target load_numpy() can run (``NUMPY``): its problems read without importing torch."""
+
+    def problems_without_torch(self, m: Manifest) -> list[str]:
+        """problems_here's, for the host, with no torch in the process."""
+
 
 class GraphTarget(RuntimeTarget, Protocol):
     """A target whose calls can replay captured graphs (CUDA): these are optional, and a target
