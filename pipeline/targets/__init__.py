@@ -22,16 +22,13 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from ..errors import SpecError, TargetUnavailableError
 from . import cpu, cuda
-
-if TYPE_CHECKING:
-    from ..spec import Spec
-    from ..stages.compile import Compiled
+from .views import CompiledFiles, SpecKeys
 
 ENTRY_POINT_GROUP = "modelwheel.targets"
 
@@ -73,7 +70,7 @@ class Compiling(Protocol):
     SHARED_CONSTANTS: bool
     BF16_SLOW: str  # why bfloat16 autocast is not tried where the device has no native bfloat16
 
-    def compile_options(self, spec: Spec) -> dict[str, object]:
+    def compile_options(self, spec: SpecKeys) -> dict[str, object]:
         """Inductor options the target adds to the spec's own."""
 
     def graph_passes(self, options: Mapping[str, object]) -> dict[str, object]:
@@ -104,7 +101,7 @@ class Packaging(Protocol):
     def provided_libraries(self) -> set[str]:
         """Shared libraries the target's torch brings beyond torch/lib (the nvidia-* packages')."""
 
-    def manifest_facts(self, compiled: Compiled) -> dict[str, Any]:
+    def manifest_facts(self, compiled: CompiledFiles) -> dict[str, Any]:
         """Top-level manifest entries describing what the wheel needs to run: the target's own
         facts (a CPU's instruction set, a GPU's architecture), which only its runtime module reads."""
 

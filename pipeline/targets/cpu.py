@@ -12,17 +12,14 @@ import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from ..errors import UsageError
 from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
-
-if TYPE_CHECKING:
-    from ..spec import Spec
-    from ..stages.compile import Compiled
+from .views import CompiledFiles, SpecKeys
 
 NAME = "cpu"
 DEVICE = "cpu"
@@ -104,7 +101,7 @@ def unavailable() -> str | None:
     return None
 
 
-def compile_options(spec: Spec) -> dict[str, object]:
+def compile_options(spec: SpecKeys) -> dict[str, object]:
     # Inductor otherwise sizes a parallel reduction's per-thread partial results by the build
     # machine's thread count, while the loop runs on every thread the serving process has: a
     # model compiled with 2 threads wrote past those arrays and crashed when run with 8.
@@ -160,7 +157,7 @@ def bf16_native() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def manifest_facts(compiled: Compiled) -> dict[str, Any]:
+def manifest_facts(compiled: CompiledFiles) -> dict[str, Any]:
     import torch
 
     isa = vec_isa()

@@ -13,17 +13,14 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
 from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
 from ..wheel_template.runtime import _target_cuda as wheel_cuda
-
-if TYPE_CHECKING:
-    from ..spec import Spec
-    from ..stages.compile import Compiled
+from .views import CompiledFiles, SpecKeys
 
 NAME = "cuda"
 DEVICE = "cuda"
@@ -88,7 +85,7 @@ def unavailable() -> str | None:
     return None
 
 
-def compile_options(spec: Spec) -> dict[str, object]:
+def compile_options(spec: SpecKeys) -> dict[str, object]:
     options: BUILD_OPTIONS = spec.build.options(NAME)
     chosen: dict[str, object] = {EMBED_OPTION: options.embed_kernels, MULTI_ARCH_OPTION: options.multi_arch}
     if "freezing" not in spec.compile.model_fields_set and not spec.weights.external:
@@ -147,7 +144,7 @@ def bf16_native() -> bool:
     return bool(torch.cuda.is_bf16_supported())
 
 
-def manifest_facts(compiled: Compiled) -> dict[str, Any]:
+def manifest_facts(compiled: CompiledFiles) -> dict[str, Any]:
     import torch
     import triton
 
