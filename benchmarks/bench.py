@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -27,12 +28,12 @@ from benchmarks import sampling, say, step, write_results
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
 from benchmarks.rounds import summarize
 from pipeline import targets as build_targets
-from pipeline.stages import precision
 from pipeline.features.rounds import rotated
-from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 from pipeline.spec import load_spec
+from pipeline.stages import precision
 from pipeline.stages.export import dynamic_shapes, export_program, prepare, spec_inputs
 from pipeline.stages.loader import load_model
+from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 # A variants process: `python -m` with the repository root as its working directory, so a fresh
@@ -52,15 +53,16 @@ COLD_LABELS = {**LABELS, "import-torch": "`import torch` alone"}
 INDUCTOR_ENV: dict[str, str] = {}
 
 
-def run_json(cmd: list[str], cwd: Path = REPO, env: dict[str, str] | None = None) -> dict:
+def run_json(cmd: Sequence[object], cwd: Path = REPO, env: dict[str, str] | None = None) -> dict:
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, **INDUCTOR_ENV, **(env or {})})
     if done.returncode != 0:
         raise SystemExit(f"bench: {' '.join(map(str, cmd))} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
-def timed(cmd: list[str]) -> float:
+def timed(cmd: Sequence[object]) -> float:
     """A build's seconds; its own lines are shown as it prints them (the cold one takes minutes)."""
     started = time.perf_counter()
     done = subprocess.run([str(c) for c in cmd], stdout=sys.stderr, cwd=REPO, env={**os.environ, **INDUCTOR_ENV})
@@ -142,7 +144,7 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
         library = compile_so(exported, options, out / "bf16" / "model.so")
     timing = so_latency(spec, library, target=exported.target.NAME)
     runner = build_targets.open_runner(exported.target, library)
-    spec_file, diffs = exported.spec_file, {}
+    spec_file, diffs = exported.spec_file, dict[str, float]()
     for seed in range(3):
         args = wheel_inputs.make_inputs(spec_inputs(spec_file), {n: 1 for n in spec_file.spec.dims}, seed)
         with torch.no_grad():
@@ -156,8 +158,11 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
 def make_onnx(exported, out: Path) -> Path:
     path = out / "model.onnx"
     with step("onnx", "exporting to ONNX (torch.onnx.export, dynamo)"):
-        torch.onnx.export(exported.module, exported.example_inputs, dynamo=True,
-                          dynamic_shapes=dynamic_shapes(exported.spec_file)).save(str(path))
+        program = torch.onnx.export(exported.module, exported.example_inputs, dynamo=True,
+                                    dynamic_shapes=dynamic_shapes(exported.spec_file))
+        if program is None:  # dynamo=True returns the program (None is the legacy exporter's)
+            raise SystemExit("bench: torch.onnx.export returned no program")
+        program.save(str(path))
     return path
 
 
@@ -192,7 +197,7 @@ def measure(spec: Path, batches: list[int], artifacts: dict, venv_python: Path, 
 def cold_start_s(variant_cmd: list) -> float:
     """From the parent's spawn to the child's own clock after its first result (or, for
     `import-torch`, after the import): the child's exit is not counted, for any variant."""
-    return run_json(variant_cmd + ["--mode", "cold", "--batch", 1, "--start", time.time()])["first_result_s"]
+    return float(run_json(variant_cmd + ["--mode", "cold", "--batch", 1, "--start", time.time()])["first_result_s"])
 
 
 def import_torch_s(venv_python: Path) -> float:
@@ -268,7 +273,8 @@ def main() -> None:
             profiled = compile_so(exported, {**manifest["compile_options"], "cpp.enable_kernel_profile": True},
                                   out / "profile" / "model.so")
         results["profile"] = run_json([sys.executable, *VARIANTS_MODULE, "so", "--spec", spec,
-                                       "--mode", "kernels", "--batch", 1, "--artifact", profiled])
+                                       "--mode", "kernels", "--batch", 1, "--artifact", profiled,
+                                       "--target", exported.target.NAME])
         say("==> profiling ONNX Runtime at batch 1 (its own profiler), for the side-by-side")
         results["onnx_profile"] = run_json([sys.executable, *VARIANTS_MODULE, "onnx", "--spec", spec,
                                             "--mode", "ort-profile", "--batch", 1, "--artifact", artifacts["onnx"]])

@@ -28,9 +28,20 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import (COLD_REPEATS, INDUCTOR_ENV, REPO, VARIANTS_MODULE, build_times, export_once, import_torch_s,
-                               judged, make_pt2, run_json, say)
 from benchmarks import torch_venv
+from benchmarks.bench import (
+    COLD_REPEATS,
+    INDUCTOR_ENV,
+    REPO,
+    VARIANTS_MODULE,
+    build_times,
+    export_once,
+    import_torch_s,
+    judged,
+    make_pt2,
+    run_json,
+    say,
+)
 from benchmarks.bench_report import latency_table, targets_table
 from pipeline.spec import load_spec
 
@@ -90,7 +101,7 @@ def check_targets(results: dict) -> list[dict]:
     graphs = lat["wheel-graphs"]
 
     def ratio(batch: str, other: str) -> float:
-        return graphs[batch]["median_ms"] / lat[other][batch]["median_ms"]
+        return float(graphs[batch]["median_ms"] / lat[other][batch]["median_ms"])
 
     checks = [("the wheel with CUDA graphs >= 4x faster than eager (batch 1)", ratio("1", "eager"), 0.25),
               ("the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)", ratio("1", "compile-ro"), 0.8)]
@@ -147,7 +158,7 @@ def main() -> None:
     venv_python = wheel_venv(wheel, out)
     manifest = json.loads(subprocess.run([venv_python, "-c", f"import json, model_{name} as m; print(json.dumps(m.manifest()))"],
                                          capture_output=True, text=True, check=True).stdout)
-    artifacts = {"wheel": f"model_{name}", "wheel-graphs": f"model_{name}"}
+    artifacts: dict[str, str | Path] = {"wheel": f"model_{name}", "wheel-graphs": f"model_{name}"}
     if not args.lease:
         artifacts["pt2"] = make_pt2(export_once(spec_file, "cuda"), manifest, out)
     batches = sorted({1, spec_file.spec.dims["batch"].max}) if "batch" in spec_file.spec.dims else [1]

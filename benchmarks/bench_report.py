@@ -109,7 +109,7 @@ def limits(results: dict) -> list[str]:
 def versus_onnx(wheel_groups: dict, onnx: dict) -> list[str]:
     """Where the gap to ONNX Runtime lies: the same groups of operations, each under its own
     profiler at batch 1 (the wheel's kernel profile, ONNX Runtime's node times)."""
-    wheel, named = {}, {group for group, _ in ort_profile.OP_GROUPS}
+    wheel, named = dict[str, float](), {group for group, _ in ort_profile.OP_GROUPS}
     for group, ms in wheel_groups.items():
         key = group if group in named else ort_profile.OTHER
         wheel[key] = wheel.get(key, 0.0) + ms

@@ -74,7 +74,8 @@ ROUNDS = 5
 def in_fresh_process(import_name: str, **env: str) -> dict:
     ran = subprocess.run([sys.executable, __file__, import_name, "--json"], capture_output=True, text=True,
                          env={**os.environ, **env}, check=True)
-    return json.loads(ran.stdout)
+    result: dict = json.loads(ran.stdout)
+    return result
 
 
 def main() -> None:

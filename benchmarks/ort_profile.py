@@ -66,7 +66,8 @@ def profiled_events(model: Path | str, arrays: list, runs: int) -> list[dict]:
         feeds = {i.name: array for i, array in zip(profiled.get_inputs(), arrays)}
         for _ in range(runs):
             profiled.run(None, feeds)
-        return json.loads(Path(profiled.end_profiling()).read_text())
+        events: list[dict] = json.loads(Path(profiled.end_profiling()).read_text())
+        return events
 
 
 def _last_runs(events: list[dict], calls: int) -> list[dict]:

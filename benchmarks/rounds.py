@@ -7,7 +7,6 @@ from __future__ import annotations
 import statistics
 
 
-
 def summarize(runs: list[dict]) -> dict:
     """One figure per variant and batch from its rounds: the median of the per-process medians,
     their range as the spread; the first call is the first round's (torch.compile's then ran on

@@ -28,8 +28,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -48,6 +49,8 @@ TARGET = 1.5  # the wheel's requests/s over eager's
 def load_client() -> Any:
     """docs/serving/client.py, the very client the page shows (the folder is not a package)."""
     spec = importlib.util.spec_from_file_location("serving_client", SERVING / "client.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"bench-serve: cannot import {SERVING / 'client.py'}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -57,7 +60,8 @@ def load_client() -> Any:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ def measure(spec: Path, site: Path, package: str, batches: list[int], rounds: in
 def most_ratio(limit: dict) -> float:
     """The wheel's most requests/s over eager's with full batches: eager's call over the wheel's."""
     largest = str(max(limit["batches"]))
-    return limit["calls"]["eager"][largest]["median_ms"] / limit["calls"]["wheel"][largest]["median_ms"]
+    return float(limit["calls"]["eager"][largest]["median_ms"] / limit["calls"]["wheel"][largest]["median_ms"])
 
 
 def markdown_lines(limit: dict, target: float) -> list[str]:

@@ -52,8 +52,9 @@ def torch_device():
 
 
 def spec_inputs(spec_path: str, batch: int | None):
-    from pipeline.stages.export import export_sizes, spec_inputs as inputs_of
     from pipeline.spec import load_spec
+    from pipeline.stages.export import export_sizes
+    from pipeline.stages.export import spec_inputs as inputs_of
     from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 
     spec_file = load_spec(spec_path)
@@ -85,13 +86,21 @@ def numpy_inputs(inputs: list[dict], sizes: dict[str, int]) -> list:
     rng, arrays = np.random.default_rng(0), []
     for spec in inputs:
         shape = [sizes[axis] if isinstance(axis, str) else axis for axis in spec["shape"]]
-        low, high = spec.get("low"), spec.get("high")
-        if spec["dtype"].startswith("float"):
-            values = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
+        values: Any
+        if spec.get("low") is None:  # a float input without a range (an integer one always has one)
+            values = rng.standard_normal(shape)
+        elif spec["dtype"].startswith("float"):
+            values = rng.uniform(float(spec["low"]), float(spec["high"]), shape)
         else:
-            values = rng.integers(int(low), int(high), shape)
+            values = rng.integers(int(spec["low"]), int(spec["high"]), shape)
         arrays.append(values.astype(spec["dtype"]))
     return arrays
+
+
+def needed(artifact: str | None, variant: str) -> str:
+    if artifact is None:
+        raise SystemExit(f"variants: {variant} needs --artifact")
+    return artifact
 
 
 def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str | None):
@@ -103,7 +112,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
     if variant == "wheel-numpy":
         import importlib
 
-        package = importlib.import_module(artifact)
+        package = importlib.import_module(needed(artifact, variant))
         m = package.manifest()
         model = package.load_numpy()
         args = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
@@ -113,7 +122,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
 
         import torch
 
-        package = importlib.import_module(artifact)
+        package = importlib.import_module(needed(artifact, variant))
         m = package.manifest()
         # the very arrays wheel-numpy gets, as tensors sharing their memory: the A/B differs only in the loader
         arrays = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
@@ -131,7 +140,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
 
         from benchmarks import ort_profile
 
-        session = ort_profile.session(artifact)
+        session = ort_profile.session(needed(artifact, variant))
         if spec_path and batch is not None:
             _, tensors = spec_inputs(spec_path, batch)
             feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), tensors)}
@@ -143,10 +152,10 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
 
     spec_file, args = spec_inputs(spec_path, batch)
     if variant == "so":  # a bare .so, opened as the wheel's load() opens it
-        runner = open_so(Path(artifact))
+        runner = open_so(Path(needed(artifact, variant)))
         return lambda: runner.run(list(args))
     if variant == "pt2":
-        model = torch._inductor.aoti_load_package(artifact)
+        model = torch._inductor.aoti_load_package(needed(artifact, variant))
     else:
         model = eager_module(spec_file)
         if variant == "compile":
@@ -170,7 +179,8 @@ def latency(call, min_seconds: float = MIN_SECONDS) -> dict:
     for _ in range(WARMUP - 1):
         call()
     synchronize()
-    times, started, faults_before = [], time.perf_counter(), page_faults()
+    times: list[float] = []
+    started, faults_before = time.perf_counter(), page_faults()
     while len(times) < MIN_RUNS or time.perf_counter() - started < min_seconds:
         t0 = time.perf_counter()
         call()

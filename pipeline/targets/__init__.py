@@ -38,7 +38,6 @@ class Setup(Protocol):
     builds on, and the release workflow's job for it (``modelwheel matrix``)."""
 
     NAME: str
-    BUILD_OPTIONS: type[BaseModel]  # the spec's [build.<NAME>] section: its keys, defaults and checks
     # The release job: the runner label, the container image it builds in ("" for none) and that
     # container's options, and the PyTorch index variant (``cpu``, ``cu130``) its torch comes from.
     # A target may also define ``runner_missing() -> str | None``: why this machine cannot run its
@@ -48,6 +47,10 @@ class Setup(Protocol):
     CONTAINER: str
     CONTAINER_OPTIONS: str
     TORCH_VARIANT: str
+
+    @property
+    def BUILD_OPTIONS(self) -> type[BaseModel]:  # noqa: N802  # a module's class: read-only, so a subclass fits
+        """The spec's [build.<NAME>] section: its keys, defaults and checks."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> list[argparse.Action]:
         """Command-line flags of its own for ``modelwheel build`` (what add_argument returned)."""
@@ -124,7 +127,10 @@ class Target(Setup, Compiling, Packaging, Running, Protocol):
     stage that needs one part takes that part (``Compiling``), not the whole target."""
 
 
-BUILT_IN: tuple[Target, ...] = (cpu, cuda)
+# Each module checked against the protocol by the type checker, as it is assigned.
+_CPU: Target = cpu
+_CUDA: Target = cuda
+BUILT_IN: tuple[Target, ...] = (_CPU, _CUDA)
 DEFAULT = cpu.NAME  # what a spec without [build] targets builds
 
 
@@ -133,7 +139,7 @@ def registry() -> dict[str, Target]:
     """Name -> target: the built-in ones, then those installed packages register."""
     found: dict[str, Target] = {target.NAME: target for target in BUILT_IN}
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        module: Target = importlib.import_module(entry.value)  # type: ignore[assignment]  # checked below
+        module: Target = importlib.import_module(entry.value)  # checked below
         missing = [name for name in _ATTRIBUTES if not hasattr(module, name)]
         missing += [name for name in _METHODS if not callable(getattr(module, name, None))]
         if missing or module.NAME != entry.name or module.NAME in found:
@@ -147,6 +153,7 @@ def registry() -> dict[str, Target]:
 
 _PARTS = (Setup, Compiling, Packaging, Running)
 _ATTRIBUTES = [name for part in _PARTS for name in part.__annotations__]
+_ATTRIBUTES += [name for part in _PARTS for name, value in vars(part).items() if isinstance(value, property)]
 _METHODS = [name for part in _PARTS for name, value in vars(part).items() if callable(value) and not name.startswith("_")]
 
 
@@ -212,4 +219,5 @@ def open_runner(target: Target, library: Path, num_models: int = 1, kernels: Pat
 
 def reference(target: Target) -> AbstractContextManager[None]:
     """The settings the eager reference runs under (TF32 off on a GPU), as the wheel's verify() does."""
-    return runtime(target).reference()
+    reference: AbstractContextManager[None] = runtime(target).reference()
+    return reference
