@@ -36,7 +36,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, s
     spec = exported.spec_file.spec
     example = export_sizes(exported.spec_file)
     target = targets.get(compiled.target)
-    facts = target.manifest_facts(compiled)  # "platform", and the target's own sections (a CUDA wheel's "cuda")
+    facts = target.manifest_facts(compiled)  # "platform", and the target's own sections (a CUDA wheel's cuda section)
     manifest = Manifest(
         format=FORMAT,
         name=spec.model.name,
