@@ -72,6 +72,9 @@ class Compiling(Protocol):
     # instead of each .so embedding the weights.
     SHARED_CONSTANTS: bool
     BF16_SLOW: str  # why bfloat16 autocast is not tried where the device has no native bfloat16
+    # Whether the option search may compile candidates side by side in forked workers: a forked
+    # process cannot use an accelerator its parent has initialised (CUDA refuses to, after a fork).
+    COMPILES_IN_FORKS: bool
 
     def compile_options(self, spec: SpecKeys) -> dict[str, object]:
         """Inductor options the target adds to the spec's own."""

@@ -27,6 +27,7 @@ TORCH_DEVICE = DEVICE
 REFERENCE = "eager"  # what verification compares with
 RELOCATABLE = True
 SHARED_CONSTANTS = True
+COMPILES_IN_FORKS = True  # Inductor's C++ compiles: host code only
 # The release workflow (.github/workflows/release.yml, through `pipeline matrix`): the runner
 # label, a manylinux_2_28 image with the compiler (PyPA's; torch's own wheels are manylinux_2_28,
 # so a wheel built there is no narrower than the torch it pins) and PyTorch's index variant.

@@ -36,6 +36,7 @@ RELOCATABLE = False
 # Static batch sizes keep their weights in each .so: the shared store hands constants over as CPU
 # tensors (oneDNN layouts), which a CUDA model cannot take as they are.
 SHARED_CONSTANTS = False
+COMPILES_IN_FORKS = False  # the parent has initialised CUDA, which a forked worker cannot use
 EMBED_OPTION = "aot_inductor.embed_kernel_binary"
 MULTI_ARCH_OPTION = "aot_inductor.emit_multi_arch_kernel"
 RUNTIME_FILE = RUNTIME_DIR / "_target_cuda.py"

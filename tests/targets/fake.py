@@ -28,6 +28,7 @@ TORCH_DEVICE = cpu.DEVICE  # torch reaches the fake device through the host's
 REFERENCE = "eager, on the fake device"
 RELOCATABLE = True
 SHARED_CONSTANTS = True
+COMPILES_IN_FORKS = True
 RUNNER: str | list[str] = ["self-hosted", "fake-accelerator"]
 CONTAINER = "registry.example.org/fake-builder:1"
 CONTAINER_OPTIONS = "--device /dev/fake0"
