@@ -205,7 +205,7 @@ def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_devi
     spec_file = load_spec(tmp_path / "spec.toml")
     try:
         with pytest.raises(ExportError) as refused:
-            prepare(spec_file, load_model(spec_file), SimpleNamespace(DEVICE="meta"))
+            prepare(spec_file, load_model(spec_file), SimpleNamespace(TORCH_DEVICE="meta"))
     finally:
         sys.modules.pop("arange_on_cpu", None)
     assert "arange_on_cpu.py:20: angles = t[:, None] * freqs[None, :]" in refused.value.args[0]
