@@ -120,7 +120,8 @@ def markdown(results: dict) -> str:
              *latency_table(results, results["variants"], LABELS, digits=2)]
     build = results["build"]
     built = (f"Build: cold {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s." if build
-             else "The wheel was built before the run (--wheel); fresh starts of the torch.compile variants are their first calls.")
+             else "The wheel was built before the run (--wheel); "
+                  "fresh starts of the torch.compile variants are their first calls.")
     lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor "
               f"cache): {results['latency_ms']['compile']['1']['first_call_s']:.1f} s, reduce-overhead "
               f"{results['latency_ms']['compile-ro']['1']['first_call_s']:.1f} s. {built}", "", *targets_table(results)]

@@ -47,11 +47,13 @@ def markdown(results: dict) -> str:
     rounds = results["latency_ms"]["wheel"][str(results["batches"][0])].get("rounds", 1)
     lines += ["", f"Each latency is the median of {rounds} fresh processes (rounds in rotated order), each the median of "
               f"at least 10 calls and 2 s after 3 warm-ups; [the range of those {rounds} medians]. Fresh-process starts: "
-              f"median [range] of {results['cold_repeats']}, interleaved with `import torch` alone, each timed from spawn to the "
+              f"median [range] of {results['cold_repeats']}, interleaved with `import torch` alone, "
+              f"each timed from spawn to the "
               "child's clock after its first result (after the import), not counting its exit."]
     import_spread = results.get("cold_start_spread_s", {}).get("import-torch")
     spread = " [{:.2f}–{:.2f}]".format(*import_spread) if import_spread else ""
-    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s{spread}. torch.compile first call (empty Inductor cache): "
+    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s{spread}. "
+                  f"torch.compile first call (empty Inductor cache): "
               f"{results['latency_ms']['compile']['1']['first_call_s']:.1f} s.",
               f"Build (compile-option search, {results['candidates']} candidates): cold (no pipeline cache, empty Inductor "
               f"cache) {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s.", "",
@@ -72,7 +74,8 @@ def limits(results: dict) -> list[str]:
     peak, wheel1 = prof["matmul_peak_gflops"], results["latency_ms"]["wheel"]["1"]["median_ms"]
     floor_ms = prof["gflop"] / peak * 1000
     lines = [f"Batch 1 is {prof['gflop']:.2f} GFLOP; torch's large fp32 matmul runs at {peak:.0f} GFLOP/s here, a rate "
-             f"at which the model would take {floor_ms:.1f} ms: the wheel's {wheel1:.1f} ms is {floor_ms / wheel1:.0%} of it. "
+             f"at which the model would take {floor_ms:.1f} ms: "
+             f"the wheel's {wheel1:.1f} ms is {floor_ms / wheel1:.0%} of it. "
              "That rate is a yardstick, not a ceiling: a well-blocked convolution runs above it. "
              f"`import torch` alone takes {results['import_torch_s']:.2f} s; a fresh process gets its first result in "
              f"{results['cold_start_s']['wheel']:.2f} s through `load()`, which imports it, and in "
@@ -100,7 +103,8 @@ def limits(results: dict) -> list[str]:
         diffs = ", ".join(f"{name} {diff:.2g} (rtol {bf16['tolerances'][name]['rtol']:g}, atol {bf16['tolerances'][name]['atol']:g})"
                           for name, diff in bf16["max_abs_diff"].items())
         lines += ["", f"Under bfloat16 autocast (with freezing) the same model runs at {bf16['median_ms']:.1f} ms at batch 1 "
-                  f"({bf16['median_ms'] / onnx1:.2f}x ONNX Runtime, {bf16['median_ms'] / eager1:.2f}x eager), but differs from "
+                  f"({bf16['median_ms'] / onnx1:.2f}x ONNX Runtime, {bf16['median_ms'] / eager1:.2f}x eager), "
+                  f"but differs from "
                   f"float32 eager by up to {diffs} on three seeded inputs: the search's reduced-precision candidate is only "
                   "compiled where the spec's tolerances allow it, and this spec's do not."]
     return lines

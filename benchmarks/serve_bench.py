@@ -219,7 +219,8 @@ def markdown(results: dict) -> str:
              f"{results['cpu']}, {results['cores']} cores, torch {results['torch']}; uvicorn, 1 worker, "
              f"docs/serving/app.py; {results['requests']} single-sample requests per measurement, median of "
              f"{results['rounds']} rounds (rotated order).", "",
-             "| setup | in flight | wheel req/s | eager req/s | wheel / eager | wheel p50 / p99 (ms) | eager p50 / p99 (ms) |",
+             "| setup | in flight | wheel req/s | eager req/s | "
+             "wheel / eager | wheel p50 / p99 (ms) | eager p50 / p99 (ms) |",
              "|---|---|---|---|---|---|---|"]
     for s in results["summary"]:
         w, e, setup = s["wheel"], s["eager"], results["setups"][s["setup"]]

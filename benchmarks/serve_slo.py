@@ -159,7 +159,8 @@ def markdown_lines(results: dict, target: float) -> list[str]:
              f"per rate; bounds are multiples of eager's p50 for one request alone, {slo['alone_p50_ms']:.0f} ms):", "",
              "| setup | p99 bound | wheel req/s | eager req/s | wheel / eager |", "|---|---|---|---|---|"]
     for e in slo["bounds"]:
-        lines.append(f"| {label[e['setup']]} | {e['times']}x = {e['bound_ms']:.0f} ms | {MARK[e['wheel_mark']]}{e['wheel']:.1f} | "
+        lines.append(f"| {label[e['setup']]} | {e['times']}x = {e['bound_ms']:.0f} ms | "
+                     f"{MARK[e['wheel_mark']]}{e['wheel']:.1f} | "
                      f"{MARK[e['eager_mark']]}{e['eager']:.1f} | {ratio_text(e)} |")
     met = [e for e in slo["bounds"] if meets(e, target)]
     best = best_setups(slo["bounds"])
@@ -167,7 +168,8 @@ def markdown_lines(results: dict, target: float) -> list[str]:
               "Each engine on its best setup at each bound:", "",
               "| p99 bound | wheel req/s (setup) | eager req/s (setup) | wheel / eager |", "|---|---|---|---|"]
     for e in best:
-        lines.append(f"| {e['times']}x = {e['bound_ms']:.0f} ms | {MARK[e['wheel_mark']]}{e['wheel']:.1f} ({label[e['wheel_setup']]}) | "
+        lines.append(f"| {e['times']}x = {e['bound_ms']:.0f} ms | "
+                     f"{MARK[e['wheel_mark']]}{e['wheel']:.1f} ({label[e['wheel_setup']]}) | "
                      f"{MARK[e['eager_mark']]}{e['eager']:.1f} ({label[e['eager_setup']]}) | {ratio_text(e)} |")
     lines += ["", f"Target ({target}x eager's requests/s at equal p99): met at {len(met)} of {len(slo['bounds'])} "
               "setup and bound pairs" + (" (" + ", ".join(f"{label[e['setup']]} at {e['times']}x" for e in met) + ")" if met else "")

@@ -10,7 +10,8 @@ VARIANT: eager | compile | compile-ro | pt2 | onnx | wheel | wheel-graphs | whee
 torch.compile's ``reduce-overhead`` mode, CUDA graphs on a GPU). ``--device cuda`` runs the torch
 variants on the current GPU, synchronizing around every timed call. `wheel` and `wheel-numpy` run in
 the virtualenv the wheel is installed in (their --artifact is the import name): `wheel` uses
-load() and torch tensors (on a GPU without CUDA graphs, `wheel-graphs` with them), `wheel-numpy` load_numpy() and numpy arrays, never importing torch;
+load() and torch tensors (on a GPU without CUDA graphs, `wheel-graphs` with them), `wheel-numpy`
+load_numpy() and numpy arrays, never importing torch;
 `onnx` in cold mode imports only onnxruntime and numpy; `import-torch` (cold mode only) imports
 torch and nothing else. `so` with `--mode kernels` profiles a
 .so compiled with cpp.enable_kernel_profile; `onnx` with `--mode ort-profile` runs ONNX Runtime's

@@ -198,7 +198,8 @@ def require_available(chosen: list[str]) -> None:
             others = [t for t in names() if t != name and get(t).unavailable() is None]
             raise TargetUnavailableError(
                 f"cannot build target {name!r} here: {reason}",
-                f"install what it names in this environment, or build on a machine that has it{f'; or build {others[0]!r} here with --target {others[0]}' if others else ''}",
+                "install what it names in this environment, or build on a machine that has it"
+                + (f"; or build {others[0]!r} here with --target {others[0]}" if others else ""),
             )
 
 

@@ -82,7 +82,8 @@ def unavailable() -> str | None:
     from torch.utils.cpp_extension import CUDA_HOME
 
     if CUDA_HOME is None:
-        return "no CUDA toolkit found (nvcc on PATH or CUDA_HOME): AOTInductor compiles the model's C++ against its headers"
+        return ("no CUDA toolkit found (nvcc on PATH or CUDA_HOME): "
+                "AOTInductor compiles the model's C++ against its headers")
     return None
 
 
@@ -124,7 +125,8 @@ def machine() -> str:
     import torch
 
     major, minor = _capability()
-    return f"{torch.cuda.get_device_name()}|sm_{major}{minor}|cuda {torch.version.cuda}|driver {wheel_cuda.driver_cuda_version()}"
+    driver = wheel_cuda.driver_cuda_version()
+    return f"{torch.cuda.get_device_name()}|sm_{major}{minor}|cuda {torch.version.cuda}|driver {driver}"
 
 
 def index_variant() -> str:

@@ -80,7 +80,8 @@ def problems(m: dict[str, Any], *, torch_cuda: str | None, device: str, device_c
     """Why this CUDA wheel cannot run on ``device`` here, each naming both sides; [] if it can."""
     needs, torch_version = m["cuda"], m["torch"]["version"]
     if torch_cuda is None:
-        return [f"the installed torch is a CPU-only build; the model needs torch {torch_version} with CUDA {needs['version']}"]
+        return [f"the installed torch is a CPU-only build; "
+                f"the model needs torch {torch_version} with CUDA {needs['version']}"]
     found = []
     if torch_cuda != needs["version"]:
         found.append(f"torch runs CUDA {torch_cuda}; the model's kernels were built with CUDA {needs['version']} "
