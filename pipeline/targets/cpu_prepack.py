@@ -24,12 +24,11 @@ add, its activation) carry the packed weight along.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
+from typing import Any, cast
 
-try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-except ImportError:  # a torch without custom graph passes compiles as Inductor alone would
-    CustomGraphPass = None
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass  # every torch the package admits (>= 2.11) has it
 
 # Part of every CPU compile's cache key: a change to what this pass does must change it.
 VERSION = "conv-prepack-2"
@@ -38,7 +37,7 @@ EVERY_VALUE_UP_TO = 64
 PACKED_SUFFIX = "_packed"
 
 
-def _probe_sizes(shape) -> list[list[int]] | None:
+def _probe_sizes(shape: Sequence[int | torch.SymInt]) -> list[list[int]] | None:
     """The input sizes to ask oneDNN's layout at: the example sizes, then each dynamic symbol
     alone at the values _probe_values gives, then all of them at their lower and at their upper
     bounds. None where a size has no example or its range cannot be read."""
@@ -65,7 +64,7 @@ def _probe_sizes(shape) -> list[list[int]] | None:
     return probes
 
 
-def _probe_values(value_range, hint: int) -> list[int]:
+def _probe_values(value_range: Any, hint: int) -> list[int]:
     """Every value of a small range; of a large or unbounded one its bounds, the example and the
     powers of two between (an unbounded range up to 8x the example, at least 64), ascending."""
     # The trace assumes every dynamic size is at least 2 (export specialises 0 and 1), while the
@@ -79,14 +78,15 @@ def _probe_values(value_range, hint: int) -> list[int]:
     return sorted({low, hint, high} | powers)
 
 
-def _finite(bound) -> int | None:
+def _finite(bound: Any) -> int | None:
     try:  # sympy's and torch's infinities refuse int() in different ways
         return int(bound)
     except (AttributeError, OverflowError, TypeError, ValueError):
         return None
 
 
-def _one_layout(weight: torch.Tensor, padding, stride, dilation, groups, probes: list[list[int]]) -> torch.Tensor | None:
+def _one_layout(weight: torch.Tensor, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                groups: int, probes: list[list[int]]) -> torch.Tensor | None:
     """The weight packed for the first probe, if oneDNN wants that very layout at every probe."""
     layout_of = getattr(torch.ops.mkldnn, "_get_mkldnn_serialized_md", None)
     if layout_of is None:  # a torch that cannot tell a packed weight's layout: none is packed
@@ -102,15 +102,16 @@ def _one_layout(weight: torch.Tensor, padding, stride, dilation, groups, probes:
     return packed
 
 
-def _attribute(module: torch.nn.Module, qualified_name: str):
+def _attribute(module: torch.nn.Module, qualified_name: str) -> object:
+    found: object = module
     for part in qualified_name.split("."):
-        module = getattr(module, part, None)
-        if module is None:
+        found = getattr(found, part, None)
+        if found is None:
             return None
-    return module
+    return found
 
 
-class PrepackDynamicConvWeights(CustomGraphPass or object):
+class PrepackDynamicConvWeights(CustomGraphPass):
     # Inductor deep-copies its config, so an instance's own attributes never see a compile: the
     # packed weights show in the compiled model's constant names (``<weight>_packed``).
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -123,17 +124,17 @@ class PrepackDynamicConvWeights(CustomGraphPass or object):
             if node.op == "call_function" and node.target is convolution.default:
                 self._pack(module, graph, node, packed)
 
-    def _pack(self, module, graph, node: torch.fx.Node, packed: dict) -> None:
+    def _pack(self, module: torch.fx.GraphModule, graph: torch.fx.Graph, node: torch.fx.Node, packed: dict) -> None:
         source, weight_node = node.args[0], node.args[1]
         if not isinstance(source, torch.fx.Node) or not isinstance(weight_node, torch.fx.Node) or weight_node.op != "get_attr":
             return
-        weight = _attribute(module, weight_node.target)
+        weight = _attribute(module, str(weight_node.target))
         value = source.meta.get("val")
         if not isinstance(weight, torch.Tensor) or weight.is_mkldnn or weight.dim() != 4 or value is None:
             return
         if all(not isinstance(size, torch.SymInt) for size in value.shape):
             return  # Inductor packs this one itself
-        padding, stride, dilation, groups = node.args[3:7]
+        padding, stride, dilation, groups = cast(tuple[Sequence[int], Sequence[int], Sequence[int], int], node.args[3:7])
         key = (weight_node.target, tuple(padding), tuple(stride), tuple(dilation), groups, tuple(map(str, value.shape)))
         if key not in packed:
             probes = _probe_sizes(value.shape)
@@ -149,9 +150,10 @@ class PrepackDynamicConvWeights(CustomGraphPass or object):
         return VERSION
 
 
-def _register(module, graph, node: torch.fx.Node, weight_node: torch.fx.Node, weight_packed: torch.Tensor) -> torch.fx.Node:
+def _register(module: torch.fx.GraphModule, graph: torch.fx.Graph, node: torch.fx.Node, weight_node: torch.fx.Node,
+              weight_packed: torch.Tensor) -> torch.fx.Node:
     """The packed weight as a buffer of the module, read by a node placed before ``node``."""
-    name = _free_name(module, f"{weight_node.target.replace('.', '_')}{PACKED_SUFFIX}")
+    name = _free_name(module, f"{str(weight_node.target).replace('.', '_')}{PACKED_SUFFIX}")
     module.register_buffer(name, weight_packed)
     with graph.inserting_before(node):
         read = graph.get_attr(name)
@@ -169,4 +171,4 @@ def _free_name(module: torch.nn.Module, base: str) -> str:
 
 def inductor_options() -> dict[str, object]:
     """What the CPU target adds to a compile's torch._inductor.config settings."""
-    return {"post_grad_custom_pre_pass": PrepackDynamicConvWeights()} if CustomGraphPass else {}
+    return {"post_grad_custom_pre_pass": PrepackDynamicConvWeights()}
