@@ -54,3 +54,19 @@ def test_a_circle_inside_one_layer_breaks_the_contract(tmp_path):
     ran = lint_imports(root)
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "No cycles are allowed in pipeline.stages" in ran.stdout, ran.stdout
+
+
+def test_the_wheels_runtime_imports_nothing_of_the_build():
+    """Below every layer (lint-imports does not see it: pipeline/wheel_template is a link): each
+    wheel ships the runtime alone, so its modules import one another, relatively, and no pipeline."""
+    import ast
+
+    runtime = REPO / "templates" / "wheel" / "runtime"
+    found = []
+    for path in sorted(runtime.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found += [f"{path.name}:{node.lineno} imports {name}" for name in names if name.split(".")[0] == "pipeline"]
+    assert len(list(runtime.glob("*.py"))) > 20
+    assert found == []
