@@ -5,7 +5,10 @@ the session's wheel against its own source, and against a copy whose model code 
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
+
+import torch
 
 from pipeline.errors import NotReproducedError
 
@@ -35,3 +38,19 @@ def test_a_changed_model_source_names_the_first_file_that_differs(wheel, tmp_pat
                             "differs is model_tiny/golden.safetensors (the rebuild is kept: "), error
     assert hint.startswith("hint: a changed spec, model code or weights, or another modelwheel (the runtime files every "
                            "wheel carries), make another wheel; else compare what must match: torch, the compiler (")
+
+
+def test_the_compiled_model_holds_no_path_of_the_torch_that_built_it(wheel):
+    """Torch's install path (this checkout's venv) was in the .so, in the runtime headers' __FILE__
+    strings and in the generated sources' names, so the same commit built in another folder, as
+    every release job under act is, made another wheel. The compile sees torch through a link
+    beside the .so, written as 'torch' (issue 45)."""
+    torch_dir = str(Path(torch.__file__).parent).encode()
+    with zipfile.ZipFile(wheel) as archive:
+        libraries = [name for name in archive.namelist() if name.endswith(".so")]
+        assert libraries, archive.namelist()
+        for name in libraries:
+            data = archive.read(name)
+            assert b"torch/include/torch/csrc/inductor/aoti_runtime/model_container.h" in data, name
+            assert torch_dir not in data, f"{name} holds {torch_dir.decode()}"
+            assert b"/.torch/" not in data, f"{name} holds the path of the link it was compiled through"

@@ -21,7 +21,8 @@ from .outdir import signals_deferred
 from .progress import check_stop
 from .writable import check_private, sweep_partials
 
-CACHE_VERSION = "1"
+# 2: compiled .so files no longer hold the path of the torch that built them (compile.torch_seen_at).
+CACHE_VERSION = "2"
 
 
 def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, options: dict, target: str, cxx_version: str,

@@ -180,6 +180,54 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
     )
 
 
+# Where a compile sees torch's headers and libraries (a link beside the .so it compiles, removed
+# after), and what it writes for their paths (__FILE__ in the runtime's error messages).
+TORCH_ALIAS = ".torch"
+TORCH_PATH_IN_LIBRARY = "torch"
+
+
+@contextlib.contextmanager
+def torch_seen_at(compile_dir: Path):
+    """Inductor compiles against torch at ``compile_dir/.torch``, a link to this torch, and
+    writes ``torch`` for that path: the .so holds no path of the venv that built it. Torch's
+    path was in it twice: in the headers' __FILE__ strings, and in the generated sources' names
+    (a hash of the compiler's command line, with its -I and -L), which the .so keeps. So the same
+    commit built in another folder (every job of a release run under act has a random one) made
+    other bytes; the compile folder is the same in every build of a model version.
+    Private hooks, like constants.captured(): a torch without them is named in the error."""
+    from torch._inductor import cpp_builder
+    from torch.utils import cpp_extension
+
+    original = cpp_builder.__dict__.get("_get_optimization_cflags")
+    if original is None or not hasattr(cpp_extension, "_TORCH_PATH") or not hasattr(cpp_extension, "TORCH_LIB_PATH"):
+        raise CompileError(f"cannot keep torch's install path out of the compiled model with torch {torch.__version__} "
+                           "(torch._inductor.cpp_builder._get_optimization_cflags or torch.utils.cpp_extension's "
+                           "_TORCH_PATH is gone): its wheels would not be reproducible",
+                           "build with a torch this pipeline supports (2.11 to 2.14)")
+    real = cpp_extension._TORCH_PATH
+    alias = compile_dir / TORCH_ALIAS
+    compile_dir.mkdir(parents=True, exist_ok=True)
+    alias.unlink(missing_ok=True)
+    alias.symlink_to(real, target_is_directory=True)
+    # Only the link's path: the real one in a flag would put it in the sources' names again. A
+    # path with a space would split the compiler's command line (Inductor joins flags with spaces).
+    flags = [] if any(c.isspace() for c in str(alias)) else [f"ffile-prefix-map={alias}={TORCH_PATH_IN_LIBRARY}"]
+
+    def with_map(*args, **kwargs):
+        cflags, ldflags = original(*args, **kwargs)
+        return [*cflags, *flags], ldflags
+
+    saved = (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
+    cpp_builder._get_optimization_cflags = with_map
+    cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = str(alias), str(alias / "lib")
+    try:
+        yield
+    finally:
+        cpp_builder._get_optimization_cflags = original
+        cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = saved
+        alias.unlink(missing_ok=True)
+
+
 def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path, library: Path) -> tuple[Path, ...]:
     output_dir = library.parent
     sources_dir = work_dir / "sources"
@@ -192,7 +240,8 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     capture = options.get(constants.OPTION) is False and not exported.spec_file.spec.weights.external
     try:
         with (work_dir / INDUCTOR_LOG).open("a") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log), \
-                torch.no_grad(), (constants.captured() if capture else contextlib.nullcontext({})) as captured:
+                torch.no_grad(), torch_seen_at(output_dir), \
+                (constants.captured() if capture else contextlib.nullcontext({})) as captured:
             produced = torch._inductor.aot_compile(program.module(), args, kwargs,
                                                    options={**options, **targets.get(target).graph_passes(options)})
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
