@@ -6,8 +6,10 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -187,7 +189,7 @@ TORCH_PATH_IN_LIBRARY = "torch"
 
 
 @contextlib.contextmanager
-def torch_seen_at(compile_dir: Path):
+def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     """Inductor compiles against torch at ``compile_dir/.torch``, a link to this torch, and
     writes ``torch`` for that path: the .so holds no path of the venv that built it. Torch's
     path was in it twice: in the headers' __FILE__ strings, and in the generated sources' names
@@ -213,7 +215,7 @@ def torch_seen_at(compile_dir: Path):
     # path with a space would split the compiler's command line (Inductor joins flags with spaces).
     flags = [] if any(c.isspace() for c in str(alias)) else [f"ffile-prefix-map={alias}={TORCH_PATH_IN_LIBRARY}"]
 
-    def with_map(*args, **kwargs):
+    def with_map(*args: Any, **kwargs: Any) -> tuple[list[str], list[str]]:
         cflags, ldflags = original(*args, **kwargs)
         return [*cflags, *flags], ldflags
 
