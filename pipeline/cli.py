@@ -318,7 +318,7 @@ def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     spec_file = load_spec(plan.spec)
     work = reproduce.work_folder()
     vars(args).update(root=str(plan.root), dist=str(work / "dist"), build_dir=str(work / "build"), no_cache=True,
-                      target=[plan.target], cpu_isa=plan.cpu_isa, keep_debug=plan.keep_debug, forced=plan.forced)
+                      target=[plan.target], keep_debug=plan.keep_debug, forced=plan.forced, **plan.rebuild.arguments)
     progress.say(reproduce.announce(plan, work))
     targets.get(plan.target).before_torch(spec_file.spec.build.options(plan.target), args)  # before torch
     reproduce.must_match(plan.manifest)

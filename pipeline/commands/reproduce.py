@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import targets
 from ..errors import NotReproducedError, UnverifiedWheelError, UsageError
 from ..features.lock import Locked
 from ..stages.compile import find_cxx
+from ..targets.views import Rebuild
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class Recipe:
     spec: Path
     target: str
     root: Path
-    cpu_isa: str  # the named CPU kind it was built for ("avx2"), or "native": the build machine's own
+    rebuild: Rebuild  # what its target builds it again with (a CPU wheel's CPU kind), and says of it
     forced: Locked  # the options the manifest records, as a lock entry: one candidate, no search
     keep_debug: bool  # built with --keep-debug (the report says; without a report, stripped as by default)
 
@@ -66,12 +68,9 @@ def recipe(wheel: Path, spec: str | None) -> Recipe:
     chosen = search.get("chosen", "pinned")
     options = next((c["options"] for c in search.get("candidates", []) if c["name"] == chosen),
                    manifest.get("compile_options", {}))
-    platform = manifest.get("platform", {})
-    # A named CPU kind is one whose oneDNN cap the build ran under (cpu.select_isa); native has none.
-    cpu_isa = str(platform["cpu_capability"]).lower() if platform.get("onednn_max_isa") else "native"
     opt_path = Path(manifest["opt_path"])  # <root>/<model>/<version>/<target> (outdir.output_path)
     return Recipe(wheel=wheel, manifest=manifest, spec=spec_path, target=manifest["target"], root=opt_path.parents[2],
-                  cpu_isa=cpu_isa, forced=Locked(wheel, chosen, dict(options),
+                  rebuild=targets.get(manifest["target"]).rebuild(manifest), forced=Locked(wheel, chosen, dict(options),
                                                  {k: v for k, v in search.items() if k != "chosen"}),
                   keep_debug=report.get("debug_info") == "kept")
 
@@ -107,7 +106,7 @@ def work_folder() -> Path:
 
 
 def announce(recipe: Recipe, work: Path) -> str:
-    return (f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} ({recipe.target}, CPU kind {recipe.cpu_isa}, "
+    return (f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} ({recipe.target}, {recipe.rebuild.said}, "
             f"root {recipe.root}, options {recipe.forced.chosen} as the wheel records them: no option search)")
 
 
@@ -124,9 +123,8 @@ def verdict(recipe: Recipe, work: Path) -> str:
     cxx = find_cxx()
     compilers = (f"the compiler it was built with ({recorded}) and this one ({cxx})" if recorded and recorded != cxx
                  else f"the compiler ({cxx})")
-    kind = recipe.manifest.get("platform", {}).get("cpu_capability", recipe.target)
     raise NotReproducedError(
         f"{recipe.wheel.name} is not identical to its rebuild from {recipe.spec}: the first file that differs is "
         f"{differs} (the rebuild is kept: {rebuilt})",
         f"a changed spec, model code or weights, or another modelwheel (the runtime files every wheel carries), make "
-        f"another wheel; else compare what must match: torch, {compilers}, the CPU kind ({kind})")
+        f"another wheel; else compare what must match: torch, {compilers}, {recipe.rebuild.must_match}")

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from ..errors import SpecError, TargetUnavailableError
 from . import cpu, cuda
-from .views import CompiledFiles, SpecKeys
+from .views import CompiledFiles, Rebuild, SpecKeys
 
 ENTRY_POINT_GROUP = "modelwheel.targets"
 
@@ -63,6 +63,9 @@ class Setup(Protocol):
 
     def machine(self) -> str:
         """The build machine's facts a cached wheel must match to be reused."""
+
+    def rebuild(self, manifest: Mapping[str, Any]) -> Rebuild:
+        """How ``modelwheel reproduce`` builds again the wheel this manifest describes."""
 
 
 class Compiling(Protocol):

@@ -19,7 +19,7 @@ from pydantic import Field
 from ..errors import UsageError
 from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
-from .views import CompiledFiles, SpecKeys
+from .views import CompiledFiles, Rebuild, SpecKeys
 
 NAME = "cpu"
 DEVICE = "cpu"
@@ -142,6 +142,14 @@ def machine() -> str:
     import torch
 
     return torch.backends.cpu.get_cpu_capability()
+
+
+def rebuild(manifest: Mapping[str, Any]) -> Rebuild:
+    """A named CPU kind is one whose oneDNN cap the build ran under (select_isa); native has none."""
+    platform_facts = manifest.get("platform", {})
+    isa = str(platform_facts["cpu_capability"]).lower() if platform_facts.get("onednn_max_isa") else "native"
+    return Rebuild(said=f"CPU kind {isa}", must_match=f"the CPU kind ({platform_facts.get('cpu_capability', NAME)})",
+                   arguments={"cpu_isa": isa})
 
 
 def index_variant() -> str:

@@ -20,7 +20,7 @@ from pydantic import Field
 from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
 from ..wheel_template.runtime import _target_cuda as wheel_cuda
-from .views import CompiledFiles, SpecKeys
+from .views import CompiledFiles, Rebuild, SpecKeys
 
 NAME = "cuda"
 DEVICE = "cuda"
@@ -127,6 +127,11 @@ def machine() -> str:
     major, minor = _capability()
     driver = wheel_cuda.driver_cuda_version()
     return f"{torch.cuda.get_device_name()}|sm_{major}{minor}|cuda {torch.version.cuda}|driver {driver}"
+
+
+def rebuild(manifest: Mapping[str, Any]) -> Rebuild:
+    arch = manifest.get("cuda", {}).get("arch", "its GPU architecture")
+    return Rebuild(said=f"GPU {arch}", must_match=f"the GPU architecture ({arch}) and CUDA")
 
 
 def index_variant() -> str:

@@ -6,6 +6,7 @@ stages/compile.py's Compiled match them as they are."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,3 +49,12 @@ class CompiledFiles(Protocol):
 
     @property
     def artifacts(self) -> tuple[Path, ...]: ...
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """What ``modelwheel reproduce`` needs from the target of a wheel it rebuilds."""
+
+    said: str  # what the rebuild runs as, in its announcement ("CPU kind avx2")
+    must_match: str  # what the machine must match for the same bytes, in its hint ("the CPU kind (AVX2)")
+    arguments: dict[str, object] = field(default_factory=dict)  # the target's build flags (add_arguments' dests)

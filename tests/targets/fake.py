@@ -76,6 +76,13 @@ def machine() -> str:
     return f"fake|{platform.machine()}"
 
 
+def rebuild(manifest: Any) -> Any:
+    from pipeline.targets.views import Rebuild
+
+    label = manifest.get("fake", {}).get("label", "plain")
+    return Rebuild(said=f"fake label {label}", must_match="the fake device", arguments={"fake_label": label})
+
+
 def index_variant() -> str:
     return "fake"
 
