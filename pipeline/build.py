@@ -141,8 +141,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
                                 locked=json.dumps(locked.record(), sort_keys=True) if locked else "")
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
-    findings, exported, signal = doctor_stage(ctx, loaded)
-    planned, skipped = tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug, locked)
+    findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.
@@ -175,16 +174,21 @@ def load_stage(ctx: BuildContext) -> LoadedModel:
         return load_model(ctx.spec_file)
 
 
-def doctor_stage(ctx: BuildContext, loaded: LoadedModel) -> tuple[list, Exported, Signal]:
+def doctor_stage(ctx: BuildContext, loaded: LoadedModel, cxx_version: str,
+                 locked: options_lock.Locked | None) -> tuple[list, Exported, Signal, tuple[list, list]]:
     """The doctor's findings, the model prepared for export (on the target's device, its outputs
-    described) and the gate's signal check: outputs that do not move stop the build here, before
-    minutes of compiling, since no comparison could verify them."""
+    described), the gate's signal check (outputs that do not move stop the build here, before
+    minutes of compiling, since no comparison could verify them) and the search's plans."""
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded)
         # eager calls too (minutes for a large model on a busy machine): the status says which
         ctx.progress.step("signal: eager on the seeded inputs, whose outputs must differ (the verification's gate)")
         exported = prepare(ctx.spec_file, loaded, ctx.target)
-        return findings, exported, check_signal(exported)
+        signal = check_signal(exported)
+        # Planning runs eager under bfloat16 autocast against the spec's tolerances: 34 s for the
+        # unet on a busy machine, silent between two stages when it ran outside one.
+        ctx.progress.step("the search's candidates: eager under bfloat16 autocast, held to the spec's tolerances")
+        return findings, exported, signal, tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug, locked)
 
 
 def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned) -> Exported:
