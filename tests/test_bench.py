@@ -233,7 +233,9 @@ def test_a_long_step_of_the_bench_says_what_runs_while_it_runs():
     assert ran.returncode == 0, ran.stderr
     lines = ran.stderr.splitlines()
     assert lines[0] == "==> pt2: compiling the same model" and lines[-1].startswith("    pt2 done in "), lines
-    assert len(lines) >= 4 and all(re.fullmatch(r"    \.\.\. pt2 · \ds in pt2 · \ds in all", line) for line in lines[1:-1]), lines
+    status = lines[1:-1]
+    assert len(status) >= 2, lines
+    assert all(re.fullmatch(r"    \.\.\. pt2 · \ds in pt2 · \ds in all", line) for line in status), lines
 
 
 def test_the_bench_shows_a_build_s_lines_as_they_come(capfd):

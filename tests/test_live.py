@@ -218,5 +218,6 @@ def test_in_a_pipe_status_lines_come_while_a_c_call_holds_the_gil(tmp_path):
     assert lines[0] == "==> verify" and lines[-1].startswith("    verify done in "), lines
     during = lines[lines.index("hold") + 1:lines.index("held")]
     assert len(during) >= 3, lines  # about six; a thread of the build's process printed none
-    assert all(re.fullmatch(r"    \.\.\. verify case large · \ds in verify · \ds in all", line) for line in during), during
+    status = r"    \.\.\. verify case large · \ds in verify · \ds in all"
+    assert all(re.fullmatch(status, line) for line in during), during
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", ran.stderr), ran.stderr  # no control characters in a pipe
