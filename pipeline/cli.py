@@ -179,17 +179,20 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
         targets.get(name).before_torch(spec_file.spec.build.options(name), args)
 
-    if not getattr(args, "target", None):  # the spec's own list: a target this machine lacks is left out, said
-        target_names = targets.buildable_here(target_names, progress.say)
-    targets.require_available(target_names)  # before anything is written
-    shutil.rmtree(trace_dir, ignore_errors=True)
-    from .build import build  # imports torch, which reads TORCH_TRACE and the target's settings made above
+    # Importing torch takes seconds, and was a silent 43 s on a busy machine: a stage of its own,
+    # so its status lines come as in the others (build() clears its time from the build's).
+    with progress.stage("start", "importing torch"):
+        if not getattr(args, "target", None):  # the spec's own list: a target this machine lacks is left out, said
+            target_names = targets.buildable_here(target_names, progress.say)
+        targets.require_available(target_names)  # before anything is written
+        shutil.rmtree(trace_dir, ignore_errors=True)
+        from .build import build  # imports torch, which reads TORCH_TRACE and the target's settings made above
 
-    if not args.verbose:
-        import torch._logging  # torch: imported by the build above already
+        if not args.verbose:
+            import torch._logging  # torch: imported by the build above already
 
-        # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
-        torch._logging.set_logs(all=logging.ERROR)
+            # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
+            torch._logging.set_logs(all=logging.ERROR)
 
     for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), layout=layout, progress=progress,
                         use_cache=not getattr(args, "no_cache", False), target_names=target_names,

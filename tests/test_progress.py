@@ -26,6 +26,8 @@ from .conftest import REPO, TINY_SPEC, run_cli
 
 # Every line a plain build of the tiny model prints, in order.
 PLAIN_LINES = [
+    r"==> start: importing torch",
+    r"    start done in \d+\.\ds",
     r"==> load: tiny_model:build \(.*/tests/models/tiny/spec.toml\)",
     r"    load done in \d+\.\ds",
     r"==> doctor",
@@ -67,7 +69,8 @@ def json_build(tmp_path_factory):
 
 
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
-STATUS_LINE = r"    \.\.\. (load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1 · (\d+m)?\d+s in all"
+STATUS_LINE = (r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
+               r" · (\d+m)?\d+s in all")
 
 
 def test_plain_lines_are_exactly_these_and_have_no_control_characters(json_build):
