@@ -74,7 +74,9 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
     second uses that entry and runs no search."""
     import torch
 
-    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true\nsearch_budget_s = 0.5"))
+    # compiled even where the machine is noisy: the budget, not the noise, must stop the search here
+    keys = "search = true\nsearch_budget_s = 0.5\nsearch_when_noisy = true"
+    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", keys))
     path = tmp_path / "m" / "spec.lock.json"
     compile_keys = lock.compile_keys(load_spec(spec).spec.compile.model_dump(mode="json"))
     kind = targets.get("cpu").machine()

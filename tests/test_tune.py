@@ -452,6 +452,12 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     # steady rounds: freezing could win, and is compiled
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
     assert "freezing" in [e.name for e in chosen] and not cost.stopped and said == []
+    # search_when_noisy = true: compiled all the same, the spread still recorded
+    (tmp_path / "anyway").mkdir()
+    exported, planned, _ = waves(tmp_path / "anyway", "search_when_noisy = true\n")
+    chosen, refused, cost, said = choose_said(exported, planned, NOISY, tmp_path / "cache")
+    assert "freezing" in [e.name for e in chosen] and refused == [] and not cost.stopped and said == []
+    assert cost.spread == pytest.approx(205.0 / 0.0803)
 
 
 def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_being_compiled(tmp_path):

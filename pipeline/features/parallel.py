@@ -47,8 +47,9 @@ def _compile_one(name: str, plan: CompilePlan, work_dir: Path, cache_dir: Path) 
     return Done(name, time.perf_counter() - started)
 
 
-def compile_all(exported: Exported, jobs: list[tuple[str, CompilePlan, Path]], cache_dir: Path,
-                workers: int) -> dict[str, Done]:
+def compile_all(
+    exported: Exported, jobs: list[tuple[str, CompilePlan, Path]], cache_dir: Path, workers: int
+) -> dict[str, Done]:
     """Compile each (name, plan, work folder) into ``cache_dir``, ``workers`` at a time."""
     _EXPORTED[:] = [exported]
     try:

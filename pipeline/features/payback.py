@@ -37,8 +37,12 @@ class Prior:
 
 # Where nothing was measured: what these options gave on this project's models at best
 # (docs/performance.md; freezing up to 1.3x on convolution nets, bfloat16 about 2x on AMX).
-PRIORS = {"freezing": Prior(1.3, 1.0), "freezing+channels-last": Prior(1.3, 1.0),
-          "max-autotune": Prior(1.2, 3.0), "bf16-autocast": Prior(2.0, 1.2)}
+PRIORS = {
+    "freezing": Prior(1.3, 1.0),
+    "freezing+channels-last": Prior(1.3, 1.0),
+    "max-autotune": Prior(1.2, 3.0),
+    "bf16-autocast": Prior(2.0, 1.2),
+}
 UNKNOWN = Prior(1.2, 1.0)
 COMPILE_COST = {name: prior.cost for name, prior in PRIORS.items() if prior.cost != 1.0}
 # The default budget: the first compile's time, BUDGET_FACTOR times, on each core the search compiles on.
@@ -63,8 +67,11 @@ class Expected:
         return (self.gain - 1.0) / self.cost
 
     def source(self) -> str:
-        return (f"measured {self.gain:.2f}x in an earlier build of this model" if self.measured
-                else f"plausibly gains at most {self.gain:.2f}x")
+        return (
+            f"measured {self.gain:.2f}x in an earlier build of this model"
+            if self.measured
+            else f"plausibly gains at most {self.gain:.2f}x"
+        )
 
 
 def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
@@ -107,8 +114,10 @@ def payback_refusal(expected: Expected, baseline: str) -> str | None:
     """Why an earlier build's timing says the candidate cannot pay for its compile, or None."""
     if not expected.measured or expected.gain > 1.0:
         return None
-    return (f"cannot pay back its compile: an earlier build of this model measured it {expected.gain:.2f}x "
-            f"{baseline}'s speed (--no-cache and a fresh build folder forget that)")
+    return (
+        f"cannot pay back its compile: an earlier build of this model measured it {expected.gain:.2f}x "
+        f"{baseline}'s speed (--no-cache and a fresh build folder forget that)"
+    )
 
 
 def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None:
@@ -116,8 +125,10 @@ def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None
     needed = spread(noise)
     if expected.gain > needed:
         return None
-    return (f"cannot win beyond the noise: {baseline}'s rounds spread {needed:.2f}x ({noise.low_ms:.3g}-"
-            f"{noise.high_ms:.3g} ms), and it {expected.source()}")
+    return (
+        f"cannot win beyond the noise: {baseline}'s rounds spread {needed:.2f}x ({noise.low_ms:.3g}-"
+        f"{noise.high_ms:.3g} ms), and it {expected.source()}"
+    )
 
 
 # As the manifest records a payback refusal, and a noise refusal: the spread differs run to run (the report has it).
@@ -126,10 +137,12 @@ NOISY = "cannot win beyond the noise measured before compiling it (the build's r
 
 
 def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
-    return (f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
-            f"any of the {refused} candidate(s) to win (rounds {noise.low_ms:.3g} to {noise.high_ms:.3g} ms, a "
-            f"{spread(noise):.2f}x spread); build on a quieter machine for a search, or set `[compile] "
-            f"search_when_noisy = true` to compile them anyway")
+    return (
+        f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
+        f"any of the {refused} candidate(s) to win (rounds {noise.low_ms:.3g} to {noise.high_ms:.3g} ms, a "
+        f"{spread(noise):.2f}x spread); build on a quieter machine for a search, or set `[compile] "
+        f"search_when_noisy = true` to compile them anyway"
+    )
 
 
 class Budget:
@@ -153,18 +166,25 @@ class Budget:
         expected = self.plain_s * (cost if cost is not None else COMPILE_COST.get(name, 1.0))
         if self.spent_s + expected <= budget:
             return None
-        source = ("[compile] search_budget_s" if self.given_s else
-                  f"the first compile, and {BUDGET_FACTOR:g}x it on each of {self.workers} core(s) for the candidates")
-        return (f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
-                f"budget {round(budget, 1):g} s ({source})")
+        source = (
+            "[compile] search_budget_s"
+            if self.given_s
+            else f"the first compile, and {BUDGET_FACTOR:g}x it on each of {self.workers} core(s) for the candidates"
+        )
+        return (
+            f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
+            f"budget {round(budget, 1):g} s ({source})"
+        )
 
 
 # A budget refusal as the manifest records it: its seconds differ run to run (the report has them).
 OVER_BUDGET = "over the search's compile budget (the build's report has the seconds)"
 
-SHORTER = ("    to make it shorter: `[compile] search = false` in the spec (one compile, the spec's options), "
-           "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
-           "from the build cache, build/cache)")
+SHORTER = (
+    "    to make it shorter: `[compile] search = false` in the spec (one compile, the spec's options), "
+    "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
+    "from the build cache, build/cache)"
+)
 
 
 class Outlook:
@@ -183,14 +203,19 @@ class Outlook:
         if len(self.order) < 2 or not self.fresh:
             return []
         cached = len(self.order) - len(self.fresh)
-        what = (f"    search: {len(self.fresh)} candidate(s) to compile and verify"
-                + (f" ({cached} more from the cache)" if cached else "") + ", then all timed together")
+        what = (
+            f"    search: {len(self.fresh)} candidate(s) to compile and verify"
+            + (f" ({cached} more from the cache)" if cached else "")
+            + ", then all timed together"
+        )
         last = expected_s("compile")
         if last:
             what += f": about {duration(last)} on this machine (the last build's compile stage)"
         else:
-            what += (f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
-                     "(said once the first is timed)")
+            what += (
+                f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
+                "(said once the first is timed)"
+            )
         return [what, SHORTER]
 
     def left_s(self, names: list[str], costs: dict[str, float] | None = None) -> float | None:
@@ -211,23 +236,26 @@ class Outlook:
         since the timing rounds are not compiles)."""
         estimate(self.left_s(rest) if rest else None)
 
-    def announce(self, first: str, seconds: float, chosen: list[str], skipped: list[str],
-                 costs: dict[str, float] | None = None) -> None:
+    def announce(
+        self, first: str, seconds: float, chosen: list[str], skipped: list[str], costs: dict[str, float] | None = None
+    ) -> None:
         """Once the search knows what it will compile: how long that should take."""
         left = self.left_s(chosen, costs)
         if left is None or first not in self.fresh:
             return
-        over = (f"; {', '.join(skipped)} would take the search past its compile budget: not compiled"
-                if skipped else "")
+        over = f"; {', '.join(skipped)} would take the search past its compile budget: not compiled" if skipped else ""
         if chosen or skipped:
             side = f", {min(self.workers, len(chosen))} at a time" if min(self.workers, len(chosen)) > 1 else ""
-            say(f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more "
-                f"for the other {len(chosen)} candidate(s){side}{over}, then the timing")
+            say(
+                f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more "
+                f"for the other {len(chosen)} candidate(s){side}{over}, then the timing"
+            )
         estimate(left if chosen else None)  # the timing rounds are not compiles: no estimate for them
 
 
-def select(expected: list[Expected], budget: Budget,
-           store_has: Callable[[str], bool]) -> tuple[list[Expected], list[tuple[Expected, str]]]:
+def select(
+    expected: list[Expected], budget: Budget, store_has: Callable[[str], bool]
+) -> tuple[list[Expected], list[tuple[Expected, str]]]:
     """The candidates to compile, best value first, and those the budget leaves out (with why);
     a cached one costs nothing. The budget is counted on expected compile times."""
     ahead, chosen, over = copy.copy(budget), [], []
@@ -248,6 +276,7 @@ def select(expected: list[Expected], budget: Budget,
 @dataclass(frozen=True)
 class Cost:
     """What the search cost and what it won: the build's summary and its report."""
+
     compiled: int = 0  # candidates compiled fresh, the spec's options aside
     compile_s: float = 0.0  # their compile seconds, summed over the cores
     compile_wall_s: float = 0.0  # the wall-clock time they took, side by side

@@ -2,17 +2,12 @@
 (pipeline/features/rounds.py): the spec's own options stay unless another wins beyond the measured noise.
 What the search may spend, and on which candidates, is payback.py's; the compiles side by side, parallel.py's.
 
-Candidates (with `[compile] search = true`, the default): the spec's own options, freezing
-(not with external weights: it folds weights into the code), freezing with channels-last
-convolutions, max-autotune, and bfloat16 autocast with freezing where the spec's tolerances
-allow it (screened in eager first, so a model they refuse costs no compile). Each is compiled
-(or taken from the compile cache) and verified against eager on every case; a failing
-candidate is dropped. `search = false` pins the spec's options.
-
-Candidates that cannot win are not compiled: channels-last without convolutions, max-autotune
-without matmuls or convolutions (eager's FLOP counter says which the model runs), any candidate
-when the spec's own options, timed alone first, are too noisy for it to win beyond the noise,
-and those a compile-time budget that scales with the model leaves out (payback.py).
+The candidates, and those ruled out before compiling, are candidates.py's (with `[compile]
+search = true`, the default; `search = false` pins the spec's options). Each is compiled (or
+taken from the compile cache) and verified against eager on every case; a failing candidate is
+dropped. Not compiled either: any candidate when the spec's own options, timed alone first, are
+too noisy for it to win beyond the noise, and those a compile-time budget that scales with the
+model leaves out (payback.py).
 """
 
 from __future__ import annotations
@@ -25,24 +20,18 @@ from pathlib import Path
 
 import torch
 
-from ..stages import constants, precision
+from ..stages import constants
 from . import parallel, payback, rounds
+from .candidates import Skipped, candidates
 from .lock import Locked
 from .payback import OVER_BUDGET, SHORTER, Budget, Outlook  # noqa: F401 (SHORTER, OVER_BUDGET: the search's, named here too)
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
 from ..services.progress import check_stop, say, step
-from ..wheel_template.runtime import _compare as wheel_compare
 from ..stages.compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
-from ..stages.loader import call_forward
-from ..stages.verify import as_tuple, open_runner, tolerances, verification_cases, verify_model
-
-CONVOLUTIONS = {"convolution"}
-MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
-           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
-
+from ..stages.verify import open_runner, verify_model
 
 @dataclass(frozen=True)
 class Trial:
@@ -58,17 +47,6 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Skipped:
-    name: str
-    reason: str  # what the build says and its report keeps, with the seconds measured where there are any
-    recorded: str = ""  # the reason without measured values, for the manifest: a wheel's bytes never hold timings
-
-    @property
-    def stable_reason(self) -> str:
-        return self.recorded or self.reason
-
-
-@dataclass(frozen=True)
 class Tuned:
     compiled: Compiled  # the chosen candidate, still in its trial folder
     chosen: str
@@ -77,85 +55,6 @@ class Tuned:
     skipped: tuple[Skipped, ...] = ()
     why: str = ""  # why the chosen candidate was chosen (pipeline/features/rounds.py)
     cost: payback.Cost = payback.Cost()  # what the search cost and won
-
-
-BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
-
-
-def candidates(exported: Exported, locked: Locked | None = None) -> tuple[list[tuple[str, dict]], list[Skipped]]:
-    """The candidates to compile, and those ruled out beforehand (with why). A matching lock
-    entry (lock.py) is the one candidate: what the search chose before, with no search."""
-    spec = exported.spec_file.spec
-    if not spec.compile.search:
-        return [("pinned", {})], []
-    if locked is not None:
-        return [(locked.chosen, locked.overrides)], []
-    found, skipped, ops = [("spec-options", {})], [], heavy_ops(exported)
-    if not spec.weights.external and not spec.compile.freezing:
-        found.append(("freezing", {"freezing": True}))
-        if ops is None or ops & CONVOLUTIONS:
-            found.append(("freezing+channels-last", {"freezing": True, "force_layout_optimization": True}))
-        else:
-            skipped.append(Skipped("freezing+channels-last", "the model runs no convolutions: it would compile to the same code as freezing"))
-    if not spec.compile.max_autotune:
-        if ops is None or ops & (CONVOLUTIONS | MATMULS):
-            found.append(("max-autotune", {"max_autotune": True}))
-        else:
-            skipped.append(Skipped("max-autotune", "the model runs no matmuls or convolutions: nothing for autotuning to choose kernels for"))
-    reason = reduced_precision_refusal(exported)
-    return (found + [BF16], skipped) if reason is None else (found, skipped + [Skipped(BF16[0], reason)])
-
-
-def heavy_ops(exported: Exported) -> set[str] | None:
-    """The aten ops with FLOPs that eager runs on the example inputs (``convolution``, ``mm``…),
-    or None when they cannot be counted (then no candidate is ruled out for it)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            exported.module(*exported.example_inputs)
-    except Exception:  # the user's forward can raise anything; export will say it properly
-        return None
-    return {str(op).split(".")[-1] for op, flops in counter.get_flop_counts().get("Global", {}).items() if flops}
-
-
-def reduced_precision_refusal(exported: Exported) -> str | None:
-    """Why the bfloat16 candidate is not worth compiling here, or None when it is."""
-    if exported.spec_file.spec.compile.autocast:
-        return "the spec's own options already use autocast"
-    if exported.spec_file.spec.weights.external:
-        return "external weights stay float32 tensors the runtime supplies; reduced precision needs them folded into the .so"
-    if "float32" not in exported.output_dtypes:
-        return "the model has no float32 output"
-    target = exported.target
-    if not target.bf16_native():
-        return target.BF16_SLOW
-    return screen_autocast(exported)
-
-
-def screen_autocast(exported: Exported) -> str | None:
-    """Eager under autocast against eager in float32, on every verification case, with the spec's
-    tolerances: if eager already misses them, the compiled candidate would too."""
-    tols, names = tolerances(exported), [o.name for o in exported.spec_file.spec.outputs]
-    wrapped = precision.wrap(exported)
-    for case in verification_cases(exported):
-        # This runs before export: a model that fails on some case must fail in export or
-        # verification with their messages, not here.
-        try:
-            with torch.no_grad():
-                want = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
-        except Exception as exc:  # the user's forward can raise anything
-            return f"eager raised {type(exc).__name__} on case {case.name}, so it could not be screened"
-        try:
-            with torch.no_grad():
-                got = as_tuple(wrapped(*case.inputs), exported.returns_tuple)
-        except Exception as exc:  # an op without a bfloat16 kernel, for instance
-            return f"eager under {precision.AUTOCAST_DTYPE} autocast raised {type(exc).__name__} on case {case.name}: {exc}"
-        for name, g, w in zip(names, got, want):
-            diff = wheel_compare.compare(name, g, w, *tols[name])
-            if not diff.passed:
-                return f"the spec's tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, case {case.name}: {diff.describe()}"
-    return None
 
 
 def plans(exported: Exported, cxx_version: str, output_dir: Path, keep_debug: bool = False,
@@ -198,7 +97,10 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     spec, skipped = exported.spec_file.spec, list(skipped)
-    workers = max(1, min(payback.cores(), len(planned) - 1))
+    # Side by side on the CPU only: a forked worker cannot use an accelerator its parent has
+    # initialised (CUDA refuses to initialise again after a fork).
+    cores = payback.cores() if exported.target.TORCH_DEVICE == "cpu" else 1
+    workers = max(1, min(cores, len(planned) - 1))
     budget, outlook = Budget(spec.compile.search_budget_s, workers), Outlook(planned, store, workers)
     for line in outlook.before_search():
         say(line)
@@ -206,13 +108,14 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
     search = _Search(exported, planned, weights_file, work_dir, store, budget)
     started = time.perf_counter()
     search.compile_and_verify(first)
-    outlook.first(first, time.perf_counter() - started, from_cache=search.from_cache(first))
+    first_s = time.perf_counter() - started
+    outlook.first(first, first_s, from_cache=search.from_cache(first))
     cost, chosen = payback.Cost(workers=workers), list[payback.Expected]()
     if len(planned) > 1:
         noise = search.noise() if first in search.passed else None
         chosen, refused, cost = choose_candidates(exported, planned, noise, budget, store, cost)
         skipped += refused
-        outlook.announce(first, time.perf_counter() - started, [e.name for e in chosen],
+        outlook.announce(first, first_s, [e.name for e in chosen],
                          [s.name for s in refused if s.recorded == payback.OVER_BUDGET],
                          {e.name: e.cost for e in chosen})
         cost = search.compile_candidates([e.name for e in chosen], workers, outlook, cost)
