@@ -33,8 +33,14 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from .progress import left_s, status_text
+
+if TYPE_CHECKING:  # plain mode imports no rich
+    from rich.console import RenderableType
+    from rich.spinner import Spinner
 
 POLL_S = 0.5  # how often an idle renderer checks that the build is still there
 
@@ -49,7 +55,7 @@ class Status:
         self.stage_end: float | None = None  # when the stage expects to end, by its own estimate
         self.expected: dict[str, float] = {}
         self.tracks: dict[str, str] = {}
-        self.spinner = None  # rich's, made on the first draw (plain mode imports no rich)
+        self.spinner: Spinner | None = None  # rich's, made on the first draw (plain mode imports no rich)
 
     def apply(self, message: dict) -> None:
         if "stage" in message:
@@ -73,7 +79,7 @@ class Status:
         left = left_s(self.expected, name, now - began, None if end is None else end - now)
         return status_text(name, self.detail, now - began, now - self.began, left, end is not None)
 
-    def render(self):
+    def render(self) -> RenderableType:
         from rich.spinner import Spinner
         from rich.text import Text
 
@@ -89,7 +95,7 @@ class Status:
         return self.spinner
 
 
-def messages(fd: int, build_pid: int):
+def messages(fd: int, build_pid: int) -> Iterator[dict[str, Any] | None]:
     """Each message the build sends, until its end of the pipe is closed or the build is gone;
     None whenever none came for POLL_S (plain mode's cue to look at the clock)."""
     pending = b""

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import proc
 from ..errors import PipelineError
+from . import proc
 from .progress import Progress, duration
 from .record import record_path
 
@@ -26,7 +27,9 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
     gets each started build's log."""
     say = progress.say
     log_dir.mkdir(parents=True, exist_ok=True)
-    queue, running, failed = list(specs), {}, []
+    queue = list(specs)
+    failed: list[tuple[str, int]] = []  # (spec, exit code)
+    running: dict[str, tuple[subprocess.Popen[bytes], Path, float]] = {}  # spec: (process, log, start)
     started = time.perf_counter()
     try:
         while queue or running:

@@ -300,10 +300,12 @@ class LiveProgress(Progress):
         """False once the renderer is gone (killed on its own): the build goes on in plain lines."""
         if self.renderer is None:
             return False
+        pipe = self.renderer.stdin
+        assert pipe is not None  # started with stdin=PIPE
         data = (json.dumps(message) + "\n").encode()
         try:
             while data:  # one write for a message under PIPE_BUF: the renderer never sees half of it
-                data = data[os.write(self.renderer.stdin.fileno(), data):]
+                data = data[os.write(pipe.fileno(), data):]
         except OSError:
             self._end_renderer()
             return False
@@ -356,6 +358,7 @@ class LiveProgress(Progress):
         renderer, self.renderer = self.renderer, None
         if renderer is None:
             return
+        assert renderer.stdin is not None  # started with stdin=PIPE
         try:
             renderer.stdin.close()
         except OSError:

@@ -7,17 +7,30 @@ command's own exit code and error. docs/how-a-build-works.md#the-json-record des
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
+from ..errors import PipelineError
 from .proc import redact
 
 FORMAT = 1
 
 
-def of_build(result) -> dict[str, Any]:
+class Built(Protocol):
+    """What a finished build hands the record (build.BuildResult, a layer above this one)."""
+
+    @property
+    def wheel(self) -> Path: ...
+    @property
+    def report_path(self) -> Path: ...
+    @property
+    def report(self) -> dict[str, Any]: ...
+
+
+def of_build(result: Built) -> dict[str, Any]:
     report, verification = result.report, result.report["verification"]
     return {
         "model": report["model"], "version": report["version"], "target": report["target"],
@@ -28,7 +41,7 @@ def of_build(result) -> dict[str, Any]:
     }
 
 
-def of_command(args, exit_code: int, error) -> dict[str, Any]:
+def of_command(args: argparse.Namespace, exit_code: int, error: PipelineError | None) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "exit_code": exit_code,
@@ -62,7 +75,7 @@ def children(specs: list[str], logs: dict[str, Path]) -> list[dict[str, Any]]:
     return found
 
 
-def emit(record: dict[str, Any], path: str | None, stream=None) -> None:
+def emit(record: dict[str, Any], path: str | None, stream: IO[str] | None = None) -> None:
     """To ``path`` (a parallel build's child), else ``stream`` (the stdout --json kept aside)."""
     text = json.dumps(record, sort_keys=True)
     if path:
