@@ -27,12 +27,17 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IndexServerError, OutputDirError
+from ..wheel_template.runtime import _trust as wheel_trust
 from . import index_auth
 from .writable import made_folders, remove_if_empty
-from ..wheel_template.runtime import _trust as wheel_trust
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 TARGET_RE = re.compile(r"^(cpu|cu\d+)$")
 DEFAULT_PORT = 8765
@@ -45,7 +50,7 @@ STATE_DIR = Path("build") / "index"
 
 
 def make_app(data_dir: Path, secret: str, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL,
-             private: tuple[str, ...] = PRIVATE_PREFIXES):
+             private: tuple[str, ...] = PRIVATE_PREFIXES) -> WSGIApplication:
     """A WSGI app dispatching /<target>/... to a pypiserver app rooted at data_dir/<target>;
     uploads only with ``secret`` (user ``modelwheel``); names starting with a ``private`` prefix
     never redirect elsewhere."""
@@ -56,9 +61,9 @@ def make_app(data_dir: Path, secret: str, fallback_url: str = FALLBACK_URL, torc
     def owner(username: str, password: str) -> bool:
         return username == index_auth.USERNAME and hmac.compare_digest(password.encode(), secret.encode())
 
-    apps: dict[str, object] = {}
+    apps: dict[str, WSGIApplication] = {}
 
-    def dispatch(environ, start_response):
+    def dispatch(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         target, _, rest = path.lstrip("/").partition("/")
         if not TARGET_RE.match(target):
@@ -87,15 +92,16 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _kept_here(app, environ, start_response, project: str, private: tuple[str, ...]):
+def _kept_here(app: WSGIApplication, environ: WSGIEnvironment, start_response: StartResponse, project: str,
+               private: tuple[str, ...]) -> Iterable[bytes]:
     """pypiserver's answer for a name of the models' namespace, except that its redirect to the
     fallback (PyPI) becomes 404: a model missing here (a typo, another target's model, a new
     name) must never be installed from whoever registered that name upstream (dependency
     confusion). Redirects within this index (pypiserver's name normalisation) pass."""
-    answer: dict = {}
+    answer: dict[str, Any] = {}
     written: list[bytes] = []
 
-    def capture(status, headers, exc_info=None):
+    def capture(status: str, headers: list[tuple[str, str]], exc_info: object = None) -> Callable[[bytes], object]:
         answer.update(status=status, headers=headers)
         return written.append
 
@@ -148,7 +154,8 @@ def _listen(port: int) -> socket.socket:
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "cpu/simple/", timeout=2) as response:
-            return response.status == 200
+            status: int = response.status
+            return status == 200
     except OSError:
         return False
 
@@ -156,7 +163,7 @@ def _answers(url: str) -> bool:
 LOCAL_URL = re.compile(r"^http://127\.0\.0\.1:\d{1,5}/$")
 
 
-def read_state(state_dir: Path = STATE_DIR) -> dict | None:
+def read_state(state_dir: Path = STATE_DIR) -> dict[str, Any] | None:
     """The running local index ({url, pid, data}), or None when none is running. The state file
     says where wheels go anonymously and which process `index stop` ends: one another user could
     have written is refused, as is one naming anything but an index on 127.0.0.1."""
@@ -168,7 +175,7 @@ def read_state(state_dir: Path = STATE_DIR) -> dict | None:
         raise IndexServerError(f"{found}: the local index's state file could have been written by another user; refused",
                                f"remove {state_dir.absolute()} (and stop any index of yours with kill), then "
                                "`modelwheel index start`")
-    state = json.loads(state_file.read_text())
+    state: dict[str, Any] = json.loads(state_file.read_text())
     if not LOCAL_URL.match(str(state.get("url"))) or not _is_index_process(state.get("pid")):
         return None  # not this tool's index on this machine, or one that is gone (its pid maybe taken since)
     return state
