@@ -186,6 +186,13 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
 # after), and what it writes for their paths (__FILE__ in the runtime's error messages).
 TORCH_ALIAS = ".torch"
 TORCH_PATH_IN_LIBRARY = "torch"
+# Inductor keys its precompiled headers by the compiler's command line, which names the compile
+# folder's torch link, so every compile folder (each model version, each search candidate) made
+# its own: two headers, 12.5 s of CPU on a 2-core machine, against the 2.6 s that one saves the
+# wrapper's compile. Without them a compile costs 10 s less wherever the folder is new.
+def _no_precompiled_headers() -> dict[str, bool]:
+    known = hasattr(torch._inductor.config.aot_inductor, "precompile_headers")  # absent from older torches
+    return {"aot_inductor.precompile_headers": False} if known else {}
 
 
 @contextlib.contextmanager
@@ -245,7 +252,8 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
                 torch.no_grad(), torch_seen_at(output_dir), \
                 (constants.captured() if capture else contextlib.nullcontext({})) as captured:
             produced = torch._inductor.aot_compile(program.module(), args, kwargs,
-                                                   options={**options, **targets.get(target).graph_passes(options)})
+                                                   options={**options, **targets.get(target).graph_passes(options),
+                                                            **_no_precompiled_headers()})
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc
