@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 import zipfile
 from dataclasses import dataclass
@@ -56,6 +57,22 @@ LONGEST_FIRST = ("test_zoo.py", "test_tune.py", "test_release_workflow.py", "tes
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: the rest keep their order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """With MODELWHEEL_TEST_CPU_LOG=FILE, each test's CPU seconds (its own and those of the
+    processes it waited for: builds, compilers, venvs) and wall seconds are appended to FILE.
+    CPU time, unlike --durations' wall time, does not grow when the machine is busy, so a run on a
+    shared machine still shows which tests cost the suite its budget (docs/testing.md)."""
+    log = os.environ.get("MODELWHEEL_TEST_CPU_LOG")
+    before, started = os.times(), time.monotonic()
+    yield
+    if log:
+        after = os.times()
+        cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
+        with open(log, "a") as out:
+            out.write(f"{cpu:.1f}\t{time.monotonic() - started:.1f}\t{item.nodeid}\n")
 
 
 def one_input_spec(name: str, shape: str = '["batch", 4]', input_name: str = "x", output_name: str = "y") -> str:
