@@ -17,7 +17,7 @@ import threading
 import traceback
 import warnings
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from . import targets
 from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
@@ -33,6 +33,9 @@ from .services.progress import Progress, QuietProgress, for_stream, reporting, s
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
+
+if TYPE_CHECKING:  # the build imports torch, which commands that build nothing never load
+    from .build import BuildResult
 from .summary import print_report
 
 
@@ -53,7 +56,7 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _redeliver_swallowed_interrupt(unraisable) -> None:
+def _redeliver_swallowed_interrupt(unraisable: sys.UnraisableHookArgs) -> None:
     """sys.unraisablehook: the KeyboardInterrupt landed in a finalizer or a garbage-collector
     callback (torch runs many), where Python prints it and drops it; the build then went on
     compiling until the stage ended, and stored its result in the cache. Deliver it again, from
@@ -81,7 +84,7 @@ def _settle() -> None:
         signal.signal(signum, lambda number, _frame: stop_requested.append(signal.Signals(number).name))
 
 
-def _print_summary(progress: Progress, result) -> None:
+def _print_summary(progress: Progress, result: BuildResult) -> None:
     if isinstance(progress, QuietProgress):
         progress.result(str(result.wheel))
     else:
@@ -203,7 +206,7 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
     return 0
 
 
-def _checkpoint_spec(args: argparse.Namespace):
+def _checkpoint_spec(args: argparse.Namespace) -> SpecFile:
     """build --hf DIR --task TASK --name N --version V [--spec overrides.toml]."""
     from .hf import guess_task  # imports torch (the tasks' wrappers): only --hf pays for it
 
@@ -222,7 +225,7 @@ def _checkpoint_spec(args: argparse.Namespace):
                            spec=args.spec[0] if args.spec else None)
 
 
-def _spec_from(args: argparse.Namespace):
+def _spec_from(args: argparse.Namespace) -> SpecFile:
     if bool(args.model) == bool(args.spec):
         raise UsageError(
             "give a model name or --spec PATH (one of them)",
@@ -249,12 +252,14 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
                      else f"no local index was started from this folder ({index.STATE_DIR.resolve()})")
         return 0
     port = index.DEFAULT_PORT if args.port is None else args.port
-    upstreams = {"fallback_url": index.FALLBACK_URL if args.fallback_url is None else args.fallback_url,
-                 "torch_url": args.torch_url or index.TORCH_URL, "private": tuple(args.private_prefix)}
+    fallback_url: str = index.FALLBACK_URL if args.fallback_url is None else args.fallback_url
+    torch_url: str = args.torch_url or index.TORCH_URL
+    private: tuple[str, ...] = tuple(args.private_prefix)
     if args.action == "serve":
-        index.serve(Path(args.data), port, listening_fd=args.listening_fd, state_dir=Path(args.state_dir), **upstreams)
+        index.serve(Path(args.data), port, fallback_url, torch_url, listening_fd=args.listening_fd,
+                    state_dir=Path(args.state_dir), private=private)
         return 0
-    state = index.start(Path(args.data), port, **upstreams)
+    state = index.start(Path(args.data), port, fallback_url=fallback_url, torch_url=torch_url, private=private)
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
     progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
                  "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)")

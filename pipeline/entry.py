@@ -35,6 +35,8 @@ def end(code: int) -> NoReturn:
         # the CLI chose and printed. The exit handlers still run (torch's compile workers end).
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is None:  # no such stream (pythonw, a closed descriptor at start)
+            continue
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):

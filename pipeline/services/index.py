@@ -205,7 +205,7 @@ def private_prefixes(extra: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: str = FALLBACK_URL,
-          torch_url: str = TORCH_URL, private: tuple[str, ...] = ()) -> dict:
+          torch_url: str = TORCH_URL, private: tuple[str, ...] = ()) -> dict[str, Any]:
     running = read_state(state_dir)
     if running:
         return running
