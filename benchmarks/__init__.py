@@ -30,8 +30,9 @@ def step(name: str, what: str) -> Iterator[None]:
         progress.close()
 
 
-def write_results(out: Path, results: dict[str, Any], markdown: Callable[[dict], str],
-                  chart: Callable[[dict, Path], None]) -> None:
+def write_results(
+    out: Path, results: dict[str, Any], markdown: Callable[[dict], str], chart: Callable[[dict, Path], None]
+) -> None:
     """results.json, results.md and chart.png under ``out``; the table also on stdout."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

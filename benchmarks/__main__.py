@@ -32,14 +32,20 @@ def bench_module(target: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("--target", choices=targets.names(), default=targets.DEFAULT,
-                        help="the target whose wheel is measured (default: the registry's default)")
+    parser.add_argument(
+        "--target",
+        choices=targets.names(),
+        default=targets.DEFAULT,
+        help="the target whose wheel is measured (default: the registry's default)",
+    )
     parser.add_argument("--pip-args", default="", help="extra pip install arguments for the host bench's packages")
     args, rest = parser.parse_known_args()
     module = bench_module(args.target)
     if module == HOST_BENCH:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *shlex.split(args.pip_args),
-                        "-r", str(REQUIREMENTS)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", *shlex.split(args.pip_args), "-r", str(REQUIREMENTS)],
+            check=True,
+        )
         rest = ["--target", args.target, *rest]
     sys.argv = [f"python -m {module}", *rest]
     importlib.import_module(module).main()

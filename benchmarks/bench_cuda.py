@@ -46,9 +46,14 @@ from benchmarks.bench_report import latency_table, targets_table
 from pipeline.spec import load_spec
 
 VARIANTS = ["eager", "compile", "compile-ro", "pt2", "wheel", "wheel-graphs"]
-LABELS = {"eager": "eager PyTorch", "compile": "torch.compile", "compile-ro": "torch.compile reduce-overhead",
-          "pt2": ".pt2 (aoti_load_package)", "wheel": "the wheel, without CUDA graphs (load(cuda_graphs=False))",
-          "wheel-graphs": "the wheel, CUDA graphs (load())"}
+LABELS = {
+    "eager": "eager PyTorch",
+    "compile": "torch.compile",
+    "compile-ro": "torch.compile reduce-overhead",
+    "pt2": ".pt2 (aoti_load_package)",
+    "wheel": "the wheel, without CUDA graphs (load(cuda_graphs=False))",
+    "wheel-graphs": "the wheel, CUDA graphs (load())",
+}
 
 
 def wheel_venv(wheel: Path, out: Path) -> Path:
@@ -56,12 +61,17 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     fetch another, and the wheel's torch pin is checked by pip against the one that is there."""
     say("==> installing the wheel into a virtualenv that sees this interpreter's torch")
     python = torch_venv.create(out / "venv")
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", wheel],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", wheel], check=True, capture_output=True
+    )
     # pip check, for the wheel alone: the image's own packages may disagree among themselves
     # (pypiserver wants a newer pip than the image's), which is not this wheel's concern.
     checked = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
-    problems = [line for line in checked.stdout.splitlines() if line.lower().startswith(wheel.name.split("-")[0].replace("_", "-"))]
+    problems = [
+        line
+        for line in checked.stdout.splitlines()
+        if line.lower().startswith(wheel.name.split("-")[0].replace("_", "-"))
+    ]
     if problems:
         raise SystemExit("bench: the wheel's requirements are not met here:\n" + "\n".join(problems))
     return python
@@ -79,19 +89,28 @@ def measure(spec: Path, batches: list[int], artifacts: dict, venv_python: Path, 
     for batch in batches:  # batch 1 first: the targets are there, should a short loan end early
         for variant in variants:
             say(f"==> latency: {LABELS[variant]}, batch {batch}")
-            measured = run_json(variant_cmd(variant, spec, artifacts, venv_python, "--mode", "latency", "--batch", batch))
+            measured = run_json(
+                variant_cmd(variant, spec, artifacts, venv_python, "--mode", "latency", "--batch", batch)
+            )
             results["latency_ms"][variant][str(batch)] = measured
             say(f"    median {measured['median_ms']:.2f} ms, first call {measured['first_call_s']:.1f} s")
     # A torch.compile variant's fresh start is its first call, compile included (measured above).
-    for variant in (["eager", "wheel", "wheel-graphs"] if lease else variants):
+    for variant in ["eager", "wheel", "wheel-graphs"] if lease else variants:
         say(f"==> fresh process to first result: {LABELS[variant]}")
-        runs = [run_json(variant_cmd(variant, spec, artifacts, venv_python, "--mode", "cold", "--batch", 1,
-                                     "--start", time.time()))["first_result_s"] for _ in range(3 if lease else COLD_REPEATS)]
+        runs = [
+            run_json(
+                variant_cmd(
+                    variant, spec, artifacts, venv_python, "--mode", "cold", "--batch", 1, "--start", time.time()
+                )
+            )["first_result_s"]
+            for _ in range(3 if lease else COLD_REPEATS)
+        ]
         results["cold_start_s"][variant] = statistics.median(runs)
     for variant in ("wheel", "eager") if lease else ("wheel", "compile-ro", "eager"):
         say(f"==> GPU busy share at batch 1 (torch.profiler): {LABELS[variant]}")
         results["gpu_busy"][variant] = run_json(
-            variant_cmd(variant, spec, artifacts, venv_python, "--mode", "gpu-busy", "--batch", 1))
+            variant_cmd(variant, spec, artifacts, venv_python, "--mode", "gpu-busy", "--batch", 1)
+        )
     return results
 
 
@@ -103,37 +122,69 @@ def check_targets(results: dict) -> list[dict]:
     def ratio(batch: str, other: str) -> float:
         return float(graphs[batch]["median_ms"] / lat[other][batch]["median_ms"])
 
-    checks = [("the wheel with CUDA graphs >= 4x faster than eager (batch 1)", ratio("1", "eager"), 0.25),
-              ("the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)", ratio("1", "compile-ro"), 0.8)]
+    checks = [
+        ("the wheel with CUDA graphs >= 4x faster than eager (batch 1)", ratio("1", "eager"), 0.25),
+        ("the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)", ratio("1", "compile-ro"), 0.8),
+    ]
     if largest != "1":
-        checks.append((f"the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch {largest})",
-                       ratio(largest, "compile-ro"), 0.95))
+        checks.append(
+            (
+                f"the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch {largest})",
+                ratio(largest, "compile-ro"),
+                0.95,
+            )
+        )
     cold = results["cold_start_s"]
     if "pt2" in cold:  # a lease-sized run (--lease) has no .pt2 variant
-        checks.append(("cold start, load(), >= 2x faster than the .pt2 loader", cold["wheel-graphs"] / cold["pt2"], 0.5))
+        checks.append(
+            ("cold start, load(), >= 2x faster than the .pt2 loader", cold["wheel-graphs"] / cold["pt2"], 0.5)
+        )
     return judged(checks)
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# {results['model']} on {results['gpu']}", "",
-             f"torch {results['torch']} (CUDA {results['cuda']}); wheel compile options: {results['chosen']}", "",
-             *latency_table(results, results["variants"], LABELS, digits=2)]
+    lines = [
+        f"# {results['model']} on {results['gpu']}",
+        "",
+        f"torch {results['torch']} (CUDA {results['cuda']}); wheel compile options: {results['chosen']}",
+        "",
+        *latency_table(results, results["variants"], LABELS, digits=2),
+    ]
     build = results["build"]
-    built = (f"Build: cold {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s." if build
-             else "The wheel was built before the run (--wheel); "
-                  "fresh starts of the torch.compile variants are their first calls.")
-    lines += ["", f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor "
-              f"cache): {results['latency_ms']['compile']['1']['first_call_s']:.1f} s, reduce-overhead "
-              f"{results['latency_ms']['compile-ro']['1']['first_call_s']:.1f} s. {built}", "", *targets_table(results)]
-    lines += ["", "## What limits it", "",
-              "GPU time in kernels against wall time per call at batch 1 (torch.profiler): a share well below 1 means the "
-              "call waits on the CPU launching kernels one by one, which CUDA graphs (reduce-overhead) replay in one launch.", "",
-              "| | wall ms | kernel ms | kernels per call | GPU busy |", "|---|---|---|---|---|"]
+    built = (
+        f"Build: cold {build['cold_s']:.1f} s, unchanged rebuild {build['cached_s']:.1f} s."
+        if build
+        else "The wheel was built before the run (--wheel); "
+        "fresh starts of the torch.compile variants are their first calls."
+    )
+    lines += [
+        "",
+        f"`import torch` alone: {results['import_torch_s']:.2f} s. torch.compile first call (empty Inductor "
+        f"cache): {results['latency_ms']['compile']['1']['first_call_s']:.1f} s, reduce-overhead "
+        f"{results['latency_ms']['compile-ro']['1']['first_call_s']:.1f} s. {built}",
+        "",
+        *targets_table(results),
+    ]
+    lines += [
+        "",
+        "## What limits it",
+        "",
+        "GPU time in kernels against wall time per call at batch 1 (torch.profiler): a share well below 1 means the "
+        "call waits on the CPU launching kernels one by one, which CUDA graphs (reduce-overhead) replay in one launch.",
+        "",
+        "| | wall ms | kernel ms | kernels per call | GPU busy |",
+        "|---|---|---|---|---|",
+    ]
     for variant, busy in results["gpu_busy"].items():
-        lines.append(f"| {LABELS[variant]} | {busy['wall_ms']:.2f} | {busy['kernel_ms']:.2f} | {busy['kernels_per_call']:.0f} "
-                     f"| {busy['busy']:.0%} |")
-    lines += ["", "The wheel with CUDA graphs replays one graph per batch size through the .so's single-threaded entry "
-              "point (docs/cuda.md); its kernels are not profiled above."]
+        lines.append(
+            f"| {LABELS[variant]} | {busy['wall_ms']:.2f} | {busy['kernel_ms']:.2f} | {busy['kernels_per_call']:.0f} "
+            f"| {busy['busy']:.0%} |"
+        )
+    lines += [
+        "",
+        "The wheel with CUDA graphs replays one graph per batch size through the .so's single-threaded entry "
+        "point (docs/cuda.md); its kernels are not profiled above.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -142,12 +193,17 @@ def main() -> None:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--root", default=None, help="artifact root for the build (default: the pipeline's)")
     parser.add_argument("--wheel", type=Path, help="measure this wheel, already built, instead of building one")
-    parser.add_argument("--lease", action="store_true",
-                        help="fit a short GPU loan: no .pt2 variant, fresh starts 3 times for eager and the wheel's two rows only")
+    parser.add_argument(
+        "--lease",
+        action="store_true",
+        help="fit a short GPU loan: no .pt2 variant, fresh starts 3 times for eager and the wheel's two rows only",
+    )
     args = parser.parse_args()
     if torch.version.cuda is None or not torch.cuda.is_available():
-        raise SystemExit(f"bench: TARGET=cuda needs a CUDA torch and a GPU; torch {torch.__version__} here "
-                         f"(CUDA {torch.version.cuda}), GPU visible: {torch.cuda.is_available()}")
+        raise SystemExit(
+            f"bench: TARGET=cuda needs a CUDA torch and a GPU; torch {torch.__version__} here "
+            f"(CUDA {torch.version.cuda}), GPU visible: {torch.cuda.is_available()}"
+        )
     spec = Path(args.spec).resolve()
     spec_file = load_spec(spec)
     name = spec_file.spec.model.name
@@ -157,16 +213,29 @@ def main() -> None:
     INDUCTOR_ENV["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
     build, wheel = (None, args.wheel.resolve()) if args.wheel else build_times(spec, out, args.root, target="cuda")
     venv_python = wheel_venv(wheel, out)
-    manifest = json.loads(subprocess.run([venv_python, "-c", f"import json, model_{name} as m; print(json.dumps(m.manifest()))"],
-                                         capture_output=True, text=True, check=True).stdout)
+    manifest = json.loads(
+        subprocess.run(
+            [venv_python, "-c", f"import json, model_{name} as m; print(json.dumps(m.manifest()))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     artifacts: dict[str, str | Path] = {"wheel": f"model_{name}", "wheel-graphs": f"model_{name}"}
     if not args.lease:
         artifacts["pt2"] = make_pt2(export_once(spec_file, "cuda"), manifest, out)
     batches = sorted({1, spec_file.spec.dims["batch"].max}) if "batch" in spec_file.spec.dims else [1]
-    results = {"model": f"{manifest['dist_name']} {manifest['full_version']}", "gpu": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "cuda": torch.version.cuda, "chosen": manifest["compile_search"]["chosen"],
-               "batches": batches, "build": build, "import_torch_s": import_torch_s(venv_python),
-               **measure(spec, batches, artifacts, venv_python, args.lease)}
+    results = {
+        "model": f"{manifest['dist_name']} {manifest['full_version']}",
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "chosen": manifest["compile_search"]["chosen"],
+        "batches": batches,
+        "build": build,
+        "import_torch_s": import_torch_s(venv_python),
+        **measure(spec, batches, artifacts, venv_python, args.lease),
+    }
     results["targets"] = check_targets(results)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))

@@ -72,8 +72,13 @@ ROUNDS = 5
 
 
 def in_fresh_process(import_name: str, **env: str) -> dict:
-    ran = subprocess.run([sys.executable, __file__, import_name, "--json"], capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True)
+    ran = subprocess.run(
+        [sys.executable, __file__, import_name, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
     result: dict = json.loads(ran.stdout)
     return result
 
@@ -86,8 +91,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(measure(args.import_name)))
         return
-    pairs = [(in_fresh_process(args.import_name), in_fresh_process(args.import_name, MODELWHEEL_MALLOC="default"))
-             for _ in range(ROUNDS)]
+    pairs = [
+        (in_fresh_process(args.import_name), in_fresh_process(args.import_name, MODELWHEEL_MALLOC="default"))
+        for _ in range(ROUNDS)
+    ]
     kept = pairs[0][0]
     gb = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
     print(f"{kept['model']}: weights {gb(kept['weights_bytes'])}")

@@ -71,12 +71,15 @@ def profiled_events(model: Path | str, arrays: list, runs: int) -> list[dict]:
 
 
 def _last_runs(events: list[dict], calls: int) -> list[dict]:
-    return sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                  key=lambda e: e["ts"])[-calls:]
+    return sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"]
+    )[-calls:]
 
 
 def _node_events(events: list[dict], begin: float) -> list[dict]:
-    return [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= begin]
+    return [
+        e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= begin
+    ]
 
 
 def summarize(events: list[dict], calls: int) -> dict:
@@ -90,5 +93,8 @@ def summarize(events: list[dict], calls: int) -> dict:
     groups: dict[str, float] = defaultdict(float)
     for op_type, ms in ops.items():
         groups[op_group(op_type)] += ms
-    return {"run_ms": sum(e["dur"] for e in runs) / len(runs) / 1000, "groups_ms": dict(groups),
-            "ops_ms": dict(sorted(ops.items(), key=lambda item: -item[1]))}
+    return {
+        "run_ms": sum(e["dur"] for e in runs) / len(runs) / 1000,
+        "groups_ms": dict(groups),
+        "ops_ms": dict(sorted(ops.items(), key=lambda item: -item[1])),
+    }

@@ -12,7 +12,12 @@ def summarize(runs: list[dict]) -> dict:
     their range as the spread; the first call is the first round's (torch.compile's then ran on
     an empty Inductor cache)."""
     medians = [r["median_ms"] for r in runs]
-    return {"median_ms": statistics.median(medians), "p90_ms": statistics.median(r["p90_ms"] for r in runs),
-            "spread_ms": [min(medians), max(medians)], "rounds": len(runs), "runs": sum(r["runs"] for r in runs),
-            "first_call_s": runs[0]["first_call_s"],
-            "page_faults_per_call": statistics.median(r["page_faults_per_call"] for r in runs)}
+    return {
+        "median_ms": statistics.median(medians),
+        "p90_ms": statistics.median(r["p90_ms"] for r in runs),
+        "spread_ms": [min(medians), max(medians)],
+        "rounds": len(runs),
+        "runs": sum(r["runs"] for r in runs),
+        "first_call_s": runs[0]["first_call_s"],
+        "page_faults_per_call": statistics.median(r["page_faults_per_call"] for r in runs),
+    }

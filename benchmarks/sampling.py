@@ -38,10 +38,18 @@ def profile(cmd: list, out: Path, skip_s: float, frequency: int = 499, cwd: Path
     """Runs ``cmd`` (in ``cwd``) under `perf record`, sampling only after its first ``skip_s``
     seconds (its start-up: imports, load), and returns {"groups": {group: share of the samples}}."""
     data = out / "perf.data"
-    subprocess.run(["perf", "record", "-F", str(frequency), "-D", str(int(skip_s * 1000)), "-o", str(data), "--",
-                    *map(str, cmd)], check=True, capture_output=True, cwd=cwd)
-    report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso", "--stdio", "-q"],
-                            check=True, capture_output=True, text=True).stdout
+    subprocess.run(
+        ["perf", "record", "-F", str(frequency), "-D", str(int(skip_s * 1000)), "-o", str(data), "--", *map(str, cmd)],
+        check=True,
+        capture_output=True,
+        cwd=cwd,
+    )
+    report = subprocess.run(
+        ["perf", "report", "-i", str(data), "--no-children", "--sort", "dso", "--stdio", "-q"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return grouped(report)
 
 

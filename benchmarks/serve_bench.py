@@ -70,12 +70,30 @@ def serving(engine: str, package: str, site: Path, spec: Path, slots: int, log: 
     process group) afterwards."""
     target, app_dir = ENGINES[engine]
     port = free_port()
-    env = {**os.environ, "MODEL_PACKAGE": package, "MODEL_SPEC": str(spec), "MODEL_SLOTS": str(slots),
-           "PYTHONPATH": os.pathsep.join([str(site), str(SERVING)])}
+    env = {
+        **os.environ,
+        "MODEL_PACKAGE": package,
+        "MODEL_SPEC": str(spec),
+        "MODEL_SLOTS": str(slots),
+        "PYTHONPATH": os.pathsep.join([str(site), str(SERVING)]),
+    }
     if slots > 1:  # the cores shared out among the calls (docs/serving.md)
         env["OMP_NUM_THREADS"] = str(max(1, CORES // slots))
-    cmd = [sys.executable, "-m", "uvicorn", target, "--app-dir", str(app_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--workers", "1", "--no-access-log"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        target,
+        "--app-dir",
+        str(app_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--no-access-log",
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -129,21 +147,37 @@ def measure(client: Any, url: str, requests: list, concurrency: int) -> tuple[di
     if failed:
         raise SystemExit(f"bench-serve: {len(failed)} requests to {url} failed: {failed[0].status} {failed[0].detail}")
     latencies = np.array([a.latency_s for a in answers]) * 1000
-    return ({"requests": len(answers), "wall_s": wall, "rps": len(answers) / wall,
-             "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99))}, answers)
+    return (
+        {
+            "requests": len(answers),
+            "wall_s": wall,
+            "rps": len(answers) / wall,
+            "p50_ms": float(np.percentile(latencies, 50)),
+            "p99_ms": float(np.percentile(latencies, 99)),
+        },
+        answers,
+    )
 
 
 @contextlib.contextmanager
 def both_engines(package: str, site: Path, spec: Path, slots: int, out: Path) -> Iterator[dict[str, str]]:
     """The wheel's and eager's servers, ``slots`` calls at a time each: their URLs by engine."""
     suffix = "" if slots == 1 else f"-{slots}-slots"
-    with serving("wheel", package, site, spec, slots, out / f"wheel{suffix}.log") as wheel_url, \
-            serving("eager", package, site, spec, slots, out / f"eager{suffix}.log") as eager_url:
+    with (
+        serving("wheel", package, site, spec, slots, out / f"wheel{suffix}.log") as wheel_url,
+        serving("eager", package, site, spec, slots, out / f"eager{suffix}.log") as eager_url,
+    ):
         yield {"wheel": wheel_url, "eager": eager_url}
 
 
-def closed_loads(client: Any, urls: dict[str, str], setups: dict[str, serve_slo.Setup], requests: list,
-                 args: argparse.Namespace, answers: dict[str, list]) -> list[dict]:
+def closed_loads(
+    client: Any,
+    urls: dict[str, str],
+    setups: dict[str, serve_slo.Setup],
+    requests: list,
+    args: argparse.Namespace,
+    answers: dict[str, list],
+) -> list[dict]:
     """A row per round, in-flight count, setup and engine (rotated order); each engine's last
     answers go into ``answers``."""
     rows = []
@@ -154,7 +188,9 @@ def closed_loads(client: Any, urls: dict[str, str], setups: dict[str, serve_slo.
                 for engine in engines:
                     say(f"==> round {round_index + 1}: {engine} {name}, {concurrency} in flight")
                     row, answers[engine] = measure(client, urls[engine] + setup.path, requests, concurrency)
-                    rows.append({"engine": engine, "setup": name, "concurrency": concurrency, "round": round_index, **row})
+                    rows.append(
+                        {"engine": engine, "setup": name, "concurrency": concurrency, "round": round_index, **row}
+                    )
                     say(f"    {row['rps']:.1f} req/s, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
     return rows
 
@@ -180,22 +216,48 @@ def run(args: argparse.Namespace) -> dict:
             rows += closed_loads(client, urls, setups, requests, args, answers)
             summary = summarize(rows)
             # the bounds: eager's p50 for one request alone, one call at a time on every core
-            alone_p50_ms = next(s["eager"]["p50_ms"] for s in summary if s["setup"] == "/predict" and s["concurrency"] == min(args.concurrency))
+            alone_p50_ms = next(
+                s["eager"]["p50_ms"]
+                for s in summary
+                if s["setup"] == "/predict" and s["concurrency"] == min(args.concurrency)
+            )
             for name, setup in setups.items():
                 # its rates scale with what eager serves in this setup under the closed load's most in flight
-                base_rps = next(s["eager"]["rps"] for s in summary if (s["setup"], s["concurrency"]) == (name, max(args.concurrency)))
-                slo_rows += serve_slo.sweep(client, urls, name, setup, paced, base_rps, max(serve_slo.BOUNDS) * alone_p50_ms, say)
+                base_rps = next(
+                    s["eager"]["rps"]
+                    for s in summary
+                    if (s["setup"], s["concurrency"]) == (name, max(args.concurrency))
+                )
+                slo_rows += serve_slo.sweep(
+                    client, urls, name, setup, paced, base_rps, max(serve_slo.BOUNDS) * alone_p50_ms, say
+                )
     limit = serve_limit.measure(args.spec, args.site, package, [1, serve_limit.batch_max(manifest)])
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
+    model_name = next(
+        (line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")),
+        platform.processor(),
+    )
     isa = "AVX-512" if "avx512f" in lscpu else "AVX2" if "avx2" in lscpu else "no AVX2"
-    return {"model": manifest["name"], "version": manifest["full_version"], "torch": torch.__version__,
-            "cores": CORES, "cpu": f"{model_name} ({isa})", "requests": args.requests, "rounds": args.rounds,
-            "setups": {name: {**dataclasses.asdict(setup), "label": setup.label} for name, setup in SETUPS.items()},
-            "rows": rows, "summary": summary, "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"]),
-            "paced_requests": args.paced_requests,
-            "equal_p99": {"alone_p50_ms": alone_p50_ms, "rows": slo_rows, "bounds": serve_slo.at_bounds(slo_rows, alone_p50_ms)},
-            "limit": limit}
+    return {
+        "model": manifest["name"],
+        "version": manifest["full_version"],
+        "torch": torch.__version__,
+        "cores": CORES,
+        "cpu": f"{model_name} ({isa})",
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "setups": {name: {**dataclasses.asdict(setup), "label": setup.label} for name, setup in SETUPS.items()},
+        "rows": rows,
+        "summary": summary,
+        "max_abs_diff_wheel_vs_eager": max_difference(answers["wheel"], answers["eager"]),
+        "paced_requests": args.paced_requests,
+        "equal_p99": {
+            "alone_p50_ms": alone_p50_ms,
+            "rows": slo_rows,
+            "bounds": serve_slo.at_bounds(slo_rows, alone_p50_ms),
+        },
+        "limit": limit,
+    }
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -215,21 +277,30 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# Serving {results['model']} {results['version']}: the wheel against eager PyTorch", "",
-             f"{results['cpu']}, {results['cores']} cores, torch {results['torch']}; uvicorn, 1 worker, "
-             f"docs/serving/app.py; {results['requests']} single-sample requests per measurement, median of "
-             f"{results['rounds']} rounds (rotated order).", "",
-             "| setup | in flight | wheel req/s | eager req/s | "
-             "wheel / eager | wheel p50 / p99 (ms) | eager p50 / p99 (ms) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Serving {results['model']} {results['version']}: the wheel against eager PyTorch",
+        "",
+        f"{results['cpu']}, {results['cores']} cores, torch {results['torch']}; uvicorn, 1 worker, "
+        f"docs/serving/app.py; {results['requests']} single-sample requests per measurement, median of "
+        f"{results['rounds']} rounds (rotated order).",
+        "",
+        "| setup | in flight | wheel req/s | eager req/s | "
+        "wheel / eager | wheel p50 / p99 (ms) | eager p50 / p99 (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in results["summary"]:
         w, e, setup = s["wheel"], s["eager"], results["setups"][s["setup"]]
-        lines.append(f"| {setup['label']} ({setup['what']}) | {s['concurrency']} | {w['rps']:.1f} | {e['rps']:.1f} | "
-                     f"{s['rps_ratio']:.2f}x | {w['p50_ms']:.0f} / {w['p99_ms']:.0f} | {e['p50_ms']:.0f} / {e['p99_ms']:.0f} |")
+        lines.append(
+            f"| {setup['label']} ({setup['what']}) | {s['concurrency']} | {w['rps']:.1f} | {e['rps']:.1f} | "
+            f"{s['rps_ratio']:.2f}x | {w['p50_ms']:.0f} / {w['p99_ms']:.0f} | {e['p50_ms']:.0f} / {e['p99_ms']:.0f} |"
+        )
     met = [s for s in results["summary"] if s["rps_ratio"] >= TARGET and s["p99_ratio"] <= 1.0]
-    lines += ["", f"At equal in-flight counts: the wheel serves >= {TARGET}x eager's requests/s with an equal or lower p99 "
-              + (f"at {len(met)} of {len(results['summary'])} settings." if met else "at none of the settings measured."),
-              f"Largest difference between the wheel's and eager's answers: {results['max_abs_diff_wheel_vs_eager']:.2e}."]
+    lines += [
+        "",
+        f"At equal in-flight counts: the wheel serves >= {TARGET}x eager's requests/s with an equal or lower p99 "
+        + (f"at {len(met)} of {len(results['summary'])} settings." if met else "at none of the settings measured."),
+        f"Largest difference between the wheel's and eager's answers: {results['max_abs_diff_wheel_vs_eager']:.2e}.",
+    ]
     lines += serve_slo.markdown_lines(results, TARGET)
     lines += serve_limit.markdown_lines(results["limit"], TARGET)
     return "\n".join(lines) + "\n"
@@ -241,12 +312,17 @@ def chart(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    short = {name: ("batched" if "batched" in name else "direct") + (f" x{setup['slots']}" if setup["slots"] > 1 else "")
-             for name, setup in results["setups"].items()}
+    short = {
+        name: ("batched" if "batched" in name else "direct") + (f" x{setup['slots']}" if setup["slots"] > 1 else "")
+        for name, setup in results["setups"].items()
+    }
     labels = [f"{short[s['setup']]}\n{s['concurrency']} in flight" for s in results["summary"]]
     spots = np.arange(len(labels))
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
-    for axis, key, title in ((axes[0], "rps", "requests/s (higher is better)"), (axes[1], "p99_ms", "p99 latency, ms (lower is better)")):
+    for axis, key, title in (
+        (axes[0], "rps", "requests/s (higher is better)"),
+        (axes[1], "p99_ms", "p99 latency, ms (lower is better)"),
+    ):
         for offset, engine, color in ((-0.2, "wheel", "#c0392b"), (0.2, "eager", "#999999")):
             axis.bar(spots + offset, [s[engine][key] for s in results["summary"]], 0.4, label=engine, color=color)
         axis.set_xticks(spots, labels)
@@ -255,12 +331,22 @@ def chart(results: dict, path: Path) -> None:
     slo = results["equal_p99"]
     for engine, color in (("wheel", "#c0392b"), ("eager", "#999999")):
         for name, style in zip(results["setups"], ("s--", "o-", "^:")):
-            mine = sorted((r for r in slo["rows"] if (r["engine"], r["setup"]) == (engine, name)), key=lambda r: r["rps"])
-            axes[2].plot([r["rps"] for r in mine], [r["p99_ms"] for r in mine], style, color=color, label=f"{engine}, {short[name]}")
+            mine = sorted(
+                (r for r in slo["rows"] if (r["engine"], r["setup"]) == (engine, name)), key=lambda r: r["rps"]
+            )
+            axes[2].plot(
+                [r["rps"] for r in mine],
+                [r["p99_ms"] for r in mine],
+                style,
+                color=color,
+                label=f"{engine}, {short[name]}",
+            )
     for bound_ms in sorted({e["bound_ms"] for e in slo["bounds"]}):
         axes[2].axhline(bound_ms, color="#555555", linewidth=0.6, linestyle=":")
     axes[2].set_yscale("log")
-    axes[2].set(title="p99 against arrival rate (dotted: the bounds)", xlabel="requests arriving per second", ylabel="p99, ms")
+    axes[2].set(
+        title="p99 against arrival rate (dotted: the bounds)", xlabel="requests arriving per second", ylabel="p99, ms"
+    )
     axes[2].legend()
     fig.suptitle(f"serving {results['model']}: {results['cpu']}, {results['cores']} cores")
     fig.tight_layout()
@@ -274,7 +360,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=160)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--paced-requests", type=int, default=600, help="requests per arrival rate, for requests/s at equal p99")
+    parser.add_argument(
+        "--paced-requests", type=int, default=600, help="requests per arrival rate, for requests/s at equal p99"
+    )
     args = parser.parse_args()
     args.spec = args.spec.resolve()
     args.site = args.site.resolve()

@@ -38,13 +38,30 @@ def measure(spec: Path, site: Path, package: str, batches: list[int], rounds: in
         for engine in rotated(list(VARIANTS), index):
             for batch in batches:
                 say(f"==> the model alone, round {index + 1}/{rounds}: {engine}, batch {batch}")
-                cmd = [sys.executable, "-m", "benchmarks.variants", VARIANTS[engine], "--spec", spec,
-                       "--mode", "latency", "--batch", batch]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.variants",
+                    VARIANTS[engine],
+                    "--spec",
+                    spec,
+                    "--mode",
+                    "latency",
+                    "--batch",
+                    batch,
+                ]
                 if engine == "wheel":  # the wheel as bench-serve installed it, as the app imports it
                     cmd += ["--artifact", package]
-                per_round[engine][batch].append(run_json(cmd, env={"PYTHONPATH": str(site)} if engine == "wheel" else None))
-    return {"batches": batches, "rounds": rounds,
-            "calls": {engine: {str(b): summarize(runs) for b, runs in by_batch.items()} for engine, by_batch in per_round.items()}}
+                per_round[engine][batch].append(
+                    run_json(cmd, env={"PYTHONPATH": str(site)} if engine == "wheel" else None)
+                )
+    return {
+        "batches": batches,
+        "rounds": rounds,
+        "calls": {
+            engine: {str(b): summarize(runs) for b, runs in by_batch.items()} for engine, by_batch in per_round.items()
+        },
+    }
 
 
 def most_ratio(limit: dict) -> float:
@@ -55,18 +72,29 @@ def most_ratio(limit: dict) -> float:
 
 def markdown_lines(limit: dict, target: float) -> list[str]:
     calls = limit["calls"]
-    lines = ["", f"What limits the wheel's lead with batching: each engine's model call alone, no server (a fresh "
-             f"process each, median of {limit['rounds']} rounds [their range]):", "",
-             "| batch | wheel ms per call | eager ms per call | eager / wheel |", "|---|---|---|---|"]
+    lines = [
+        "",
+        f"What limits the wheel's lead with batching: each engine's model call alone, no server (a fresh "
+        f"process each, median of {limit['rounds']} rounds [their range]):",
+        "",
+        "| batch | wheel ms per call | eager ms per call | eager / wheel |",
+        "|---|---|---|---|",
+    ]
     for batch in limit["batches"]:
         wheel, eager = calls["wheel"][str(batch)], calls["eager"][str(batch)]
-        lines.append(f"| {batch} | {wheel['median_ms']:.1f} [{wheel['spread_ms'][0]:.1f}–{wheel['spread_ms'][1]:.1f}] | "
-                     f"{eager['median_ms']:.1f} [{eager['spread_ms'][0]:.1f}–{eager['spread_ms'][1]:.1f}] | "
-                     f"{eager['median_ms'] / wheel['median_ms']:.2f}x |")
+        lines.append(
+            f"| {batch} | {wheel['median_ms']:.1f} [{wheel['spread_ms'][0]:.1f}–{wheel['spread_ms'][1]:.1f}] | "
+            f"{eager['median_ms']:.1f} [{eager['spread_ms'][0]:.1f}–{eager['spread_ms'][1]:.1f}] | "
+            f"{eager['median_ms'] / wheel['median_ms']:.2f}x |"
+        )
     most, largest = most_ratio(limit), max(limit["batches"])
-    lines += ["", f"Near the most a batched server can serve, it runs full batches of {largest} back to back: there "
-              f"the wheel serves at most {most:.2f}x eager's requests/s, "
-              + ("below" if most < target else "at or above") + f" the {target}x target. Under a loose p99 bound "
-              "each server runs near its most, so the ratio at equal p99 tends to this one; under a tight bound it "
-              "may exceed it (benchmarks/serve_slo.py says why)."]
+    lines += [
+        "",
+        f"Near the most a batched server can serve, it runs full batches of {largest} back to back: there "
+        f"the wheel serves at most {most:.2f}x eager's requests/s, "
+        + ("below" if most < target else "at or above")
+        + f" the {target}x target. Under a loose p99 bound "
+        "each server runs near its most, so the ratio at equal p99 tends to this one; under a tight bound it "
+        "may exceed it (benchmarks/serve_slo.py says why).",
+    ]
     return lines

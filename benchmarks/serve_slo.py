@@ -50,15 +50,25 @@ class Setup:
 def setups(cores: int) -> dict[str, Setup]:
     """What `make bench-serve` measures, by name: each route with one call at a time on every
     core, and one call per request with a call per core at once."""
-    made = {"/predict": Setup("/predict", 1, "one call per request"),
-            "/predict/batched": Setup("/predict/batched", 1, "dynamic batching")}
+    made = {
+        "/predict": Setup("/predict", 1, "one call per request"),
+        "/predict/batched": Setup("/predict/batched", 1, "dynamic batching"),
+    }
     if cores > 1:
         made[f"/predict x{cores}"] = Setup("/predict", cores, f"one call per request, {cores} at once, 1 thread each")
     return made
 
 
-def sweep(client: Any, urls: dict[str, str], name: str, setup: Setup, requests: list, base_rps: float,
-          stop_p99_ms: float, say: Callable[[str], None]) -> list[dict]:
+def sweep(
+    client: Any,
+    urls: dict[str, str],
+    name: str,
+    setup: Setup,
+    requests: list,
+    base_rps: float,
+    stop_p99_ms: float,
+    say: Callable[[str], None],
+) -> list[dict]:
     """One row per engine and rate on ``setup`` (``urls``: each engine's server set up so): the
     realized arrival rate, p50 and p99. An engine stops stepping up once its p99 passes
     ``stop_p99_ms`` (every bound is then passed)."""
@@ -69,15 +79,25 @@ def sweep(client: Any, urls: dict[str, str], name: str, setup: Setup, requests: 
         for engine in (e for e in engines if e not in over):
             rate = base_rps * step
             say(f"==> {engine} {name}, requests arriving at {rate:.1f}/s")
-            answers = asyncio.run(client.paced_load(urls[engine] + setup.path, requests, rate, seed=index, timeout_s=600))
+            answers = asyncio.run(
+                client.paced_load(urls[engine] + setup.path, requests, rate, seed=index, timeout_s=600)
+            )
             failed = [a for a in answers if a.status != 200]
             if failed:
-                raise SystemExit(f"bench-serve: {len(failed)} paced requests to {engine} {name} failed: "
-                                 f"{failed[0].status} {failed[0].detail}")
+                raise SystemExit(
+                    f"bench-serve: {len(failed)} paced requests to {engine} {name} failed: "
+                    f"{failed[0].status} {failed[0].detail}"
+                )
             latencies = np.array([a.latency_s for a in answers]) * 1000
             arrivals = client.arrival_times(len(requests), rate, seed=index)
-            row = {"engine": engine, "setup": name, "step": step, "rps": len(requests) / arrivals[-1],
-                   "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99))}
+            row = {
+                "engine": engine,
+                "setup": name,
+                "step": step,
+                "rps": len(requests) / arrivals[-1],
+                "p50_ms": float(np.percentile(latencies, 50)),
+                "p99_ms": float(np.percentile(latencies, 99)),
+            }
             rows.append(row)
             say(f"    p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms")
             if row["p99_ms"] > stop_p99_ms:
@@ -100,8 +120,15 @@ def rate_within(rows: list[dict], engine: str, bound_ms: float) -> tuple[float, 
     return mine[-1]["rps"], ">="
 
 
-RATIO_MARKS = {("", ""): "", (">=", ""): ">=", ("", "<"): ">=", (">=", "<"): ">=",
-               ("<", ""): "<", ("", ">="): "<", ("<", ">="): "<"}  # (wheel's, eager's) -> the ratio's
+RATIO_MARKS = {
+    ("", ""): "",
+    (">=", ""): ">=",
+    ("", "<"): ">=",
+    (">=", "<"): ">=",
+    ("<", ""): "<",
+    ("", ">="): "<",
+    ("<", ">="): "<",
+}  # (wheel's, eager's) -> the ratio's
 MARK = {"": "", ">=": "≥ ", "<": "< "}  # as the table shows each
 
 
@@ -143,7 +170,11 @@ def best_setups(table: list[dict]) -> list[dict]:
         entry: dict[str, Any] = {"times": times, "bound_ms": entries[0]["bound_ms"]}
         for engine in ("wheel", "eager"):
             top = max(entries, key=lambda e: (e[f"{engine}_mark"] != "<", e[engine]))
-            entry[engine], entry[f"{engine}_mark"], entry[f"{engine}_setup"] = top[engine], top[f"{engine}_mark"], top["setup"]
+            entry[engine], entry[f"{engine}_mark"], entry[f"{engine}_setup"] = (
+                top[engine],
+                top[f"{engine}_mark"],
+                top["setup"],
+            )
         best.append(with_ratio(entry))
     return best
 
@@ -155,23 +186,42 @@ def meets(entry: dict, target: float) -> bool:
 def markdown_lines(results: dict, target: float) -> list[str]:
     slo = results["equal_p99"]
     label = {name: setup["label"] for name, setup in results["setups"].items()}
-    lines = ["", f"Requests/s at equal p99 (requests arriving at random at a set rate, {results['paced_requests']} "
-             f"per rate; bounds are multiples of eager's p50 for one request alone, {slo['alone_p50_ms']:.0f} ms):", "",
-             "| setup | p99 bound | wheel req/s | eager req/s | wheel / eager |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Requests/s at equal p99 (requests arriving at random at a set rate, {results['paced_requests']} "
+        f"per rate; bounds are multiples of eager's p50 for one request alone, {slo['alone_p50_ms']:.0f} ms):",
+        "",
+        "| setup | p99 bound | wheel req/s | eager req/s | wheel / eager |",
+        "|---|---|---|---|---|",
+    ]
     for e in slo["bounds"]:
-        lines.append(f"| {label[e['setup']]} | {e['times']}x = {e['bound_ms']:.0f} ms | "
-                     f"{MARK[e['wheel_mark']]}{e['wheel']:.1f} | "
-                     f"{MARK[e['eager_mark']]}{e['eager']:.1f} | {ratio_text(e)} |")
+        lines.append(
+            f"| {label[e['setup']]} | {e['times']}x = {e['bound_ms']:.0f} ms | "
+            f"{MARK[e['wheel_mark']]}{e['wheel']:.1f} | "
+            f"{MARK[e['eager_mark']]}{e['eager']:.1f} | {ratio_text(e)} |"
+        )
     met = [e for e in slo["bounds"] if meets(e, target)]
     best = best_setups(slo["bounds"])
-    lines += ["", "(≥: the sweep's highest rate stayed within the bound; <: its lowest rate already passed it.)", "",
-              "Each engine on its best setup at each bound:", "",
-              "| p99 bound | wheel req/s (setup) | eager req/s (setup) | wheel / eager |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "(≥: the sweep's highest rate stayed within the bound; <: its lowest rate already passed it.)",
+        "",
+        "Each engine on its best setup at each bound:",
+        "",
+        "| p99 bound | wheel req/s (setup) | eager req/s (setup) | wheel / eager |",
+        "|---|---|---|---|",
+    ]
     for e in best:
-        lines.append(f"| {e['times']}x = {e['bound_ms']:.0f} ms | "
-                     f"{MARK[e['wheel_mark']]}{e['wheel']:.1f} ({label[e['wheel_setup']]}) | "
-                     f"{MARK[e['eager_mark']]}{e['eager']:.1f} ({label[e['eager_setup']]}) | {ratio_text(e)} |")
-    lines += ["", f"Target ({target}x eager's requests/s at equal p99): met at {len(met)} of {len(slo['bounds'])} "
-              "setup and bound pairs" + (" (" + ", ".join(f"{label[e['setup']]} at {e['times']}x" for e in met) + ")" if met else "")
-              + f"; with each engine on its best setup, at {sum(meets(e, target) for e in best)} of {len(best)} bounds."]
+        lines.append(
+            f"| {e['times']}x = {e['bound_ms']:.0f} ms | "
+            f"{MARK[e['wheel_mark']]}{e['wheel']:.1f} ({label[e['wheel_setup']]}) | "
+            f"{MARK[e['eager_mark']]}{e['eager']:.1f} ({label[e['eager_setup']]}) | {ratio_text(e)} |"
+        )
+    lines += [
+        "",
+        f"Target ({target}x eager's requests/s at equal p99): met at {len(met)} of {len(slo['bounds'])} "
+        "setup and bound pairs"
+        + (" (" + ", ".join(f"{label[e['setup']]} at {e['times']}x" for e in met) + ")" if met else "")
+        + f"; with each engine on its best setup, at {sum(meets(e, target) for e in best)} of {len(best)} bounds.",
+    ]
     return lines

@@ -20,8 +20,12 @@ def create(path: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(path)], check=True)
     python = path / "bin" / "python"
     if sys.prefix != sys.base_prefix:  # this interpreter is a venv: hand its packages on
-        own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+        own = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         folders = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
         Path(own, "_parent_site.pth").write_text("".join(f"{folder}\n" for folder in folders))
     return python

@@ -128,8 +128,7 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
         # the very arrays wheel-numpy gets, as tensors sharing their memory: the A/B differs only in the loader
         arrays = numpy_inputs(m["inputs"], {name: batch or dim["example"] for name, dim in m["dims"].items()})
         # on a GPU, "wheel" is torch's runner and "wheel-graphs" load()'s default, CUDA graphs
-        model = package.load(cuda_graphs=True) if variant == "wheel-graphs" else \
-            package.load(cuda_graphs=False)
+        model = package.load(cuda_graphs=True) if variant == "wheel-graphs" else package.load(cuda_graphs=False)
         args = [torch.from_numpy(a).to(DEVICE) for a in arrays]  # on the cpu: no copy
         if variant == "wheel-graphs":
             model(*args)  # captures the graph for this batch
@@ -146,8 +145,12 @@ def make_runner(variant: str, spec_path: str, batch: int | None, artifact: str |
             _, tensors = spec_inputs(spec_path, batch)
             feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), tensors)}
         else:  # cold start: no torch in this process, inputs of the right shape from numpy
-            feeds = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-                     for i in session.get_inputs()}
+            feeds = {
+                i.name: np.random.default_rng(0)
+                .standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
+                .astype(np.float32)
+                for i in session.get_inputs()
+            }
         return lambda: session.run(None, feeds)
     import torch
 
@@ -189,8 +192,13 @@ def latency(call, min_seconds: float = MIN_SECONDS) -> dict:
         times.append((time.perf_counter() - t0) * 1000)
     faults = page_faults() - faults_before
     times.sort()
-    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))], "runs": len(times),
-            "first_call_s": first_s, "page_faults_per_call": faults / len(times)}
+    return {
+        "median_ms": statistics.median(times),
+        "p90_ms": times[int(0.9 * (len(times) - 1))],
+        "runs": len(times),
+        "first_call_s": first_s,
+        "page_faults_per_call": faults / len(times),
+    }
 
 
 def page_faults() -> int:
@@ -217,17 +225,23 @@ def kernel_profile(so_path: str, spec_path: str, batch: int, top: int = 12) -> d
     rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
     groups: dict[str, float] = {}
     for event in rows:
-        groups[kernel_group(event.key)] = groups.get(kernel_group(event.key), 0.0) + event.self_cpu_time_total / calls / 1000
+        groups[kernel_group(event.key)] = (
+            groups.get(kernel_group(event.key), 0.0) + event.self_cpu_time_total / calls / 1000
+        )
     with FlopCounterMode(display=False) as counter:
         with torch.no_grad():
             eager_module(spec_file)(*args)
     flops = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
     return {
         "groups_ms": groups,
-        "group_gflop": {"convolution": flops.get("aten.convolution", 0) / 1e9,
-                        "linear / matmul": (flops.get("aten.addmm", 0) + flops.get("aten.mm", 0) + flops.get("aten.bmm", 0)) / 1e9},
-        "kernels": [{"kernel": e.key, "ms_per_call": e.self_cpu_time_total / calls / 1000, "calls": e.count // calls}
-                    for e in rows[:top]],
+        "group_gflop": {
+            "convolution": flops.get("aten.convolution", 0) / 1e9,
+            "linear / matmul": (flops.get("aten.addmm", 0) + flops.get("aten.mm", 0) + flops.get("aten.bmm", 0)) / 1e9,
+        },
+        "kernels": [
+            {"kernel": e.key, "ms_per_call": e.self_cpu_time_total / calls / 1000, "calls": e.count // calls}
+            for e in rows[:top]
+        ],
         "gflop": counter.get_total_flops() / 1e9,
         "matmul_peak_gflops": matmul_peak(),
     }
@@ -249,8 +263,12 @@ def gpu_busy(call, calls: int = 20) -> dict:
         wall_ms = (time.perf_counter() - started) * 1000 / calls
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernel_ms = sum(e.time_range.elapsed_us() for e in events) / 1000 / calls
-    return {"wall_ms": wall_ms, "kernel_ms": kernel_ms, "kernels_per_call": len(events) / calls,
-            "busy": kernel_ms / wall_ms if wall_ms else 0.0}
+    return {
+        "wall_ms": wall_ms,
+        "kernel_ms": kernel_ms,
+        "kernels_per_call": len(events) / calls,
+        "busy": kernel_ms / wall_ms if wall_ms else 0.0,
+    }
 
 
 def kernel_group(name: str) -> str:
@@ -279,17 +297,33 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=["eager", "compile", "compile-ro", "pt2", "onnx", "wheel", "wheel-graphs", "wheel-numpy", "so",
-                                                 "import-torch"])
+    parser.add_argument(
+        "variant",
+        choices=[
+            "eager",
+            "compile",
+            "compile-ro",
+            "pt2",
+            "onnx",
+            "wheel",
+            "wheel-graphs",
+            "wheel-numpy",
+            "so",
+            "import-torch",
+        ],
+    )
     parser.add_argument("--spec", default="")
     parser.add_argument("--mode", choices=["latency", "cold", "kernels", "gpu-busy", "ort-profile"], required=True)
     parser.add_argument("--device", default="cpu", help="torch's device: the target's (cpu; cuda for the current GPU)")
-    parser.add_argument("--target", default=None, help="the target a bare .so (so) is opened for (default: the "
-                                                       "registry's default)")
+    parser.add_argument(
+        "--target", default=None, help="the target a bare .so (so) is opened for (default: the registry's default)"
+    )
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--artifact", default=None)
     parser.add_argument("--start", type=float, default=None, help="time.time() when the parent started this process")
-    parser.add_argument("--min-seconds", type=float, default=MIN_SECONDS, help="latency mode: time calls for at least this long")
+    parser.add_argument(
+        "--min-seconds", type=float, default=MIN_SECONDS, help="latency mode: time calls for at least this long"
+    )
     args = parser.parse_args()
     global DEVICE, TARGET
     DEVICE, TARGET = args.device, args.target

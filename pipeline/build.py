@@ -22,7 +22,6 @@ from filelock import FileLock, Timeout
 from . import targets
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .features import lock as options_lock
-from .stages import static
 from .features import tune
 from .features.tune import Tuned
 from .services import cache
@@ -30,9 +29,17 @@ from .services.layout import WorkLayout
 from .services.manifest import sha256_file
 from .services.outdir import claim_output_dir, output_path, signals_deferred
 from .services.progress import Progress, check_stop, reporting, stop_requested
-from .services.writable import (NO_ROOM, NOT_ALLOWED, check_private, made_folders, remove_if_empty, sweep_partials,
-                                write_error)
+from .services.writable import (
+    NO_ROOM,
+    NOT_ALLOWED,
+    check_private,
+    made_folders,
+    remove_if_empty,
+    sweep_partials,
+    write_error,
+)
 from .spec import SpecFile
+from .stages import static
 from .stages.compile import Compiled, find_cxx, find_strip
 from .stages.doctor import run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
@@ -78,8 +85,17 @@ class Packaged:
 
 
 def build(
-    spec_file: SpecFile, *, root: Path, dist_dir: Path, layout: WorkLayout, progress: Progress, use_cache: bool = True,
-    target_names: list[str] | None = None, overwrite: bool = False, keep_debug: bool = False, update_lock: bool = False,
+    spec_file: SpecFile,
+    *,
+    root: Path,
+    dist_dir: Path,
+    layout: WorkLayout,
+    progress: Progress,
+    use_cache: bool = True,
+    target_names: list[str] | None = None,
+    overwrite: bool = False,
+    keep_debug: bool = False,
+    update_lock: bool = False,
     forced: options_lock.Locked | None = None,
 ) -> list[BuildResult]:
     """Build every target the spec names (or ``target_names``, from --target), one wheel each."""
@@ -90,10 +106,18 @@ def build(
     try:
         for name in names:
             context = BuildContext(
-                spec_file=spec_file, target=targets.get(name), work_dir=layout.work_dir(model.name, model.version, name),
-                out_dir=output_path(root, model.name, model.version, name), dist_dir=dist_dir,
-                store=cache.Cache(layout.cache_dir, reuse=use_cache), progress=progress, overwrite=overwrite,
-                keep_debug=keep_debug, update_lock=update_lock, forced=forced)
+                spec_file=spec_file,
+                target=targets.get(name),
+                work_dir=layout.work_dir(model.name, model.version, name),
+                out_dir=output_path(root, model.name, model.version, name),
+                dist_dir=dist_dir,
+                store=cache.Cache(layout.cache_dir, reuse=use_cache),
+                progress=progress,
+                overwrite=overwrite,
+                keep_debug=keep_debug,
+                update_lock=update_lock,
+                forced=forced,
+            )
             with reporting(progress):  # what the stages say() goes to this display
                 results.append(build_target(context))
     except KeyboardInterrupt:
@@ -107,16 +131,20 @@ def build(
     return results
 
 
-def interrupted(spec_file: SpecFile, layout: WorkLayout, root: Path, dist_dir: Path,
-                finished: list[BuildResult]) -> BuildInterrupted:
+def interrupted(
+    spec_file: SpecFile, layout: WorkLayout, root: Path, dist_dir: Path, finished: list[BuildResult]
+) -> BuildInterrupted:
     """What the stopped build left, exactly: the work files it keeps, and any wheel it finished
     before the stop. The root, dist/ and the build cache hold nothing of the unfinished target."""
     model = spec_file.spec.model
     work = layout.model_dir(model.name, model.version)
     name = stop_requested[0] if stop_requested else "SIGINT"
-    kept = (f"its work files in {work}/ (trace, generated sources so far, the work folder's lock) are kept for "
-            f"inspection; the next build of {model.name} {model.version} replaces them" if work.exists()
-            else "it wrote no work files")
+    kept = (
+        f"its work files in {work}/ (trace, generated sources so far, the work folder's lock) are kept for "
+        f"inspection; the next build of {model.name} {model.version} replaces them"
+        if work.exists()
+        else "it wrote no work files"
+    )
     done = "".join(f"; finished before the stop: {result.wheel}" for result in finished)
     return BuildInterrupted(
         f"build stopped by {name}: nothing of it is left under {root} or in {dist_dir}, and nothing was stored in "
@@ -133,12 +161,22 @@ def build_target(ctx: BuildContext) -> BuildResult:
     cxx_version = find_cxx()
     if not ctx.keep_debug:  # checked before minutes of compiling, not after
         find_strip()
-    lock_key, locked = (None, ctx.forced) if ctx.forced else options_lock.consult(
-        ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, ctx.progress.say)
-    build_key = cache.build_key(content_hash=content_hash(ctx.spec_file, loaded), target=ctx.target.NAME,
-                                root=str(ctx.out_dir), cxx_version=cxx_version, machine=ctx.target.machine(),
-                                debug_info="kept" if ctx.keep_debug else "stripped",
-                                locked=json.dumps(locked.record(), sort_keys=True) if locked else "")
+    lock_key, locked = (
+        (None, ctx.forced)
+        if ctx.forced
+        else options_lock.consult(
+            ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, ctx.progress.say
+        )
+    )
+    build_key = cache.build_key(
+        content_hash=content_hash(ctx.spec_file, loaded),
+        target=ctx.target.NAME,
+        root=str(ctx.out_dir),
+        cxx_version=cxx_version,
+        machine=ctx.target.machine(),
+        debug_info="kept" if ctx.keep_debug else "stripped",
+        locked=json.dumps(locked.record(), sort_keys=True) if locked else "",
+    )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
@@ -157,14 +195,29 @@ def build_target(ctx: BuildContext) -> BuildResult:
             report["compile_search"]["locked"] = str(locked.path)
         # What `modelwheel reproduce` rebuilds from, and the compiler a rebuild must match.
         report.update(spec=str(ctx.spec_file.path.resolve()), compiler=cxx_version)
-        result = commit(packaged.wheel, report, ctx.dist_dir, packaged.manifest["import_name"],
-                        packaged.manifest["full_version"], (ctx.store, build_key), overwrite=ctx.overwrite)
+        result = commit(
+            packaged.wheel,
+            report,
+            ctx.dist_dir,
+            packaged.manifest["import_name"],
+            packaged.manifest["full_version"],
+            (ctx.store, build_key),
+            overwrite=ctx.overwrite,
+        )
     if lock_key is not None and locked is None and tuned.cost.stopped:  # nothing was chosen: nothing to lock
-        ctx.progress.say(f"    the search stopped before compiling a candidate: nothing locked in "
-                         f"{options_lock.lock_path(ctx.spec_file.path)} (the next build searches again)")
+        ctx.progress.say(
+            f"    the search stopped before compiling a candidate: nothing locked in "
+            f"{options_lock.lock_path(ctx.spec_file.path)} (the next build searches again)"
+        )
     elif lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry
-        options_lock.keep_choice(ctx.spec_file.path, lock_key, dict(planned)[tuned.chosen].overrides,
-                                 dict(packaged.manifest["compile_search"]), tuned.why, ctx.progress.say)
+        options_lock.keep_choice(
+            ctx.spec_file.path,
+            lock_key,
+            dict(planned)[tuned.chosen].overrides,
+            dict(packaged.manifest["compile_search"]),
+            tuned.why,
+            ctx.progress.say,
+        )
     return result
 
 
@@ -174,8 +227,9 @@ def load_stage(ctx: BuildContext) -> LoadedModel:
         return load_model(ctx.spec_file)
 
 
-def doctor_stage(ctx: BuildContext, loaded: LoadedModel, cxx_version: str,
-                 locked: options_lock.Locked | None) -> tuple[list, Exported, Signal, tuple[list, list]]:
+def doctor_stage(
+    ctx: BuildContext, loaded: LoadedModel, cxx_version: str, locked: options_lock.Locked | None
+) -> tuple[list, Exported, Signal, tuple[list, list]]:
     """The doctor's findings, the model prepared for export (on the target's device, its outputs
     described), the gate's signal check (outputs that do not move stop the build here, before
     minutes of compiling, since no comparison could verify them) and the search's plans."""
@@ -200,8 +254,14 @@ def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pla
         return export_program(exported, loaded.source_files)
 
 
-def compile_stage(ctx: BuildContext, exported: Exported, planned, skipped, weights_file: Path | None,
-                  locked: options_lock.Locked | None = None) -> tuple[Tuned, Compiled]:
+def compile_stage(
+    ctx: BuildContext,
+    exported: Exported,
+    planned,
+    skipped,
+    weights_file: Path | None,
+    locked: options_lock.Locked | None = None,
+) -> tuple[Tuned, Compiled]:
     say = ctx.progress.say
     with ctx.progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {ctx.out_dir}"):
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
@@ -219,23 +279,39 @@ def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weig
         return verify_model(exported, compiled, ctx.work_dir, weights_file)
 
 
-def static_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, tuned: Tuned, verified: Verified,
-                 weights_file: Path | None, cxx_version: str) -> static.StaticSizes:
+def static_stage(
+    ctx: BuildContext,
+    exported: Exported,
+    loaded: LoadedModel,
+    tuned: Tuned,
+    verified: Verified,
+    weights_file: Path | None,
+    cxx_version: str,
+) -> static.StaticSizes:
     """The spec's static batch sizes (``[dims.<batch>] static``), each compiled with the options the
     search chose and verified like the dynamic model; their golden cases join the wheel's."""
     spec = exported.spec_file.spec
     if spec.static_dim is None:
         return static.StaticSizes(models=[], padding=None)
     with ctx.progress.stage("static", f"{spec.static_dim} = {spec.dims[spec.static_dim].static}"):
-        models = static.compile_sizes(exported, loaded, tuned.chosen, tuned.plan, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store)
+        models = static.compile_sizes(
+            exported, loaded, tuned.chosen, tuned.plan, cxx_version, ctx.out_dir, ctx.work_dir, ctx.store
+        )
         return static.verify_all(exported, models, verified, weights_file, ctx.work_dir)
 
 
-def package_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, verified: Verified, tuned: Tuned,
-                  sizes: static.StaticSizes) -> Packaged:
+def package_stage(
+    ctx: BuildContext,
+    exported: Exported,
+    compiled: Compiled,
+    verified: Verified,
+    tuned: Tuned,
+    sizes: static.StaticSizes,
+) -> Packaged:
     with ctx.progress.stage("package"):
-        manifest, shared, static_libraries = static.package(build_manifest(exported, compiled, verified, search_record(tuned)),
-                                                            exported, compiled, sizes, ctx.work_dir)
+        manifest, shared, static_libraries = static.package(
+            build_manifest(exported, compiled, verified, search_record(tuned)), exported, compiled, sizes, ctx.work_dir
+        )
         extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
         artifacts = list(compiled.artifacts) + static_libraries
         return Packaged(package_wheel(manifest, artifacts, extras, ctx.work_dir), manifest, sizes)
@@ -260,8 +336,10 @@ def hold_work_dir(work_dir: Path) -> Iterator[Path]:
     try:
         lock.acquire()
     except Timeout:
-        raise OutputDirError(f"another build is using the work folder {work_dir}",
-                             "wait for it to finish, or give this build its own --build-dir") from None
+        raise OutputDirError(
+            f"another build is using the work folder {work_dir}",
+            "wait for it to finish, or give this build its own --build-dir",
+        ) from None
     try:
         yield work_dir
     finally:
@@ -279,16 +357,21 @@ def _reuse_build(ctx: BuildContext, key: str) -> BuildResult:
         shutil.rmtree(restored_dir, ignore_errors=True)
 
 
-def _restore_to_dist(store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress,
-                     overwrite: bool) -> BuildResult:
+def _restore_to_dist(
+    store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress, overwrite: bool
+) -> BuildResult:
     files = store.restore(key, restored_dir) or ()
     wheel_path = next(p for p in files if p.suffix == ".whl")
     report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())
     progress.say(f"    unchanged since the build in cache {key}: reusing its verified wheel (--no-cache rebuilds)")
     report["stages_s"] = dict(progress.timings)
     report["build_cache"] = {"key": key, "reused": True}
-    wheel = Wheel(path=wheel_path, sha256=report["wheel"]["sha256"], size=report["wheel"]["size"],
-                  platform_tag=report["wheel"]["platform_tag"])
+    wheel = Wheel(
+        path=wheel_path,
+        sha256=report["wheel"]["sha256"],
+        size=report["wheel"]["size"],
+        platform_tag=report["wheel"]["platform_tag"],
+    )
     return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
 
 
@@ -304,15 +387,28 @@ def _keep_what_was_tested(existing: Path, sha256: str) -> None:
         )
 
 
-def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compiled: Compiled, tuned: Tuned,
-                findings: list, build_key: str, signal: Signal) -> dict[str, Any]:
+def make_report(
+    ctx: BuildContext,
+    packaged: Packaged,
+    verified: Verified,
+    compiled: Compiled,
+    tuned: Tuned,
+    findings: list,
+    build_key: str,
+    signal: Signal,
+) -> dict[str, Any]:
     manifest, wheel, timings = packaged.manifest, packaged.wheel, ctx.progress.timings
     report = {
         "model": manifest["name"],
         "import_name": manifest["import_name"],
         "version": manifest["full_version"],
         "target": manifest["target"],
-        "wheel": {"name": wheel.path.name, "sha256": wheel.sha256, "size": wheel.size, "platform_tag": wheel.platform_tag},
+        "wheel": {
+            "name": wheel.path.name,
+            "sha256": wheel.sha256,
+            "size": wheel.size,
+            "platform_tag": wheel.platform_tag,
+        },
         "artifacts": manifest["artifacts"],
         "debug_info": compiled.debug_info,  # "stripped" (the default) or "kept" (--keep-debug)
         "opt_path": manifest["opt_path"],
@@ -340,8 +436,16 @@ def make_report(ctx: BuildContext, packaged: Packaged, verified: Verified, compi
     return report
 
 
-def commit(wheel: Wheel, report: dict[str, Any], dist_dir: Path, import_name: str, full_version: str,
-           cache_entry: tuple[cache.Cache, str] | None = None, *, overwrite: bool = False) -> BuildResult:
+def commit(
+    wheel: Wheel,
+    report: dict[str, Any],
+    dist_dir: Path,
+    import_name: str,
+    full_version: str,
+    cache_entry: tuple[cache.Cache, str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> BuildResult:
     """The wheel and its report into dist/, and the build into the cache: all or nothing.
 
     Everything is written aside first (hidden files in dist/, a staged cache entry), so a full

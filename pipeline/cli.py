@@ -43,7 +43,9 @@ def _artifact_root(flag: str | None) -> Path:
     value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
     root = Path(value)
     if not root.is_absolute():
-        raise UsageError(f"artifact root {value!r} is not an absolute path", f"give --root or {ROOT_ENV} an absolute path")
+        raise UsageError(
+            f"artifact root {value!r} is not an absolute path", f"give --root or {ROOT_ENV} an absolute path"
+        )
     return root
 
 
@@ -99,9 +101,11 @@ def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
         return BuildInterrupted(f"{args.command} stopped by {name}", "run the command again")
     if isinstance(args.spec, list) and len(args.spec) > 1:
         logs = WorkLayout(Path(args.build_dir)).logs_dir
-        return BuildInterrupted(f"build stopped by {name}: each build's log in {logs}/ says what it left "
-                                f"(nothing under the artifact root, in {args.dist} or in the build cache)",
-                                "run the build again")
+        return BuildInterrupted(
+            f"build stopped by {name}: each build's log in {logs}/ says what it left "
+            f"(nothing under the artifact root, in {args.dist} or in the build cache)",
+            "run the build again",
+        )
     return BuildInterrupted(f"build stopped by {name} before it wrote anything", "run the build again")
 
 
@@ -116,15 +120,21 @@ def _check_outputs(args: argparse.Namespace, root: Path) -> None:
 def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     if args.weights or args.version:
         raise UsageError("--weights and --version apply to one spec", "build the specs one at a time")
-    passthrough = [a for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
-                   if value for a in (flag, str(value))] + (["--no-cache"] if args.no_cache else [])
+    passthrough = [
+        a
+        for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
+        if value
+        for a in (flag, str(value))
+    ] + (["--no-cache"] if args.no_cache else [])
     passthrough += [a for target in args.target or [] for a in ("--target", target)]
     passthrough += ["--quiet"] if args.quiet else []
     passthrough += ["--keep-debug"] if args.keep_debug else []
     passthrough += ["--update-lock"] if args.update_lock else []
     for flag in TARGET_FLAGS:  # each target's own (--cpu-isa)
         value = getattr(args, flag.dest, None)
-        passthrough += ([flag.option_strings[0]] if flag.nargs == 0 else [flag.option_strings[0], str(value)]) if value else []
+        passthrough += (
+            ([flag.option_strings[0]] if flag.nargs == 0 else [flag.option_strings[0], str(value)]) if value else []
+        )
     passthrough += ["--overwrite"] if args.overwrite else []
     _check_outputs(args, _artifact_root(args.root))
     jobs = args.jobs or default_jobs(len(args.spec))
@@ -138,8 +148,10 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
 def _build(args: argparse.Namespace, progress: Progress) -> int:
     jobs = getattr(args, "jobs", None)
     if jobs is not None and jobs < 1:
-        raise UsageError(f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
-                         "give -j N with N >= 1, or leave -j out to use one build per core")
+        raise UsageError(
+            f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
+            "give -j N with N >= 1, or leave -j out to use one build per core",
+        )
     if getattr(args, "task", None) == "help":  # asked for, not a mistake: the table, and exit 0
         from .hf_tasks import supported  # imports torch (the tasks' wrappers): only --hf pays for it
 
@@ -148,9 +160,11 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
         return _run_build(_checkpoint_spec(args), args, progress)  # --version and --name are in its spec
     if not args.spec:
-        raise UsageError("give --spec PATH, or --hf DIR for a save_pretrained folder",
-                         "e.g. modelwheel build --spec my_model/spec.toml, or modelwheel build --hf ./my-vit "
-                         "--task image-classification --name my_vit --version 1.0")
+        raise UsageError(
+            "give --spec PATH, or --hf DIR for a save_pretrained folder",
+            "e.g. modelwheel build --spec my_model/spec.toml, or modelwheel build --hf ./my-vit "
+            "--task image-classification --name my_vit --version 1.0",
+        )
     if isinstance(args.spec, list) and len(args.spec) > 1:
         return _build_many(args, progress)
     spec_file = load_spec(args.spec[0] if isinstance(args.spec, list) else args.spec)
@@ -197,10 +211,19 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
             # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
             torch._logging.set_logs(all=logging.ERROR)
 
-    for result in build(spec_file, root=root, dist_dir=Path(args.dist).resolve(), layout=layout, progress=progress,
-                        use_cache=not getattr(args, "no_cache", False), target_names=target_names,
-                        overwrite=getattr(args, "overwrite", False), keep_debug=getattr(args, "keep_debug", False),
-                        update_lock=getattr(args, "update_lock", False), forced=getattr(args, "forced", None)):
+    for result in build(
+        spec_file,
+        root=root,
+        dist_dir=Path(args.dist).resolve(),
+        layout=layout,
+        progress=progress,
+        use_cache=not getattr(args, "no_cache", False),
+        target_names=target_names,
+        overwrite=getattr(args, "overwrite", False),
+        keep_debug=getattr(args, "keep_debug", False),
+        update_lock=getattr(args, "update_lock", False),
+        forced=getattr(args, "forced", None),
+    ):
         _print_summary(progress, result)
         args.records.append(record.of_build(result))
     return 0
@@ -211,18 +234,27 @@ def _checkpoint_spec(args: argparse.Namespace) -> SpecFile:
     from .hf import guess_task  # imports torch (the tasks' wrappers): only --hf pays for it
 
     if not args.hf:
-        raise UsageError("--task and --name go with --hf DIR (a save_pretrained folder)",
-                         "add --hf DIR, or leave them out and build a spec with --spec")
+        raise UsageError(
+            "--task and --name go with --hf DIR (a save_pretrained folder)",
+            "add --hf DIR, or leave them out and build a spec with --spec",
+        )
     if not args.task:
-        raise UsageError(f"--hf {args.hf}: needs --task: a checkpoint folder is built for one task", guess_task(args.hf))
+        raise UsageError(
+            f"--hf {args.hf}: needs --task: a checkpoint folder is built for one task", guess_task(args.hf)
+        )
     if args.spec and len(args.spec) > 1:
-        raise UsageError("--hf takes at most one --spec (the keys that override the checkpoint's)",
-                         "build other specs in a command of their own")
+        raise UsageError(
+            "--hf takes at most one --spec (the keys that override the checkpoint's)",
+            "build other specs in a command of their own",
+        )
     if getattr(args, "weights", None):
-        raise UsageError("--weights does not apply to --hf: the weights come from the folder's safetensors files",
-                         "save the new weights with save_pretrained() into a folder and give it to --hf")
-    return checkpoint_spec(args.hf, args.task, name=args.name, version=args.version,
-                           spec=args.spec[0] if args.spec else None)
+        raise UsageError(
+            "--weights does not apply to --hf: the weights come from the folder's safetensors files",
+            "save the new weights with save_pretrained() into a folder and give it to --hf",
+        )
+    return checkpoint_spec(
+        args.hf, args.task, name=args.name, version=args.version, spec=args.spec[0] if args.spec else None
+    )
 
 
 def _spec_from(args: argparse.Namespace) -> SpecFile:
@@ -248,27 +280,43 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
 
 def _index(args: argparse.Namespace, progress: Progress) -> int:
     if args.action == "stop":
-        progress.say("local index stopped" if index.stop()
-                     else f"no local index was started from this folder ({index.STATE_DIR.resolve()})")
+        progress.say(
+            "local index stopped"
+            if index.stop()
+            else f"no local index was started from this folder ({index.STATE_DIR.resolve()})"
+        )
         return 0
     port = index.DEFAULT_PORT if args.port is None else args.port
     fallback_url: str = index.FALLBACK_URL if args.fallback_url is None else args.fallback_url
     torch_url: str = args.torch_url or index.TORCH_URL
     private: tuple[str, ...] = tuple(args.private_prefix)
     if args.action == "serve":
-        index.serve(Path(args.data), port, fallback_url, torch_url, listening_fd=args.listening_fd,
-                    state_dir=Path(args.state_dir), private=private)
+        index.serve(
+            Path(args.data),
+            port,
+            fallback_url,
+            torch_url,
+            listening_fd=args.listening_fd,
+            state_dir=Path(args.state_dir),
+            private=private,
+        )
         return 0
     state = index.start(Path(args.data), port, fallback_url=fallback_url, torch_url=torch_url, private=private)
     progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
-    progress.say(f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
-                 "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)")
-    progress.say(f"  torch comes from {state.get('torch_url', index.TORCH_URL)} (redirected), every other package "
-                 f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}, except "
-                 f"names starting with {' or '.join(state.get('private', index.PRIVATE_PREFIXES))} (never looked up "
-                 "elsewhere)")
-    progress.say(f"  uploads need its password ({index.STATE_DIR / 'upload.secret'}, readable by you alone), "
-                 "which publish sends by itself")
+    progress.say(
+        f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
+        "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)"
+    )
+    progress.say(
+        f"  torch comes from {state.get('torch_url', index.TORCH_URL)} (redirected), every other package "
+        f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}, except "
+        f"names starting with {' or '.join(state.get('private', index.PRIVATE_PREFIXES))} (never looked up "
+        "elsewhere)"
+    )
+    progress.say(
+        f"  uploads need its password ({index.STATE_DIR / 'upload.secret'}, readable by you alone), "
+        "which publish sends by itself"
+    )
     return 0
 
 
@@ -291,8 +339,10 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
         found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     missing = [f"{prefix}*.whl" for t, prefix in wanted.items() if not found[t]]
     if missing:
-        raise PackageError(f"the build finished but {dist} holds no {', '.join(missing)}",
-                           "report this as a bug, with the build's output above")
+        raise PackageError(
+            f"the build finished but {dist} holds no {', '.join(missing)}",
+            "report this as a bug, with the build's output above",
+        )
     return [wheels[-1] for wheels in found.values()]
 
 
@@ -303,8 +353,9 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
     if missing:
         raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
     with progress.stage("publish", ", ".join(w.name for w in wheels)):
-        result = publish(wheels, index, progress.say, skip_existing=args.skip_existing,
-                         require_report=not args.without_report)
+        result = publish(
+            wheels, index, progress.say, skip_existing=args.skip_existing, require_report=not args.without_report
+        )
     args.extra["published"] = {"uploaded": list(result.uploaded), "existing": list(result.existing)}
     progress.say(f"published {len(result.uploaded)} wheel(s); {len(result.existing)} already on the index")
     return 0
@@ -325,8 +376,16 @@ def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     plan = reproduce.recipe(Path(args.wheel), args.spec)
     spec_file = load_spec(plan.spec)
     work = reproduce.work_folder()
-    vars(args).update(root=str(plan.root), dist=str(work / "dist"), build_dir=str(work / "build"), no_cache=True,
-                      target=[plan.target], keep_debug=plan.keep_debug, forced=plan.forced, **plan.rebuild.arguments)
+    vars(args).update(
+        root=str(plan.root),
+        dist=str(work / "dist"),
+        build_dir=str(work / "build"),
+        no_cache=True,
+        target=[plan.target],
+        keep_debug=plan.keep_debug,
+        forced=plan.forced,
+        **plan.rebuild.arguments,
+    )
     progress.say(reproduce.announce(plan, work))
     targets.get(plan.target).before_torch(spec_file.spec.build.options(plan.target), args)  # before torch
     reproduce.must_match(plan.manifest)
@@ -343,14 +402,23 @@ def _schema(args: argparse.Namespace, progress: Progress) -> int:
     try:
         Path(args.output).write_text(text)
     except OSError as exc:
-        raise UsageError(f"--output {args.output}: cannot write it: {exc.strerror}",
-                         "give a file in a folder that exists and that you can write") from exc
+        raise UsageError(
+            f"--output {args.output}: cannot write it: {exc.strerror}",
+            "give a file in a folder that exists and that you can write",
+        ) from exc
     progress.say(f"wrote the spec's JSON Schema to {args.output}")
     return 0
 
 
-COMMANDS = {"build": _build, "doctor": _doctor, "index": _index, "publish": _publish, "matrix": _matrix,
-            "reproduce": _reproduce, "schema": _schema}
+COMMANDS = {
+    "build": _build,
+    "doctor": _doctor,
+    "index": _index,
+    "publish": _publish,
+    "matrix": _matrix,
+    "reproduce": _reproduce,
+    "schema": _schema,
+}
 
 
 def json_stdout() -> TextIO:
@@ -361,6 +429,7 @@ def json_stdout() -> TextIO:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return saved
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)

@@ -22,12 +22,13 @@ def run() -> NoReturn:
 def end(code: int) -> NoReturn:
     """Exit with ``code``: normally; or, where threads the model started are still running, or
     the command was stopped by a signal, at once, after flushing what was written."""
-    left = [t.name for t in threading.enumerate()
-            if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if not left and not progress.stop_requested:
         sys.exit(code)
     if left:  # the interpreter's exit would wait on them
-        logging.getLogger(__name__).info("exiting past %d thread(s) the model left running: %s", len(left), ", ".join(left))
+        logging.getLogger(__name__).info(
+            "exiting past %d thread(s) the model left running: %s", len(left), ", ".join(left)
+        )
     else:
         # A stop that landed while C code ran Python through PyRun_String (torch does, compiling)
         # leaves CPython's "unhandled KeyboardInterrupt" flag set, though the CLI handled it; the

@@ -41,11 +41,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read it as JSON: {exc}",
-                              "save the model again with save_pretrained(), which writes this file") from exc
+        raise CheckpointError(
+            f"{path}: cannot read it as JSON: {exc}",
+            "save the model again with save_pretrained(), which writes this file",
+        ) from exc
     if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: holds a {type(value).__name__}, not a JSON object",
-                              "save the model again with save_pretrained()")
+        raise CheckpointError(
+            f"{path}: holds a {type(value).__name__}, not a JSON object", "save the model again with save_pretrained()"
+        )
     return value
 
 
@@ -57,18 +60,24 @@ def _model_folder(folder: Path, task: Task) -> Path:
     """The folder whose config.json describes the model: a diffusers pipeline's (model_index.json
     beside unet/, vae/, …) keeps its UNet in unet/."""
     if not folder.is_dir():
-        raise CheckpointError(f"--hf {folder}: {'is not a folder' if folder.exists() else 'does not exist'}",
-                              "give the folder that model.save_pretrained(folder) wrote")
+        raise CheckpointError(
+            f"--hf {folder}: {'is not a folder' if folder.exists() else 'does not exist'}",
+            "give the folder that model.save_pretrained(folder) wrote",
+        )
     if (folder / "model_index.json").is_file() and not (folder / "config.json").is_file():
         if task.library == "diffusers" and (folder / "unet" / "config.json").is_file():
             return folder / "unet"
-        raise CheckpointError(f"{folder}: is a diffusers pipeline folder (model_index.json) without a "
-                              f"{'unet/ subfolder' if task.library == 'diffusers' else 'transformers model'}",
-                              "give the folder of one model of it (e.g. DIR/unet with --task denoising)")
+        raise CheckpointError(
+            f"{folder}: is a diffusers pipeline folder (model_index.json) without a "
+            f"{'unet/ subfolder' if task.library == 'diffusers' else 'transformers model'}",
+            "give the folder of one model of it (e.g. DIR/unet with --task denoising)",
+        )
     if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: not a save_pretrained folder: it holds no config.json",
-                              "give the folder that model.save_pretrained(folder) wrote (config.json and "
-                              "*.safetensors), from transformers or diffusers")
+        raise CheckpointError(
+            f"{folder}: not a save_pretrained folder: it holds no config.json",
+            "give the folder that model.save_pretrained(folder) wrote (config.json and "
+            "*.safetensors), from transformers or diffusers",
+        )
     return folder
 
 
@@ -77,8 +86,10 @@ def _library(config_file: Path, config: dict[str, Any]) -> tuple[str, str]:
         return "diffusers", str(config["_class_name"])
     if "model_type" in config:
         return "transformers", str((config.get("architectures") or [config["model_type"]])[0])
-    raise CheckpointError(f"{config_file}: has neither 'model_type' (transformers) nor '_class_name' (diffusers)",
-                          "give a folder written by a transformers or diffusers model's save_pretrained()")
+    raise CheckpointError(
+        f"{config_file}: has neither 'model_type' (transformers) nor '_class_name' (diffusers)",
+        "give a folder written by a transformers or diffusers model's save_pretrained()",
+    )
 
 
 def _require_safetensors(folder: Path) -> None:
@@ -91,9 +102,12 @@ def _require_safetensors(folder: Path) -> None:
             "from safetensors, since loading a pickle file runs code from it",
             "save it again as safetensors: load it where you trust the file, then model.save_pretrained(folder) "
             "(transformers 5 and diffusers write model.safetensors by default; older transformers need "
-            "safe_serialization=True)")
-    raise CheckpointError(f"{folder}: holds no weights (*.safetensors)",
-                          "give the folder that model.save_pretrained(folder) wrote, weights included")
+            "safe_serialization=True)",
+        )
+    raise CheckpointError(
+        f"{folder}: holds no weights (*.safetensors)",
+        "give the folder that model.save_pretrained(folder) wrote, weights included",
+    )
 
 
 def resolve_task(name: str, folder: Path | str) -> Task:
@@ -101,12 +115,15 @@ def resolve_task(name: str, folder: Path | str) -> Task:
     if task is None:
         meant = close_task(name)
         if meant is not None:
-            raise UnsupportedTaskError(f"task {name!r} is not one modelwheel builds; did you mean {meant!r}? It builds:\n"
-                                       f"{supported()}", f"--task {meant}")
+            raise UnsupportedTaskError(
+                f"task {name!r} is not one modelwheel builds; did you mean {meant!r}? It builds:\n{supported()}",
+                f"--task {meant}",
+            )
         raise UnsupportedTaskError(
             f"task {name!r} is not one modelwheel builds from a checkpoint folder with no code; it builds:\n"
             f"{supported()}",
-            "for another task, write a small wrapper and a spec instead:\n" + wrapper_example(folder))
+            "for another task, write a small wrapper and a spec instead:\n" + wrapper_example(folder),
+        )
     return task
 
 
@@ -116,27 +133,41 @@ def inspect_checkpoint(folder: Path, task: Task) -> Checkpoint:
     config = _read_json(config_file)
     library, class_name = _library(config_file, config)
     if library != task.library:
-        raise CheckpointError(f"{model_folder}: is a {library} checkpoint ({class_name}), but task {task.name!r} builds "
-                              f"{task.library} models ({task.loader})",
-                              "pick the task that fits the model; the tasks are:\n" + supported())
+        raise CheckpointError(
+            f"{model_folder}: is a {library} checkpoint ({class_name}), but task {task.name!r} builds "
+            f"{task.library} models ({task.loader})",
+            "pick the task that fits the model; the tasks are:\n" + supported(),
+        )
     if task.classes and class_name not in task.classes:
-        raise CheckpointError(f"{model_folder}: holds a {class_name}, but task {task.name!r} builds "
-                              f"{' or '.join(task.classes)} only",
-                              f"write a small wrapper for {class_name} and a spec instead:\n" + wrapper_example(folder))
+        raise CheckpointError(
+            f"{model_folder}: holds a {class_name}, but task {task.name!r} builds {' or '.join(task.classes)} only",
+            f"write a small wrapper for {class_name} and a spec instead:\n" + wrapper_example(folder),
+        )
     _require_safetensors(model_folder)
     pipeline = model_folder.parent if model_folder != folder.resolve() and model_folder.name == "unet" else None
-    facts = Facts(config=config, preprocessor=_optional_json(folder / "preprocessor_config.json"),
-                  text_config=_optional_json(pipeline / "text_encoder" / "config.json") if pipeline else {},
-                  scheduler=_optional_json(pipeline / "scheduler" / "scheduler_config.json") if pipeline else {})
-    return Checkpoint(folder=model_folder, library=library, class_name=class_name, config_file=config_file,
-                      config_sha256=hashlib.sha256(config_file.read_bytes()).hexdigest(), facts=facts,
-                      task=for_class(task, class_name))
+    facts = Facts(
+        config=config,
+        preprocessor=_optional_json(folder / "preprocessor_config.json"),
+        text_config=_optional_json(pipeline / "text_encoder" / "config.json") if pipeline else {},
+        scheduler=_optional_json(pipeline / "scheduler" / "scheduler_config.json") if pipeline else {},
+    )
+    return Checkpoint(
+        folder=model_folder,
+        library=library,
+        class_name=class_name,
+        config_file=config_file,
+        config_sha256=hashlib.sha256(config_file.read_bytes()).hexdigest(),
+        facts=facts,
+        task=for_class(task, class_name),
+    )
 
 
 def _description(checkpoint: Checkpoint, task: Task) -> str:
     folder = SUMMARY_REFUSED.sub("?", checkpoint.folder.name)
-    return (f"{checkpoint.class_name} ({task.name}) from the save_pretrained folder '{folder}', "
-            f"config.json sha256 {checkpoint.config_sha256[:16]}")
+    return (
+        f"{checkpoint.class_name} ({task.name}) from the save_pretrained folder '{folder}', "
+        f"config.json sha256 {checkpoint.config_sha256[:16]}"
+    )
 
 
 def _merged(generated: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
@@ -161,11 +192,16 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
     relative ``hf`` is taken from ``base`` (the spec's folder, or the current one for --hf)."""
     model = raw.get("model", {})
     if "factory" in model:
-        raise SpecError(f"{where}: key 'model.factory': given with 'model.hf': a spec builds either your factory or "
-                        "a checkpoint folder", "remove one of them")
+        raise SpecError(
+            f"{where}: key 'model.factory': given with 'model.hf': a spec builds either your factory or "
+            "a checkpoint folder",
+            "remove one of them",
+        )
     if not model.get("task"):
-        raise SpecError(f"{where}: key 'model.task': missing: a checkpoint folder is built for one task",
-                        f"add task = \"…\" under [model], one of:\n{supported()}")
+        raise SpecError(
+            f"{where}: key 'model.task': missing: a checkpoint folder is built for one task",
+            f'add task = "…" under [model], one of:\n{supported()}',
+        )
     folder = (base / str(model["hf"])).resolve()
     task = resolve_task(str(model["task"]), folder)
     checkpoint = inspect_checkpoint(folder, task)
@@ -173,14 +209,21 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
     try:
         generated = task.spec(checkpoint.facts)
     except ConfigProblem as exc:
-        raise CheckpointError(f"{checkpoint.config_file}: {exc}, so the {task.name} task cannot make its inputs",
-                              "pick the task that fits the model, or write a wrapper and a spec "
-                              "(docs/library-models.md#a-wrapper-of-your-own)") from exc
+        raise CheckpointError(
+            f"{checkpoint.config_file}: {exc}, so the {task.name} task cannot make its inputs",
+            "pick the task that fits the model, or write a wrapper and a spec "
+            "(docs/library-models.md#a-wrapper-of-your-own)",
+        ) from exc
     generated["model"] = {"description": _description(checkpoint, task)}
     completed = _merged(generated, raw)
     if SEQUENCE in generated["dims"]:  # before export: the config's limits, not torch's guard, say what fits
-        check_sequence(completed["dims"], (raw.get("dims") or {}).get(SEQUENCE), checkpoint.facts.config,
-                       checkpoint.config_file, where)
+        check_sequence(
+            completed["dims"],
+            (raw.get("dims") or {}).get(SEQUENCE),
+            checkpoint.facts.config,
+            checkpoint.config_file,
+            where,
+        )
     completed["model"].update(hf=str(folder), task=task.name)
     return completed
 
@@ -197,9 +240,14 @@ def guess_task(folder: str) -> str:
         saved = str((config.get("architectures") or [config.get("_class_name", "")])[0])
     except (OSError, ValueError, AttributeError, IndexError, TypeError):
         return f"add --task, one of:\n{supported()}"
-    hints = {"ImageClassification": "image-classification", "ObjectDetection": "object-detection",
-             "SemanticSegmentation": "semantic-segmentation", "CausalLM": "text-generation", "LMHead": "text-generation",
-             "UNet2D": "denoising"}
+    hints = {
+        "ImageClassification": "image-classification",
+        "ObjectDetection": "object-detection",
+        "SemanticSegmentation": "semantic-segmentation",
+        "CausalLM": "text-generation",
+        "LMHead": "text-generation",
+        "UNet2D": "denoising",
+    }
     for fragment, task in hints.items():
         if fragment in saved:
             return f"its config.json names {saved}: add --task {task}"
@@ -213,8 +261,13 @@ def checkpoint_record(spec) -> dict[str, Any] | None:
         return None
     task = resolve_task(spec.model.task, spec.model.hf)
     checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
-    return {"folder": checkpoint.folder.name, "task": task.name, "library": checkpoint.library,
-            "class": checkpoint.class_name, "config_sha256": checkpoint.config_sha256}
+    return {
+        "folder": checkpoint.folder.name,
+        "task": task.name,
+        "library": checkpoint.library,
+        "class": checkpoint.class_name,
+        "config_sha256": checkpoint.config_sha256,
+    }
 
 
 __all__ = ["TASKS", "checkpoint_record", "complete_spec", "guess_task", "inspect_checkpoint", "resolve_task"]

@@ -84,14 +84,20 @@ def check_sequence(dims: dict[str, Any], given: Any, config: dict[str, Any], con
     limit, window = position_limit(config), sliding_window(config)
     problem = None
     if limit is not None and high > limit[1]:
-        problem = (f"key 'dims.{SEQUENCE}.max': {high} is over the checkpoint's {limit[0]} = {limit[1]} "
-                   f"({config_file}): the model has positions for {limit[1]} tokens, so it cannot take a longer sequence")
+        problem = (
+            f"key 'dims.{SEQUENCE}.max': {high} is over the checkpoint's {limit[0]} = {limit[1]} "
+            f"({config_file}): the model has positions for {limit[1]} tokens, so it cannot take a longer sequence"
+        )
     elif window is not None and low < window and high > window - 2:
-        problem = (f"key 'dims.{SEQUENCE}.min': the range [{low}, {high}] crosses the checkpoint's sliding_window = "
-                   f"{window} ({config_file}): the attention mask is made one way for sequences shorter than the window "
-                   f"and another from {window} tokens on, and one compiled model holds one of them")
+        problem = (
+            f"key 'dims.{SEQUENCE}.min': the range [{low}, {high}] crosses the checkpoint's sliding_window = "
+            f"{window} ({config_file}): the attention mask is made one way for sequences shorter than the window "
+            f"and another from {window} tokens on, and one compiled model holds one of them"
+        )
     if problem is None:
         return
     good_low, good_high = _working(low, high, config)
-    raise SpecError(f"{where}: {problem}",
-                    f"use this range in the override spec (--spec), which builds:\n    {_dim_lines(good_low, good_high)}")
+    raise SpecError(
+        f"{where}: {problem}",
+        f"use this range in the override spec (--spec), which builds:\n    {_dim_lines(good_low, good_high)}",
+    )

@@ -10,8 +10,9 @@ the ones a user would write (docs/library-models.md#the-wrapper); the zoo's spec
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,7 +78,9 @@ class Denoiser(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
+    ) -> torch.Tensor:
         return self.model(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
 
 
@@ -146,9 +149,12 @@ def _image_spec(outputs: list[str]) -> Callable[[Facts], dict[str, Any]]:
     def spec(facts: Facts) -> dict[str, Any]:
         height, width = image_size(facts)
         channels = int(facts.config.get("num_channels", 3))
-        return {"dims": {"batch": dict(DEFAULT_BATCH)},
-                "inputs": [{"name": "pixel_values", "shape": ["batch", channels, height, width]}],
-                "outputs": [{"name": name} for name in outputs]}
+        return {
+            "dims": {"batch": dict(DEFAULT_BATCH)},
+            "inputs": [{"name": "pixel_values", "shape": ["batch", channels, height, width]}],
+            "outputs": [{"name": name} for name in outputs],
+        }
+
     return spec
 
 
@@ -164,8 +170,12 @@ def _text_spec(with_mask: bool, output: str) -> Callable[[Facts], dict[str, Any]
         ids = {"name": "input_ids", "shape": ["batch", "sequence"], "dtype": "int64", "low": 0, "high": vocab}
         mask = {"name": "attention_mask", "shape": ["batch", "sequence"], "dtype": "int64", "low": 0, "high": 2}
         # within the config's position table and on one side of its sliding window (hf_limits.py)
-        return {"dims": {"batch": dict(DEFAULT_BATCH), "sequence": sequence_dim(facts.config)},
-                "inputs": [ids, mask] if with_mask else [ids], "outputs": [{"name": output}]}
+        return {
+            "dims": {"batch": dict(DEFAULT_BATCH), "sequence": sequence_dim(facts.config)},
+            "inputs": [ids, mask] if with_mask else [ids],
+            "outputs": [{"name": output}],
+        }
+
     return spec
 
 
@@ -175,62 +185,129 @@ def _unet_spec(facts: Facts) -> dict[str, Any]:
         raise ConfigProblem(
             f"the UNet takes extra conditioning (addition_embed_type {config.get('addition_embed_type')!r}, "
             f"encoder_hid_dim_type {config.get('encoder_hid_dim_type')!r}; SDXL's text_time, say), which the "
-            "denoising task does not pass")
+            "denoising task does not pass"
+        )
     size = _square(_need(config, "sample_size", "gives the latent's height and width"))
     context = _need(config, "cross_attention_dim", "gives the text states' width")
     if size is None or not isinstance(context, int):
-        raise ConfigProblem(f"sample_size {config['sample_size']!r} or cross_attention_dim {context!r} is not one "
-                            "size (per-block sizes are not supported)")
+        raise ConfigProblem(
+            f"sample_size {config['sample_size']!r} or cross_attention_dim {context!r} is not one "
+            "size (per-block sizes are not supported)"
+        )
     length = int(facts.text_config.get("max_position_embeddings", DEFAULT_TEXT_LENGTH))
     steps = int(facts.scheduler.get("num_train_timesteps", 1000))
-    return {"dims": {"batch": dict(DEFAULT_BATCH)},
-            "inputs": [{"name": "sample", "shape": ["batch", int(config.get("in_channels", 4)), *size]},
-                       {"name": "timestep", "shape": ["batch"], "dtype": "int64", "low": 0, "high": steps},
-                       {"name": "encoder_hidden_states", "shape": ["batch", length, context]}],
-            # atol 1e-3 (of outputs near 1): verify's all-zero case feeds GroupNorm a constant latent,
-            # whose near-zero variance magnifies rounding differences to ~1e-4 (diffs elsewhere ~1e-6).
-            "outputs": [{"name": "noise_pred", "atol": 1e-3}]}
+    return {
+        "dims": {"batch": dict(DEFAULT_BATCH)},
+        "inputs": [
+            {"name": "sample", "shape": ["batch", int(config.get("in_channels", 4)), *size]},
+            {"name": "timestep", "shape": ["batch"], "dtype": "int64", "low": 0, "high": steps},
+            {"name": "encoder_hidden_states", "shape": ["batch", length, context]},
+        ],
+        # atol 1e-3 (of outputs near 1): verify's all-zero case feeds GroupNorm a constant latent,
+        # whose near-zero variance magnifies rounding differences to ~1e-4 (diffs elsewhere ~1e-6).
+        "outputs": [{"name": "noise_pred", "atol": 1e-3}],
+    }
 
 
 def _unconditional_unet_spec(facts: Facts) -> dict[str, Any]:
     config = facts.config
     if config.get("num_class_embeds") or config.get("class_embed_type"):
-        raise ConfigProblem(f"the UNet is class-conditional (num_class_embeds {config.get('num_class_embeds')!r}, "
-                            f"class_embed_type {config.get('class_embed_type')!r}), which the denoising task does not pass")
+        raise ConfigProblem(
+            f"the UNet is class-conditional (num_class_embeds {config.get('num_class_embeds')!r}, "
+            f"class_embed_type {config.get('class_embed_type')!r}), which the denoising task does not pass"
+        )
     size = _square(_need(config, "sample_size", "gives the sample's height and width"))
     if size is None:
         raise ConfigProblem(f"sample_size {config['sample_size']!r} is not one size")
     steps = int(facts.scheduler.get("num_train_timesteps", 1000))
-    return {"dims": {"batch": dict(DEFAULT_BATCH)},
-            "inputs": [{"name": "sample", "shape": ["batch", int(config.get("in_channels", 3)), *size]},
-                       {"name": "timestep", "shape": ["batch"], "dtype": "int64", "low": 0, "high": steps}],
-            "outputs": [{"name": "noise_pred", "atol": 1e-3}]}  # atol: as the conditional UNet's (GroupNorm)
+    return {
+        "dims": {"batch": dict(DEFAULT_BATCH)},
+        "inputs": [
+            {"name": "sample", "shape": ["batch", int(config.get("in_channels", 3)), *size]},
+            {"name": "timestep", "shape": ["batch"], "dtype": "int64", "low": 0, "high": steps},
+        ],
+        "outputs": [{"name": "noise_pred", "atol": 1e-3}],
+    }  # atol: as the conditional UNet's (GroupNorm)
 
 
-DENOISING_SUMMARY = ("sample, timestep[, encoder_hidden_states] -> noise_pred (diffusers UNet2DConditionModel, "
-                     "or an unconditional UNet2DModel)")
+DENOISING_SUMMARY = (
+    "sample, timestep[, encoder_hidden_states] -> noise_pred (diffusers UNet2DConditionModel, "
+    "or an unconditional UNet2DModel)"
+)
 # The denoising task per saved class: the conditional UNet's, and the unconditional one's.
-UNCONDITIONAL_DENOISING = Task("denoising", "diffusers", "UNet2DModel", UnconditionalDenoiser,
-                               _unconditional_unet_spec, DENOISING_SUMMARY, classes=("UNet2DModel",))
+UNCONDITIONAL_DENOISING = Task(
+    "denoising",
+    "diffusers",
+    "UNet2DModel",
+    UnconditionalDenoiser,
+    _unconditional_unet_spec,
+    DENOISING_SUMMARY,
+    classes=("UNet2DModel",),
+)
 
-TASKS = {task.name: task for task in (
-    Task("image-classification", "transformers", "AutoModelForImageClassification", ImageLogits,
-         _image_spec(["logits"]), "pixel_values -> logits (ViT, DeiT, ResNet, ConvNeXt, …)"),
-    Task("object-detection", "transformers", "AutoModelForObjectDetection", Detector,
-         _image_spec(["logits", "pred_boxes"]), "pixel_values -> logits, pred_boxes (DETR-style)"),
-    Task("semantic-segmentation", "transformers", "AutoModelForSemanticSegmentation", ImageLogits,
-         _image_spec(["logits"]), "pixel_values -> per-pixel logits (SegFormer, …)"),
-    Task("feature-extraction", "transformers", "AutoModel", TextEncoder, _text_spec(True, "last_hidden_state"),
-         "input_ids, attention_mask -> last_hidden_state (BERT-style text encoders)", unused=("pooler.",)),
-    Task("text-generation", "transformers", "AutoModelForCausalLM", CausalLM, _text_spec(False, "logits"),
-         "input_ids -> logits, one forward, no KV cache (Llama, GPT-2, …)"),
-    Task("denoising", "diffusers", "UNet2DConditionModel", Denoiser, _unet_spec, DENOISING_SUMMARY,
-         classes=("UNet2DConditionModel", "UNet2DModel")),
-)}
+TASKS = {
+    task.name: task
+    for task in (
+        Task(
+            "image-classification",
+            "transformers",
+            "AutoModelForImageClassification",
+            ImageLogits,
+            _image_spec(["logits"]),
+            "pixel_values -> logits (ViT, DeiT, ResNet, ConvNeXt, …)",
+        ),
+        Task(
+            "object-detection",
+            "transformers",
+            "AutoModelForObjectDetection",
+            Detector,
+            _image_spec(["logits", "pred_boxes"]),
+            "pixel_values -> logits, pred_boxes (DETR-style)",
+        ),
+        Task(
+            "semantic-segmentation",
+            "transformers",
+            "AutoModelForSemanticSegmentation",
+            ImageLogits,
+            _image_spec(["logits"]),
+            "pixel_values -> per-pixel logits (SegFormer, …)",
+        ),
+        Task(
+            "feature-extraction",
+            "transformers",
+            "AutoModel",
+            TextEncoder,
+            _text_spec(True, "last_hidden_state"),
+            "input_ids, attention_mask -> last_hidden_state (BERT-style text encoders)",
+            unused=("pooler.",),
+        ),
+        Task(
+            "text-generation",
+            "transformers",
+            "AutoModelForCausalLM",
+            CausalLM,
+            _text_spec(False, "logits"),
+            "input_ids -> logits, one forward, no KV cache (Llama, GPT-2, …)",
+        ),
+        Task(
+            "denoising",
+            "diffusers",
+            "UNet2DConditionModel",
+            Denoiser,
+            _unet_spec,
+            DENOISING_SUMMARY,
+            classes=("UNet2DConditionModel", "UNet2DModel"),
+        ),
+    )
+}
 VARIANTS = {("denoising", "UNet2DModel"): UNCONDITIONAL_DENOISING}
 # Other names for the same tasks (Optimum's and common usage).
-ALIASES = {"causal-lm": "text-generation", "text-encoder": "feature-extraction",
-           "image-segmentation": "semantic-segmentation", "unet": "denoising"}
+ALIASES = {
+    "causal-lm": "text-generation",
+    "text-encoder": "feature-extraction",
+    "image-segmentation": "semantic-segmentation",
+    "unet": "denoising",
+}
 
 
 def find_task(name: str) -> Task | None:

@@ -11,7 +11,7 @@ import inspect
 import json
 from pathlib import Path
 
-TEMPLATE = '''\
+TEMPLATE = """\
     # model.py, beside your spec.toml: forward takes tensors and returns tensors
     import torch
     from {library} import {cls}
@@ -26,10 +26,15 @@ TEMPLATE = '''\
 
   with [model] factory = "model:Wrapped", [weights] seed = 0 (the weights it loads are the ones
   that ship), one [[inputs]] table per forward parameter ({names}), and the spec's [dims] and
-  [[outputs]] (docs/library-models.md#a-wrapper-of-your-own)'''
+  [[outputs]] (docs/library-models.md#a-wrapper-of-your-own)"""
 # Where the folder's class cannot be read: a token classifier, the commonest task without a table row.
-FALLBACK = ("transformers", "AutoModelForTokenClassification", ["input_ids", "attention_mask"], "torch.Tensor",
-            "return self.model(input_ids=input_ids, attention_mask=attention_mask).logits")
+FALLBACK = (
+    "transformers",
+    "AutoModelForTokenClassification",
+    ["input_ids", "attention_mask"],
+    "torch.Tensor",
+    "return self.model(input_ids=input_ids, attention_mask=attention_mask).logits",
+)
 QUERY_SEGMENTERS = ("MaskFormer", "Mask2Former", "OneFormer", "UniversalSegmentation", "InstanceSegmentation")
 
 
@@ -62,8 +67,11 @@ def _transformers_forward(name: str) -> tuple[list[str], str, str]:
     params = [main, "attention_mask"] if main == "input_ids" else [main]
     call = ", ".join(f"{p}={p}" for p in params)
     if any(fragment in name for fragment in QUERY_SEGMENTERS):
-        return (params, "tuple[torch.Tensor, torch.Tensor]",
-                f"out = self.model({call})\n            return out.class_queries_logits, out.masks_queries_logits")
+        return (
+            params,
+            "tuple[torch.Tensor, torch.Tensor]",
+            f"out = self.model({call})\n            return out.class_queries_logits, out.masks_queries_logits",
+        )
     if name.endswith("Model"):
         return params, "torch.Tensor", f"return self.model({call}).last_hidden_state"
     if "Classification" in name or name.endswith("LM") or "ForMaskedLM" in name:
@@ -76,8 +84,11 @@ def _diffusers_forward(name: str) -> tuple[list[str], str, str]:
     params = ["sample"]
     if cls is not None:
         signature = inspect.signature(cls.forward).parameters.values()
-        params = [p.name for p in signature if p.name != "self" and p.default is p.empty
-                  and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] or params
+        params = [
+            p.name
+            for p in signature
+            if p.name != "self" and p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ] or params
     return params, "torch.Tensor", f"return self.model({', '.join(params)}, return_dict=False)[0]"
 
 
@@ -89,5 +100,12 @@ def wrapper_example(folder: Path | str) -> str:
     else:
         library, cls = saved
         params, returns, body = (_diffusers_forward if library == "diffusers" else _transformers_forward)(cls)
-    return TEMPLATE.format(library=library, cls=cls, folder=folder, returns=returns, body=body,
-                           params=", ".join(f"{p}: torch.Tensor" for p in params), names=", ".join(params))
+    return TEMPLATE.format(
+        library=library,
+        cls=cls,
+        folder=folder,
+        returns=returns,
+        body=body,
+        params=", ".join(f"{p}: torch.Tensor" for p in params),
+        names=", ".join(params),
+    )

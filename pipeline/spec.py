@@ -11,8 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import SpecError, UsageError
 from .services.frozen import Frozen
-from .spec_sections import (MAX_INPUT_ELEMENTS, TOP_LEVEL_KEY, BuildSection, CompileSection, DimSpec, DoctorSection,
-                            InputSpec, ModelSection, OutputSpec, VerifySection, WeightsSection)
+from .spec_sections import (
+    MAX_INPUT_ELEMENTS,
+    TOP_LEVEL_KEY,
+    BuildSection,
+    CompileSection,
+    DimSpec,
+    DoctorSection,
+    InputSpec,
+    ModelSection,
+    OutputSpec,
+    VerifySection,
+    WeightsSection,
+)
 
 RESERVED_DIM_NAMES = ("seed", "device")
 
@@ -34,23 +45,27 @@ class Spec(Frozen):
         # The wheel's example_inputs(seed, *, device, **sizes) takes dims as keyword arguments.
         for name in value:
             if not name.isidentifier() or name in RESERVED_DIM_NAMES:
-                raise ValueError(f"dim name {name!r} cannot be used: dims are keyword arguments of the wheel's "
-                                 f"example_inputs(), so a name must be a Python identifier other than "
-                                 f"{' or '.join(repr(n) for n in RESERVED_DIM_NAMES)}")
+                raise ValueError(
+                    f"dim name {name!r} cannot be used: dims are keyword arguments of the wheel's "
+                    f"example_inputs(), so a name must be a Python identifier other than "
+                    f"{' or '.join(repr(n) for n in RESERVED_DIM_NAMES)}"
+                )
         return value
 
     @model_validator(mode="after")
-    def _weights_source(self) -> "Spec":
+    def _weights_source(self) -> Spec:
         given = self.weights.seed is not None or self.weights.file is not None
         if self.model.hf is None and not given:
             raise ValueError("weights: give exactly one of 'seed' (seeded init) or 'file' (a .safetensors file)")
         if self.model.hf is not None and given:
-            raise ValueError("weights: a checkpoint folder's weights come from its safetensors files: remove 'seed' "
-                             "and 'file' from [weights] (or build with a factory)")
+            raise ValueError(
+                "weights: a checkpoint folder's weights come from its safetensors files: remove 'seed' "
+                "and 'file' from [weights] (or build with a factory)"
+            )
         return self
 
     @model_validator(mode="after")
-    def _names(self) -> "Spec":
+    def _names(self) -> Spec:
         for index, spec_input in enumerate(self.inputs):
             for axis, size in enumerate(spec_input.shape):
                 if isinstance(size, str) and size not in self.dims:
@@ -64,12 +79,16 @@ class Spec(Frozen):
         self._check_verify_sizes()
         self._check_static_dim()
         if self.compile.autocast and self.weights.external:
-            raise ValueError("compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
-                             "float32 weights the .so cannot pre-cast); remove one of them")
+            raise ValueError(
+                "compile.autocast: cannot be used with [weights] external = true (the runtime supplies "
+                "float32 weights the .so cannot pre-cast); remove one of them"
+            )
         if self.compile.freezing and self.weights.external:
-            raise ValueError("compile.freezing: cannot be used with [weights] external = true (freezing folds the weights "
-                             "into the compiled code, so load(weights=...) and swap_weights() could no longer replace "
-                             "them); remove one of them")
+            raise ValueError(
+                "compile.freezing: cannot be used with [weights] external = true (freezing folds the weights "
+                "into the compiled code, so load(weights=...) and swap_weights() could no longer replace "
+                "them); remove one of them"
+            )
         return self
 
     @property
@@ -82,15 +101,18 @@ class Spec(Frozen):
         runtime picks a compiled size by it, and padding pads and slices along it)."""
         named = [name for name, dim in self.dims.items() if dim.static]
         if len(named) > 1:
-            raise ValueError(f"dims.{named[1]}.static: only one dim may have static sizes, and dims.{named[0]}.static "
-                             f"is given; static sizes are for the batch dim")
+            raise ValueError(
+                f"dims.{named[1]}.static: only one dim may have static sizes, and dims.{named[0]}.static "
+                f"is given; static sizes are for the batch dim"
+            )
         if not named:
             return
         for spec_input in self.inputs:
             if not spec_input.shape or spec_input.shape[0] != named[0]:
                 raise ValueError(
                     f"dims.{named[0]}.static: static sizes are only for the batch dim, the first axis of every input, "
-                    f"but input {spec_input.name!r} has shape {spec_input.shape}")
+                    f"but input {spec_input.name!r} has shape {spec_input.shape}"
+                )
 
     def _check_verify_sizes(self) -> None:
         """Each input as verify makes it: at the export sizes, then with each of its dims at its max."""
@@ -107,7 +129,8 @@ class Spec(Frozen):
                     raise ValueError(
                         f"dims.{name}.max: at {sizes[name]}, input {spec_input.name!r} is {shape}: {math.prod(shape)} "
                         f"{too_big}; the verify stage runs the model at each dim's max, so give a max the build "
-                        f"machine can run")
+                        f"machine can run"
+                    )
 
     @property
     def dist_name(self) -> str:
@@ -149,7 +172,9 @@ def read_spec_toml(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if spec_path.is_dir():
         spec_path = spec_path / "spec.toml"
     if not spec_path.is_file():
-        raise SpecError(f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml, or the folder that holds it")
+        raise SpecError(
+            f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml, or the folder that holds it"
+        )
     try:
         # utf-8-sig: a byte-order mark (Windows editors write one) is read past, not a TOML error
         return spec_path, tomllib.loads(spec_path.read_text(encoding="utf-8-sig"))
@@ -190,8 +215,10 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
     spec_file = SpecFile(path=spec_path, spec=spec)
     weights = spec_file.weights_path
     if weights is not None and not weights.is_file():
-        raise SpecError(f"{spec_path}: key 'weights.file': {weights} {_not_a_file(weights)}",
-                        "give the path of a .safetensors file, relative to the spec file")
+        raise SpecError(
+            f"{spec_path}: key 'weights.file': {weights} {_not_a_file(weights)}",
+            "give the path of a .safetensors file, relative to the spec file",
+        )
     return spec_file
 
 
@@ -201,7 +228,9 @@ def _not_a_file(path: Path) -> str:
 
 def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: str | None = None) -> SpecFile:
     """The spec with a new version and/or weights file (from the command line), validated again."""
-    raw = spec_file.spec.model_dump(exclude_none=True, exclude_unset=True)  # keys left out stay left out: a target may default them
+    raw = spec_file.spec.model_dump(
+        exclude_none=True, exclude_unset=True
+    )  # keys left out stay left out: a target may default them
     if version is not None:
         raw["model"]["version"] = version
     if weights is not None:
@@ -212,11 +241,14 @@ def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: 
         problems = "; ".join(f"{_key(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         given = [flag for flag, value in (("--version", version), ("--weights", weights)) if value is not None]
         fixes = {"--version": "a PEP 440 version without a '+' part (e.g. 1.3)", "--weights": "a .safetensors file"}
-        raise SpecError(f"{'/'.join(given)}: {problems}", f"give {' and '.join(fixes[flag] for flag in given)}") from exc
+        raise SpecError(
+            f"{'/'.join(given)}: {problems}", f"give {' and '.join(fixes[flag] for flag in given)}"
+        ) from exc
     overridden = SpecFile(path=spec_file.path, spec=spec)
     if overridden.weights_path is not None and not overridden.weights_path.is_file():
-        raise SpecError(f"--weights: {weights} {_not_a_file(overridden.weights_path)}",
-                        "give the path of a .safetensors file")
+        raise SpecError(
+            f"--weights: {weights} {_not_a_file(overridden.weights_path)}", "give the path of a .safetensors file"
+        )
     return overridden
 
 
@@ -231,8 +263,10 @@ def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None
     model.update({key: value for key, value in (("name", name), ("version", version)) if value})
     missing = [flag for flag, key in (("--name", "name"), ("--version", "version")) if key not in model]
     if missing:
-        raise UsageError(f"--hf needs {' and '.join(missing)}: the wheel is model-<name>, version <version>",
-                         f"e.g. --name {suggested_name(Path(hf))} --version 1.0")
+        raise UsageError(
+            f"--hf needs {' and '.join(missing)}: the wheel is model-<name>, version <version>",
+            f"e.g. --name {suggested_name(Path(hf))} --version 1.0",
+        )
     model.update(hf=str(Path(hf).resolve()), task=task)
     where = str(spec_path) if spec_path else f"--hf {hf}"
     completed = complete_spec(raw, Path.cwd(), where)

@@ -12,9 +12,8 @@ from packaging.licenses import InvalidLicenseExpression, canonicalize_license_ex
 from packaging.version import InvalidVersion, Version
 from pydantic import ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
-from . import targets
+from . import doctor_checks, targets
 from .services.frozen import Frozen
-from . import doctor_checks
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
@@ -37,8 +36,7 @@ class ModelSection(Frozen):
     name: str = Field(description="Short name: the wheel is model-<name>, the import model_<name>.")
     version: str
     factory: str | None = Field(None, description="importable 'package.module:callable' returning the nn.Module")
-    hf: str | None = Field(None, description="a save_pretrained folder to build instead of a factory "
-                                         "(pipeline/hf.py)")
+    hf: str | None = Field(None, description="a save_pretrained folder to build instead of a factory (pipeline/hf.py)")
     task: str | None = Field(None, description="what to build the hf folder for: image-classification, …")
     kwargs: dict[str, int | float | str | bool | list[int]] = {}
     description: str = ""
@@ -69,11 +67,15 @@ class ModelSection(Frozen):
     @classmethod
     def _description(cls, value: str) -> str:
         if found := DESCRIPTION_REFUSED.search(value):
-            raise ValueError(f"holds {found.group()!r} at position {found.start()}: the description is the wheel's "
-                             f"one-line summary, so it cannot hold a backslash, a line break or other control characters")
+            raise ValueError(
+                f"holds {found.group()!r} at position {found.start()}: the description is the wheel's "
+                f"one-line summary, so it cannot hold a backslash, a line break or other control characters"
+            )
         if len(value) > MAX_SUMMARY:
-            raise ValueError(f"is {len(value)} characters; the wheel's summary (and its README's first line) may hold "
-                             f"at most {MAX_SUMMARY}, what package indexes accept: shorten it")
+            raise ValueError(
+                f"is {len(value)} characters; the wheel's summary (and its README's first line) may hold "
+                f"at most {MAX_SUMMARY}, what package indexes accept: shorten it"
+            )
         return value
 
     @field_validator("license")
@@ -84,18 +86,27 @@ class ModelSection(Frozen):
         try:  # one spelling in the wheel's metadata, as PyPI wants it ("apache-2.0" -> "Apache-2.0")
             return canonicalize_license_expression(value)
         except InvalidLicenseExpression as exc:
-            raise ValueError(f"{value!r} is not an SPDX license expression ({exc}); e.g. 'Apache-2.0' or "
-                             "'MIT OR Apache-2.0', identifiers from https://spdx.org/licenses/") from None
+            raise ValueError(
+                f"{value!r} is not an SPDX license expression ({exc}); e.g. 'Apache-2.0' or "
+                "'MIT OR Apache-2.0', identifiers from https://spdx.org/licenses/"
+            ) from None
 
     @field_validator("urls")
     @classmethod
     def _urls(cls, value: dict[str, str]) -> dict[str, str]:
         for label, url in value.items():
             if not label.strip() or DESCRIPTION_REFUSED.search(label) or "," in label:
-                raise ValueError(f"label {label!r} must be a non-empty line of text without commas or control "
-                                 "characters (it is written as 'Project-URL: <label>, <url>')")
+                raise ValueError(
+                    f"label {label!r} must be a non-empty line of text without commas or control "
+                    "characters (it is written as 'Project-URL: <label>, <url>')"
+                )
             parts = urllib.parse.urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.netloc or DESCRIPTION_REFUSED.search(url) or " " in url:
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.netloc
+                or DESCRIPTION_REFUSED.search(url)
+                or " " in url
+            ):
                 raise ValueError(f"{label!r}: {url!r} is not an http(s) URL (e.g. 'https://example.com/models/unet')")
         return value
 
@@ -107,10 +118,12 @@ class ModelSection(Frozen):
         return value
 
     @model_validator(mode="after")
-    def _one_model(self) -> "ModelSection":
+    def _one_model(self) -> ModelSection:
         if (self.factory is None) == (self.hf is None):
-            raise ValueError("give exactly one of 'factory' (your code: 'package.module:callable') or 'hf' (a "
-                             "save_pretrained folder, with 'task')")
+            raise ValueError(
+                "give exactly one of 'factory' (your code: 'package.module:callable') or 'hf' (a "
+                "save_pretrained folder, with 'task')"
+            )
         if self.task is not None and self.hf is None:
             raise ValueError("'task' goes with 'hf' (a save_pretrained folder); a factory's spec has no task")
         return self
@@ -121,14 +134,15 @@ MAX_SEED = 2**64 - 1  # torch.manual_seed takes no larger one
 
 class WeightsSection(Frozen):
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = Field(
-        None, description="seeded init: torch.manual_seed(seed) before the factory runs")
+        None, description="seeded init: torch.manual_seed(seed) before the factory runs"
+    )
     file: str | None = Field(None, description="a .safetensors file, relative to the spec")
     external: bool = Field(
         False, description="keep weights outside the .so (a safetensors file in the wheel) so they can be swapped"
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "WeightsSection":
+    def _one_source(self) -> WeightsSection:
         # Neither: a checkpoint folder's spec, whose weights come from the folder (Spec checks which).
         if self.seed is not None and self.file is not None:
             raise ValueError("give exactly one of 'seed' (seeded init) or 'file' (a .safetensors file)")
@@ -153,11 +167,12 @@ class DimSpec(Frozen):
     max: Annotated[int, Field(ge=1, le=MAX_DIM)]
     example: int | None = Field(None, description="size used to export; defaults to a middle value")
     static: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(
-        [], description="batch sizes also compiled with this dim fixed (each its own .so, one weights file)")
+        [], description="batch sizes also compiled with this dim fixed (each its own .so, one weights file)"
+    )
     pad: bool = Field(False, description="run a size between the static ones on the next larger one, padded")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "DimSpec":
+    def _bounds(self) -> DimSpec:
         if self.max < self.min:
             raise ValueError(f"max ({self.max}) is smaller than min ({self.min})")
         if self.example is not None and not self.min <= self.example <= self.max:
@@ -172,8 +187,10 @@ class DimSpec(Frozen):
         low, high = info.data.get("min"), info.data.get("max")
         outside = [size for size in value if low is not None and high is not None and not low <= size <= high]
         if outside:
-            raise ValueError(f"{outside} outside [min, max] = [{low}, {high}]: every static size must be one the "
-                             f"dynamic model also accepts")
+            raise ValueError(
+                f"{outside} outside [min, max] = [{low}, {high}]: every static size must be one the "
+                f"dynamic model also accepts"
+            )
         if len(value) > MAX_STATIC_SIZES:
             raise ValueError(f"{len(value)} sizes, at most {MAX_STATIC_SIZES} (each is a compile of its own)")
         return sorted(value)
@@ -204,10 +221,12 @@ class InputSpec(Frozen):
     dtype: DType = "float32"
     low: float | None = Field(None, description="uniform values in [low, high) instead of a normal distribution")
     high: float | None = None
-    allow_unused: Reason | None = Field(None, description="why this input may change no output (the gate then allows it)")
+    allow_unused: Reason | None = Field(
+        None, description="why this input may change no output (the gate then allows it)"
+    )
 
     @model_validator(mode="after")
-    def _range(self) -> "InputSpec":
+    def _range(self) -> InputSpec:
         if (self.low is None) != (self.high is None):
             raise ValueError("give both 'low' and 'high', or neither")
         if self.low is not None and self.high is not None and self.high <= self.low:
@@ -230,7 +249,8 @@ class _OutputBase(Frozen):
     rtol: Annotated[float, Field(ge=0)] | None = None
     atol: Annotated[float, Field(ge=0)] | None = None
     allow_constant: Reason | None = Field(
-        None, description="why this output may be the same for every input (the gate then allows it)")
+        None, description="why this output may be the same for every input (the gate then allows it)"
+    )
 
     def tolerance_for(self, target: str) -> Tolerance | None:
         return getattr(self, target, None)
@@ -257,21 +277,29 @@ class _BuildBase(Frozen):
 # One optional section per registered target, declared by the target (targets/*.py): a new target
 # adds its keys without an edit here. Left out of dumps at their defaults, as keys added after
 # specs were first hashed are.
-OutputSpec = create_model("OutputSpec", __base__=_OutputBase,
-                          **{t.NAME: (Tolerance | None, None) for t in targets.all()})  # type: ignore[call-overload]
+OutputSpec = create_model(
+    "OutputSpec", __base__=_OutputBase, **{t.NAME: (Tolerance | None, None) for t in targets.all()}
+)  # type: ignore[call-overload]
 OutputSpec._LATE_KEYS = (*targets.names(), "allow_constant")
-BuildSection = create_model("BuildSection", __base__=_BuildBase,
-                            **{t.NAME: (t.BUILD_OPTIONS, t.BUILD_OPTIONS()) for t in targets.all()})  # type: ignore[call-overload]
+BuildSection = create_model(
+    "BuildSection", __base__=_BuildBase, **{t.NAME: (t.BUILD_OPTIONS, t.BUILD_OPTIONS()) for t in targets.all()}
+)  # type: ignore[call-overload]
 BuildSection._LATE_KEYS = tuple(targets.names())
 
 
 class CompileSection(Frozen):
     _LATE_KEYS = ("search_budget_s", "search_when_noisy")
-    search: bool = Field(True, description="try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise")
+    search: bool = Field(
+        True,
+        description="try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise",
+    )
     search_budget_s: Annotated[float, Field(gt=0)] | None = Field(
-        None, description="seconds of compiling the search may spend (default: the first compile, and as much again on each core)")
+        None,
+        description="seconds of compiling the search may spend (default: the first compile, and as much again on each core)",
+    )
     search_when_noisy: bool = Field(
-        False, description="compile the candidates even where the spec's options time too noisily for one to win")
+        False, description="compile the candidates even where the spec's options time too noisily for one to win"
+    )
     freezing: bool = False
     max_autotune: bool = False
     autocast: Literal["bfloat16"] | None = Field(

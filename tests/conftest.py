@@ -49,9 +49,19 @@ _forget_the_calling_make()
 # The files whose tests take longest (their builds, searches and venvs: `--durations` of a
 # two-worker fresh-clone run), run first. Each of make test's two workers takes a whole file at a
 # time; a long file left for the end keeps one worker busy while the other has nothing left to do.
-LONGEST_FIRST = ("test_zoo.py", "test_tune.py", "test_release_workflow.py", "test_build_stops.py",
-                 "test_library_models.py", "test_hf_build.py", "test_publish.py", "test_static.py",
-                 "test_tool_package.py", "test_broken_models.py", "test_lock.py")
+LONGEST_FIRST = (
+    "test_zoo.py",
+    "test_tune.py",
+    "test_release_workflow.py",
+    "test_build_stops.py",
+    "test_library_models.py",
+    "test_hf_build.py",
+    "test_publish.py",
+    "test_static.py",
+    "test_tool_package.py",
+    "test_broken_models.py",
+    "test_lock.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -70,7 +80,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     yield
     if log:
         after = os.times()
-        cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
+        cpu = sum(
+            getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system")
+        )
         with open(log, "a") as out:
             out.write(f"{cpu:.1f}\t{time.monotonic() - started:.1f}\t{item.nodeid}\n")
 
@@ -174,8 +186,9 @@ def installed(tmp_path_factory, wheel) -> Path:
 def checkout_copy(dest: Path, targets: tuple[str, ...] = ("cpu",)) -> Path:
     """The checkout as actions/checkout gives it (tracked and untracked files, nothing ignored) in
     ``dest``, with one model, the tiny one, built for ``targets``."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
     for name in filter(None, listed):
         if (REPO / name).is_file() and not name.startswith("models/"):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -206,8 +219,12 @@ def attach_torch(python: Path) -> None:
     there as installed (it resolves a wheel's `torch==` pin against this torch) but never
     uninstalls or replaces them, as they lie outside the venv; whatever the venv installs goes
     into its own site-packages, which comes first on sys.path."""
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "_suite_torch.pth").write_text(f"{_torch_links()}\n")
 
 
@@ -247,8 +264,9 @@ def _requirement_closure(root: str) -> set[str]:
 def pip_install(python: Path, *requirements: str) -> None:
     # --no-compile: byte-compiling torch's sources at install took half of each fresh venv's install
     # (51 s against 23 s, measured on a 2-core AVX2 machine); Python compiles what it imports anyway.
-    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *requirements],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-compile", *requirements], capture_output=True, text=True
+    )
     assert done.returncode == 0, f"pip install {' '.join(requirements)} failed:\n{done.stdout}{done.stderr}"
 
 
@@ -278,8 +296,14 @@ def wheel_manifest(wheel: Path) -> dict:
 
 
 def start_cli(*args: str, cwd: Path = REPO) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @contextlib.contextmanager
@@ -291,7 +315,9 @@ def tmpfs(path: Path, size: int, read_only: bool = False):
     # mode=755: a tmpfs is mounted 1777 by default, a folder anyone can add files to, which the
     # build refuses for --dist and --build-dir
     options = f"size={size},mode=755" + (",ro" if read_only else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

@@ -23,9 +23,11 @@ def test_rounds_rotate_so_no_variant_always_runs_first():
 
 
 def test_a_noisy_round_shows_as_spread_not_as_the_figure():
-    runs = [{"median_ms": 40.0, "p90_ms": 41.0, "runs": 50, "first_call_s": 9.0, "page_faults_per_call": 3.0},
-            {"median_ms": 400.0, "p90_ms": 900.0, "runs": 10, "first_call_s": 0.1, "page_faults_per_call": 900.0},
-            {"median_ms": 42.0, "p90_ms": 44.0, "runs": 48, "first_call_s": 0.1, "page_faults_per_call": 4.0}]
+    runs = [
+        {"median_ms": 40.0, "p90_ms": 41.0, "runs": 50, "first_call_s": 9.0, "page_faults_per_call": 3.0},
+        {"median_ms": 400.0, "p90_ms": 900.0, "runs": 10, "first_call_s": 0.1, "page_faults_per_call": 900.0},
+        {"median_ms": 42.0, "p90_ms": 44.0, "runs": 48, "first_call_s": 0.1, "page_faults_per_call": 4.0},
+    ]
     summary = bench.summarize(runs)
     assert summary["median_ms"] == 42.0 and summary["spread_ms"] == [40.0, 400.0]
     assert summary["first_call_s"] == 9.0  # the first round's: torch.compile's cold first call
@@ -34,13 +36,30 @@ def test_a_noisy_round_shows_as_spread_not_as_the_figure():
 
 
 def _results(numpy_ms: float) -> dict:
-    latency = {v: {b: {"median_ms": 10.0, "p90_ms": 11.0, "spread_ms": [9.5, 12.0], "rounds": 3, "runs": 30,
-                       "first_call_s": 1.0} for b in ("1", "8")} for v in bench.VARIANTS}
+    latency = {
+        v: {
+            b: {
+                "median_ms": 10.0,
+                "p90_ms": 11.0,
+                "spread_ms": [9.5, 12.0],
+                "rounds": 3,
+                "runs": 30,
+                "first_call_s": 1.0,
+            }
+            for b in ("1", "8")
+        }
+        for v in bench.VARIANTS
+    }
     latency["wheel-numpy"]["8"]["median_ms"] = numpy_ms
     starts = {v: 1.0 for v in bench.VARIANTS}
-    return {"batches": [1, 8], "latency_ms": latency, "cold_start_s": starts, "import_torch_s": 0.9,
-            "cold_start_spread_s": {**{v: [0.9, 1.2] for v in bench.VARIANTS}, "import-torch": [0.8, 1.0]},
-            "build": {"cold_s": 100.0, "cached_s": 2.0}}
+    return {
+        "batches": [1, 8],
+        "latency_ms": latency,
+        "cold_start_s": starts,
+        "import_torch_s": 0.9,
+        "cold_start_spread_s": {**{v: [0.9, 1.2] for v in bench.VARIANTS}, "import-torch": [0.8, 1.0]},
+        "build": {"cold_s": 100.0, "cached_s": 2.0},
+    }
 
 
 def test_load_numpy_is_held_to_load_at_every_batch_size_either_way_round():
@@ -48,7 +67,9 @@ def test_load_numpy_is_held_to_load_at_every_batch_size_either_way_round():
     assert checks["load_numpy() and load() within 1.05x of each other (batch 1)"]["met"]
     slow = checks["load_numpy() and load() within 1.05x of each other (batch 8)"]
     assert slow["ratio"] == 1.1 and not slow["met"]
-    fast = {t["target"]: t for t in bench.targets(_results(numpy_ms=9.0))}["load_numpy() and load() within 1.05x of each other (batch 8)"]
+    fast = {t["target"]: t for t in bench.targets(_results(numpy_ms=9.0))}[
+        "load_numpy() and load() within 1.05x of each other (batch 8)"
+    ]
     assert fast["ratio"] == 1.111 and not fast["met"], "a load() 11% slower is as far from equal"
 
 
@@ -59,8 +80,10 @@ def test_the_table_carries_each_figures_spread():
 
 
 def test_perf_report_lines_are_summed_per_group():
-    report = "    76.54%  libgomp.so.1   \n     5.90%  [JIT] tid 8820\n     3.45%  libtorch_cpu.so\n" \
-             "     0.62%  model.so\n     0.30%  libcrypto.so.3\n     0.20%  libc10.so\n# comment\n"
+    report = (
+        "    76.54%  libgomp.so.1   \n     5.90%  [JIT] tid 8820\n     3.45%  libtorch_cpu.so\n"
+        "     0.62%  model.so\n     0.30%  libcrypto.so.3\n     0.20%  libc10.so\n# comment\n"
+    )
     groups = sampling.grouped(report)["groups"]
     assert list(groups)[0] == "OpenMP runtime: barriers and waiting (libgomp)"
     assert groups["the model's generated kernels (model.so)"] == pytest.approx(0.0062)
@@ -80,11 +103,16 @@ def test_onnx_runtime_profile_counts_only_the_timed_runs_per_group():
         return {"cat": "Node", "name": f"{op}_1_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
 
     events = [
-        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 99_000}, node("Conv", 10, 50_000),  # warm-up
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 99_000},
+        node("Conv", 10, 50_000),  # warm-up
         {"cat": "Session", "name": "model_run", "ts": 100_000, "dur": 10_000},
-        node("Conv", 100_010, 4_000), node("FusedMatMul", 104_010, 2_000), node("Softmax", 106_010, 1_000),
+        node("Conv", 100_010, 4_000),
+        node("FusedMatMul", 104_010, 2_000),
+        node("Softmax", 106_010, 1_000),
         {"cat": "Session", "name": "model_run", "ts": 200_000, "dur": 12_000},
-        node("NchwcConv", 200_010, 6_000), node("MatMul", 206_010, 2_000), node("Add", 208_010, 1_000),
+        node("NchwcConv", 200_010, 6_000),
+        node("MatMul", 206_010, 2_000),
+        node("Add", 208_010, 1_000),
     ]
     summary = ort_profile.summarize(events, calls=2)
     assert summary["run_ms"] == 11.0
@@ -93,10 +121,18 @@ def test_onnx_runtime_profile_counts_only_the_timed_runs_per_group():
 
 
 def test_the_gap_to_onnx_runtime_is_named_by_operation_group():
-    wheel = {"convolution": 17.0, "linear / matmul": 5.5, "generated C++ kernels": 3.0, "other library calls": 0.5,
-             "attention": 2.0}
-    onnx = {"run_ms": 21.0, "groups_ms": {"convolution": 11.0, "linear / matmul": 6.0, ort_profile.OTHER: 3.0},
-            "ops_ms": {"Conv": 11.0, "MatMul": 6.0}}
+    wheel = {
+        "convolution": 17.0,
+        "linear / matmul": 5.5,
+        "generated C++ kernels": 3.0,
+        "other library calls": 0.5,
+        "attention": 2.0,
+    }
+    onnx = {
+        "run_ms": 21.0,
+        "groups_ms": {"convolution": 11.0, "linear / matmul": 6.0, ort_profile.OTHER: 3.0},
+        "ops_ms": {"Conv": 11.0, "MatMul": 6.0},
+    }
     lines = bench_report.versus_onnx(wheel, onnx)
     assert "| convolution | 17.00 | 11.00 | +6.00 |" in lines
     assert f"| {ort_profile.OTHER} | 3.50 | 3.00 | +0.50 |" in lines
@@ -109,8 +145,10 @@ def test_the_benchs_own_compiles_use_the_wheels_graph_passes():
     convolution weights included), or the bench compares against a different model."""
     from types import SimpleNamespace
 
-    program, options = bench.program_for(SimpleNamespace(program="exported", target=bench.build_targets.get("cpu")),
-                                         {"freezing": True, "aot_inductor.package_constants_in_so": False})
+    program, options = bench.program_for(
+        SimpleNamespace(program="exported", target=bench.build_targets.get("cpu")),
+        {"freezing": True, "aot_inductor.package_constants_in_so": False},
+    )
     assert program == "exported"
     assert options["freezing"] is True and "aot_inductor.package_constants_in_so" not in options
     assert type(options["post_grad_custom_pre_pass"]).__name__ == "PrepackDynamicConvWeights"
@@ -122,12 +160,25 @@ def test_the_report_renders_what_the_bench_measures_and_what_limits_it():
     results = _results(numpy_ms=10.0)
     for by_batch in results["latency_ms"].values():
         by_batch["1"]["page_faults_per_call"] = 2.0
-    results |= {"model": "model-unet 1.0.0", "machine": "x86_64", "torch": "2.13.0+cpu", "cores": 2, "chosen": "freezing",
-                "candidates": 2, "cold_repeats": bench.COLD_REPEATS, "targets": bench.targets(results),
-                "search": {"chosen": "freezing", "candidates": [{"name": "freezing", "median_ms": 9.5, "passed": True}]},
-                "profile": {"matmul_peak_gflops": 100.0, "gflop": 0.5, "groups_ms": {"convolution": 6.0, "attention": 1.0},
-                            "group_gflop": {"convolution": 0.4}, "kernels": [{"kernel": "conv", "ms_per_call": 6.0, "calls": 3}]},
-                "onnx_profile": {"run_ms": 8.0, "groups_ms": {"convolution": 5.0}, "ops_ms": {"Conv": 5.0}}}
+    results |= {
+        "model": "model-unet 1.0.0",
+        "machine": "x86_64",
+        "torch": "2.13.0+cpu",
+        "cores": 2,
+        "chosen": "freezing",
+        "candidates": 2,
+        "cold_repeats": bench.COLD_REPEATS,
+        "targets": bench.targets(results),
+        "search": {"chosen": "freezing", "candidates": [{"name": "freezing", "median_ms": 9.5, "passed": True}]},
+        "profile": {
+            "matmul_peak_gflops": 100.0,
+            "gflop": 0.5,
+            "groups_ms": {"convolution": 6.0, "attention": 1.0},
+            "group_gflop": {"convolution": 0.4},
+            "kernels": [{"kernel": "conv", "ms_per_call": 6.0, "calls": 3}],
+        },
+        "onnx_profile": {"run_ms": 8.0, "groups_ms": {"convolution": 5.0}, "ops_ms": {"Conv": 5.0}},
+    }
     report = bench_report.markdown(results)
     assert "| wheel latency <= 0.9x ONNX Runtime (batch 1) | 1.000 | 0.9 | no |" in report
     assert "| freezing | 9.5 | chosen |" in report
@@ -141,22 +192,39 @@ def test_the_cuda_bench_holds_the_wheel_with_cuda_graphs_to_eager_and_reduce_ove
 
     figures = {"eager": (11.67, 11.13), "compile-ro": (3.13, 3.38), "wheel": (4.02, 4.35), "wheel-graphs": (2.39, 3.25)}
     lat = {v: {"1": {"median_ms": one}, "8": {"median_ms": eight}} for v, (one, eight) in figures.items()}
-    checks = bench_cuda.check_targets({"latency_ms": lat, "batches": [1, 8], "cold_start_s": {"wheel-graphs": 1.0, "pt2": 2.5}})
+    checks = bench_cuda.check_targets(
+        {"latency_ms": lat, "batches": [1, 8], "cold_start_s": {"wheel-graphs": 1.0, "pt2": 2.5}}
+    )
     assert checks == [
-        {"target": "the wheel with CUDA graphs >= 4x faster than eager (batch 1)", "ratio": 0.205, "limit": 0.25, "met": True},
-        {"target": "the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)", "ratio": 0.764,
-         "limit": 0.8, "met": True},
-        {"target": "the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8)", "ratio": 0.962,
-         "limit": 0.95, "met": False},
-        {"target": "cold start, load(), >= 2x faster than the .pt2 loader", "ratio": 0.4, "limit": 0.5, "met": True}]
+        {
+            "target": "the wheel with CUDA graphs >= 4x faster than eager (batch 1)",
+            "ratio": 0.205,
+            "limit": 0.25,
+            "met": True,
+        },
+        {
+            "target": "the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)",
+            "ratio": 0.764,
+            "limit": 0.8,
+            "met": True,
+        },
+        {
+            "target": "the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8)",
+            "ratio": 0.962,
+            "limit": 0.95,
+            "met": False,
+        },
+        {"target": "cold start, load(), >= 2x faster than the .pt2 loader", "ratio": 0.4, "limit": 0.5, "met": True},
+    ]
 
 
 def test_a_variants_process_starts_with_nothing_but_the_checkout_on_its_path():
     """The wheel's variants run in a virtualenv holding only torch and the wheel: the bench's own
     command line (`-m benchmarks.variants`, from the repository root) must import there. `-S`
     leaves out every installed package, this repository's too."""
-    cmd = bench.variant_cmd("wheel-numpy", REPO / "models" / "unet" / "spec.toml", {"wheel-numpy": "model_unet"},
-                            venv_python=sys.executable)
+    cmd = bench.variant_cmd(
+        "wheel-numpy", REPO / "models" / "unet" / "spec.toml", {"wheel-numpy": "model_unet"}, venv_python=sys.executable
+    )
     assert cmd[1:3] == ["-m", "benchmarks.variants"]
     ran = subprocess.run([cmd[0], "-S", *map(str, cmd[1:]), "--help"], capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 0, ran.stderr
@@ -165,8 +233,13 @@ def test_a_variants_process_starts_with_nothing_but_the_checkout_on_its_path():
 
 def test_bench_memory_runs_its_module_from_outside_the_checkout():
     """`make bench-memory`'s line: the wheel's virtualenv, from /, the checkout on PYTHONPATH."""
-    ran = subprocess.run([sys.executable, "-S", "-m", "benchmarks.load_memory", "--help"], capture_output=True, text=True,
-                         cwd="/", env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    ran = subprocess.run(
+        [sys.executable, "-S", "-m", "benchmarks.load_memory", "--help"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert ran.returncode == 0, ran.stderr
     assert "import_name" in ran.stdout
 
@@ -177,22 +250,40 @@ def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles
     from benchmarks import bench_cuda
 
     variants = ["eager", "compile", "compile-ro", "wheel", "wheel-graphs"]
-    lat = {v: {b: {"median_ms": ms + (b == "8"), "p90_ms": ms, "first_call_s": 30.0} for b in ("1", "8")}
-           for v, ms in zip(variants, (12.0, 9.0, 3.0, 3.5, 2.4))}
-    results = {"model": "model-unet 1.3", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "chosen": "spec",
-               "batches": [1, 8], "build": None, "import_torch_s": 4.0, "variants": variants, "latency_ms": lat,
-               "cold_start_s": {"eager": 6.0, "wheel": 4.5, "wheel-graphs": 4.7}, "gpu_busy": {}}
+    lat = {
+        v: {b: {"median_ms": ms + (b == "8"), "p90_ms": ms, "first_call_s": 30.0} for b in ("1", "8")}
+        for v, ms in zip(variants, (12.0, 9.0, 3.0, 3.5, 2.4))
+    }
+    results = {
+        "model": "model-unet 1.3",
+        "gpu": "NVIDIA H200",
+        "torch": "2.11.0+cu130",
+        "cuda": "13.0",
+        "chosen": "spec",
+        "batches": [1, 8],
+        "build": None,
+        "import_torch_s": 4.0,
+        "variants": variants,
+        "latency_ms": lat,
+        "cold_start_s": {"eager": 6.0, "wheel": 4.5, "wheel-graphs": 4.7},
+        "gpu_busy": {},
+    }
     results["targets"] = bench_cuda.check_targets(results)
     assert [t["target"] for t in results["targets"]] == [
         "the wheel with CUDA graphs >= 4x faster than eager (batch 1)",
         "the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)",
-        "the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8)"]
+        "the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8)",
+    ]
     report = bench_cuda.markdown(results)
     assert "| torch.compile reduce-overhead | 3.00 / 3.00 | 4.00 / 3.00 | — |" in report
     assert "| the wheel, without CUDA graphs (load(cuda_graphs=False)) | 3.50 / 3.50 | 4.50 / 3.50 | 4.50 |" in report
     assert "| the wheel, CUDA graphs (load()) | 2.40 / 2.40 | 3.40 / 2.40 | 4.70 |" in report
-    assert "| the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1) | 0.800 | 0.8 | yes |" in report
-    assert "| the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8) | 0.850 | 0.95 | yes |" in report
+    assert (
+        "| the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1) | 0.800 | 0.8 | yes |" in report
+    )
+    assert (
+        "| the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8) | 0.850 | 0.95 | yes |" in report
+    )
     assert ".pt2" not in report.split("## What limits it")[0]
 
 
@@ -203,8 +294,12 @@ def test_the_wheels_venv_sees_this_interpreters_torch_when_this_interpreter_is_a
 
     assert sys.prefix != sys.base_prefix, "make test runs in .venv, a virtualenv"
     python = torch_venv.create(tmp_path / "env")
-    ran = subprocess.run([python, "-c", "import sys, torch; print(torch.__file__); print(sys.prefix)"],
-                         capture_output=True, text=True, cwd="/")
+    ran = subprocess.run(
+        [python, "-c", "import sys, torch; print(torch.__file__); print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
     assert ran.returncode == 0, ran.stderr
     torch_file, prefix = ran.stdout.split()
     assert torch_file.startswith(sys.prefix) and prefix == str(tmp_path / "env")
@@ -226,10 +321,17 @@ def test_the_so_variant_runs_a_bare_model_so_on_every_cpu(tiny_build, wheel, tmp
 def test_a_long_step_of_the_bench_says_what_runs_while_it_runs():
     """`make bench` printed nothing for the minutes of its cold build and of its .pt2 and bfloat16
     compiles: an in-process step gets a build's status lines, even while a C call holds the GIL."""
-    code = ("import ctypes\nfrom benchmarks import step\n\nwith step('pt2', 'compiling the same model'):\n"
-            "    ctypes.PyDLL(None).usleep(2_000_000)\n")
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         env={**os.environ, "MODELWHEEL_STATUS_EVERY_S": "0.5"})
+    code = (
+        "import ctypes\nfrom benchmarks import step\n\nwith step('pt2', 'compiling the same model'):\n"
+        "    ctypes.PyDLL(None).usleep(2_000_000)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "MODELWHEEL_STATUS_EVERY_S": "0.5"},
+    )
     assert ran.returncode == 0, ran.stderr
     lines = ran.stderr.splitlines()
     assert lines[0] == "==> pt2: compiling the same model" and lines[-1].startswith("    pt2 done in "), lines

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import ExportError, PurityError, VerificationError
 from pipeline import doctor_checks
+from pipeline.errors import ExportError, PurityError, VerificationError
 
 from .conftest import BROKEN, run_cli
 
@@ -25,11 +25,31 @@ CORPUS = [
     # spec, exit code, text the error must contain, source line it must name (None: not a line-level problem)
     ("variadic", CODES["args-variadic"], "[args-variadic] forward takes *xs", "def forward(self, *xs"),
     # two findings (args-optional, args-non-tensor): the first in the checks' table order decides
-    ("optional_argument", CODES["args-optional"], "[args-optional] forward parameter 'scale' is optional", "scale: float = 1.0"),
-    ("non_tensor_argument", CODES["args-non-tensor"], "[args-non-tensor] forward parameter 'repeats' is annotated int", "repeats: int"),
+    (
+        "optional_argument",
+        CODES["args-optional"],
+        "[args-optional] forward parameter 'scale' is optional",
+        "scale: float = 1.0",
+    ),
+    (
+        "non_tensor_argument",
+        CODES["args-non-tensor"],
+        "[args-non-tensor] forward parameter 'repeats' is annotated int",
+        "repeats: int",
+    ),
     ("writes_self", CODES["self-write"], "[self-write] forward writes self.calls", "self.calls += 1"),
-    ("data_dependent", CODES["data-dependent"], "[data-dependent] `x.sum() > 0` branches on a tensor value", "if x.sum() > 0"),
-    ("derived_data_dependent", CODES["data-dependent"], "[data-dependent] torch._dynamo graph break", "if h.mean() > 0"),
+    (
+        "data_dependent",
+        CODES["data-dependent"],
+        "[data-dependent] `x.sum() > 0` branches on a tensor value",
+        "if x.sum() > 0",
+    ),
+    (
+        "derived_data_dependent",
+        CODES["data-dependent"],
+        "[data-dependent] torch._dynamo graph break",
+        "if h.mean() > 0",
+    ),
     ("regex", CODES["graph-break"], "[graph-break] re.sub() uses a regex in forward", "re.sub("),
     ("version_check", CODES["version-check"], "[version-check] forward reads torch.__version__", "torch.__version__"),
     ("mutates_buffer", PurityError.exit_code, "forward changed buffer 'seen' in place", None),

@@ -37,11 +37,32 @@ def build_lingering(tmp_path, fail: bool, *flags: str) -> subprocess.CompletedPr
     shutil.copytree(TINY_SPEC.parent, folder)
     (folder / "lingering.py").write_text(LINGERING)
     spec = folder / "spec.toml"
-    spec.write_text(spec.read_text().replace('factory = "tiny_model:build"', 'factory = "lingering:build"')
-                    .replace("kwargs = { channels = 8 }", f"kwargs = {{ channels = 8, fail = {str(fail).lower()} }}"))
-    return subprocess.run([sys.executable, "-m", "pipeline", "build", "--spec", str(spec), "--root", str(tmp_path / "o"),
-                           "--dist", str(tmp_path / "d"), "--build-dir", str(tmp_path / "b"), *flags],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    spec.write_text(
+        spec.read_text()
+        .replace('factory = "tiny_model:build"', 'factory = "lingering:build"')
+        .replace("kwargs = { channels = 8 }", f"kwargs = {{ channels = 8, fail = {str(fail).lower()} }}")
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            "--spec",
+            str(spec),
+            "--root",
+            str(tmp_path / "o"),
+            "--dist",
+            str(tmp_path / "d"),
+            "--build-dir",
+            str(tmp_path / "b"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def test_a_failed_build_ends_though_the_model_left_a_thread(tmp_path):
@@ -83,8 +104,25 @@ def test_a_build_stopped_inside_c_code_exits_with_the_interrupted_code(tmp_path)
     (folder / "stopped.py").write_text(STOPPED_INSIDE_C)
     spec = folder / "spec.toml"
     spec.write_text(spec.read_text().replace('factory = "tiny_model:build"', 'factory = "stopped:build"'))
-    ran = subprocess.run([sys.executable, "-m", "pipeline", "build", "--spec", str(spec), "--root", str(tmp_path / "o"),
-                          "--dist", str(tmp_path / "d"), "--build-dir", str(tmp_path / "b")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            "--spec",
+            str(spec),
+            "--root",
+            str(tmp_path / "o"),
+            "--dist",
+            str(tmp_path / "d"),
+            "--build-dir",
+            str(tmp_path / "b"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert ran.returncode == BuildInterrupted.exit_code, ran.stderr[-2000:]
     assert "error: build stopped by SIGTERM" in ran.stderr

@@ -18,7 +18,7 @@ import pytest
 from pipeline.errors import BuildInterrupted, OutputDirError, ToolchainError
 from pipeline.services import progress
 
-from .conftest import GOOD, REPO, Ran, TINY_SPEC, run_cli, spec_copy, start_cli
+from .conftest import GOOD, REPO, TINY_SPEC, Ran, run_cli, spec_copy, start_cli
 
 
 def build(spec, dirs, env=None):
@@ -95,6 +95,7 @@ def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
 
 
 # -- Ctrl-C to a parallel build ----------------------------------------------------------
+
 
 def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(tmp_path, dirs):
     """SIGINT to the process group (a terminal's Ctrl-C) reached each build twice, once from the
@@ -206,9 +207,11 @@ def stopped_cleanly(ran: Ran, tmp_path: Path) -> Path:
     """The stop's message names exactly what it kept; returns the work files' folder."""
     work = tmp_path / "build" / "tiny" / "0.1"
     assert ran.code == BuildInterrupted.exit_code, ran.err
-    assert f"error: build stopped by SIGINT: nothing of it is left under {tmp_path / 'opt'} or in {tmp_path / 'dist'}, " \
-           f"and nothing was stored in the build cache; its work files in {work}/ (trace, generated sources so far, " \
-           "the work folder's lock) are kept for inspection; the next build of tiny 0.1 replaces them" in ran.err, ran.err
+    assert (
+        f"error: build stopped by SIGINT: nothing of it is left under {tmp_path / 'opt'} or in {tmp_path / 'dist'}, "
+        f"and nothing was stored in the build cache; its work files in {work}/ (trace, generated sources so far, "
+        "the work folder's lock) are kept for inspection; the next build of tiny 0.1 replaces them" in ran.err
+    ), ran.err
     assert "Traceback" not in ran.err
     assert work.is_dir(), "the message names what is there"
     assert not (tmp_path / "opt").exists() and not (tmp_path / "dist").exists()
@@ -221,8 +224,17 @@ def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_
     the KeyboardInterrupt had landed in a callback inside torch, where Python drops it."""
     spec = spec_copy(tmp_path / "spec", GOOD.replace("tiny_model:build", "swallowing_model:build"))
     (spec.parent / "swallowing_model.py").write_text(SWALLOWING_MODEL)
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     work = stopped_cleanly(ran, tmp_path)
     assert "==> compile" in ran.err and "compile done" not in ran.err
     candidate = work / "cpu" / "candidates" / "pinned"
@@ -231,8 +243,17 @@ def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_
 
 
 def test_ctrl_c_in_compile_says_what_it_left(tmp_path):
-    args = ["build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-            "--build-dir", str(tmp_path / "build")]
+    args = [
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    ]
     child = start_cli(*args)
     seen = []
     for line in child.stderr:

@@ -10,8 +10,8 @@ from pipeline.errors import OutputDirError
 
 from .conftest import TINY_SPEC, start_cli, wheel_manifest
 
-
 # -- several versions of one model built at once -----------------------------------------
+
 
 def test_two_versions_built_at_once_both_succeed(dirs):
     """They shared build/<model>/<target>/ (wheel-src, candidates, sources, the trace): one removed

@@ -53,8 +53,11 @@ def _compile(tmp_path, options: dict, model: nn.Module | None = None, example_si
     program = torch.export.export(model, example, dynamic_shapes=({0: batch},), strict=False)
     library = tmp_path / "model.so"
     with torch.no_grad():
-        torch._inductor.aot_compile(program.module(), example, options={
-            **options, "fx_graph_cache": False, "aot_inductor.output_path": str(library)})
+        torch._inductor.aot_compile(
+            program.module(),
+            example,
+            options={**options, "fx_graph_cache": False, "aot_inductor.output_path": str(library)},
+        )
     return model, targets.open_runner(targets.get("cpu"), library)
 
 
@@ -62,7 +65,9 @@ def test_dynamic_batch_convolutions_get_packed_weights_and_match_eager(tmp_path)
     options = {"freezing": True, "force_layout_optimization": True}
     passes = targets.get("cpu").graph_passes(options)
     model, runner = _compile(tmp_path, {**options, **passes})
-    packed = [name for name in runner.get_constant_names_to_original_fqns() if name.endswith(conv_prepack.PACKED_SUFFIX)]
+    packed = [
+        name for name in runner.get_constant_names_to_original_fqns() if name.endswith(conv_prepack.PACKED_SUFFIX)
+    ]
     # Packed: exactly the weights oneDNN lays out one way at every batch size the dim allows.
     convs = {"conv": (1, 3, 12, 12), "depthwise": (1, 8, 12, 12), "pointwise": (1, 8, 12, 12), "head": (1, 16, 6, 6)}
     one_layout = {name for name, sizes in convs.items() if len(_layouts(getattr(model, name), sizes, range(1, 5))) == 1}
@@ -92,7 +97,13 @@ def _layouts(conv: nn.Conv2d, sizes: tuple[int, ...], batches) -> set[bytes]:
     with torch.no_grad():
         for batch in batches:
             packed = torch.ops.mkldnn._reorder_convolution_weight(
-                conv.weight, list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups, [batch, *sizes[1:]])
+                conv.weight,
+                list(conv.padding),
+                list(conv.stride),
+                list(conv.dilation),
+                conv.groups,
+                [batch, *sizes[1:]],
+            )
             layouts.add(bytes(torch.ops.mkldnn._get_mkldnn_serialized_md(packed).numpy()))
     return layouts
 
@@ -108,7 +119,9 @@ def test_no_packed_weight_is_reordered_at_any_batch_size(tmp_path, capfd):
         reorders = [line for line in capfd.readouterr().out.splitlines() if ",reorder," in line and ",exec," in line]
         # A plain layout's tag is letters alone (abcd, acdb); a blocked one's carries its block size.
         blocked_to_blocked = [line for line in reorders if re.search(r"src:\w+:\w*:blocked:[A-Za-z]*\d", line)]
-        assert not blocked_to_blocked, f"batch {size}: a packed weight reordered on every call:\n" + "\n".join(blocked_to_blocked)
+        assert not blocked_to_blocked, f"batch {size}: a packed weight reordered on every call:\n" + "\n".join(
+            blocked_to_blocked
+        )
         with torch.no_grad():
             torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
 
@@ -120,12 +133,16 @@ def test_a_weight_whose_layout_depends_on_the_batch_is_left_plain(tmp_path):
     if len(one_layout) == len(sizes):
         pytest.skip("this machine's oneDNN lays every weight out one way at every batch (AVX-512 does)")
     model, runner = _compile_wide(tmp_path, model)
-    packed = [name for name in runner.get_constant_names_to_original_fqns() if name.endswith(conv_prepack.PACKED_SUFFIX)]
+    packed = [
+        name for name in runner.get_constant_names_to_original_fqns() if name.endswith(conv_prepack.PACKED_SUFFIX)
+    ]
     assert len(packed) == len(one_layout), (packed, one_layout)
 
 
 def test_probes_cover_the_dims_range():
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    assert conv_prepack._probe_values(ValueRanges(2, 8), 2) == list(range(1, 9))  # the trace's 2 stands for the spec's 1
+    assert conv_prepack._probe_values(ValueRanges(2, 8), 2) == list(
+        range(1, 9)
+    )  # the trace's 2 stands for the spec's 1
     assert conv_prepack._probe_values(ValueRanges(4, 1000), 16) == [4, 8, 16, 32, 64, 128, 256, 512, 1000]

@@ -21,8 +21,13 @@ def build_patched(patch: str, *args: str, cwd) -> subprocess.CompletedProcess:
     """The CLI's build in a process whose torch is altered by ``patch`` first (what this machine
     cannot be: a CUDA build of torch, a CPU of another kind)."""
     code = f"import sys, torch; {patch}; from pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, "build", "--spec", str(TINY_SPEC), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, "build", "--spec", str(TINY_SPEC), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_cpu_wheel_is_never_built_with_a_gpu_torch(dirs):
@@ -36,8 +41,9 @@ def test_a_cpu_wheel_is_never_built_with_a_gpu_torch(dirs):
 
 
 def test_a_cpu_kind_this_machine_cannot_run_is_refused(dirs):
-    ran = build_patched("torch.backends.cpu.get_cpu_capability = lambda: 'AVX2'", "--cpu-isa", "avx512", *dirs.args(),
-                        cwd=REPO)
+    ran = build_patched(
+        "torch.backends.cpu.get_cpu_capability = lambda: 'AVX2'", "--cpu-isa", "avx512", *dirs.args(), cwd=REPO
+    )
     assert ran.returncode == TargetUnavailableError.exit_code, ran.stderr
     assert "asks for AVX512 kernels" in ran.stderr and "this CPU runs AVX2 at most" in ran.stderr
     assert dirs.leftovers() == []
@@ -52,8 +58,17 @@ def test_an_unknown_cpu_kind_in_the_environment_is_a_usage_error(dirs):
 def test_the_spec_names_a_cpu_kind(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(TINY_SPEC.read_text() + '\n[build.cpu]\nisa = "avx3"\n')
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "d"),
-                  "--build-dir", str(tmp_path / "b"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "d"),
+        "--build-dir",
+        str(tmp_path / "b"),
+    )
     assert ran.code == 3 and "key 'build.cpu.isa'" in ran.err and "'native', 'avx2' or 'avx512'" in ran.err
 
 
@@ -61,8 +76,13 @@ def refusals(installed, capability: str) -> list[str]:
     """The last line of load()'s and load_numpy()'s refusal where torch is told to run ``capability``."""
     messages = []
     for loader in ("load", "load_numpy"):
-        ran = subprocess.run([str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"], capture_output=True,
-                             text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": capability})
+        ran = subprocess.run(
+            [str(installed), "-c", f"import model_tiny; model_tiny.{loader}()"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={**os.environ, "ATEN_CPU_CAPABILITY": capability},
+        )
         assert ran.returncode != 0, loader
         messages.append(ran.stderr.strip().splitlines()[-1])
     return messages
@@ -91,6 +111,10 @@ def test_a_refusal_below_avx2_names_a_build_that_exists(installed):
         assert "unset ATEN_CPU_CAPABILITY" in message and "--cpu-isa native" in message
         assert "--cpu-isa default" not in message and "pip install torch" not in message
     # the runtime's list of named kinds is the build's
-    ran = subprocess.run([str(installed), "-c", "import model_tiny._target_cpu as m; print(*m.NAMED_CPU_KINDS)"],
-                         capture_output=True, text=True, cwd="/")
+    ran = subprocess.run(
+        [str(installed), "-c", "import model_tiny._target_cpu as m; print(*m.NAMED_CPU_KINDS)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
     assert ran.stdout.split() == [kind.upper() for kind in ISA_CHOICES if kind != "native"], ran.stderr

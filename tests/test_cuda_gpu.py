@@ -20,7 +20,9 @@ from .conftest import TINY_SPEC, BuildDirs, run_cli
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(torch.version.cuda is None or not torch.cuda.is_available(), reason="needs a CUDA torch and a GPU"),
+    pytest.mark.skipif(
+        torch.version.cuda is None or not torch.cuda.is_available(), reason="needs a CUDA torch and a GPU"
+    ),
 ]
 
 
@@ -38,13 +40,17 @@ def build_cuda(base: Path, extra_toml: str = "") -> tuple[BuildDirs, Path]:
 def installed_python(path: Path, wheel: Path) -> Path:
     """A venv seeing this interpreter's CUDA torch (GPU images have no network to fetch another)."""
     python = torch_venv.create(path)
-    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     return python
 
 
 def run_in(python: Path, code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-W", "default", "-c", code], capture_output=True, text=True, cwd="/", env=os.environ)
+    return subprocess.run(
+        [str(python), "-W", "default", "-c", code], capture_output=True, text=True, cwd="/", env=os.environ
+    )
 
 
 def manifest_of(wheel: Path) -> dict:
@@ -77,8 +83,11 @@ def test_wheel_carries_so_and_kernels_and_names_the_cuda_build(cuda_wheel):
 
 def test_loads_runs_on_the_gpu_and_verifies(cuda_wheel):
     _, _, python = cuda_wheel
-    ran = run_in(python, "import model_tiny as t; m = t.load(); out = m(*t.example_inputs()); "
-                         "print(m.device, out[0].device); print(all(r.passed for r in t.verify(m)))")
+    ran = run_in(
+        python,
+        "import model_tiny as t; m = t.load(); out = m(*t.example_inputs()); "
+        "print(m.device, out[0].device); print(all(r.passed for r in t.verify(m)))",
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == [f"cuda:{torch.cuda.current_device()}", f"cuda:{torch.cuda.current_device()}", "True"]
 
@@ -92,7 +101,9 @@ def test_rootless_install_finds_its_kernels_without_the_link(cuda_wheel):
     dirs.root.parent.mkdir(parents=True, exist_ok=True)
     dirs.root.write_text("a file where the artifact root should be: no link can be made")
     try:
-        ran = run_in(python, "import model_tiny as t; m = t.load(); print(m.library); print(all(r.passed for r in t.verify(m)))")
+        ran = run_in(
+            python, "import model_tiny as t; m = t.load(); print(m.library); print(all(r.passed for r in t.verify(m)))"
+        )
         assert ran.returncode == 0, ran.stderr
         assert "site-packages/model_tiny/artifacts/" in ran.stdout and ran.stdout.split()[-1] == "True"
         assert "ArtifactLinkWarning" not in ran.stderr  # the fallback works, so it is not warned about
@@ -103,7 +114,10 @@ def test_rootless_install_finds_its_kernels_without_the_link(cuda_wheel):
 def test_device_is_chosen_and_a_missing_one_refused(cuda_wheel):
     _, _, python = cuda_wheel
     last, count = torch.cuda.device_count() - 1, torch.cuda.device_count()
-    ran = run_in(python, f"import model_tiny as t; m = t.load(device='cuda:{last}'); print(m(*t.example_inputs(device='cuda:{last}'))[0].device)")
+    ran = run_in(
+        python,
+        f"import model_tiny as t; m = t.load(device='cuda:{last}'); print(m(*t.example_inputs(device='cuda:{last}'))[0].device)",
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == f"cuda:{last}"
     refused = run_in(python, f"import model_tiny as t; t.load(device='cuda:{count}')")
@@ -225,14 +239,22 @@ def test_a_weight_swap_recaptures_on_the_new_weights(graphs_seen):
 def test_a_failed_capture_warns_once_and_runs_without_graphs(graphs_seen):
     seen = graphs_seen
     assert seen["fallback_equal"] == [True, True, True]
-    assert len(seen["fallback_warnings"]) == 1 and "capturing the model in a CUDA graph failed" in seen["fallback_warnings"][0]
+    assert (
+        len(seen["fallback_warnings"]) == 1
+        and "capturing the model in a CUDA graph failed" in seen["fallback_warnings"][0]
+    )
     assert seen["fallback_info"]["path"] == "single-threaded entry point, without CUDA graphs"
 
 
 def test_the_environment_variable_turns_cuda_graphs_off(cuda_wheel):
     _, _, python = cuda_wheel
     code = "import model_tiny as t; m = t.load(); print(m.info()['path'], m.info()['graphs_off'])"
-    ran = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
-                         env={**os.environ, "MODELWHEEL_CUDA_GRAPHS": "0"})
+    ran = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "MODELWHEEL_CUDA_GRAPHS": "0"},
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "AOTInductor runner MODELWHEEL_CUDA_GRAPHS=0"

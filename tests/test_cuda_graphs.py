@@ -157,8 +157,14 @@ print(json.dumps(seen))
 
 @pytest.fixture(scope="module")
 def seen(installed) -> dict:
-    ran = subprocess.run([str(installed), "-c", SCRIPT], capture_output=True, text=True, cwd="/",
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    ran = subprocess.run(
+        [str(installed), "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr
     return json.loads(ran.stdout.splitlines()[-1])
 
@@ -199,20 +205,35 @@ def test_a_failed_capture_warns_once_saying_why_and_runs_without_graphs(seen):
     assert seen["fallback_warnings"] == [
         "GraphCaptureWarning: model_tiny 0.1: capturing the model in a CUDA graph failed (RuntimeError: operation not "
         "permitted when stream is capturing); it runs without CUDA graphs from now on (load(cuda_graphs=False) skips "
-        "the attempt)"]
-    assert seen["fallback_info"] == {"path": "single-threaded entry point, without CUDA graphs",
-                                     "refused": "RuntimeError: operation not permitted when stream is capturing"}
+        "the attempt)"
+    ]
+    assert seen["fallback_info"] == {
+        "path": "single-threaded entry point, without CUDA graphs",
+        "refused": "RuntimeError: operation not permitted when stream is capturing",
+    }
 
 
 def test_serving_gives_each_request_outputs_no_later_batch_overwrites(seen):
-    assert seen["serving_info"] == {"target": "cpu", "device": "cpu", "path": "CUDA graphs", "max_graphs": 8,
-                                    "copy_outputs": False, "graphs": [[[2, 3, 8, 8], [2]], [[1, 3, 8, 8], [1]]]}
+    assert seen["serving_info"] == {
+        "target": "cpu",
+        "device": "cpu",
+        "path": "CUDA graphs",
+        "max_graphs": 8,
+        "copy_outputs": False,
+        "graphs": [[[2, 3, 8, 8], [2]], [[1, 3, 8, 8], [1]]],
+    }
     assert seen["serving_owned"] is True
 
 
 def test_load_opens_the_single_threaded_entry_point_and_replays_graphs_where_the_target_has_them(seen):
-    assert seen["load_info"] == {"target": "cpu", "device": "cpu", "path": "CUDA graphs", "max_graphs": 8,
-                                 "copy_outputs": False, "graphs": [[[3, 3, 8, 8], [3]], [[1, 3, 8, 8], [1]]]}
+    assert seen["load_info"] == {
+        "target": "cpu",
+        "device": "cpu",
+        "path": "CUDA graphs",
+        "max_graphs": 8,
+        "copy_outputs": False,
+        "graphs": [[[3, 3, 8, 8], [3]], [[1, 3, 8, 8], [1]]],
+    }
     assert seen["load_outputs"] == [True, True] and seen["load_verify"] is True
     assert seen["load_copy_outputs"] is False
     assert seen["static_at_load"] == [[[2, 3, 8, 8], [2]]]  # a static size's graph, captured by load()
@@ -220,7 +241,9 @@ def test_load_opens_the_single_threaded_entry_point_and_replays_graphs_where_the
 
 
 def test_a_cpu_wheel_refuses_cuda_graphs(seen):
-    assert seen["cpu_asked_for_graphs"] == "cuda_graphs=True: this wheel is a CPU build; CUDA graphs need its CUDA wheel"
+    assert (
+        seen["cpu_asked_for_graphs"] == "cuda_graphs=True: this wheel is a CPU build; CUDA graphs need its CUDA wheel"
+    )
 
 
 def test_graphs_are_on_by_default_for_cuda_and_off_by_argument_or_environment(monkeypatch):

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from pipeline.services.manifest import sha256_file
-from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 from pipeline.stages.compile import _move_sources
 from pipeline.stages.package import package_wheel
+from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 
 from .conftest import make_venv, pip_install, run_cli
 
@@ -27,24 +27,49 @@ KERNELS = {"c1xq2kcz3.cubin": b"\x7fELF fabricated kernel one", "cv4hbb7z.cubin"
 def test_only_the_library_and_kernels_stay_in_the_output_folder(tmp_path):
     output, sources = tmp_path / "out", tmp_path / "sources"
     output.mkdir()
-    for name in ["model.so", *KERNELS, "k.ptx", "k.fatbin", "model.wrapper.cpp", "model_metadata.json", "model.kernel.cpp"]:
+    for name in [
+        "model.so",
+        *KERNELS,
+        "k.ptx",
+        "k.fatbin",
+        "model.wrapper.cpp",
+        "model_metadata.json",
+        "model.kernel.cpp",
+    ]:
         (output / name).write_bytes(b"x")
     (output / "cxk2").mkdir()
     shipped = _move_sources(output, sources, "cuda", {"aot_inductor.embed_kernel_binary": False})
     assert [p.name for p in shipped] == sorted(["c1xq2kcz3.cubin", "cv4hbb7z.cubin", "k.fatbin", "k.ptx", "model.so"])
-    assert sorted(p.name for p in sources.iterdir()) == ["cxk2", "model.kernel.cpp", "model.wrapper.cpp", "model_metadata.json"]
+    assert sorted(p.name for p in sources.iterdir()) == [
+        "cxk2",
+        "model.kernel.cpp",
+        "model.wrapper.cpp",
+        "model_metadata.json",
+    ]
 
 
 def cuda_manifest(cpu: dict, opt_path: Path, artifacts: list[Path]) -> dict:
     """The CPU wheel's manifest as the cuda target writes it for an H100 build with torch's CUDA 13.0."""
     public = cpu["torch"]["version"].split("+")[0]
-    return {**cpu, "target": "cuda", "variant": "cu130", "full_version": f"{cpu['version']}+cu130.torch{public}",
-            "torch": {**cpu["torch"], "cuda": "13.0"},
-            "platform": {"machine": cpu["platform"]["machine"], "glibc": cpu["platform"]["glibc"]},
-            "cuda": {**wheel_cuda.requirements("13.0", (9, 0)), "gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0",
-                     "embed_kernels": False, "multi_arch": False, "kernels": sorted(KERNELS)},
-            "opt_path": str(opt_path), "relocatable": False,
-            "artifacts": {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in artifacts}}
+    return {
+        **cpu,
+        "target": "cuda",
+        "variant": "cu130",
+        "full_version": f"{cpu['version']}+cu130.torch{public}",
+        "torch": {**cpu["torch"], "cuda": "13.0"},
+        "platform": {"machine": cpu["platform"]["machine"], "glibc": cpu["platform"]["glibc"]},
+        "cuda": {
+            **wheel_cuda.requirements("13.0", (9, 0)),
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "triton": "3.6.0",
+            "embed_kernels": False,
+            "multi_arch": False,
+            "kernels": sorted(KERNELS),
+        },
+        "opt_path": str(opt_path),
+        "relocatable": False,
+        "artifacts": {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in artifacts},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +125,10 @@ def run_in(python: Path, code: str) -> subprocess.CompletedProcess:
 def test_installed_on_cpu_only_torch_load_refuses_naming_both_sides(cuda_installed):
     ran = run_in(cuda_installed, "import model_tiny; model_tiny.load()")
     assert ran.returncode != 0 and "IncompatibleRuntime" in ran.stderr
-    assert "the installed torch is a CPU-only build; the model needs torch" in ran.stderr and "with CUDA 13.0" in ran.stderr
+    assert (
+        "the installed torch is a CPU-only build; the model needs torch" in ran.stderr
+        and "with CUDA 13.0" in ran.stderr
+    )
     numpy = run_in(cuda_installed, "import model_tiny; model_tiny.load_numpy()")
     assert numpy.returncode != 0 and "load_numpy() runs CPU builds only: use load()" in numpy.stderr
 

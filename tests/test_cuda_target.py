@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from pipeline import targets
+from pipeline.commands.publish import Index
 from pipeline.errors import SpecError, TargetUnavailableError
-from pipeline.stages.manifest import local_label
-from pipeline.wheel_template.runtime import _targets as wheel_targets
 from pipeline.services.templates import RUNTIME_DIR
-from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 from pipeline.spec import load_spec
 from pipeline.spec_sections import Tolerance as SpecTolerance
-from pipeline.commands.publish import Index
+from pipeline.stages.manifest import local_label
 from pipeline.stages.verify import applied_tolerances
 from pipeline.targets import cuda
+from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
+from pipeline.wheel_template.runtime import _targets as wheel_targets
 
 from .conftest import TINY_SPEC, run_cli
 
@@ -30,8 +30,14 @@ H100 = {
     "torch": {"version": "2.11.0+cu130", "distribution": "2.11.0", "cuda": "13.0"},
     "cuda": {**wheel_cuda.requirements("13.0", (9, 0)), "gpu": "NVIDIA H100 80GB HBM3", "multi_arch": False},
 }
-GOOD_FACTS = {"torch_cuda": "13.0", "device": "cuda:0", "device_count": 1, "gpu": "NVIDIA H100 80GB HBM3",
-              "capability": (9, 0), "driver_cuda": 13000}
+GOOD_FACTS = {
+    "torch_cuda": "13.0",
+    "device": "cuda:0",
+    "device_count": 1,
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "capability": (9, 0),
+    "driver_cuda": 13000,
+}
 
 
 def problems(manifest=H100, **changed):
@@ -40,8 +46,13 @@ def problems(manifest=H100, **changed):
 
 def test_requirements_record_what_the_kernels_need():
     needs = wheel_cuda.requirements("13.0", (9, 0))
-    assert needs == {"version": "13.0", "capability": "9.0", "arch": "sm_90", "min_driver": "580.65.06",
-                     "min_driver_cuda": 13000}
+    assert needs == {
+        "version": "13.0",
+        "capability": "9.0",
+        "arch": "sm_90",
+        "min_driver": "580.65.06",
+        "min_driver_cuda": 13000,
+    }
     assert wheel_cuda.requirements("12.8", (8, 6))["min_driver"] == "525.60.13"
 
 
@@ -141,11 +152,14 @@ def test_spec_cuda_keys(tmp_path):
     assert "cuda" not in plain.spec.model_dump()["build"]
     assert "cuda" not in plain.spec.model_dump()["outputs"][0]
     spec = tmp_path / "spec.toml"
-    spec.write_text(text + textwrap.dedent("""
+    spec.write_text(
+        text
+        + textwrap.dedent("""
         [build.cuda]
         embed_kernels = true
         multi_arch = true
-        """))
+        """)
+    )
     (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
     loaded = load_spec(spec).spec
     assert loaded.build.cuda.embed_kernels and loaded.build.cuda.multi_arch
@@ -189,7 +203,6 @@ def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_devi
     """On an H200 the tiny model's timestep embedding (torch.arange without device=) met CUDA inputs;
     the hint spoke of shapes and dtypes. Here the meta device stands in for the GPU: the same
     forward, on inputs that are not on the CPU, raises a real device mismatch."""
-    import shutil
     from types import SimpleNamespace
 
     from pipeline.errors import ExportError
@@ -209,13 +222,15 @@ def test_a_forward_that_makes_a_cpu_tensor_is_told_to_make_it_on_the_inputs_devi
     finally:
         sys.modules.pop("arange_on_cpu", None)
     assert "arange_on_cpu.py:20: angles = t[:, None] * freqs[None, :]" in refused.value.args[0]
-    assert refused.value.hint.startswith("forward makes a tensor on another device than its inputs' (meta): create it "
-                                         "on an input's device (torch.arange(..., device=x.device))")
+    assert refused.value.hint.startswith(
+        "forward makes a tensor on another device than its inputs' (meta): create it "
+        "on an input's device (torch.arange(..., device=x.device))"
+    )
 
 
 def test_freezing_is_the_cuda_targets_default_where_the_weights_are_embedded(tmp_path):
-    from pipeline.stages.static import fixed_spec
     from pipeline.spec import with_overrides
+    from pipeline.stages.static import fixed_spec
 
     tiny = load_spec(TINY_SPEC)  # says nothing of freezing
     assert cuda.compile_options(tiny.spec)["freezing"] is True
@@ -235,10 +250,13 @@ def test_freezing_external_weights_is_refused_plainly(tmp_path):
     """It used to crash verification with a KeyError for the first frozen constant (_frozen_param5)."""
     (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
     spec = tmp_path / "spec.toml"
-    spec.write_text((TINY_SPEC.parent / "external.toml").read_text().replace("[compile]\n", "[compile]\nfreezing = true\n"))
+    spec.write_text(
+        (TINY_SPEC.parent / "external.toml").read_text().replace("[compile]\n", "[compile]\nfreezing = true\n")
+    )
     with pytest.raises(SpecError) as info:
         load_spec(spec)
     assert info.value.message == (
         f"{spec}: invalid spec\n  key 'compile.freezing': cannot be used with [weights] external = true (freezing folds "
         "the weights into the compiled code, so load(weights=...) and swap_weights() could no longer replace them); "
-        "remove one of them")
+        "remove one of them"
+    )

@@ -20,14 +20,24 @@ def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_whee
     spec = tmp_path / "spec" / "spec.toml"
     shutil.copytree(TINY_SPEC.parent, spec.parent)
     spec.write_text(spec.read_text().replace("kwargs = { channels = 8 }", "kwargs = { channels = 6 }"))
-    args = ["build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(dist),
-            "--build-dir", str(tmp_path / "build")]
+    args = [
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(dist),
+        "--build-dir",
+        str(tmp_path / "build"),
+    ]
     refused = run_cli(*args)
     assert refused.code == OutputDirError.exit_code, refused.err
     assert f"error: {wheel} already holds a different build of this version" in refused.err
     assert "hint: bump model.version" in refused.err and "--overwrite" in refused.err
     assert sha256_file(wheel) == tested and sorted(p.name for p in dist.iterdir()) == sorted(
-        p.name for p in built.dist.iterdir())
+        p.name for p in built.dist.iterdir()
+    )
     replaced = run_cli(*args, "--overwrite")
     assert replaced.code == 0, replaced.err
     assert sha256_file(wheel) != tested

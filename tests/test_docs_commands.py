@@ -70,8 +70,13 @@ ALL = [(page.name, words) for page in PAGES for words in commands(page)]
 
 def test_the_pages_show_the_commands_a_newcomer_runs():
     shown = {(page, words[0]) for page, words in ALL}
-    assert {("README.md", "make"), ("README.md", "pip"), ("README.md", "modelwheel"),
-            ("quickstart.md", "make"), ("quickstart.md", ".venv/bin/modelwheel")} <= shown, shown
+    assert {
+        ("README.md", "make"),
+        ("README.md", "pip"),
+        ("README.md", "modelwheel"),
+        ("quickstart.md", "make"),
+        ("quickstart.md", ".venv/bin/modelwheel"),
+    } <= shown, shown
 
 
 def check_modelwheel(args: list[str]) -> None:
@@ -98,15 +103,18 @@ def check_make(args: list[str]) -> None:
         check_modelwheel(words[3:])
         specs = [words[i + 1] for i, word in enumerate(words) if word == "--spec"]
         for spec in specs:
-            assert spec.startswith(PLACEHOLDERS) or (REPO / spec).is_file(), \
+            assert spec.startswith(PLACEHOLDERS) or (REPO / spec).is_file(), (
                 f"make {' '.join(args)} builds {spec}, which is not there"
+            )
 
 
 # pip's parser runs in a process of its own: importing pip turns off setuptools' distutils shim for
 # the rest of the process (_distutils_hack), and a later test importing setuptools (through
 # torch.utils.cpp_extension) then fails its assertion that distutils is setuptools' own.
-PIP_PARSE = ("import json, sys\nfrom pip._internal.commands import create_command\n"
-             "print(json.dumps(create_command('install').parse_args(sys.argv[1:])[1]))")
+PIP_PARSE = (
+    "import json, sys\nfrom pip._internal.commands import create_command\n"
+    "print(json.dumps(create_command('install').parse_args(sys.argv[1:])[1]))"
+)
 
 
 def check_pip(args: list[str]) -> None:

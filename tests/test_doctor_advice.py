@@ -56,7 +56,10 @@ def write_model(folder: Path, body: str) -> Path:
 def test_flags_training_code_and_inspect_are_no_findings(tmp_path):
     """Each line of the block was an error before: `not return_dict` and `output_hidden_states`
     as data-dependent branches, inspect.signature as a graph break, the training-only write."""
-    spec = write_model(tmp_path, LIBRARY_STYLE_BLOCK + """
+    spec = write_model(
+        tmp_path,
+        LIBRARY_STYLE_BLOCK
+        + """
 
 class Model(nn.Module):
     def __init__(self):
@@ -69,7 +72,8 @@ class Model(nn.Module):
 
 def build():
     return Model()
-""")
+""",
+    )
     ran = run_cli("doctor", "--spec", str(spec))
     assert ran.code == 0, ran.err
     assert "advice: no problems that stop compilation (0 warning(s))" in ran.err, ran.err
@@ -77,7 +81,10 @@ def build():
 
 def test_a_branch_on_a_tensor_parameter_is_still_found(tmp_path):
     """The same block given a tensor where the flag was: now the branch reads a tensor value."""
-    spec = write_model(tmp_path, LIBRARY_STYLE_BLOCK + """
+    spec = write_model(
+        tmp_path,
+        LIBRARY_STYLE_BLOCK
+        + """
 
 class Model(nn.Module):
     def __init__(self):
@@ -90,7 +97,8 @@ class Model(nn.Module):
 
 def build():
     return Model()
-""")
+""",
+    )
     model = tmp_path / "model.py"
     ran = run_cli("doctor", "--spec", str(spec))
     assert ran.code == CODES["data-dependent"], ran.err
@@ -104,7 +112,8 @@ def test_findings_outside_the_spec_folder_are_warnings(tmp_path):
     in forward: an error in the spec's own code, a warning in the package's; the build goes on."""
     package = tmp_path / "site" / "vendorlib"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text(textwrap.dedent("""\
+    (package / "__init__.py").write_text(
+        textwrap.dedent("""\
         import re
 
         import torch
@@ -118,8 +127,11 @@ def test_findings_outside_the_spec_folder_are_warnings(tmp_path):
 
             def forward(self, x):
                 return x * float(re.sub(r"\\D", "", self.name))
-        """))
-    spec = write_model(tmp_path / "spec", """\
+        """)
+    )
+    spec = write_model(
+        tmp_path / "spec",
+        """\
         import torch
         from torch import nn
 
@@ -138,13 +150,16 @@ def test_findings_outside_the_spec_folder_are_warnings(tmp_path):
 
         def build():
             return Model()
-        """)
+        """,
+    )
     env = {"PYTHONPATH": str(tmp_path / "site")}
     ran = run_cli("doctor", "--spec", str(spec), env=env)
     assert ran.code == 0, ran.err
     library = package / "__init__.py"
-    assert f"{library}:13: warning [graph-break] re.sub() uses a regex in forward (code outside the spec's folder: " \
-           "advice only; torch.export and verification decide)" in ran.err, ran.err
+    assert (
+        f"{library}:13: warning [graph-break] re.sub() uses a regex in forward (code outside the spec's folder: "
+        "advice only; torch.export and verification decide)" in ran.err
+    ), ran.err
     assert "advice: no problems that stop compilation (1 warning(s))" in ran.err
     # The same code inside the spec's folder is the user's to fix: an error, as before.
     (tmp_path / "spec" / "vendorlib.py").write_text(library.read_text())
@@ -156,7 +171,9 @@ def test_findings_outside_the_spec_folder_are_warnings(tmp_path):
 def test_allow_does_not_turn_the_dynamo_check_off(tmp_path):
     """An allowed source finding used to skip torch._dynamo.explain, which alone sees a branch on
     a value computed inside forward."""
-    spec = write_model(tmp_path, """\
+    spec = write_model(
+        tmp_path,
+        """\
         import re
 
         import torch
@@ -178,7 +195,8 @@ def test_allow_does_not_turn_the_dynamo_check_off(tmp_path):
 
         def build():
             return Model()
-        """)
+        """,
+    )
     spec.write_text(SPEC + '\n[doctor]\nallow = ["graph-break"]\n')
     ran = run_cli("doctor", "--spec", str(spec))
     assert ran.code == CODES["data-dependent"], ran.err

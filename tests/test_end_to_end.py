@@ -59,14 +59,25 @@ def test_build_prints_stages_and_report(tiny_build, wheel):
     assert report["wheel"]["name"] == wheel.name and report["wheel"]["size"] == wheel.stat().st_size
     assert set(report["stages_s"]) == {"load", "doctor", "export", "compile", "verify", "package"}
     assert [c["case"] for c in report["verification"]["cases"]] == [
-        "seed0", "seed1", "seed2", "batch=min(1)", "batch=mid(2)", "batch=max(4)", "zeros", "large", "golden0", "golden1"
+        "seed0",
+        "seed1",
+        "seed2",
+        "batch=min(1)",
+        "batch=mid(2)",
+        "batch=max(4)",
+        "zeros",
+        "large",
+        "golden0",
+        "golden1",
     ]
     for case in report["verification"]["cases"]:
         assert set(case["outputs"]) == {"features", "logits"}
         assert all({"max_abs", "max_rel", "passed"} <= set(diff) for diff in case["outputs"].values())
     assert set(report["verification"]["worst"]) == {"features", "logits"}
     assert any(Path(report["trace_dir"]).iterdir()), "TORCH_TRACE output is kept with the build"
-    assert sorted(p.name for p in build_dirs.dist.iterdir()) == sorted([wheel.name, "model_tiny-0.1+cpu.torch2.13.0.report.json"])
+    assert sorted(p.name for p in build_dirs.dist.iterdir()) == sorted(
+        [wheel.name, "model_tiny-0.1+cpu.torch2.13.0.report.json"]
+    )
     # that the build leaves the artifact root as it found it is checked in the tiny_build fixture
 
 
@@ -112,13 +123,26 @@ def test_wheel_is_lean_and_self_describing(tiny_build, wheel):
 
 def test_keep_debug_license_and_urls_reach_the_wheel(tmp_path):
     spec = tmp_path / "spec.toml"
-    spec.write_text(TINY_SPEC.read_text().replace(
-        'description = "Tiny test model"\n',
-        'description = "Tiny test model"\nlicense = "apache-2.0 OR mit"\n'
-        'urls = { Homepage = "https://example.com/tiny", "Source code" = "http://example.com/src?a=1&b=$x" }\n'))
+    spec.write_text(
+        TINY_SPEC.read_text().replace(
+            'description = "Tiny test model"\n',
+            'description = "Tiny test model"\nlicense = "apache-2.0 OR mit"\n'
+            'urls = { Homepage = "https://example.com/tiny", "Source code" = "http://example.com/src?a=1&b=$x" }\n',
+        )
+    )
     (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
-    ran = run_cli("build", "--spec", str(spec), "--keep-debug", "--root", str(tmp_path / "opt"),
-                  "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--keep-debug",
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert ran.code == 0, ran.err
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -132,8 +156,18 @@ def test_keep_debug_license_and_urls_reach_the_wheel(tmp_path):
 
 
 def test_missing_strip_is_named_before_compiling(tmp_path):
-    ran = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"), env={"STRIP": str(tmp_path / "no-such-strip")})
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+        env={"STRIP": str(tmp_path / "no-such-strip")},
+    )
     assert ran.code == 6, ran.err  # ToolchainError
     assert f"cannot run '{tmp_path / 'no-such-strip'}'" in ran.err
     assert "apt-get install binutils" in ran.err and "--keep-debug" in ran.err
@@ -143,8 +177,17 @@ def test_missing_strip_is_named_before_compiling(tmp_path):
 def test_rebuild_gives_identical_wheel_bytes(tiny_build, wheel, tmp_path):
     build_dirs, _ = tiny_build
     first = wheel.read_bytes()
-    again = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist"),
-                    "--build-dir", str(tmp_path / "build"))
+    again = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(build_dirs.root),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert again.code == 0, again.err
     assert (tmp_path / "dist" / wheel.name).read_bytes() == first
 
@@ -226,8 +269,10 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
     if needed["platform"]["cpu_capability"] == "AVX512":  # ATen and load_numpy() both honour the variable
         lower = run_in(installed, "import model_tiny; model_tiny.load_numpy()", ATEN_CPU_CAPABILITY="avx2")
         assert lower.returncode != 0 and "IncompatibleRuntime" in lower.stderr
-        assert ("torch runs AVX2 kernels here, as ATEN_CPU_CAPABILITY=avx2 asks, but the model's kernels were built "
-                "for AVX512 CPUs") in lower.stderr
+        assert (
+            "torch runs AVX2 kernels here, as ATEN_CPU_CAPABILITY=avx2 asks, but the model's kernels were built "
+            "for AVX512 CPUs"
+        ) in lower.stderr
 
 
 def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_path):
@@ -243,31 +288,44 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
     assert info.returncode == 0 and json.loads(info.stdout)["full_version"] == version, info.stderr
     no_torch = subprocess.run([str(python.parent / "model-tiny"), "verify"], capture_output=True, text=True)
     assert no_torch.returncode == 6 and "Traceback" not in no_torch.stderr, no_torch.stderr
-    assert no_torch.stderr == (f"error: model-tiny verify needs torch, which is not installed here: pip install "
-                               f"model-tiny=={version} again, without --no-deps, for the torch it pins\n")
+    assert no_torch.stderr == (
+        f"error: model-tiny verify needs torch, which is not installed here: pip install "
+        f"model-tiny=={version} again, without --no-deps, for the torch it pins\n"
+    )
     attach_torch(python)  # this suite's torch, as `pip install torch==<the pin>` gives it (torch brings filelock)
     assert run_in(python, "import numpy").returncode != 0 and run_in(python, "import safetensors").returncode != 0
     ran = run_in(python, "import model_tiny; m = model_tiny.load(); print(m(*model_tiny.example_inputs())[1].shape)")
     assert ran.returncode == 0, ran.stderr
     assert "torch.Size([2, 4])" in ran.stdout
-    numpy = run_in(python, "import model_tiny\ntry:\n    model_tiny.load_numpy()\n"
-                           "except model_tiny.MissingDependency as e:\n    print(e)")
+    numpy = run_in(
+        python,
+        "import model_tiny\ntry:\n    model_tiny.load_numpy()\nexcept model_tiny.MissingDependency as e:\n    print(e)",
+    )
     assert numpy.returncode == 0, numpy.stderr
-    assert numpy.stdout.strip() == "load_numpy() (numpy arrays in and out) needs the package numpy, which is not " \
-                                   "installed here: pip install numpy"
+    assert (
+        numpy.stdout.strip() == "load_numpy() (numpy arrays in and out) needs the package numpy, which is not "
+        "installed here: pip install numpy"
+    )
     cli = subprocess.run([str(python.parent / "model-tiny"), "verify"], capture_output=True, text=True)
     assert cli.returncode == 6, cli.stdout + cli.stderr
     # (torch itself warns first, on import, that it found no numpy)
-    assert "error: verify() (reading the golden cases) needs the package safetensors, which is not installed here: " \
-           "pip install safetensors" in cli.stderr and "Traceback" not in cli.stderr
+    assert (
+        "error: verify() (reading the golden cases) needs the package safetensors, which is not installed here: "
+        "pip install safetensors"
+        in cli.stderr
+        and "Traceback" not in cli.stderr
+    )
 
 
 @pytest.mark.parametrize("loader", ["load", "load_numpy"])
 def test_call_names_its_inputs_and_outputs(installed, loader):
     """The call's signature and help() name the inputs and outputs; outputs stay a plain tuple
     (torch.load refuses any other class) and are reachable by name through named()."""
-    inputs = ("model_tiny.example_inputs()" if loader == "load" else
-              "(np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, np.float32))")
+    inputs = (
+        "model_tiny.example_inputs()"
+        if loader == "load"
+        else "(np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, np.float32))"
+    )
     code = (
         "import inspect, pydoc, numpy as np, model_tiny\n"
         f"m = model_tiny.{loader}()\n"
@@ -283,16 +341,24 @@ def test_call_names_its_inputs_and_outputs(installed, loader):
     assert lines[1] == "(x, t, /) ('x', 't') ('features', 'logits')"
     kind = "tensors" if loader == "load" else "arrays"
     assert f"inputs ({kind}, in this order):" in ran.stdout
-    for line in ("x: float32 ['batch', 3, 8, 8]", "t: float32 ['batch']", "dims: batch from 1 to 4",
-                 "returns a tuple, in this order (output_names):", "features: float32", "logits: float32",
-                 "__call__(self, x, t, /)"):
+    for line in (
+        "x: float32 ['batch', 3, 8, 8]",
+        "t: float32 ['batch']",
+        "dims: batch from 1 to 4",
+        "returns a tuple, in this order (output_names):",
+        "features: float32",
+        "logits: float32",
+        "__call__(self, x, t, /)",
+    ):
         assert line in ran.stdout, line
 
 
 def test_cpu_load_opens_the_installed_package_without_a_link(installed, wheel):
     m = manifest_of(wheel)
     assert m["relocatable"] is True
-    ran = run_in(installed, "import model_tiny; print(model_tiny.load().library); print(model_tiny.load_numpy().library)")
+    ran = run_in(
+        installed, "import model_tiny; print(model_tiny.load().library); print(model_tiny.load_numpy().library)"
+    )
     assert ran.returncode == 0, ran.stderr
     package = installed_package(installed) / "artifacts" / "model.so"
     assert ran.stdout.splitlines() == [str(package), str(package)]
@@ -313,7 +379,9 @@ def test_link_command_repairs_a_dangling_link(installed, wheel, tmp_path):
 def test_processes_starting_at_once_all_succeed(installed, wheel):
     code = "import model_tiny; m = model_tiny.load(); print(m(*model_tiny.example_inputs())[1].shape)"
     procs = [
-        subprocess.Popen([str(installed), "-W", "default", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [str(installed), "-W", "default", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(4)
     ]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
@@ -394,7 +462,9 @@ def test_altered_so_is_refused_naming_the_file(installed, tmp_path, damage):
     with altered(so, change):
         ran = run_in(installed, "import model_tiny; model_tiny.load()", **env)
         native = run_in(installed, "import model_tiny; model_tiny.load_numpy()", **env)
-        cli = subprocess.run([str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True, env={**os.environ, **env})
+        cli = subprocess.run(
+            [str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True, env={**os.environ, **env}
+        )
     assert ran.returncode != 0 and "IntegrityError" in ran.stderr
     assert "model_tiny/artifacts/model.so" in ran.stderr or "/cpu/model.so" in ran.stderr
     assert ("the manifest says" in ran.stderr) and ("reinstall the wheel" in ran.stderr)
@@ -408,8 +478,17 @@ def test_fp64_reference_reports_eager_own_error(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(TINY_SPEC.read_text() + "\n[verify]\nfp64_reference = true\nedge_cases = false\ngolden_cases = 1\n")
     (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert ran.code == 0, ran.err
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     verification = report["verification"]
@@ -422,8 +501,17 @@ def test_fp64_reference_reports_eager_own_error(tmp_path):
 
 def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path):
     build_dirs, _ = tiny_build
-    again = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist"),
-                    "--build-dir", str(build_dirs.build))
+    again = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(build_dirs.root),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(build_dirs.build),
+    )
     assert again.code == 0, again.err
     assert "unchanged since the build in cache build-" in again.err and "reusing its verified wheel" in again.err
     for skipped in ("==> doctor", "==> export", "==> compile", "==> verify", "==> package"):
@@ -431,8 +519,18 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
     assert (tmp_path / "dist" / wheel.name).read_bytes() == wheel.read_bytes()
     report = json.loads((tmp_path / "dist" / "model_tiny-0.1+cpu.torch2.13.0.report.json").read_text())
     assert report["build_cache"]["reused"] is True
-    forced = run_cli("build", "--spec", str(TINY_SPEC), "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist2"),
-                     "--build-dir", str(build_dirs.build), "--no-cache")
+    forced = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(build_dirs.root),
+        "--dist",
+        str(tmp_path / "dist2"),
+        "--build-dir",
+        str(build_dirs.build),
+        "--no-cache",
+    )
     assert forced.code == 0 and "==> export" in forced.err and "==> compile" in forced.err, forced.err
     assert "reused" not in forced.err
 
@@ -443,21 +541,44 @@ def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build
     from .conftest import BROKEN
 
     build_dirs, _ = tiny_build
-    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(BROKEN / "data_dependent.toml"), "-j", "2",
-                  "--root", str(build_dirs.root), "--dist", str(tmp_path / "dist"), "--build-dir", str(build_dirs.build))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--spec",
+        str(BROKEN / "data_dependent.toml"),
+        "-j",
+        "2",
+        "--root",
+        str(build_dirs.root),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(build_dirs.build),
+    )
     assert ran.code == doctor_checks.DATA_DEPENDENT.exit_code, ran.err
     assert "1 of 2 builds succeeded" in ran.err and "(2 at a time)" in ran.err
     assert "data_dependent.toml FAILED (exit 24)" in ran.err and "branches on a tensor value" in ran.err
-    assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [wheel.name for wheel in build_dirs.dist.glob("*.whl")]
+    assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [
+        wheel.name for wheel in build_dirs.dist.glob("*.whl")
+    ]
     assert sorted(p.name for p in (build_dirs.build / "logs").iterdir()) == [
-        "broken-data_dependent.json", "broken-data_dependent.log", "tiny-spec.json", "tiny-spec.log"]  # log and --json record
+        "broken-data_dependent.json",
+        "broken-data_dependent.log",
+        "tiny-spec.json",
+        "tiny-spec.log",
+    ]  # log and --json record
 
 
 def test_platform_tag_is_the_one_auditwheel_gives(wheel):
     """auditwheel's symbol-version policy (glibc and libstdc++), torch's own libraries aside: the
     tiny .so needs GLIBCXX_3.4.30 on this machine, which manylinux_2_34 does not promise."""
-    done = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", "--disable-isa-ext-check", str(wheel)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", "--json", "--disable-isa-ext-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     facts = json.loads(done.stdout)
     assert wheel.name.endswith(f"-py3-none-{facts['sym_tag']}.whl"), (wheel.name, facts["sym_tag"])
     assert set(facts["external_libs"]) <= {"libtorch_cpu.so", "libc10.so", "libgomp.so.1", "libtorch.so"}

@@ -34,12 +34,17 @@ for _ in range(5):
 print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 5)
 """
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
-                                reason="the setting is glibc's")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None, reason="the setting is glibc's"
+)
 
 
 def faults_per_call(**env: str) -> tuple[str, int]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "MODELWHEEL_MALLOC") and not k.startswith("MALLOC_")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GLIBC_TUNABLES", "MODELWHEEL_MALLOC") and not k.startswith("MALLOC_")
+    }
     ran = subprocess.run([sys.executable, "-c", CALLS], capture_output=True, text=True, env={**clean, **env})
     assert ran.returncode == 0, ran.stderr
     outcome, faults = ran.stdout.split("\n")[:2]
@@ -58,8 +63,13 @@ def test_glibc_defaults_fault_every_call_and_are_what_the_opt_out_gives():
     assert faults > 5000, "ten freed 4 MiB buffers are given back to the kernel and faulted in again"
 
 
-@pytest.mark.parametrize("env, named", [({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000"}, "GLIBC_TUNABLES"),
-                                        ({"MALLOC_TRIM_THRESHOLD_": "1000"}, "MALLOC_TRIM_THRESHOLD_")])
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000"}, "GLIBC_TUNABLES"),
+        ({"MALLOC_TRIM_THRESHOLD_": "1000"}, "MALLOC_TRIM_THRESHOLD_"),
+    ],
+)
 def test_the_users_own_malloc_settings_are_left_alone(env, named):
     outcome, faults = faults_per_call(**env)
     assert outcome == f"set by the user ({named})"

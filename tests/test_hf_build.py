@@ -32,16 +32,37 @@ def build_without_search(folder: Path, task: str, name: str, tmp_path: Path) -> 
     overrides = tmp_path / "overrides.toml"
     overrides.write_text(NO_SEARCH)
     dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
-    return run_cli("build", "--hf", str(folder), "--task", task, "--name", name, "--version", "1.0",
-                   "--spec", str(overrides), *dirs.args(), timeout=1800)
+    return run_cli(
+        "build",
+        "--hf",
+        str(folder),
+        "--task",
+        task,
+        "--name",
+        name,
+        "--version",
+        "1.0",
+        "--spec",
+        str(overrides),
+        *dirs.args(),
+        timeout=1800,
+    )
 
 
 def save_vit(folder: Path, base: type | None = None) -> Path:
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                       num_attention_heads=4, intermediate_size=64, num_labels=5)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=5,
+    )
     (base or ViTForImageClassification)(config).save_pretrained(folder)
     return folder
 
@@ -50,8 +71,16 @@ def save_bert(folder: Path) -> Path:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(folder)
+    BertModel(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(folder)
     return folder
 
 
@@ -59,9 +88,17 @@ def save_llama(folder: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2,
-                                 max_position_embeddings=64)).save_pretrained(folder)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(folder)
     return folder
 
 
@@ -70,9 +107,17 @@ def save_unet(folder: Path) -> Path:
 
     torch.manual_seed(0)
     UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=16, attention_head_dim=4, norm_num_groups=8).save_pretrained(folder)
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16,
+        attention_head_dim=4,
+        norm_num_groups=8,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -85,12 +130,25 @@ def save_detr(folder: Path) -> Path:
     from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
     torch.manual_seed(0)
-    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], layer_type="basic",
-                            out_features=["stage4"])
-    DetrForObjectDetection(DetrConfig(
-        use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, d_model=32, encoder_layers=1,
-        decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        num_queries=10, num_labels=5)).save_pretrained(folder)
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage4"]
+    )
+    DetrForObjectDetection(
+        DetrConfig(
+            use_timm_backbone=False,
+            backbone_config=backbone,
+            use_pretrained_backbone=False,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            num_queries=10,
+            num_labels=5,
+        )
+    ).save_pretrained(folder)
     _image_processor(folder, 64)
     return folder
 
@@ -99,10 +157,22 @@ def save_segformer(folder: Path) -> Path:
     from transformers import SegformerConfig, SegformerForSemanticSegmentation
 
     torch.manual_seed(0)
-    SegformerForSemanticSegmentation(SegformerConfig(
-        num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
-        patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32,
-        num_labels=4, initializer_range=0.2)).save_pretrained(folder)
+    SegformerForSemanticSegmentation(
+        SegformerConfig(
+            num_channels=3,
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            sr_ratios=[2, 1],
+            hidden_sizes=[16, 32],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            num_attention_heads=[1, 2],
+            mlp_ratios=[2, 2],
+            decoder_hidden_size=32,
+            num_labels=4,
+            initializer_range=0.2,
+        )
+    ).save_pretrained(folder)
     _image_processor(folder, 64)
     return folder
 
@@ -121,8 +191,20 @@ def hf_build(tmp_path: Path, family: str, *extra: str) -> tuple[BuildDirs, objec
     save, task, _ = FAMILIES[family]
     folder = save(tmp_path / f"{family}-checkpoint")
     dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
-    ran = run_cli("build", "--hf", str(folder), "--task", task, "--name", f"hf_{family}", "--version", "1.0",
-                  *extra, *dirs.args(), timeout=1800)
+    ran = run_cli(
+        "build",
+        "--hf",
+        str(folder),
+        "--task",
+        task,
+        "--name",
+        f"hf_{family}",
+        "--version",
+        "1.0",
+        *extra,
+        *dirs.args(),
+        timeout=1800,
+    )
     return dirs, ran, folder
 
 
@@ -141,8 +223,13 @@ def check_wheel(dirs: BuildDirs, folder: Path, family: str, venv_python: Path) -
     with zipfile.ZipFile(wheel) as archive:
         manifest = json.loads(archive.read(f"model_hf_{family}/manifest.json"))
         metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
-    assert manifest["checkpoint"] == {"folder": folder.name, "task": task, "config_sha256": config_sha256,
-                                      "library": manifest["checkpoint"]["library"], "class": manifest["checkpoint"]["class"]}
+    assert manifest["checkpoint"] == {
+        "folder": folder.name,
+        "task": task,
+        "config_sha256": config_sha256,
+        "library": manifest["checkpoint"]["library"],
+        "class": manifest["checkpoint"]["class"],
+    }
     assert [o["name"] for o in manifest["outputs"]] == outputs
     assert f"config.json sha256 {config_sha256[:16]}" in metadata.split("\n\n")[0]  # the summary
     assert f"task {task}, config.json sha256 `{config_sha256}`" in metadata  # the README
@@ -151,7 +238,9 @@ def check_wheel(dirs: BuildDirs, folder: Path, family: str, venv_python: Path) -
     report = json.loads(next(dirs.dist.glob("*.report.json")).read_text())
     assert report["checkpoint"]["path"] == str(folder) and report["checkpoint"]["config_sha256"] == config_sha256
     pip_install(venv_python, str(wheel))
-    verified = subprocess.run([str(venv_python.parent / f"model-hf-{family}"), "verify"], capture_output=True, text=True)
+    verified = subprocess.run(
+        [str(venv_python.parent / f"model-hf-{family}"), "verify"], capture_output=True, text=True
+    )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "golden cases match" in verified.stdout
 
@@ -165,7 +254,10 @@ def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
     # --name hf_vit: the summary names the import, the wheel's command (run below) and its install
     assert f"  import    import model_hf_{family}; model = model_hf_{family}.load()" in ran.err
     assert f"  command   model-hf-{family} verify | info | link" in ran.err
-    assert f"  install   pip install model-hf-{family}==1.0 --extra-index-url https://download.pytorch.org/whl/cpu\n" in ran.err
+    assert (
+        f"  install   pip install model-hf-{family}==1.0 --extra-index-url https://download.pytorch.org/whl/cpu\n"
+        in ran.err
+    )
     check_wheel(dirs, folder, family, hf_venv)
 
 
@@ -180,13 +272,16 @@ def test_checkpoint_builds_with_one_command(family, hf_venv, tmp_path):
 
 # What the spec is made of: no build, the config read and the spec validated.
 
+
 def test_text_encoder_spec_comes_from_the_config(tmp_path):
     folder = save_bert(tmp_path / "bert")
     (tmp_path / "spec.toml").write_text('[model]\nname = "enc"\nversion = "1"\nhf = "bert"\ntask = "text-encoder"\n')
     spec = load_spec(tmp_path / "spec.toml").spec
     assert spec.model.hf == str(folder) and spec.model.task == "feature-extraction"  # the alias's own name
     assert [(i.name, i.shape, i.dtype, i.high) for i in spec.inputs] == [
-        ("input_ids", ["batch", "sequence"], "int64", 100), ("attention_mask", ["batch", "sequence"], "int64", 2)]
+        ("input_ids", ["batch", "sequence"], "int64", 100),
+        ("attention_mask", ["batch", "sequence"], "int64", 2),
+    ]
     assert (spec.dims["sequence"].min, spec.dims["sequence"].max) == (1, 64)  # max_position_embeddings
     assert [o.name for o in spec.outputs] == ["last_hidden_state"]
 
@@ -196,7 +291,8 @@ def test_decoder_spec_bounds_the_sequence_by_its_positions(tmp_path):
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=48, n_embd=32, n_layer=1, n_head=4)).save_pretrained(
-        tmp_path / "gpt2")
+        tmp_path / "gpt2"
+    )
     (tmp_path / "spec.toml").write_text('[model]\nname = "g"\nversion = "1"\nhf = "gpt2"\ntask = "causal-lm"\n')
     spec = load_spec(tmp_path / "spec.toml").spec
     assert [(i.name, i.shape, i.high) for i in spec.inputs] == [("input_ids", ["batch", "sequence"], 128)]
@@ -213,8 +309,16 @@ def test_an_encoder_saved_with_a_head_builds_without_its_unused_pooler(tmp_path)
     from pipeline.stages.loader import call_forward, load_model
 
     torch.manual_seed(0)
-    saved = BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       intermediate_size=64, max_position_embeddings=64))
+    saved = BertForMaskedLM(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
     saved.save_pretrained(tmp_path / "mlm")
     (tmp_path / "spec.toml").write_text('[model]\nname = "e"\nversion = "1"\nhf = "mlm"\ntask = "feature-extraction"\n')
     spec_file = load_spec(tmp_path / "spec.toml")
@@ -228,9 +332,11 @@ def test_an_encoder_saved_with_a_head_builds_without_its_unused_pooler(tmp_path)
 
 def test_a_spec_overrides_the_generated_keys(tmp_path):
     save_vit(tmp_path / "vit")
-    (tmp_path / "spec.toml").write_text('[model]\nname = "v"\nversion = "1"\nhf = "vit"\ntask = "image-classification"\n'
-                                        'description = "my classifier"\n[dims.batch]\nmax = 2\n'
-                                        '[[outputs]]\nname = "scores"\natol = 0.01\n')
+    (tmp_path / "spec.toml").write_text(
+        '[model]\nname = "v"\nversion = "1"\nhf = "vit"\ntask = "image-classification"\n'
+        'description = "my classifier"\n[dims.batch]\nmax = 2\n'
+        '[[outputs]]\nname = "scores"\natol = 0.01\n'
+    )
     spec = load_spec(tmp_path / "spec.toml").spec
     assert spec.inputs[0].shape == ["batch", 3, 32, 32]  # image_size and num_channels from config.json
     assert (spec.dims["batch"].min, spec.dims["batch"].max) == (1, 2)
@@ -242,10 +348,15 @@ def test_unet_and_detection_specs(tmp_path):
     save_unet(tmp_path / "unet")
     save_detr(tmp_path / "detr")
     for name, task in (("unet", "denoising"), ("detr", "object-detection")):
-        (tmp_path / f"{name}.toml").write_text(f'[model]\nname = "{name}"\nversion = "1"\nhf = "{name}"\ntask = "{task}"\n')
+        (tmp_path / f"{name}.toml").write_text(
+            f'[model]\nname = "{name}"\nversion = "1"\nhf = "{name}"\ntask = "{task}"\n'
+        )
     unet = load_spec(tmp_path / "unet.toml").spec
     assert [(i.name, i.shape) for i in unet.inputs] == [
-        ("sample", ["batch", 4, 16, 16]), ("timestep", ["batch"]), ("encoder_hidden_states", ["batch", 77, 16])]
+        ("sample", ["batch", 4, 16, 16]),
+        ("timestep", ["batch"]),
+        ("encoder_hidden_states", ["batch", 77, 16]),
+    ]
     detr = load_spec(tmp_path / "detr.toml").spec
     assert detr.inputs[0].shape == ["batch", 3, 64, 64]  # the image processor's size
     assert [o.name for o in detr.outputs] == ["logits", "pred_boxes"]
@@ -253,13 +364,20 @@ def test_unet_and_detection_specs(tmp_path):
 
 # What a user sees when it cannot build.
 
+
 def test_unsupported_task_lists_the_tasks_and_shows_the_wrapper(tmp_path):
     folder = save_vit(tmp_path / "vit")
     ran = run_cli("build", "--hf", str(folder), "--task", "token-classification", "--name", "v", "--version", "1")
     assert ran.code == 19, ran.err
     assert "task 'token-classification' is not one modelwheel builds" in ran.err
-    for task in ("image-classification", "object-detection", "semantic-segmentation", "feature-extraction",
-                 "text-generation", "denoising"):
+    for task in (
+        "image-classification",
+        "object-detection",
+        "semantic-segmentation",
+        "feature-extraction",
+        "text-generation",
+        "denoising",
+    ):
         assert task in ran.err
     assert 'factory = "model:Wrapped"' in ran.err and f'from_pretrained("{folder}"' in ran.err
 
@@ -275,11 +393,13 @@ def test_pickle_weights_are_refused(tmp_path):
 
 def test_a_folder_without_config_is_not_a_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
-    ran = run_cli("build", "--hf", str(tmp_path / "empty"), "--task", "image-classification", "--name", "v",
-                  "--version", "1")
+    ran = run_cli(
+        "build", "--hf", str(tmp_path / "empty"), "--task", "image-classification", "--name", "v", "--version", "1"
+    )
     assert ran.code == 18 and "not a save_pretrained folder: it holds no config.json" in ran.err, ran.err
-    ran = run_cli("build", "--hf", str(tmp_path / "nowhere"), "--task", "image-classification", "--name", "v",
-                  "--version", "1")
+    ran = run_cli(
+        "build", "--hf", str(tmp_path / "nowhere"), "--task", "image-classification", "--name", "v", "--version", "1"
+    )
     assert ran.code == 18 and "does not exist" in ran.err, ran.err
 
 
@@ -308,8 +428,9 @@ def test_missing_weights_are_refused_and_nothing_is_written(tmp_path):
 
     folder = save_vit(tmp_path / "vit", base=ViTModel)
     dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
-    ran = run_cli("build", "--hf", str(folder), "--task", "image-classification", "--name", "v", "--version", "1",
-                  *dirs.args())
+    ran = run_cli(
+        "build", "--hf", str(folder), "--task", "image-classification", "--name", "v", "--version", "1", *dirs.args()
+    )
     assert ran.code == 18, ran.err
     assert "lack weights that AutoModelForImageClassification for task 'image-classification' needs" in ran.err
     assert "missing: classifier.weight" in ran.err
@@ -340,13 +461,25 @@ def test_a_checkpoint_loads_without_progress_bars_or_the_ansi_load_report(tmp_pa
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                               intermediate_size=64, max_position_embeddings=64)).save_pretrained(tmp_path / "mlm")
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(tmp_path / "mlm")
     spec = tmp_path / "spec.toml"
     spec.write_text('[model]\nname = "enc"\nversion = "1"\nhf = "mlm"\ntask = "feature-extraction"\n')
-    load = "import sys; from pipeline.spec import load_spec; from pipeline.stages.loader import load_model; " \
-           "load_model(load_spec(sys.argv[1]))"
+    load = (
+        "import sys; from pipeline.spec import load_spec; from pipeline.stages.loader import load_model; "
+        "load_model(load_spec(sys.argv[1]))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in QUIETED}
     ran = subprocess.run([sys.executable, "-c", load, str(spec)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stderr
-    assert "LOAD REPORT" not in ran.stderr and "Loading weights" not in ran.stderr and "\x1b" not in ran.stderr, ran.stderr
+    assert "LOAD REPORT" not in ran.stderr and "Loading weights" not in ran.stderr and "\x1b" not in ran.stderr, (
+        ran.stderr
+    )

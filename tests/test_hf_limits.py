@@ -22,9 +22,18 @@ def save_mistral(folder: Path) -> Path:
     from transformers import MistralConfig, MistralModel
 
     torch.manual_seed(0)
-    MistralModel(MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                               num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
-                               sliding_window=16)).save_pretrained(folder)
+    MistralModel(
+        MistralConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=4096,
+            sliding_window=16,
+        )
+    ).save_pretrained(folder)
     return folder
 
 
@@ -39,13 +48,27 @@ def test_the_docs_override_past_max_position_embeddings_is_refused_before_export
     folder = save_bert(tmp_path / "bert")
     overrides = tmp_path / "overrides.toml"
     overrides.write_text("[dims.sequence]\nmax = 128\n")
-    ran = run_cli("build", "--hf", str(folder), "--task", "feature-extraction", "--name", "enc", "--version", "1.0",
-                  "--spec", str(overrides), *dirs.args())
+    ran = run_cli(
+        "build",
+        "--hf",
+        str(folder),
+        "--task",
+        "feature-extraction",
+        "--name",
+        "enc",
+        "--version",
+        "1.0",
+        "--spec",
+        str(overrides),
+        *dirs.args(),
+    )
     assert ran.code == SpecError.exit_code, ran.err
-    assert (f"error: {overrides}: key 'dims.sequence.max': 128 is over the checkpoint's max_position_embeddings = 64 "
-            f"({folder / 'config.json'}): the model has positions for 64 tokens, so it cannot take a longer sequence\n"
-            "hint: use this range in the override spec (--spec), which builds:\n"
-            "    [dims.sequence]\n    min = 1\n    max = 64\n") in ran.err
+    assert (
+        f"error: {overrides}: key 'dims.sequence.max': 128 is over the checkpoint's max_position_embeddings = 64 "
+        f"({folder / 'config.json'}): the model has positions for 64 tokens, so it cannot take a longer sequence\n"
+        "hint: use this range in the override spec (--spec), which builds:\n"
+        "    [dims.sequence]\n    min = 1\n    max = 64\n"
+    ) in ran.err
     assert "==> export" not in ran.err and "hf_tasks.py" not in ran.err
     assert dirs.leftovers() == []
 
@@ -60,18 +83,30 @@ def test_a_sliding_window_decoder_gets_a_sequence_range_from_its_window(tmp_path
     assert (spec.dims["sequence"].min, spec.dims["sequence"].max) == (1, 8)
 
 
-@pytest.mark.parametrize(("dims", "message", "works"), [
-    ("min = 1\nmax = 64", "key 'dims.sequence.min': the range [1, 64] crosses the checkpoint's sliding_window = 16",
-     (16, 64)),
-    ("max = 15", "key 'dims.sequence.min': the range [1, 15] crosses the checkpoint's sliding_window = 16", (1, 14)),
-])
+@pytest.mark.parametrize(
+    ("dims", "message", "works"),
+    [
+        (
+            "min = 1\nmax = 64",
+            "key 'dims.sequence.min': the range [1, 64] crosses the checkpoint's sliding_window = 16",
+            (16, 64),
+        ),
+        (
+            "max = 15",
+            "key 'dims.sequence.min': the range [1, 15] crosses the checkpoint's sliding_window = 16",
+            (1, 14),
+        ),
+    ],
+)
 def test_a_range_across_the_sliding_window_is_refused_with_one_that_works(tmp_path, dims, message, works):
     save_mistral(tmp_path / "mistral")
     spec = hf_spec(tmp_path, tmp_path / "mistral", "feature-extraction", f"[dims.sequence]\n{dims}\n")
     with pytest.raises(SpecError) as refused:
         load_spec(spec)
-    assert refused.value.message.startswith(f"{spec}: {message} ({tmp_path / 'mistral' / 'config.json'}): the attention "
-                                            "mask is made one way for sequences shorter than the window")
+    assert refused.value.message.startswith(
+        f"{spec}: {message} ({tmp_path / 'mistral' / 'config.json'}): the attention "
+        "mask is made one way for sequences shorter than the window"
+    )
     assert refused.value.hint.endswith(f"[dims.sequence]\n    min = {works[0]}\n    max = {works[1]}")
 
 
@@ -98,13 +133,16 @@ def build():
 def test_an_export_that_fails_on_a_range_keeps_torchs_guard_and_suggestion(tmp_path, dirs):
     (tmp_path / "model.py").write_text(POSITIONS)
     spec = one_input_spec("positions", '["batch", "seq", 4]').replace(
-        "[[inputs]]", "[dims.seq]\nmin = 2\nmax = 64\nexample = 8\n\n[[inputs]]")
+        "[[inputs]]", "[dims.seq]\nmin = 2\nmax = 64\nexample = 8\n\n[[inputs]]"
+    )
     (tmp_path / "spec.toml").write_text(spec + NO_SEARCH)
     ran = run_cli("build", "--spec", str(tmp_path / "spec.toml"), *dirs.args())
     assert ran.code == ExportError.exit_code, ran.err
     assert "torch.export failed: UserError: Constraints violated (seq)!" in ran.err
-    assert ("    - Not all values of seq = L['x'].size()[1] in the specified range seq <= 64 satisfy the generated guard "
-            "2 <= L['x'].size()[1] and L['x'].size()[1] <= 14\n") in ran.err
+    assert (
+        "    - Not all values of seq = L['x'].size()[1] in the specified range seq <= 64 satisfy the generated guard "
+        "2 <= L['x'].size()[1] and L['x'].size()[1] <= 14\n"
+    ) in ran.err
     assert "  Suggested fixes:\n    seq = Dim('seq', max=14)" in ran.err
     assert "; torch's suggestion, as spec keys: [dims.seq] max = 14" in ran.err
 
@@ -116,9 +154,11 @@ def test_a_checkpoint_export_hint_asks_for_an_override_not_code(tmp_path):
     with pytest.raises(Exception) as failed:
         torch.export.export(_Wrapped(), (torch.zeros(1, 8, 4),), dynamic_shapes=({1: seq},), strict=False)
     hint = _export_hint(failed.value, checkpoint=True)
-    assert hint == ("the checkpoint's model code takes only part of a [dims] range (torch's guard above): narrow that "
-                    "dim's min/max in an override spec (--spec overrides.toml); torch's suggestion, as spec keys: "
-                    "[dims.seq] max = 14")
+    assert hint == (
+        "the checkpoint's model code takes only part of a [dims] range (torch's guard above): narrow that "
+        "dim's min/max in an override spec (--spec overrides.toml); torch's suggestion, as spec keys: "
+        "[dims.seq] max = 14"
+    )
 
 
 class _Wrapped(torch.nn.Module):

@@ -20,9 +20,16 @@ def save_unconditional_unet(folder: Path) -> Path:
     from diffusers import UNet2DModel
 
     torch.manual_seed(0)
-    UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(16, 32),
-                down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-                norm_num_groups=8).save_pretrained(folder)
+    UNet2DModel(
+        sample_size=16,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=8,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -30,8 +37,16 @@ def save_audio_classifier(folder: Path) -> Path:
     from transformers import ASTConfig, ASTForAudioClassification
 
     torch.manual_seed(0)
-    ASTForAudioClassification(ASTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                                        max_length=64, num_mel_bins=16)).save_pretrained(folder)
+    ASTForAudioClassification(
+        ASTConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_length=64,
+            num_mel_bins=16,
+        )
+    ).save_pretrained(folder)
     return folder
 
 
@@ -45,7 +60,9 @@ def test_denoising_takes_an_unconditional_unet(tmp_path):
     save_unconditional_unet(tmp_path / "ddpm")
     spec = load_spec(spec_for(tmp_path, tmp_path / "ddpm", "denoising")).spec
     assert [(i.name, i.shape, i.dtype, i.high) for i in spec.inputs] == [
-        ("sample", ["batch", 3, 16, 16], "float32", None), ("timestep", ["batch"], "int64", 1000)]
+        ("sample", ["batch", 3, 16, 16], "float32", None),
+        ("timestep", ["batch"], "int64", 1000),
+    ]
     assert [(o.name, o.atol) for o in spec.outputs] == [("noise_pred", 1e-3)]
 
 
@@ -53,15 +70,20 @@ def test_denoising_names_the_classes_it_takes_and_a_wrapper_for_the_one_saved(tm
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
-    AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=2,
-                  sample_size=16).save_pretrained(tmp_path / "vae")
+    AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=2, sample_size=16).save_pretrained(
+        tmp_path / "vae"
+    )
     with pytest.raises(CheckpointError) as refused:
         load_spec(spec_for(tmp_path, tmp_path / "vae", "denoising"))
-    assert refused.value.message == (f"{tmp_path / 'vae'}: holds a AutoencoderKL, but task 'denoising' builds "
-                                     "UNet2DConditionModel or UNet2DModel only")
+    assert refused.value.message == (
+        f"{tmp_path / 'vae'}: holds a AutoencoderKL, but task 'denoising' builds "
+        "UNet2DConditionModel or UNet2DModel only"
+    )
     assert "    from diffusers import AutoencoderKL\n" in refused.value.hint
-    assert "        def forward(self, sample: torch.Tensor) -> torch.Tensor:\n" \
-           "            return self.model(sample, return_dict=False)[0]\n" in refused.value.hint
+    assert (
+        "        def forward(self, sample: torch.Tensor) -> torch.Tensor:\n"
+        "            return self.model(sample, return_dict=False)[0]\n" in refused.value.hint
+    )
 
 
 def test_a_class_no_task_covers_gets_a_wrapper_for_its_own_inputs(tmp_path):
@@ -69,24 +91,28 @@ def test_a_class_no_task_covers_gets_a_wrapper_for_its_own_inputs(tmp_path):
     ran = run_cli("build", "--hf", str(folder), "--task", "audio-classification", "--name", "a", "--version", "1")
     assert ran.code == UnsupportedTaskError.exit_code, ran.err
     assert "task 'audio-classification' is not one modelwheel builds from a checkpoint folder" in ran.err
-    assert ("    from transformers import ASTForAudioClassification\n"
-            "\n"
-            "    class Wrapped(torch.nn.Module):\n"
-            "        def __init__(self) -> None:\n"
-            "            super().__init__()\n"
-            f"            self.model = ASTForAudioClassification.from_pretrained(\"{folder}\", local_files_only=True)\n"
-            "\n"
-            "        def forward(self, input_values: torch.Tensor) -> torch.Tensor:\n"
-            "            return self.model(input_values=input_values).logits\n") in ran.err
-    hint = ran.err[ran.err.index("hint: "):]
+    assert (
+        "    from transformers import ASTForAudioClassification\n"
+        "\n"
+        "    class Wrapped(torch.nn.Module):\n"
+        "        def __init__(self) -> None:\n"
+        "            super().__init__()\n"
+        f'            self.model = ASTForAudioClassification.from_pretrained("{folder}", local_files_only=True)\n'
+        "\n"
+        "        def forward(self, input_values: torch.Tensor) -> torch.Tensor:\n"
+        "            return self.model(input_values=input_values).logits\n"
+    ) in ran.err
+    hint = ran.err[ran.err.index("hint: ") :]
     assert "input_ids" not in hint and "TokenClassification" not in hint
 
 
 def test_task_help_lists_the_tasks_and_exits_0():
     ran = run_cli("build", "--task", "help")
     assert ran.code == 0, ran.err
-    assert ran.out.startswith("the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n"
-                              "  image-classification   pixel_values -> logits")
+    assert ran.out.startswith(
+        "the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n"
+        "  image-classification   pixel_values -> logits"
+    )
     assert "  denoising              sample, timestep[, encoder_hidden_states] -> noise_pred" in ran.out
 
 
@@ -94,8 +120,10 @@ def test_a_task_typo_gets_did_you_mean(tmp_path):
     folder = save_vit(tmp_path / "vit")
     ran = run_cli("build", "--hf", str(folder), "--task", "image-classifcation", "--name", "v", "--version", "1")
     assert ran.code == UnsupportedTaskError.exit_code, ran.err
-    assert ("error: task 'image-classifcation' is not one modelwheel builds; did you mean 'image-classification'? "
-            "It builds:\n") in ran.err
+    assert (
+        "error: task 'image-classifcation' is not one modelwheel builds; did you mean 'image-classification'? "
+        "It builds:\n"
+    ) in ran.err
     assert ran.err.rstrip().endswith("hint: --task image-classification")
 
 

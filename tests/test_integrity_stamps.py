@@ -13,7 +13,6 @@ from pipeline.wheel_template.runtime import _integrity as wheel_integrity
 
 from .test_end_to_end import altered, installed_package, run_in
 
-
 # --- integrity: corruption is caught even when the file's mtime is put back ---
 
 
@@ -34,7 +33,9 @@ def test_stamp_catches_a_byte_changed_with_mtime_put_back(tmp_path, monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     artifact = tmp_path / "model.so"
     artifact.write_bytes(bytes(range(256)) * 64)
-    records = {"model.so": {"sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "size": artifact.stat().st_size}}
+    records = {
+        "model.so": {"sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "size": artifact.stat().st_size}
+    }
     wheel_integrity.check_files(tmp_path, records)  # hashed once, then stamped
     before = artifact.stat()
     time.sleep(0.05)  # past a coarse file clock's tick (4 ms on older kernels), so the change moves ctime
@@ -49,7 +50,9 @@ def test_stamp_still_spares_hashing_an_unchanged_file(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     artifact = tmp_path / "model.so"
     artifact.write_bytes(b"compiled" * 1000)
-    records = {"model.so": {"sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "size": artifact.stat().st_size}}
+    records = {
+        "model.so": {"sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "size": artifact.stat().st_size}
+    }
     wheel_integrity.check_files(tmp_path, records)
 
     def no_hashing(path):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pipeline.errors import VerificationError
-from pipeline.wheel_template.runtime import _compare as wheel_compare
 from pipeline.stages.verify import LARGE_ERROR_FACTOR, judge_against_fp64
+from pipeline.wheel_template.runtime import _compare as wheel_compare
 
 from .conftest import REPO, one_input_spec, run_cli
 
@@ -61,16 +61,22 @@ def test_wrong_compiled_attention_fails_the_large_case_against_float64(dirs, tmp
     case misses, is judged against float64, and fails there too, naming both errors."""
     (tmp_path / "attn_model.py").write_text((ATTENTION / "attn_model.py").read_text())
     perturbed = (BROKEN / "perturbed_model.py").read_text()
-    (tmp_path / "model.py").write_text(perturbed.split("class Linear")[0] + textwrap.dedent("""\
+    (tmp_path / "model.py").write_text(
+        perturbed.split("class Linear")[0]
+        + textwrap.dedent("""\
         from attn_model import build  # noqa: E402,F401
-        """))
+        """)
+    )
     spec = (ATTENTION / "spec.toml").read_text().replace('factory = "attn_model:build"', 'factory = "model:build"')
     spec = spec.replace("search_budget_s = 3600", "search = false")
     (tmp_path / "spec.toml").write_text(spec)
     ran = run_cli("build", "--spec", str(tmp_path / "spec.toml"), *dirs.args())
     assert ran.code == VerificationError.exit_code, ran.err
-    large = re.search(r"case large: output 'hidden': .*; against float64: compiled max abs error (\S+), "
-                      r"eager's own (\S+): over the bound (\S+) \(4 x eager's \+ atol\)", ran.err)
+    large = re.search(
+        r"case large: output 'hidden': .*; against float64: compiled max abs error (\S+), "
+        r"eager's own (\S+): over the bound (\S+) \(4 x eager's \+ atol\)",
+        ran.err,
+    )
     assert large, ran.err
     assert float(large.group(1)) > 100 * float(large.group(2))
     report = json.loads(Path(re.search(r"every case is in (\S+)", ran.err).group(1)).read_text())
@@ -79,13 +85,16 @@ def test_wrong_compiled_attention_fails_the_large_case_against_float64(dirs, tmp
     assert dirs.leftovers() == []
 
 
-SATURATING_SPEC = one_input_spec("saturating", '["batch", 64, 64]', "tokens", "hidden") + """
+SATURATING_SPEC = (
+    one_input_spec("saturating", '["batch", 64, 64]', "tokens", "hidden")
+    + """
 [compile]
 # Freezing packs the weights for oneDNN: the projections round differently from eager's, and at
 # 100x the attention logits, which softmax turns into diverging weights where two keys nearly tie.
 search = false
 freezing = true
 """
+)
 
 
 def test_correct_attention_block_passes_the_large_case_with_default_verification(dirs, tmp_path):
@@ -93,7 +102,9 @@ def test_correct_attention_block_passes_the_large_case_with_default_verification
     from eager's by more than the default tolerance (this build failed before), yet the compiled
     model is about as far from float64 as eager itself."""
     (tmp_path / "attn_model.py").write_text((ATTENTION / "attn_model.py").read_text())
-    (tmp_path / "model.py").write_text("from attn_model import Attention\n\n\ndef build():\n    return Attention(64, 2)\n")
+    (tmp_path / "model.py").write_text(
+        "from attn_model import Attention\n\n\ndef build():\n    return Attention(64, 2)\n"
+    )
     (tmp_path / "spec.toml").write_text(SATURATING_SPEC)
     ran = run_cli("build", "--spec", str(tmp_path / "spec.toml"), *dirs.args())
     assert ran.code == 0, ran.err

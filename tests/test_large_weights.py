@@ -29,8 +29,12 @@ def test_large_model_builds_and_loads_within_the_memory_bound(tmp_path):
 
     python = make_venv(tmp_path / "env")
     pip_install(python, str(wheel))
-    measured = subprocess.run([str(python), str(REPO / "benchmarks" / "load_memory.py"), "model_big", "--json"],
-                              capture_output=True, text=True, cwd="/")
+    measured = subprocess.run(
+        [str(python), str(REPO / "benchmarks" / "load_memory.py"), "model_big", "--json"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
     assert measured.returncode == 0, measured.stderr
     result = json.loads(measured.stdout)
     assert result["weights_bytes"] > 2 * 2**30

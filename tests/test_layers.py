@@ -26,8 +26,9 @@ def test_the_imports_run_only_downward_and_in_no_circle():
 
 def copy_of_the_package(tmp_path: Path) -> Path:
     shutil.copy(REPO / ".importlinter", tmp_path / ".importlinter")
-    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "pipeline", tmp_path / "pipeline", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
     return tmp_path
 
 
@@ -65,8 +66,11 @@ def test_the_wheels_runtime_imports_nothing_of_the_build():
     found = []
     for path in sorted(runtime.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            )
             found += [f"{path.name}:{node.lineno} imports {name}" for name in names if name.split(".")[0] == "pipeline"]
     assert len(list(runtime.glob("*.py"))) > 20
     assert found == []

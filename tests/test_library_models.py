@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import targets
+from pipeline import doctor_checks, targets
 from pipeline.errors import ModelLoadError, VerificationError
-from pipeline.stages import precision
 from pipeline.spec import load_spec
-from pipeline import doctor_checks
+from pipeline.stages import precision
 from pipeline.stages.export import prepare, where_defined
 from pipeline.stages.loader import load_model, state_sha256
 
@@ -28,8 +27,18 @@ from .conftest import REPO, TINY_SPEC, make_venv, one_input_spec, pip_install, r
 
 MODELS = REPO / "tests" / "models"
 DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
 ]
 SHAPES = [(), (0,), (5,), (2, 3, 4)]
 
@@ -85,7 +94,11 @@ def test_every_tensor_kind_hashes_by_value(shape, dtype):
 
 
 def test_dtype_and_shape_are_part_of_the_hash():
-    zeros = {(shape, dtype): state_sha256(holding(value=torch.zeros(shape, dtype=dtype))) for shape in SHAPES for dtype in DTYPES}
+    zeros = {
+        (shape, dtype): state_sha256(holding(value=torch.zeros(shape, dtype=dtype)))
+        for shape in SHAPES
+        for dtype in DTYPES
+    }
     assert len(set(zeros.values())) == len(zeros)
 
 
@@ -156,7 +169,8 @@ def line_of(path: Path, text: str) -> int:
 def decorated_model(folder: Path, body: str) -> Path:
     """A model whose forward is wrapped by a functools.wraps decorator defined in another file,
     as transformers wraps many; returns the model's file."""
-    (folder / "helpers.py").write_text(textwrap.dedent("""\
+    (folder / "helpers.py").write_text(
+        textwrap.dedent("""\
         import functools
 
 
@@ -165,9 +179,11 @@ def decorated_model(folder: Path, body: str) -> Path:
             def wrapper(*args, **kwargs):
                 return fn(*args, **kwargs)
             return wrapper
-        """))
+        """)
+    )
     model = folder / "model.py"
-    model.write_text(textwrap.dedent("""\
+    model.write_text(
+        textwrap.dedent("""\
         import torch
         from torch import nn
 
@@ -181,18 +197,24 @@ def decorated_model(folder: Path, body: str) -> Path:
 
             @traced
             def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """) + textwrap.indent(textwrap.dedent(body), " " * 8) + "\n\ndef build():\n    return Decorated()\n")
+        """)
+        + textwrap.indent(textwrap.dedent(body), " " * 8)
+        + "\n\ndef build():\n    return Decorated()\n"
+    )
     (folder / "spec.toml").write_text(one_input_spec("decorated"))
     return model
 
 
 def test_doctor_names_the_decorated_forwards_own_file_and_line(tmp_path):
-    model = decorated_model(tmp_path, """\
+    model = decorated_model(
+        tmp_path,
+        """\
         y = self.linear(x)
         if y.sum().item() > 0:
             return y
         return -y
-        """)
+        """,
+    )
     ran = run_cli("doctor", "--spec", str(tmp_path / "spec.toml"))
     assert ran.code == doctor_checks.DATA_DEPENDENT.exit_code, ran.err
     assert f"{model}:{line_of(model, 'if y.sum().item()')}: error [data-dependent]" in ran.err
@@ -235,14 +257,17 @@ def keyword_only_model(folder: Path) -> Path:
     """x and mask of one shape: given in the wrong order, the compiled model gives other values."""
     (folder / "model.py").write_text(KEYWORD_ONLY_MODEL)
     spec = folder / "spec.toml"
-    spec.write_text(one_input_spec("masked") + textwrap.dedent("""
+    spec.write_text(
+        one_input_spec("masked")
+        + textwrap.dedent("""
         [[inputs]]
         name = "mask"
         shape = ["batch", 4]
 
         [compile]
         search = false
-        """))
+        """)
+    )
     return spec
 
 
@@ -284,10 +309,14 @@ def test_failed_fp64_verification_writes_its_report_and_gives_eagers_own_error(d
     ran = run_cli("build", "--spec", str(spec), *dirs.args())
     assert ran.code == VerificationError.exit_code, ran.err
     assert "error: compiled model differs from eager float64 in " in ran.err
-    assert re.search(r"case seed0: output 'features': max abs diff \S+, .*\(rtol 0, atol 1e-12\); "
-                     r"eager's own max abs error against float64: \d", ran.err), ran.err
-    worst = re.search(r"worst over all cases, output 'features': compiled (\S+), eager (\S+) max abs error against float64",
-                      ran.err)
+    assert re.search(
+        r"case seed0: output 'features': max abs diff \S+, .*\(rtol 0, atol 1e-12\); "
+        r"eager's own max abs error against float64: \d",
+        ran.err,
+    ), ran.err
+    worst = re.search(
+        r"worst over all cases, output 'features': compiled (\S+), eager (\S+) max abs error against float64", ran.err
+    )
     assert worst, ran.err
     report_file = Path(re.search(r"every case is in (\S+)", ran.err).group(1))
     report = json.loads(report_file.read_text())
@@ -295,7 +324,9 @@ def test_failed_fp64_verification_writes_its_report_and_gives_eagers_own_error(d
     assert report["model"] == "tiny" and verification["passed"] is False
     assert verification["reference"] == "eager float64"
     features = verification["worst"]["features"]
-    assert f"{features['max_abs']:.3g}" == worst.group(1) and f"{features['eager_vs_fp64_max_abs']:.3g}" == worst.group(2)
+    assert f"{features['max_abs']:.3g}" == worst.group(1) and f"{features['eager_vs_fp64_max_abs']:.3g}" == worst.group(
+        2
+    )
     assert 0 < features["eager_vs_fp64_max_abs"] < 1e-3
     assert not any(case["outputs"]["features"]["passed"] for case in verification["cases"])
     assert all(set(case["eager_vs_fp64_max_abs"]) == {"features", "logits"} for case in verification["cases"])

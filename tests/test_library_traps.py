@@ -76,15 +76,21 @@ def test_a_write_into_a_list_is_found_and_shown_on_one_line(tmp_path):
     model = tmp_path / "model.py"
     line = next(n for n, text in enumerate(model.read_text().splitlines(), 1) if "class Decoder" in text)
     # (the doctor has run forward before: the list is longer than 0 by then)
-    assert re.search(rf"\n  forward wrote self\.decoder\.history: list of (\d+) items -> (\d+) items \(an attribute of "
-                     rf"Decoder, {re.escape(str(model))}:{line}\)\n", ran.err), ran.err
+    assert re.search(
+        rf"\n  forward wrote self\.decoder\.history: list of (\d+) items -> (\d+) items \(an attribute of "
+        rf"Decoder, {re.escape(str(model))}:{line}\)\n",
+        ran.err,
+    ), ran.err
     assert "lateral" not in ran.err and "scales" not in ran.err
 
 
 def test_replacing_a_listed_module_is_a_write(tmp_path):
     # (a module made in forward is a graph break as well: allowed, so that the purity check runs)
-    spec = write(tmp_path, LISTED_MODULES.replace("WRITE", "self.lateral[1] = nn.Linear(4, 4)"),
-                 one_input_spec("listed") + '\n[doctor]\nallow = ["graph-break"]\n')
+    spec = write(
+        tmp_path,
+        LISTED_MODULES.replace("WRITE", "self.lateral[1] = nn.Linear(4, 4)"),
+        one_input_spec("listed") + '\n[doctor]\nallow = ["graph-break"]\n',
+    )
     ran = run_cli("doctor", "--spec", str(spec))
     assert ran.code == PurityError.exit_code, ran.err
     assert "forward wrote self.decoder.lateral: item [1]: <Linear object> -> another <Linear object>" in ran.err
@@ -123,6 +129,7 @@ def test_mask2formers_pixel_decoder_passes_the_doctor():
 
 # -- a package the model needs ---------------------------------------------------------------------
 
+
 def test_a_package_missing_when_the_factory_runs_is_named_with_pip_install(tmp_path):
     spec = write(tmp_path, "def build():\n    import no_such_package_xyz\n")
     ran = run_cli("doctor", "--spec", str(spec))
@@ -133,7 +140,9 @@ def test_a_package_missing_when_the_factory_runs_is_named_with_pip_install(tmp_p
 
 
 def test_a_factory_error_without_kwargs_does_not_blame_kwargs(tmp_path):
-    spec = write(tmp_path, "def build():\n    raise ValueError('num_channels (16) must be divisible by num_groups (32)')\n")
+    spec = write(
+        tmp_path, "def build():\n    raise ValueError('num_channels (16) must be divisible by num_groups (32)')\n"
+    )
     ran = run_cli("doctor", "--spec", str(spec))
     assert ran.code == ModelLoadError.exit_code, ran.err
     assert "ValueError: num_channels (16) must be divisible by num_groups (32)" in ran.err
@@ -155,6 +164,7 @@ def test_mask2former_for_segmentation_without_scipy_names_scipy(tmp_path):
 
 # -- integer inputs and embeddings -----------------------------------------------------------------
 
+
 def bert_with_high(tmp_path: Path, high: int) -> Path:
     spec = (ZOO / "hf_bert" / "spec.toml").read_text()
     assert "\nhigh = 100\n" in spec
@@ -167,8 +177,10 @@ def bert_with_high(tmp_path: Path, high: int) -> Path:
 def test_ids_past_the_vocabulary_are_a_spec_error_naming_low_and_high(tmp_path, high):
     ran = run_cli("doctor", "--spec", str(bert_with_high(tmp_path, high)))
     assert ran.code == SpecError.exit_code, ran.err
-    assert (f"key 'inputs': input 'input_ids' has low = 0, high = {high} (ids 0 to {high - 1}), but it indexes "
-            "model.embeddings.word_embeddings, an embedding of 100 rows (ids 0 to 99)") in ran.err
+    assert (
+        f"key 'inputs': input 'input_ids' has low = 0, high = {high} (ids 0 to {high - 1}), but it indexes "
+        "model.embeddings.word_embeddings, an embedding of 100 rows (ids 0 to 99)"
+    ) in ran.err
     assert "hint: set low = 0 and high = 100 (or less) in the [[inputs]] table named 'input_ids'" in ran.err
 
 
@@ -217,12 +229,24 @@ def build():
 """
 
 
-@pytest.mark.parametrize(("source", "name", "shape", "says"), [
-    (OWL, "pixel_values", '["batch", 3, 64, 64]',
-     "most likely: input 'pixel_values' dim 2 is 64, but model.config.image_size = 128"),
-    (WHISPER, "input_features", '["batch", 80, 60]',
-     "most likely: input 'input_features' dim 1 is 80, but model.config.num_mel_bins = 16"),
-], ids=["owlvit-image-size", "whisper-mel-bins"])
+@pytest.mark.parametrize(
+    ("source", "name", "shape", "says"),
+    [
+        (
+            OWL,
+            "pixel_values",
+            '["batch", 3, 64, 64]',
+            "most likely: input 'pixel_values' dim 2 is 64, but model.config.image_size = 128",
+        ),
+        (
+            WHISPER,
+            "input_features",
+            '["batch", 80, 60]',
+            "most likely: input 'input_features' dim 1 is 80, but model.config.num_mel_bins = 16",
+        ),
+    ],
+    ids=["owlvit-image-size", "whisper-mel-bins"],
+)
 def test_a_library_shape_error_names_the_spec_input_and_dim(tmp_path, source, name, shape, says):
     spec = write(tmp_path, source, one_input_spec("shapes", shape=shape, input_name=name))
     ran = run_cli("doctor", "--spec", str(spec))

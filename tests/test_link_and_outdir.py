@@ -64,7 +64,9 @@ def test_unwritable_parent_reports_instead_of_raising(tmp_path, artifacts):
 def test_concurrent_linkers_all_succeed(tmp_path, artifacts):
     link = tmp_path / "opt" / "x" / "cpu"
     results = []
-    threads = [threading.Thread(target=lambda: results.append(link_module.ensure_link(link, artifacts))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: results.append(link_module.ensure_link(link, artifacts))) for _ in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -173,8 +175,15 @@ def test_cpu_wheel_starts_writing_nothing_and_printing_nothing(installed, wheel,
     env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"} | {"HOME": str(home)}
     restore = _let_others_through(installed.parent) + _let_others_through(tmp_path) if user == "nobody" else []
     try:
-        ran = subprocess.run([str(installed), "-W", "error", "-c", START], capture_output=True, text=True, env=env,
-                             cwd="/", preexec_fn=_as_nobody if user == "nobody" else None, timeout=300)
+        ran = subprocess.run(
+            [str(installed), "-W", "error", "-c", START],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd="/",
+            preexec_fn=_as_nobody if user == "nobody" else None,
+            timeout=300,
+        )
     finally:
         for folder, mode in reversed(restore):
             folder.chmod(mode)

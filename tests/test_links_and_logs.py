@@ -16,7 +16,6 @@ from pipeline.services.outdir import claim_output_dir
 from .conftest import REPO, run_cli
 from .test_end_to_end import manifest_of
 
-
 # --- small ones: a link left aside, the log folder named, dangling links swept, no colour codes ---
 
 
@@ -27,10 +26,17 @@ def test_link_moved_aside_by_a_killed_build_is_put_back_by_the_next(tmp_path):
     path.parent.mkdir(parents=True)
     path.symlink_to(installed, target_is_directory=True)
     killed = subprocess.run(
-        [sys.executable, "-c", "import os, signal, sys\nfrom pathlib import Path\n"
-         "from pipeline.services.outdir import claim_output_dir\n"
-         "with claim_output_dir(Path(sys.argv[1])):\n    os.kill(os.getpid(), signal.SIGKILL)", str(path)],
-        cwd=REPO, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys\nfrom pathlib import Path\n"
+            "from pipeline.services.outdir import claim_output_dir\n"
+            "with claim_output_dir(Path(sys.argv[1])):\n    os.kill(os.getpid(), signal.SIGKILL)",
+            str(path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert list(path.parent.glob(".cpu.displaced-*")), "a build killed outright leaves the installed link aside"
@@ -50,7 +56,16 @@ def _bad_specs(tmp_path: Path, count: int) -> list[str]:
 def test_parallel_build_failures_name_the_real_log_folder(tmp_path):
     build_dir = tmp_path / "elsewhere"
     specs = [a for spec in _bad_specs(tmp_path, 2) for a in ("--spec", spec)]
-    ran = run_cli("build", *specs, "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(build_dir))
+    ran = run_cli(
+        "build",
+        *specs,
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(build_dir),
+    )
     assert ran.code == 1 and "2 build(s) failed" in ran.err, ran.err
     assert f"hint: each build's log is in {build_dir / 'logs'}/" in ran.err
 
@@ -77,8 +92,11 @@ def test_link_sweeps_links_left_by_uninstalled_versions_of_the_same_model(instal
     uninstalled = model_dir / "0.0" / "cpu"  # what `pip uninstall model-tiny` of 0.0 leaves: a dangling link
     foreign = model_dir / "0.0" / "cuda"  # dangling, but not made by a model_tiny runtime
     other_model = root / "other" / "0.1" / "cpu"  # another model's: not this load's to sweep
-    for link, target in ((uninstalled, gone / "model_tiny" / "artifacts"), (foreign, tmp_path / "elsewhere"),
-                         (other_model, gone / "model_other" / "artifacts")):
+    for link, target in (
+        (uninstalled, gone / "model_tiny" / "artifacts"),
+        (foreign, tmp_path / "elsewhere"),
+        (other_model, gone / "model_other" / "artifacts"),
+    ):
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)
     try:

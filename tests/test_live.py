@@ -85,8 +85,16 @@ def on_terminal(command: list[str], *, until: str = "", then=None) -> tuple[int,
     master, slave = pty.openpty()
     marks_read, marks_write = os.pipe()
     command = [str(marks_write) if part == "{marks}" else part for part in command]
-    process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=TERMINAL_ENV, cwd=REPO,
-                               pass_fds=(marks_write,), start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=TERMINAL_ENV,
+        cwd=REPO,
+        pass_fds=(marks_write,),
+        start_new_session=True,
+    )
     os.close(slave)
     os.close(marks_write)
     began, chunks, marks, text, open_fds = time.monotonic(), [], {}, "", [master, marks_read]
@@ -129,7 +137,7 @@ def renderers_of(pid: int) -> list[int]:
 
 
 def shows_the_cursor_at_the_end(text: str) -> bool:
-    return SHOW_CURSOR in text[text.rfind("in all"):]
+    return SHOW_CURSOR in text[text.rfind("in all") :]
 
 
 def test_status_ticks_while_a_c_call_holds_the_gil(tmp_path):
@@ -145,7 +153,9 @@ def test_status_ticks_while_a_c_call_holds_the_gil(tmp_path):
     drawn = {seconds for _, chunk in during for seconds in re.findall(r"pinned: verifying · (\d+)s in compile", chunk)}
     assert len(drawn) >= 3, (marks, chunks)  # and the time it shows went on while the build could not run Python
     plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", text)
-    said = ["==> compile: 1 candidate(s)", "ticks while held"] + [f"line {n}\r\n" for n in range(50)] + ["compile done in"]
+    said = (
+        ["==> compile: 1 candidate(s)", "ticks while held"] + [f"line {n}\r\n" for n in range(50)] + ["compile done in"]
+    )
     at = [plain.find(line) for line in said]
     assert -1 not in at and at == sorted(at), at  # every line, in the order the build printed it
     assert shows_the_cursor_at_the_end(text), text
@@ -154,8 +164,9 @@ def test_status_ticks_while_a_c_call_holds_the_gil(tmp_path):
 def test_renderer_ends_when_the_build_is_killed_even_if_a_forked_child_holds_its_pipe(tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(textwrap.dedent(KILLED_WHILE_LIVE))
-    code, text, _, marks = on_terminal([sys.executable, str(script), "{marks}"], until="forked",
-                                       then=lambda process, marks: process.kill())
+    code, text, _, marks = on_terminal(
+        [sys.executable, str(script), "{marks}"], until="forked", then=lambda process, marks: process.kill()
+    )
     forked, renderer = int(marks["forked"][0][0]), int(marks["forked"][0][2])
     try:
         assert code == -signal.SIGKILL, text
@@ -173,9 +184,24 @@ def test_ctrl_c_in_live_mode_ends_the_renderer_after_the_build_s_last_line(tmp_p
         renderers.extend(renderers_of(process.pid))
         os.killpg(process.pid, signal.SIGINT)  # what the terminal sends its foreground process group
 
-    code, text, _, _ = on_terminal([sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), "--root",
-                                    str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir",
-                                    str(tmp_path / "build")], until="==> compile", then=ctrl_c)
+    code, text, _, _ = on_terminal(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            "--spec",
+            str(TINY_SPEC),
+            "--root",
+            str(tmp_path / "opt"),
+            "--dist",
+            str(tmp_path / "dist"),
+            "--build-dir",
+            str(tmp_path / "build"),
+        ],
+        until="==> compile",
+        then=ctrl_c,
+    )
     assert code == BuildInterrupted.exit_code, text
     assert len(renderers) == 1 and gone(renderers[0]), renderers
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text  # the renderer ignored the SIGINT
@@ -211,12 +237,13 @@ def test_in_a_pipe_status_lines_come_while_a_c_call_holds_the_gil(tmp_path):
     of the runner holds the GIL, and the thread that printed the status waited for it."""
     script = tmp_path / "hold.py"
     script.write_text(textwrap.dedent(PLAIN_HOLD))
-    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO,
-                         env={**os.environ, STATUS_ENV: "0.5"})
+    ran = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, env={**os.environ, STATUS_ENV: "0.5"}
+    )
     assert ran.returncode == 0, ran.stderr
     lines = ran.stderr.splitlines()
     assert lines[0] == "==> verify" and lines[-1].startswith("    verify done in "), lines
-    during = lines[lines.index("hold") + 1:lines.index("held")]
+    during = lines[lines.index("hold") + 1 : lines.index("held")]
     assert len(during) >= 3, lines  # about six; a thread of the build's process printed none
     status = r"    \.\.\. verify case large · \ds in verify · \ds in all"
     assert all(re.fullmatch(status, line) for line in during), during

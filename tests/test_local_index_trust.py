@@ -22,8 +22,9 @@ from .conftest import run_cli
 SETPRIV = shutil.which("setpriv")
 PYTHON = os.path.realpath(sys.executable)  # the interpreter itself: another user runs it isolated (-I)
 AS_NOBODY = [SETPRIV or "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-needs_nobody = pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None,
-                                  reason="acting as a second local user (nobody) needs root and setpriv")
+needs_nobody = pytest.mark.skipif(
+    os.geteuid() != 0 or SETPRIV is None, reason="acting as a second local user (nobody) needs root and setpriv"
+)
 
 # What another local user runs: a plain POST of a wheel, as twine sends it, with the given Basic auth.
 POST_AS_ANOTHER_USER = r"""
@@ -49,8 +50,9 @@ except urllib.error.HTTPError as exc:
 def index(tmp_path_factory):
     """A local index on a free port (with a private prefix of its own), started in a private folder."""
     home = tmp_path_factory.mktemp("index")
-    started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), "--private-prefix", "Acme_",
-                      cwd=home)
+    started = run_cli(
+        "index", "start", "--port", "0", "--data", str(home / "data"), "--private-prefix", "Acme_", cwd=home
+    )
     assert started.code == 0, started.err
     yield home, json.loads((home / "build" / "index" / "state.json").read_text())
     assert run_cli("index", "stop", cwd=home).code == 0
@@ -66,11 +68,20 @@ def test_another_local_user_cannot_upload_to_the_local_index(index, wheel):
     publish then found it "already on the index", and every pip install got that user's bytes."""
     home, state = index
     before = held(Path(state["data"]))
-    tried = {auth: subprocess.run([*AS_NOBODY, PYTHON, "-I", "-c", POST_AS_ANOTHER_USER, state["url"] + "cpu/",
-                                   wheel.name, auth], input=wheel.read_bytes(), capture_output=True, timeout=60)
-             for auth in ("", "local:no-auth", "modelwheel:")}
-    assert {auth: ran.stdout.decode().strip() for auth, ran in tried.items()} == \
-           {"": "401", "local:no-auth": "403", "modelwheel:": "403"}, {a: r.stderr[-500:] for a, r in tried.items()}
+    tried = {
+        auth: subprocess.run(
+            [*AS_NOBODY, PYTHON, "-I", "-c", POST_AS_ANOTHER_USER, state["url"] + "cpu/", wheel.name, auth],
+            input=wheel.read_bytes(),
+            capture_output=True,
+            timeout=60,
+        )
+        for auth in ("", "local:no-auth", "modelwheel:")
+    }
+    assert {auth: ran.stdout.decode().strip() for auth, ran in tried.items()} == {
+        "": "401",
+        "local:no-auth": "403",
+        "modelwheel:": "403",
+    }, {a: r.stderr[-500:] for a, r in tried.items()}
     secret = home / "build" / "index" / "upload.secret"
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
     read = subprocess.run([*AS_NOBODY, PYTHON, "-I", "-c", f"open({str(secret)!r})"], capture_output=True, text=True)
@@ -80,15 +91,17 @@ def test_another_local_user_cannot_upload_to_the_local_index(index, wheel):
 
 def serve_as_nobody(log: Path) -> tuple[subprocess.Popen, int]:
     """Another user's server on 127.0.0.1 that logs each request's Authorization header."""
-    code = ("import http.server, sys\n"
-            "class H(http.server.BaseHTTPRequestHandler):\n"
-            "    def _any(self):\n"
-            "        print(self.command, self.path, self.headers.get('Authorization'), flush=True)\n"
-            "        self.send_response(404); self.send_header('Content-Length', '0'); self.end_headers()\n"
-            "    do_GET = do_POST = _any\n"
-            "server = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
-            "print(server.server_port, flush=True)\n"
-            "server.serve_forever()\n")
+    code = (
+        "import http.server, sys\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def _any(self):\n"
+        "        print(self.command, self.path, self.headers.get('Authorization'), flush=True)\n"
+        "        self.send_response(404); self.send_header('Content-Length', '0'); self.end_headers()\n"
+        "    do_GET = do_POST = _any\n"
+        "server = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
+        "print(server.server_port, flush=True)\n"
+        "server.serve_forever()\n"
+    )
     server = subprocess.Popen([*AS_NOBODY, PYTHON, "-I", "-u", "-c", code], stdout=log.open("w"))
     for _ in range(100):
         if log.read_text().strip():
@@ -125,6 +138,7 @@ def test_publish_sends_the_index_its_password_from_any_folder_and_to_no_one_else
 
 def answer(url: str) -> tuple[int, str]:
     """Status and Location (or body) of one GET, redirects not followed."""
+
     class Keep(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args, **kwargs):
             return None
@@ -143,8 +157,10 @@ def test_names_of_the_models_namespace_never_leave_the_index(index):
     _, state = index
     simple = state["url"] + "cpu/simple/"
     assert answer(simple + "model-tiyn/") == (
-        404, "modelwheel index: no model-tiyn here; names starting with model- or acme- are never looked up on "
-             "another index\n")
+        404,
+        "modelwheel index: no model-tiyn here; names starting with model- or acme- are never looked up on "
+        "another index\n",
+    )
     assert answer(simple + "acme-tools/")[0] == 404
     assert answer(simple + "Model_Tiyn/") == (301, simple + "model-tiyn/")  # pypiserver's own normalisation, then 404
     assert answer(simple + "numpy/") == (303, "https://pypi.org/simple/numpy/")
@@ -176,7 +192,9 @@ def test_index_start_refuses_a_data_folder_another_user_owns_or_can_write(whose,
         run_cli("index", "stop", cwd=home)
     assert ran.code == 10, ran.err
     assert f"error: --data: {owner}" in ran.err, ran.err
-    assert "another user could put their own wheels on the index, and every pip install would get them; refused" in ran.err
+    assert (
+        "another user could put their own wheels on the index, and every pip install would get them; refused" in ran.err
+    )
     assert "hint: give --data a folder only you (or root) can write" in ran.err
     assert not (home / "build").exists()
 

@@ -35,13 +35,17 @@ def test_a_written_choice_is_found_for_its_own_key_only(tmp_path):
     assert (found.chosen, found.overrides, found.path, note) == ("freezing", {"freezing": True}, path, "")
     other_torch = lock.Key("cpu", "AVX2", "2.14.0+cpu", COMPILE)
     assert lock.find(path, other_torch) == (
-        None, "spec.lock.json has a cpu entry for torch '2.13.0+cpu', not this build's '2.14.0+cpu': ignored")
+        None,
+        "spec.lock.json has a cpu entry for torch '2.13.0+cpu', not this build's '2.14.0+cpu': ignored",
+    )
     other_kind = lock.Key("cpu", "AVX512", "2.13.0+cpu", COMPILE)
     assert lock.find(path, other_kind)[1] == (
-        "spec.lock.json has a cpu entry for cpu kind 'AVX2', not this build's 'AVX512': ignored")
+        "spec.lock.json has a cpu entry for cpu kind 'AVX2', not this build's 'AVX512': ignored"
+    )
     other_spec = lock.Key("cpu", "AVX2", "2.13.0+cpu", {**COMPILE, "max_autotune": True})
     assert lock.find(path, other_spec)[1] == (
-        "spec.lock.json has a cpu entry for other [compile] keys than the spec's: ignored")
+        "spec.lock.json has a cpu entry for other [compile] keys than the spec's: ignored"
+    )
     assert lock.find(path, lock.Key("cuda", "sm_90", "2.13.0+cu130", COMPILE)) == (None, "")  # no cuda entry at all
 
 
@@ -53,7 +57,10 @@ def test_update_replaces_its_own_entry_and_keeps_the_others(tmp_path):
     lock.write(path, KEY, "spec-options", {})  # --update-lock chose otherwise
     data = json.loads(path.read_text())
     assert data["format"] == 1 and "commit it with the spec" in data["about"]
-    assert [(e["cpu_kind"], e["chosen"]) for e in data["entries"]] == [("AVX2", "spec-options"), ("AVX512", "max-autotune")]
+    assert [(e["cpu_kind"], e["chosen"]) for e in data["entries"]] == [
+        ("AVX2", "spec-options"),
+        ("AVX512", "max-autotune"),
+    ]
     assert lock.find(path, avx512)[0].chosen == "max-autotune"
     assert list(tmp_path.iterdir()) == [path]  # written aside, then renamed: nothing left over
 
@@ -84,17 +91,26 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
     args = ["--root", str(tmp_path / "opt"), "--build-dir", str(tmp_path / "build")]
     first = run_cli("build", "--spec", str(spec), "--dist", str(tmp_path / "dist"), *args)
     assert first.code == 0, first.err
-    assert (f"    spec.lock.json has a cpu entry for torch '2.0.0+cpu', not this build's '{torch.__version__}': ignored: "
-            "the option search runs, and its choice is added to spec.lock.json") in first.err.splitlines()
+    assert (
+        f"    spec.lock.json has a cpu entry for torch '2.0.0+cpu', not this build's '{torch.__version__}': ignored: "
+        "the option search runs, and its choice is added to spec.lock.json"
+    ) in first.err.splitlines()
     assert "    candidate freezing: not tried: over the search's compile budget: " in first.err
-    assert (f"    wrote the search's choice (spec-options) to {path}: builds like this one (cpu, CPU kind {kind}, "
-            f"torch {torch.__version__}) use it and run no search") in first.err.splitlines()
+    assert (
+        f"    wrote the search's choice (spec-options) to {path}: builds like this one (cpu, CPU kind {kind}, "
+        f"torch {torch.__version__}) use it and run no search"
+    ) in first.err.splitlines()
     entries = json.loads(path.read_text())["entries"]
-    assert [(e["torch"], e["chosen"]) for e in entries] == [("2.0.0+cpu", "freezing"), (torch.__version__, "spec-options")]
+    assert [(e["torch"], e["chosen"]) for e in entries] == [
+        ("2.0.0+cpu", "freezing"),
+        (torch.__version__, "spec-options"),
+    ]
     again = run_cli("build", "--spec", str(spec), "--dist", str(tmp_path / "dist2"), *args)
     assert again.code == 0, again.err
-    assert (f"    compile options from {path} (cpu, CPU kind {kind}, torch {torch.__version__}): spec-options, as the "
-            "search chose there; no option search (--update-lock searches again)") in again.err.splitlines()
+    assert (
+        f"    compile options from {path} (cpu, CPU kind {kind}, torch {torch.__version__}): spec-options, as the "
+        "search chose there; no option search (--update-lock searches again)"
+    ) in again.err.splitlines()
     assert "not tried" not in again.err and "search:" not in again.err
     first_wheel, second_wheel = (next((tmp_path / d).glob("*.whl")) for d in ("dist", "dist2"))
     assert first_wheel.read_bytes() == second_wheel.read_bytes(), "built from the lock: the search's own wheel"

@@ -42,8 +42,13 @@ def editable_build(source: Path, out: Path, env_assignment: str | None) -> str:
     if env_assignment:
         name, value = env_assignment.split("=", 1)
         env[name] = value.strip('"')
-    ran = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_editable({str(out)!r})"],
-                         capture_output=True, text=True, cwd=source, env=env)
+    ran = subprocess.run(
+        [sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_editable({str(out)!r})"],
+        capture_output=True,
+        text=True,
+        cwd=source,
+        env=env,
+    )
     assert ran.returncode == 0, ran.stderr
     return ran.stderr
 
@@ -68,10 +73,26 @@ def test_an_unreachable_torch_index_ends_with_what_to_do(tmp_path):
     for name in ("Makefile", "requirements.txt", "pyproject.toml"):
         shutil.copy(REPO / name, tmp_path / name)
     nowhere = (tmp_path / "no-index").as_uri()
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_CONFIG_FILE": "/dev/null",
-           "PIP_INDEX_URL": nowhere, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    ran = subprocess.run(["make", "--no-print-directory", ".venv/.installed", f"PYTHON={sys.executable}",
-                          f"TORCH_INDEX={nowhere}/torch"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": nowhere,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    ran = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            ".venv/.installed",
+            f"PYTHON={sys.executable}",
+            f"TORCH_INDEX={nowhere}/torch",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     torch_pin = re.search(r"^torch==(.+)$", (REPO / "requirements.txt").read_text(), re.M).group(1) + "+cpu"
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert f"error: torch {torch_pin} could not be installed from {nowhere}/torch (pip's reason is above)" in ran.stdout

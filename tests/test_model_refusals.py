@@ -10,33 +10,47 @@ import pytest
 from pipeline.errors import ModelLoadError, SpecError
 from pipeline.spec import load_spec
 
-from .conftest import GOOD, Ran, TINY_SPEC, run_cli, spec_copy
-
+from .conftest import GOOD, TINY_SPEC, Ran, run_cli, spec_copy
 
 # -- factory modules that cannot be imported, and factories that exit --------------------
+
 
 def factory_fault(tmp_path: Path, source: str, factory: str = "faulty:build") -> Ran:
     spec = spec_copy(tmp_path / "spec", GOOD.replace('factory = "tiny_model:build"', f'factory = "{factory}"'))
     (spec.parent / "faulty.py").write_text(source)
-    return run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                   "--build-dir", str(tmp_path / "build"))
+    return run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
 
 
 TINY_IMPORT = "from tiny_model import build as tiny_build\n"
 
 
-@pytest.mark.parametrize(("source", "line", "says"), [
-    ("import torch\n\ndef build(channels=8)\n    return None\n", 3, "SyntaxError: expected ':'"),
-    ("from torch import no_such_name\n", 1, "ImportError: cannot import name 'no_such_name'"),
-    ("import torch\n\nWIDTH = 8 / 0\n", 3, "ZeroDivisionError: division by zero"),
-    ("import sys\nsys.exit(0)\n", 2, "called sys.exit(0)"),
-])
+@pytest.mark.parametrize(
+    ("source", "line", "says"),
+    [
+        ("import torch\n\ndef build(channels=8)\n    return None\n", 3, "SyntaxError: expected ':'"),
+        ("from torch import no_such_name\n", 1, "ImportError: cannot import name 'no_such_name'"),
+        ("import torch\n\nWIDTH = 8 / 0\n", 3, "ZeroDivisionError: division by zero"),
+        ("import sys\nsys.exit(0)\n", 2, "called sys.exit(0)"),
+    ],
+)
 def test_factory_module_that_cannot_be_imported_names_file_and_line(tmp_path, source, line, says):
     ran = factory_fault(tmp_path, source)
     faulty = tmp_path / "spec" / "faulty.py"
     assert ran.code == ModelLoadError.exit_code, ran.err
-    assert f"error: {tmp_path / 'spec' / 'spec.toml'}: key 'model.factory': importing module 'faulty' failed at " \
-           f"{faulty}:{line}: {says}" in ran.err, ran.err
+    assert (
+        f"error: {tmp_path / 'spec' / 'spec.toml'}: key 'model.factory': importing module 'faulty' failed at "
+        f"{faulty}:{line}: {says}" in ran.err
+    ), ran.err
     assert "hint: fix the model's code at the line given" in ran.err
     assert "Traceback" not in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
@@ -46,8 +60,10 @@ def test_factory_module_importing_a_missing_package_names_the_package(tmp_path):
     ran = factory_fault(tmp_path, "import torch\nimport no_such_package_xyz\n")
     faulty = tmp_path / "spec" / "faulty.py"
     assert ran.code == ModelLoadError.exit_code, ran.err
-    assert (f"key 'model.factory': importing module 'faulty' needs the package 'no_such_package_xyz', which is not "
-            f"installed in this Python") in ran.err, ran.err
+    assert (
+        "key 'model.factory': importing module 'faulty' needs the package 'no_such_package_xyz', which is not "
+        "installed in this Python"
+    ) in ran.err, ran.err
     assert f"(at {faulty}:2): ModuleNotFoundError: No module named 'no_such_package_xyz'" in ran.err
     assert "hint: install it where the build runs: pip install no_such_package_xyz" in ran.err
     assert "Traceback" not in ran.err
@@ -64,17 +80,27 @@ def test_factory_that_exits_is_refused(tmp_path, code):
     """sys.exit(0) from the factory ended the build with exit 0 and no wheel."""
     ran = factory_fault(tmp_path, f"import sys\n{TINY_IMPORT}\ndef build(channels=8):\n    sys.exit({code})\n")
     assert ran.code == ModelLoadError.exit_code, ran.err
-    assert f"faulty:build(**model.kwargs) called sys.exit({code}) at {tmp_path / 'spec' / 'faulty.py'}:5 " \
-           "instead of returning a module" in ran.err, ran.err
+    assert (
+        f"faulty:build(**model.kwargs) called sys.exit({code}) at {tmp_path / 'spec' / 'faulty.py'}:5 "
+        "instead of returning a module" in ran.err
+    ), ran.err
     assert "hint: the factory must return the nn.Module" in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
 
 
-@pytest.mark.parametrize(("raised", "hint"), [
-    ("RuntimeError('weights server unreachable')",
-     "fix the error at the line given (the factory was called with the spec's [model.kwargs])"),
-    ("TypeError(\"build() got an unexpected keyword argument 'width'\")", "check model.kwargs against the factory's parameters"),
-])
+@pytest.mark.parametrize(
+    ("raised", "hint"),
+    [
+        (
+            "RuntimeError('weights server unreachable')",
+            "fix the error at the line given (the factory was called with the spec's [model.kwargs])",
+        ),
+        (
+            "TypeError(\"build() got an unexpected keyword argument 'width'\")",
+            "check model.kwargs against the factory's parameters",
+        ),
+    ],
+)
 def test_a_factory_that_raises_gets_a_hint_for_its_kind_of_error(tmp_path, raised, hint):
     """The hint used to send every error to model.kwargs, even one the factory raised on its own."""
     ran = factory_fault(tmp_path, f"def build(channels=8):\n    raise {raised}\n")
@@ -98,8 +124,17 @@ def tiny_line(text: str) -> int:
 
 def build_spec_text(tmp_path: Path, text: str) -> tuple[Ran, Path]:
     spec = spec_copy(tmp_path / "spec", text)
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     return ran, spec
 
 
@@ -111,10 +146,17 @@ def assert_refused_before_tracing(ran: Ran, tmp_path: Path) -> None:
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
 
 
-@pytest.mark.parametrize(("text", "declared", "names"), [
-    (GOOD.replace(T_INPUT, ""), "1 input(s) declared (x)", "takes 2 (x, t)"),
-    (GOOD + '\n[[inputs]]\nname = "extra"\nshape = ["batch"]\n', "3 input(s) declared (x, t, extra)", "takes 2 (x, t)"),
-])
+@pytest.mark.parametrize(
+    ("text", "declared", "names"),
+    [
+        (GOOD.replace(T_INPUT, ""), "1 input(s) declared (x)", "takes 2 (x, t)"),
+        (
+            GOOD + '\n[[inputs]]\nname = "extra"\nshape = ["batch"]\n',
+            "3 input(s) declared (x, t, extra)",
+            "takes 2 (x, t)",
+        ),
+    ],
+)
 def test_input_count_is_compared_with_forwards_signature_first(tmp_path, text, declared, names):
     """One input fewer than forward takes gave a 53-line TypeError traceback and exit 1."""
     ran, spec = build_spec_text(tmp_path, text)
@@ -130,13 +172,19 @@ def test_a_shape_the_model_rejects_is_a_spec_error_naming_input_line_and_message
     assert_refused_before_tracing(ran, tmp_path)
     model = tmp_path / "spec" / "tiny_model.py"
     line = tiny_line("self.norm(self.conv(x))")
-    assert f"error: {spec}: key 'inputs': the model does not accept the spec's example inputs " \
-           "('x' float32[batch=2, 5, 8, 8], 't' float32[batch=2])" in ran.err, ran.err
+    assert (
+        f"error: {spec}: key 'inputs': the model does not accept the spec's example inputs "
+        "('x' float32[batch=2, 5, 8, 8], 't' float32[batch=2])" in ran.err
+    ), ran.err
     assert f"  {model}:{line}: h = nn.functional.silu(self.norm(self.conv(x)))" in ran.err
-    assert "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[2, 5, 8, 8] to have 3 channels, " \
-           "but got 5 channels instead" in ran.err
-    assert ("hint: make the [[inputs]] shapes and dtypes (and [dims] sizes, and low/high of integer inputs) match what "
-            f"the model expects at {model}:{line}") in ran.err
+    assert (
+        "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[2, 5, 8, 8] to have 3 channels, "
+        "but got 5 channels instead" in ran.err
+    )
+    assert (
+        "hint: make the [[inputs]] shapes and dtypes (and [dims] sizes, and low/high of integer inputs) match what "
+        f"the model expects at {model}:{line}"
+    ) in ran.err
 
 
 def test_inputs_that_do_not_fit_are_reported_by_doctor_too(tmp_path):
@@ -155,8 +203,14 @@ def test_keyword_only_parameters_count_as_inputs(tmp_path):
 
     # A module name of its own: tiny_model may already be imported by this process.
     spec_path = spec_copy(tmp_path, GOOD.replace(T_INPUT, "").replace("tiny_model:build", "kwonly_model:build"))
-    (tmp_path / "kwonly_model.py").write_text((tmp_path / "tiny_model.py").read_text().replace(
-        "def forward(self, x: torch.Tensor, t: torch.Tensor):", "def forward(self, x: torch.Tensor, *, t: torch.Tensor):"))
+    (tmp_path / "kwonly_model.py").write_text(
+        (tmp_path / "tiny_model.py")
+        .read_text()
+        .replace(
+            "def forward(self, x: torch.Tensor, t: torch.Tensor):",
+            "def forward(self, x: torch.Tensor, *, t: torch.Tensor):",
+        )
+    )
     spec_file = load_spec(spec_path)
     loaded = load_model(spec_file)
     with pytest.raises(SpecError, match=r"1 input\(s\) declared \(x\), but forward at .* takes 2 \(x, t\)"):

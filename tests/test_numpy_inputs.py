@@ -8,7 +8,6 @@ import pytest
 
 from .test_end_to_end import run_in
 
-
 # --- load_numpy(): every array the C interface cannot take as it is is converted or refused ---
 
 # One process runs every case against the installed wheel; each case is compared with the same
@@ -108,20 +107,26 @@ def test_every_fault_at_once_is_converted(numpy_cases):
     _correct(numpy_cases["big_endian_fortran_read_only"])
 
 
-@pytest.mark.parametrize(("case", "message"), [
-    ("float64", "input 'x': expected dtype float32, got float64"),
-    ("int32", "input 't': expected dtype float32, got int32"),
-    ("object", "input 'x': expected dtype float32, got object"),
-    ("masked", "input 'x': expected a plain numpy.ndarray, got a masked array: pass a.filled(value)"),
-])
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("float64", "input 'x': expected dtype float32, got float64"),
+        ("int32", "input 't': expected dtype float32, got int32"),
+        ("object", "input 'x': expected dtype float32, got object"),
+        ("masked", "input 'x': expected a plain numpy.ndarray, got a masked array: pass a.filled(value)"),
+    ],
+)
 def test_wrong_dtype_or_masked_array_is_refused_naming_the_input(numpy_cases, case, message):
     assert numpy_cases[case] == {"error": message}
 
 
-@pytest.mark.parametrize(("case", "message"), [
-    ("zero_d", "input 't': expected 1 dims ['batch'], got 0 dims [] (a 0-d scalar)"),
-    ("rank_3", "input 'x': expected 4 dims ['batch', 3, 8, 8], got 3 dims [3, 8, 8]"),
-    ("rank_5", "input 'x': expected 4 dims ['batch', 3, 8, 8], got 5 dims [1, 2, 3, 8, 8]"),
-])
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("zero_d", "input 't': expected 1 dims ['batch'], got 0 dims [] (a 0-d scalar)"),
+        ("rank_3", "input 'x': expected 4 dims ['batch', 3, 8, 8], got 3 dims [3, 8, 8]"),
+        ("rank_5", "input 'x': expected 4 dims ['batch', 3, 8, 8], got 5 dims [1, 2, 3, 8, 8]"),
+    ],
+)
 def test_zero_d_or_wrong_rank_is_refused_with_expected_and_got(numpy_cases, case, message):
     assert numpy_cases[case] == {"error": message}

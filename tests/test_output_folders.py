@@ -11,15 +11,15 @@ import pytest
 
 from pipeline.errors import OutputDirError
 
-from .conftest import Ran, TINY_SPEC, run_cli, tmpfs
-
+from .conftest import TINY_SPEC, Ran, run_cli, tmpfs
 
 # -- --dist or --build-dir that is a file, read-only, or on a full disk -------------------
 
 
 def build_into(tmp_path: Path, dist: Path, build: Path, spec: Path = TINY_SPEC) -> Ran:
-    return run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(dist),
-                   "--build-dir", str(build))
+    return run_cli(
+        "build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(dist), "--build-dir", str(build)
+    )
 
 
 def refused_early(ran: Ran, tmp_path: Path, says: str) -> None:
@@ -48,8 +48,12 @@ def test_a_file_given_as_a_folder_is_refused_before_building(tmp_path, flag):
 def test_a_read_only_folder_is_refused_before_building(tmp_path, flag):
     """--root too: an unwritable root was reported only after load, doctor and export (exit 10)."""
     with tmpfs(tmp_path / "read-only", 1 << 20, read_only=True) as read_only:
-        folders = {"--dist": tmp_path / "dist", "--build-dir": tmp_path / "build", "--root": tmp_path / "opt",
-                   flag: read_only / "here"}
+        folders = {
+            "--dist": tmp_path / "dist",
+            "--build-dir": tmp_path / "build",
+            "--root": tmp_path / "opt",
+            flag: read_only / "here",
+        }
         ran = run_cli("build", "--spec", str(TINY_SPEC), *(a for pair in folders.items() for a in map(str, pair)))
         refused_early(ran, tmp_path, f"{folders[flag]}: cannot write there (it would be made in {read_only})")
         assert f"error: {flag}" in ran.err and "Read-only file system" in ran.err
@@ -60,8 +64,11 @@ def test_a_full_disk_is_refused_before_building(tmp_path):
     with tmpfs(tmp_path / "full", 64 << 10) as full:
         (full / "filler").write_bytes(b"\0" * (64 << 10))
         ran = build_into(tmp_path, full / "dist", tmp_path / "build")
-        refused_early(ran, tmp_path, f"error: --dist {full / 'dist'}: cannot write there (it would be made in {full}): "
-                                     "No space left on device")
+        refused_early(
+            ran,
+            tmp_path,
+            f"error: --dist {full / 'dist'}: cannot write there (it would be made in {full}): No space left on device",
+        )
         assert sorted(p.name for p in full.iterdir()) == ["filler"]
 
 

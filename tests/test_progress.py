@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.services.cache import Cache
-from pipeline.services.progress import STATUS_ENV, Progress, QuietProgress, estimate, is_live_terminal, reporting, step
-
 from pipeline.services.parallel import last_stage
+from pipeline.services.progress import STATUS_ENV, Progress, QuietProgress, estimate, is_live_terminal, reporting, step
 from pipeline.summary import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -69,8 +68,10 @@ def json_build(tmp_path_factory):
 
 
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
-STATUS_LINE = (r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
-               r" · (\d+m)?\d+s in all")
+STATUS_LINE = (
+    r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
+    r" · (\d+m)?\d+s in all"
+)
 
 
 def test_plain_lines_are_exactly_these_and_have_no_control_characters(json_build):
@@ -90,11 +91,18 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     assert any(line.startswith("    ... compile 1/1 pinned: compiling · ") for line in status), status
 
 
-@pytest.mark.parametrize("max_abs, max_rel, decided", [
-    (3e-6, 1.5e-2, "passed, every diff within atol 1e-05 (rtol 0.001 not needed)"),  # near-zero values: atol covers them
-    (2e-4, 5e-4, "passed, every relative diff within rtol 0.001 (atol 1e-05 where |eager| <= atol)"),
-    (2e-4, 1.5e-2, "passed, every diff within atol + rtol·|eager| (atol 1e-05, rtol 0.001: neither alone)"),
-])
+@pytest.mark.parametrize(
+    "max_abs, max_rel, decided",
+    [
+        (
+            3e-6,
+            1.5e-2,
+            "passed, every diff within atol 1e-05 (rtol 0.001 not needed)",
+        ),  # near-zero values: atol covers them
+        (2e-4, 5e-4, "passed, every relative diff within rtol 0.001 (atol 1e-05 where |eager| <= atol)"),
+        (2e-4, 1.5e-2, "passed, every diff within atol + rtol·|eager| (atol 1e-05, rtol 0.001: neither alone)"),
+    ],
+)
 def test_the_verified_line_says_which_bound_let_a_diff_through(max_abs, max_rel, decided):
     """A max rel diff above rtol on a passing output reads like a failure unless atol is named."""
     assert decided_by(max_abs, max_rel, rtol=1e-3, atol=1e-5) == decided
@@ -114,8 +122,11 @@ def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
     assert lines[0] == "==> compile: 2 candidate(s)" and lines[-1].startswith("    compile done in ")
     assert len(status) >= 2, lines
     for line in status:
-        assert re.fullmatch(r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
-                            r"about 2m0[45]s left \(estimated here\)", line), line
+        assert re.fullmatch(
+            r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
+            r"about 2m0[45]s left \(estimated here\)",
+            line,
+        ), line
     quiet = io.StringIO()
     with QuietProgress(quiet).stage("compile"):
         time.sleep(0.3)
@@ -131,7 +142,12 @@ def test_json_record_parses_and_matches_the_report(json_build):
     report = json.loads(Path(built["report"]).read_text())
     assert built["wheel"].endswith(report["wheel"]["name"]) and Path(built["wheel"]).is_file()
     assert (built["sha256"], built["size"], built["version"], built["target"], built["model"]) == (
-        report["wheel"]["sha256"], report["wheel"]["size"], report["version"], report["target"], report["model"])
+        report["wheel"]["sha256"],
+        report["wheel"]["size"],
+        report["version"],
+        report["target"],
+        report["model"],
+    )
     assert built["stages_s"] == report["stages_s"]
     verification = built["verification"]
     assert verification["passed"] and verification["cases"] == len(report["verification"]["cases"])
@@ -161,8 +177,9 @@ def on_terminal(args: list[str], **env: str) -> tuple[int, str]:
     """Run the CLI with a pseudo-terminal as its stdout and stderr, as a user's shell would."""
     master, slave = pty.openpty()
     environ = {k: v for k, v in os.environ.items() if k not in ("CI", "NO_COLOR")} | {"TERM": "xterm"} | env
-    child = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdin=slave, stdout=slave, stderr=slave,
-                             env=environ, cwd=REPO)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args], stdin=slave, stdout=slave, stderr=slave, env=environ, cwd=REPO
+    )
     os.close(slave)
     out = b""
     while True:
@@ -182,8 +199,19 @@ def on_terminal(args: list[str], **env: str) -> tuple[int, str]:
 
 
 def test_live_status_on_a_terminal_shows_the_candidate_and_the_time(tmp_path):
-    code, text = on_terminal(["build", "--spec", str(TINY_SPEC), "--root", str(tmp_path / "opt"), "--dist",
-                              str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build")])
+    code, text = on_terminal(
+        [
+            "build",
+            "--spec",
+            str(TINY_SPEC),
+            "--root",
+            str(tmp_path / "opt"),
+            "--dist",
+            str(tmp_path / "dist"),
+            "--build-dir",
+            str(tmp_path / "build"),
+        ]
+    )
     assert code == 0, text
     assert "\x1b[" in text and re.search(r"compile 1/1 pinned: (compiling|verifying|timing)", text)
     seconds = set(re.findall(r"(\d+)s in all", text))
@@ -208,10 +236,18 @@ class _Tty(io.StringIO):
 def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatch):
     cache = Cache(tmp_path / "cache")
     older, newer = tmp_path / "cache" / "build-a", tmp_path / "cache" / "build-b"
-    for entry, compile_s, reused in ((older, 99.0, False), (newer, 40.0, False), (tmp_path / "cache" / "build-c", 1.0, True)):
+    for entry, compile_s, reused in (
+        (older, 99.0, False),
+        (newer, 40.0, False),
+        (tmp_path / "cache" / "build-c", 1.0, True),
+    ):
         entry.mkdir(parents=True)
-        report = {"model": "tiny", "target": "cpu", "build_cache": {"reused": reused},
-                  "stages_s": {"load": 1.0, "export": 2.0, "compile": compile_s, "verify": 3.0, "package": 4.0}}
+        report = {
+            "model": "tiny",
+            "target": "cpu",
+            "build_cache": {"reused": reused},
+            "stages_s": {"load": 1.0, "export": 2.0, "compile": compile_s, "verify": 3.0, "package": 4.0},
+        }
         (entry / "model_tiny.report.json").write_text(json.dumps(report))
         time.sleep(0.01)
     assert cache.stage_times("tiny", "cpu")["compile"] == 40.0  # the newest not reused
@@ -233,21 +269,37 @@ def test_parallel_builds_each_give_their_record(json_build, tmp_path):
     other.mkdir()
     shutil.copy(TINY_SPEC.parent / "tiny_model.py", other / "tiny_model.py")
     (other / "spec.toml").write_text(TINY_SPEC.read_text().replace('name = "tiny"', 'name = "tiny_other"'))
-    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(other / "spec.toml"), "--json",
-                  "--root", str(base / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(base / "build"),
-                  env={STATUS_ENV: "0.5"})
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--spec",
+        str(other / "spec.toml"),
+        "--json",
+        "--root",
+        str(base / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(base / "build"),
+        env={STATUS_ENV: "0.5"},
+    )
     assert ran.code == 0, ran.err
     record = json.loads(ran.out)
     assert sorted(b["model"] for b in record["builds"]) == ["tiny", "tiny_other"] and record["failures"] == []
     # in a pipe, what each build is doing, from the status lines in its log, while they run
     status = [line for line in ran.err.splitlines() if line.startswith("    ... ")]
-    assert any(re.search(rf"{re.escape(str(other / 'spec.toml'))}: \w+ .* in all · \d+s", line) for line in status), ran.err
+    assert any(re.search(rf"{re.escape(str(other / 'spec.toml'))}: \w+ .* in all · \d+s", line) for line in status), (
+        ran.err
+    )
 
 
 def test_a_parallel_builds_line_is_its_logs_newest_status(tmp_path):
     log = tmp_path / "b.log"
-    log.write_text("==> export\n    export done in 2.0s\n==> compile: 4 candidate(s), chosen one to /o\n"
-                   "    ... compile 2/4 freezing: compiling · 40s in compile · 1m02s in all\n")
+    log.write_text(
+        "==> export\n    export done in 2.0s\n==> compile: 4 candidate(s), chosen one to /o\n"
+        "    ... compile 2/4 freezing: compiling · 40s in compile · 1m02s in all\n"
+    )
     assert last_stage(log) == "compile 2/4 freezing: compiling · 40s in compile · 1m02s in all"
     with log.open("a") as handle:
         handle.write("    compile done in 50.0s\n==> verify\n")

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
 from pipeline.commands.publish import is_loopback, require_secure
+from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
 
 from .conftest import REPO, Ran, make_venv, pip_install, run_cli
 
@@ -75,8 +75,14 @@ def test_pip_installs_by_version_from_the_index(published, tmp_path):
     pip_install(python, f"torch=={torch.__version__}", "filelock", "safetensors")
     pip_install(python, "model-tiny==0.1", "--index-url", state["url"] + "cpu/simple")
     ran = subprocess.run(
-        [str(python), "-c", "import model_tiny; m = model_tiny.load(); print(model_tiny.__version__, m(*model_tiny.example_inputs())[1].shape)"],
-        capture_output=True, text=True, cwd="/",
+        [
+            str(python),
+            "-c",
+            "import model_tiny; m = model_tiny.load(); print(model_tiny.__version__, m(*model_tiny.example_inputs())[1].shape)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == [manifest_version(wheel), "torch.Size([2,", "4])"]
@@ -93,10 +99,16 @@ def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, c
     twine's upload (pypiserver answers twine 400 "already exists", shown with twine's --verbose)."""
     home, state, wheel = published
     before = listing(Path(state["data"]))
-    env = {} if checked_by == "simple page" else {
-        "MODELWHEEL_INDEX_URL": state["url"] + "{target}/", "MODELWHEEL_SIMPLE_URL": "",
-        "TWINE_USERNAME": "local", "TWINE_PASSWORD": "no-auth",  # never sent: the local index gets its own password
-    }
+    env = (
+        {}
+        if checked_by == "simple page"
+        else {
+            "MODELWHEEL_INDEX_URL": state["url"] + "{target}/",
+            "MODELWHEEL_SIMPLE_URL": "",
+            "TWINE_USERNAME": "local",
+            "TWINE_PASSWORD": "no-auth",  # never sent: the local index gets its own password
+        }
+    )
     ran = publish(home, wheel, **env)
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
     assert f"error: {wheel.name} already on the index; nothing uploaded" in ran.err
@@ -113,8 +125,10 @@ def rewrite(wheel: Path, out: Path, change, *, rerecord: bool = False) -> Path:
         for info in source.infolist():
             data = members[info.filename]
             if rerecord and info.filename.endswith(".dist-info/RECORD"):
-                data = "".join(f"{name},{record_hash(body)},{len(body)}\n" if name != info.filename else f"{name},,\n"
-                               for name, body in members.items()).encode()
+                data = "".join(
+                    f"{name},{record_hash(body)},{len(body)}\n" if name != info.filename else f"{name},,\n"
+                    for name, body in members.items()
+                ).encode()
             copy.writestr(info, data)
     return target
 
@@ -147,10 +161,13 @@ def tampered(name: str, data: bytes) -> bytes:
     return data[:-1] + bytes([data[-1] ^ 1]) if name.endswith("model.so") else data
 
 
-@pytest.mark.parametrize(("change", "says"), [
-    (unverified, "does not record a passed verification"),
-    (tampered, "model_tiny/artifacts/model.so does not match the sha256 in its manifest"),
-])
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (unverified, "does not record a passed verification"),
+        (tampered, "model_tiny/artifacts/model.so does not match the sha256 in its manifest"),
+    ],
+)
 def test_unverified_or_altered_wheel_is_refused(published, tmp_path, change, says):
     home, state, wheel = published
     with off_the_index(state, wheel, tmp_path / "other"):
@@ -186,8 +203,9 @@ def test_consistently_tampered_wheel_is_refused_by_its_record_and_nothing_is_upl
         before = listing(Path(state["data"]))
         ran = publish(home, wheel, bad)
         assert ran.code == UnverifiedWheelError.exit_code, ran.err
-        assert (f"{bad}: model_tiny/artifacts/model.so does not match its RECORD entry "
-                "(model_tiny-0.1+cpu.torch") in ran.err and ".dist-info/RECORD)" in ran.err
+        assert (
+            f"{bad}: model_tiny/artifacts/model.so does not match its RECORD entry (model_tiny-0.1+cpu.torch"
+        ) in ran.err and ".dist-info/RECORD)" in ran.err
         assert "model_tiny/manifest.json" in ran.err  # the rewritten manifest is named too
         assert listing(Path(state["data"])) == before
 
@@ -202,8 +220,10 @@ def test_wheel_disagreeing_with_the_report_beside_it_is_refused(published, tmp_p
     recorded = json.loads(report.read_text())
     if edit == "wheel sha256":
         recorded["wheel"]["sha256"] = "0" * 64
-        says = (f"{copy}: the report beside it ({report}) records sha256 {'0' * 64} for the wheel, "
-                f"the file has {hashlib.sha256(wheel.read_bytes()).hexdigest()}")
+        says = (
+            f"{copy}: the report beside it ({report}) records sha256 {'0' * 64} for the wheel, "
+            f"the file has {hashlib.sha256(wheel.read_bytes()).hexdigest()}"
+        )
     else:
         recorded["artifacts"]["model.so"]["size"] += 1
         says = f"{copy}: the report beside it ({report}) records size"
@@ -217,8 +237,10 @@ def test_wheel_disagreeing_with_the_report_beside_it_is_refused(published, tmp_p
         report.unlink()
         alone = publish(home, copy)
         assert alone.code == UnverifiedWheelError.exit_code, alone.err
-        assert f"error: {copy}: no build report beside it ({report}): nothing ties this wheel to a build that " \
-               "verified it" in alone.err
+        assert (
+            f"error: {copy}: no build report beside it ({report}): nothing ties this wheel to a build that "
+            "verified it" in alone.err
+        )
         assert "or pass --without-report to publish a wheel built elsewhere" in alone.err
         assert listing(Path(state["data"])) == before
         elsewhere = run_cli("publish", "--without-report", "--wheel", str(copy), cwd=home)
@@ -229,8 +251,16 @@ def test_wheel_disagreeing_with_the_report_beside_it_is_refused(published, tmp_p
 def test_credentials_never_appear_in_output(published):
     home, state, wheel = published
     url = state["url"].replace("http://", "http://someone:url-secret-123@")
-    ran = run_cli("-v", "publish", "--wheel", str(wheel), "--index", url, cwd=home,
-                  env={"TWINE_USERNAME": "someone", "TWINE_PASSWORD": "env-secret-456"})
+    ran = run_cli(
+        "-v",
+        "publish",
+        "--wheel",
+        str(wheel),
+        "--index",
+        url,
+        cwd=home,
+        env={"TWINE_USERNAME": "someone", "TWINE_PASSWORD": "env-secret-456"},
+    )
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
     assert "url-secret-123" not in ran.out + ran.err and "env-secret-456" not in ran.out + ran.err
 
@@ -245,14 +275,24 @@ def test_matrix_lists_models_and_targets():
     ran = run_cli("matrix")
     assert ran.code == 0, ran.err
     matrix = json.loads(ran.out)
-    assert {"model": "unet", "version": "1.3", "spec": "models/unet/spec.toml", "target": "cpu", "runner": "ubuntu-latest",
-            "container": "quay.io/pypa/manylinux_2_28_x86_64", "container_options": "", "torch_variant": "cpu"} in matrix["include"]
+    assert {
+        "model": "unet",
+        "version": "1.3",
+        "spec": "models/unet/spec.toml",
+        "target": "cpu",
+        "runner": "ubuntu-latest",
+        "container": "quay.io/pypa/manylinux_2_28_x86_64",
+        "container_options": "",
+        "torch_variant": "cpu",
+    } in matrix["include"]
 
 
 def test_matrix_reads_specs_kept_anywhere(tmp_path):
     spec = tmp_path / "elsewhere" / "spec.toml"
     spec.parent.mkdir()
-    spec.write_text((REPO / "tests" / "models" / "tiny" / "spec.toml").read_text() + '\n[build]\ntargets = ["cpu", "cuda"]\n')
+    spec.write_text(
+        (REPO / "tests" / "models" / "tiny" / "spec.toml").read_text() + '\n[build]\ntargets = ["cpu", "cuda"]\n'
+    )
     by_spec = run_cli("matrix", "--spec", str(spec), "--no-containers", cwd=tmp_path)
     assert by_spec.code == 0, by_spec.err
     # --no-containers is the local run: a cuda job only where this machine has the NVIDIA driver
@@ -275,7 +315,9 @@ def test_skip_existing_passes_the_same_file_and_refuses_another(published, tmp_p
     assert again.code == 0, again.err
     assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in again.err
     assert json.loads(again.out)["published"] == {"uploaded": [], "existing": [wheel.name]}
-    other = rewrite(wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data, rerecord=True)
+    other = rewrite(
+        wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data, rerecord=True
+    )
     different = run_cli("publish", "--skip-existing", "--without-report", "--wheel", str(other), cwd=home)
     assert different.code == AlreadyPublishedError.exit_code, different.err
     assert "not as the same file" in different.err and "bump model.version" in different.err
@@ -309,7 +351,10 @@ def test_an_index_started_on_a_port_another_index_holds_is_refused(index, tmp_pa
     publishing = run_cli("publish", "--wheel", str(tmp_path / "x.whl"), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
     assert f"no local index started from this folder ({tmp_path / 'build' / 'index'})" in publishing.err
     stopping = run_cli("index", "stop", cwd=tmp_path)
-    assert stopping.code == 0 and f"no local index was started from this folder ({tmp_path / 'build' / 'index'})" in stopping.err
+    assert (
+        stopping.code == 0
+        and f"no local index was started from this folder ({tmp_path / 'build' / 'index'})" in stopping.err
+    )
 
 
 def plant_state(home: Path, url: str, pid: int, mode: int = 0o755) -> None:
@@ -324,12 +369,19 @@ def test_a_local_index_state_file_another_user_could_write_is_refused(tiny_build
     could send them (and, before, TWINE_PASSWORD on the page check) to a host of theirs."""
     plant_state(tmp_path, "http://192.0.2.2:46117/", os.getpid(), mode=0o777)
     wheel = next(tiny_build[0].dist.glob("*.whl"))
-    ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path,
-                  env={"MODELWHEEL_INDEX_URL": "", "TWINE_USERNAME": "deploy", "TWINE_PASSWORD": "s3cret-789"})
+    ran = run_cli(
+        "publish",
+        "--wheel",
+        str(wheel),
+        cwd=tmp_path,
+        env={"MODELWHEEL_INDEX_URL": "", "TWINE_USERNAME": "deploy", "TWINE_PASSWORD": "s3cret-789"},
+    )
     state_dir = tmp_path / "build" / "index"
     assert ran.code == 13, ran.err
-    assert f"error: {state_dir} can be written by everyone (mode 777, no sticky bit): the local index's state file " \
-           "could have been written by another user; refused" in ran.err
+    assert (
+        f"error: {state_dir} can be written by everyone (mode 777, no sticky bit): the local index's state file "
+        "could have been written by another user; refused" in ran.err
+    )
     assert f"hint: remove {state_dir} (and stop any index of yours with kill)" in ran.err
     assert "s3cret-789" not in ran.out + ran.err and "Traceback" not in ran.err
 
@@ -351,15 +403,26 @@ def test_the_local_index_is_never_sent_twine_credentials(monkeypatch):
 
     monkeypatch.setenv("TWINE_USERNAME", "deploy")
     monkeypatch.setenv("TWINE_PASSWORD", "s3cret")
-    assert _authorized_request("http://127.0.0.1:8765/cpu/simple/x/", None, anonymous=True).get_header("Authorization") is None
+    assert (
+        _authorized_request("http://127.0.0.1:8765/cpu/simple/x/", None, anonymous=True).get_header("Authorization")
+        is None
+    )
     assert _authorized_request("https://example.org/simple/x/", None).get_header("Authorization").startswith("Basic ")
 
 
 def test_publish_and_matrix_import_neither_torch_nor_numpy(tmp_path):
-    ran = subprocess.run([sys.executable, "-c", "import sys; from pipeline import cli; cli.main(['matrix']); "
-                          "import pipeline.commands.publish; "
-                          "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
-                         capture_output=True, text=True, cwd=REPO)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pipeline import cli; cli.main(['matrix']); "
+            "import pipeline.commands.publish; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-1] == "[]"
 
@@ -384,7 +447,7 @@ def test_release_workflow_passes_actionlint(tmp_path):
 # Run in every Python process of a guarded command (sitecustomize): a connection or name lookup
 # for any host outside loopback fails at once and is told on stderr. No test sends traffic off
 # this machine, and one whose refusal came after a connection attempt fails.
-GUARD = '''
+GUARD = """
 import ipaddress, sys
 
 def _loopback(host):
@@ -410,7 +473,7 @@ def _guard(event, args):
         raise OSError(f"guard: {host} is outside loopback")
 
 sys.addaudithook(_guard)
-'''
+"""
 
 
 def run_guarded(tmp_path: Path, *args: str, env: dict[str, str]) -> Ran:
@@ -420,11 +483,24 @@ def run_guarded(tmp_path: Path, *args: str, env: dict[str, str]) -> Ran:
     return run_cli(*args, cwd=tmp_path, env={"PYTHONPATH": str(guard), **env})
 
 
-@pytest.mark.parametrize(("host", "loopback"), [
-    ("127.0.0.1", True), ("127.0.0.2", True), ("127.255.255.254", True), ("::1", True), ("localhost", True),
-    ("LOCALHOST", True), ("192.0.2.1", False), ("128.0.0.1", False), ("example.com", False),
-    ("127.0.0.1.example.com", False), ("::ffff:192.0.2.1", False), ("", False), (None, False),
-])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("127.255.255.254", True),
+        ("::1", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("192.0.2.1", False),
+        ("128.0.0.1", False),
+        ("example.com", False),
+        ("127.0.0.1.example.com", False),
+        ("::ffff:192.0.2.1", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_which_hosts_are_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
@@ -448,10 +524,15 @@ def test_plain_http_outside_loopback_is_refused_before_any_connection(tiny_build
     elif source == "index-env-with-credentials":
         env["MODELWHEEL_INDEX_URL"] = "http://someone:pw-secret-789@192.0.2.1/{target}/"
     elif source == "simple-env":  # the upload URL is loopback: the existence check would still cross the network
-        env.update(MODELWHEEL_INDEX_URL="http://127.0.0.1:1/{target}/", MODELWHEEL_SIMPLE_URL="http://192.0.2.1/{target}/simple/")
+        env.update(
+            MODELWHEEL_INDEX_URL="http://127.0.0.1:1/{target}/",
+            MODELWHEEL_SIMPLE_URL="http://192.0.2.1/{target}/simple/",
+        )
     else:
-        (tmp_path / ".pypirc").write_text("[distutils]\nindex-servers = models\n\n[models]\nrepository = http://192.0.2.1/legacy/\n"
-                                          "username = someone\npassword = pw-secret-789\n")
+        (tmp_path / ".pypirc").write_text(
+            "[distutils]\nindex-servers = models\n\n[models]\nrepository = http://192.0.2.1/legacy/\n"
+            "username = someone\npassword = pw-secret-789\n"
+        )
         args += ["--repository", "models"]
     ran = run_guarded(tmp_path, *args, env=env)
     assert ran.code == UsageError.exit_code, ran.err
@@ -496,18 +577,31 @@ def test_an_unreachable_index_is_named_in_one_line(tiny_build, tmp_path, index_i
             server = _ClosingServer(reset=index_is == "resetting")
             port = server.port
         try:
-            ran = run_guarded(tmp_path, "publish", "--wheel", str(wheel), env={
-                "MODELWHEEL_INDEX_URL": f"http://someone:pw-secret-789@127.0.0.1:{port}/{{target}}/",
-                "MODELWHEEL_SIMPLE_URL": ""})
+            ran = run_guarded(
+                tmp_path,
+                "publish",
+                "--wheel",
+                str(wheel),
+                env={
+                    "MODELWHEEL_INDEX_URL": f"http://someone:pw-secret-789@127.0.0.1:{port}/{{target}}/",
+                    "MODELWHEEL_SIMPLE_URL": "",
+                },
+            )
         finally:
             if server is not None:
                 server.sock.close()
     assert ran.code == IndexServerError.exit_code, ran.err
     # Which words a closed connection gets depends on how far twine's request had gone when it closed.
-    reasons = (r"\[Errno 111\] Connection refused" if index_is == "closed port" else
-               r"Connection reset by peer|Remote end closed connection without response|Broken pipe")
+    reasons = (
+        r"\[Errno 111\] Connection refused"
+        if index_is == "closed port"
+        else r"Connection reset by peer|Remote end closed connection without response|Broken pipe"
+    )
     assert re.search(rf"error: cannot reach http://127\.0\.0\.1:{port}/cpu/: (?:{reasons})\n", ran.err), ran.err
-    assert "hint: is the index running? (`modelwheel index start`, or `make index` in a checkout) / check the URL" in ran.err
+    assert (
+        "hint: is the index running? (`modelwheel index start`, or `make index` in a checkout) / check the URL"
+        in ran.err
+    )
     assert "Traceback" not in ran.err and "credentials" not in ran.err and "pw-secret-789" not in ran.err
 
 
@@ -533,11 +627,14 @@ class _RecordingIndex(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize(("password", "from_url", "received"), [
-    ("p%41ss%25w", True, "pAss%w"),  # the URL's userinfo is percent-decoded once: %41 is A, %25 a literal %
-    ("50%off%2", True, "50%off%2"),  # a % that starts no %XX escape is kept as typed
-    ("p%41ss%25w", False, "p%41ss%25w"),  # TWINE_PASSWORD is taken verbatim
-])
+@pytest.mark.parametrize(
+    ("password", "from_url", "received"),
+    [
+        ("p%41ss%25w", True, "pAss%w"),  # the URL's userinfo is percent-decoded once: %41 is A, %25 a literal %
+        ("50%off%2", True, "50%off%2"),  # a % that starts no %XX escape is kept as typed
+        ("p%41ss%25w", False, "p%41ss%25w"),  # TWINE_PASSWORD is taken verbatim
+    ],
+)
 def test_the_password_reaches_the_index_by_one_rule(tiny_build, tmp_path, password, from_url, received):
     """The existence check (GET of the simple page) and twine's upload (POST) both send it the same."""
     wheel = next(tiny_build[0].dist.glob("*.whl"))
@@ -546,8 +643,11 @@ def test_the_password_reaches_the_index_by_one_rule(tiny_build, tmp_path, passwo
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         where = f"127.0.0.1:{server.server_port}/"
-        env = ({"MODELWHEEL_INDEX_URL": f"http://alice:{password}@{where}"} if from_url else
-               {"MODELWHEEL_INDEX_URL": f"http://{where}", "TWINE_USERNAME": "alice", "TWINE_PASSWORD": password})
+        env = (
+            {"MODELWHEEL_INDEX_URL": f"http://alice:{password}@{where}"}
+            if from_url
+            else {"MODELWHEEL_INDEX_URL": f"http://{where}", "TWINE_USERNAME": "alice", "TWINE_PASSWORD": password}
+        )
         ran = run_guarded(tmp_path, "publish", "--wheel", str(wheel), env={"MODELWHEEL_SIMPLE_URL": "", **env})
     finally:
         server.shutdown()
@@ -561,8 +661,13 @@ def test_the_password_reaches_the_index_by_one_rule(tiny_build, tmp_path, passwo
 def test_a_password_whose_escapes_are_not_utf8_is_refused(tiny_build, tmp_path):
     """%FF decodes to no text: once it was sent as U+FFFD, a password nobody typed."""
     wheel = next(tiny_build[0].dist.glob("*.whl"))
-    ran = run_guarded(tmp_path, "publish", "--wheel", str(wheel),
-                      env={"MODELWHEEL_INDEX_URL": "http://alice:pw-secret%FF@127.0.0.1:1/", "MODELWHEEL_SIMPLE_URL": ""})
+    ran = run_guarded(
+        tmp_path,
+        "publish",
+        "--wheel",
+        str(wheel),
+        env={"MODELWHEEL_INDEX_URL": "http://alice:pw-secret%FF@127.0.0.1:1/", "MODELWHEEL_SIMPLE_URL": ""},
+    )
     assert ran.code == UsageError.exit_code, ran.err
     assert "error: the user info of http://***@127.0.0.1:1/ holds %XX escapes that are not UTF-8 text" in ran.err
     assert "a literal % as %25" in ran.err and "pw-secret" not in ran.err
@@ -576,15 +681,25 @@ def test_no_credentials_for_the_index_is_said_in_one_line(tiny_build, tmp_path):
     _RecordingIndex.seen = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        ran = run_guarded(tmp_path, "publish", "--skip-existing", "--wheel", str(wheel),
-                          env={"MODELWHEEL_INDEX_URL": f"http://127.0.0.1:{server.server_port}/",
-                               "MODELWHEEL_SIMPLE_URL": ""})
+        ran = run_guarded(
+            tmp_path,
+            "publish",
+            "--skip-existing",
+            "--wheel",
+            str(wheel),
+            env={"MODELWHEEL_INDEX_URL": f"http://127.0.0.1:{server.server_port}/", "MODELWHEEL_SIMPLE_URL": ""},
+        )
     finally:
         server.shutdown()
         server.server_close()
     assert ran.code == UploadError.exit_code, ran.err
     lines = ran.err.strip().splitlines()
-    assert lines[-2] == f"error: no username to upload to http://127.0.0.1:{server.server_port}/cpu/ with: nothing uploaded"
-    assert lines[-1].startswith("hint: set TWINE_USERNAME and TWINE_PASSWORD") and "MODELWHEEL_INDEX_USERNAME" in lines[-1]
+    assert (
+        lines[-2]
+        == f"error: no username to upload to http://127.0.0.1:{server.server_port}/cpu/ with: nothing uploaded"
+    )
+    assert (
+        lines[-1].startswith("hint: set TWINE_USERNAME and TWINE_PASSWORD") and "MODELWHEEL_INDEX_USERNAME" in lines[-1]
+    )
     assert "twine" not in "\n".join(lines[:-1]), ran.err
     assert [method for method, _ in _RecordingIndex.seen] == ["GET"]  # the simple page read; no upload tried

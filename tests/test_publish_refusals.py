@@ -26,24 +26,39 @@ def test_a_renamed_wheel_is_refused_naming_both_names(wheel, tmp_path, name, sai
     shutil.copy(wheel, renamed)
     ran = run_cli("publish", "--wheel", str(renamed), "--index", NOWHERE, cwd=tmp_path)
     assert ran.code == 15, ran.err
-    assert (f"error: {renamed}: a renamed wheel: its file name says {said}+{label}, its METADATA "
-            f"(model_tiny-0.1+{label}.dist-info/METADATA) says model-tiny 0.1+{label}, its manifest says "
-            f"model-tiny 0.1+{label}") in ran.err
+    assert (
+        f"error: {renamed}: a renamed wheel: its file name says {said}+{label}, its METADATA "
+        f"(model_tiny-0.1+{label}.dist-info/METADATA) says model-tiny 0.1+{label}, its manifest says "
+        f"model-tiny 0.1+{label}"
+    ) in ran.err
     assert f"hint: publish the file under the name its build gave it (model_tiny-0.1+{label}-...whl)" in ran.err
 
 
-@pytest.mark.parametrize(("manifest", "says"), [
-    (b"{not json", "is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
-    (b"[]", "is a JSON list, not a manifest"),
-    (b'{"verification": {"passed": true}}', "is not a manifest of this pipeline: import_name, dist_name, full_version, "
-                                             "artifacts, golden missing or of the wrong type"),
-])
+@pytest.mark.parametrize(
+    ("manifest", "says"),
+    [
+        (
+            b"{not json",
+            "is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        (b"[]", "is a JSON list, not a manifest"),
+        (
+            b'{"verification": {"passed": true}}',
+            "is not a manifest of this pipeline: import_name, dist_name, full_version, "
+            "artifacts, golden missing or of the wrong type",
+        ),
+    ],
+)
 def test_a_damaged_manifest_with_a_consistent_record_is_refused_naming_it(wheel, tmp_path, manifest, says):
     """A wheel whose manifest.json is damaged but listed in its RECORD with its own hash gave a
     traceback (JSONDecodeError, AttributeError) and exit 1."""
     (tmp_path / "out").mkdir()
-    damaged = rewrite(wheel, tmp_path / "out", lambda name, data: manifest if name == "model_tiny/manifest.json" else data,
-                      rerecord=True)
+    damaged = rewrite(
+        wheel,
+        tmp_path / "out",
+        lambda name, data: manifest if name == "model_tiny/manifest.json" else data,
+        rerecord=True,
+    )
     ran = run_cli("publish", "--wheel", str(damaged), "--index", NOWHERE, cwd=tmp_path)
     assert ran.code == 15, ran.err
     assert f"error: {damaged}: model_tiny/manifest.json {says}" in ran.err
@@ -85,9 +100,16 @@ def test_skip_existing_sends_credentials_to_the_index_s_own_origin_only(wheel, t
     with serving(elsewhere, lambda path: data) as (files, fetched):
         page = f'<a href="{files}/files/{wheel.name}">{wheel.name}</a>'.encode()
         with serving("127.0.0.1", lambda path: page) as (index, pages):
-            ran = run_cli("publish", "--skip-existing", "--wheel", str(wheel), "--index",
-                          index.replace("http://", "http://alice:S3cretPw@") + "/", cwd=tmp_path,
-                          env={"MODELWHEEL_SIMPLE_URL": ""})
+            ran = run_cli(
+                "publish",
+                "--skip-existing",
+                "--wheel",
+                str(wheel),
+                "--index",
+                index.replace("http://", "http://alice:S3cretPw@") + "/",
+                cwd=tmp_path,
+                env={"MODELWHEEL_SIMPLE_URL": ""},
+            )
     assert ran.code == 0, ran.err
     assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in ran.err
     assert fetched == [(f"/files/{wheel.name}", None)]  # the file, fetched without credentials
@@ -119,12 +141,23 @@ def test_the_wheel_checked_is_the_wheel_uploaded(wheel, tmp_path):
         shutil.copy(wheel, given)
         shutil.copy(wheel.parent / ("-".join(wheel.name.split("-")[:2]) + ".report.json"), shared)  # its report
         (tmp_path / "swapped").mkdir()
-        swapped = rewrite(wheel, tmp_path / "swapped", lambda name, data: data + b"\0" if name.endswith(".so") else data)
+        swapped = rewrite(
+            wheel, tmp_path / "swapped", lambda name, data: data + b"\0" if name.endswith(".so") else data
+        )
         hook = tmp_path / "hook"
         hook.mkdir()
         (hook / "sitecustomize.py").write_text(SWAP_AFTER_CHECK)
-        ran = run_cli("publish", "--wheel", str(given), cwd=home,
-                      env={"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]), "SWAP_WITH": str(swapped), "SWAP_TARGET": str(given)})
+        ran = run_cli(
+            "publish",
+            "--wheel",
+            str(given),
+            cwd=home,
+            env={
+                "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+                "SWAP_WITH": str(swapped),
+                "SWAP_TARGET": str(given),
+            },
+        )
         assert not swapped.exists(), "the swap happened"
         assert ran.code == 0, ran.err
         assert (home / "data" / "cpu" / wheel.name).read_bytes() == wheel.read_bytes()

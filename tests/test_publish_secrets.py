@@ -13,7 +13,6 @@ import pytest
 
 from .conftest import TINY_SPEC, run_cli
 
-
 # --- publishing: a password nobody percent-encoded never reaches output, logs or files ---
 
 # Every separator a URL parser might split on, each piece distinctive so a leaked fragment shows.
@@ -34,7 +33,9 @@ def leaked(text: str) -> list[str]:
     return [piece for piece in PASSWORD_PIECES if piece in text]
 
 
-@pytest.mark.parametrize("source", ["index-env", "index-flag", "index-env-with-target", "twine-env", "spec-and-index-env"])
+@pytest.mark.parametrize(
+    "source", ["index-env", "index-flag", "index-env-with-target", "twine-env", "spec-and-index-env"]
+)
 def test_unencoded_password_never_leaks_from_a_failing_publish(tiny_build, tmp_path, source, closed_port):
     build_dirs, _ = tiny_build
     wheel = next(build_dirs.dist.glob("*.whl"))
@@ -49,10 +50,21 @@ def test_unencoded_password_never_leaks_from_a_failing_publish(tiny_build, tmp_p
     elif source == "index-env-with-target":  # no existence check: twine itself meets the closed port
         env["MODELWHEEL_INDEX_URL"] = with_userinfo + "{target}/"
     elif source == "twine-env":
-        env.update(MODELWHEEL_INDEX_URL=f"http://127.0.0.1:{port}/{{target}}/", TWINE_USERNAME="alice", TWINE_PASSWORD=PASSWORD)
+        env.update(
+            MODELWHEEL_INDEX_URL=f"http://127.0.0.1:{port}/{{target}}/", TWINE_USERNAME="alice", TWINE_PASSWORD=PASSWORD
+        )
     else:  # the spec's wheel found in --dist, as `make publish` runs it
         env["MODELWHEEL_INDEX_URL"] = with_userinfo
-        args = ["-v", "publish", "--spec", str(TINY_SPEC), "--dist", str(build_dirs.dist), "--build-dir", str(tmp_path / "build")]
+        args = [
+            "-v",
+            "publish",
+            "--spec",
+            str(TINY_SPEC),
+            "--dist",
+            str(build_dirs.dist),
+            "--build-dir",
+            str(tmp_path / "build"),
+        ]
     ran = run_cli(*args, env=env, cwd=tmp_path, timeout=300)
     assert ran.code in (13, 16), ran.err  # the index cannot be reached, or twine's upload failed
     assert f"127.0.0.1:{port}" in ran.err, "the index is still named, without its credentials"
@@ -100,7 +112,13 @@ def test_unencoded_password_reaches_the_index_intact(tiny_build, tmp_path, path,
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://alice:{PASSWORD}@127.0.0.1:{server.server_port}{path}"
-        ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_SIMPLE_URL": ""})
+        ran = run_cli(
+            "publish",
+            "--wheel",
+            str(wheel),
+            cwd=tmp_path,
+            env={"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_SIMPLE_URL": ""},
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -116,9 +134,19 @@ def test_twine_output_has_no_colour_codes(tiny_build, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:  # no existence check with {target}: twine's upload meets the 403 and its output is shown
         url = f"http://127.0.0.1:{server.server_port}/{{target}}/"
-        ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path,
-                      env={"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_SIMPLE_URL": "", "NO_COLOR": "1",
-                           "TWINE_USERNAME": "someone", "TWINE_PASSWORD": "something"})
+        ran = run_cli(
+            "publish",
+            "--wheel",
+            str(wheel),
+            cwd=tmp_path,
+            env={
+                "MODELWHEEL_INDEX_URL": url,
+                "MODELWHEEL_SIMPLE_URL": "",
+                "NO_COLOR": "1",
+                "TWINE_USERNAME": "someone",
+                "TWINE_PASSWORD": "something",
+            },
+        )
     finally:
         server.shutdown()
         server.server_close()

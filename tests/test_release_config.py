@@ -40,13 +40,14 @@ def install_lines() -> list[list[str]]:
 
 def test_the_jobs_install_only_tools_pinned_at_the_versions_of_requirements_txt():
     wanted, release = pins(REPO / "requirements.txt"), pins(REPO / CONSTRAINTS)
-    assert {name: version for name, version in release.items() if wanted.get(name) != version} == {}, \
+    assert {name: version for name, version in release.items() if wanted.get(name) != version} == {}, (
         f"{CONSTRAINTS} must pin what requirements.txt pins"
+    )
     lines = install_lines()
     assert len(lines) == 2, lines  # the matrix job's and the publish job's
     for words in lines:
         assert words[words.index("-c") + 1] == CONSTRAINTS, words
-        named = [w for w in words[words.index("install") + 1:] if not w.startswith("-") and w != CONSTRAINTS]
+        named = [w for w in words[words.index("install") + 1 :] if not w.startswith("-") and w != CONSTRAINTS]
         assert named and all(name in release for name in named), f"{named}: each must be pinned in {CONSTRAINTS}"
     assert {"pydantic", "packaging", "twine"} <= set(release)
 
@@ -58,8 +59,11 @@ def test_the_matrix_refuses_the_local_run_input_on_githubs_runners(tmp_path):
         "error: --no-containers (the release's no_containers input) is for a local run under act: on GitHub's "
         "runners it would build on the runner's own glibc and publish wheels tagged narrower than the "
         "manylinux_2_28 ones, under the same version",
-        "hint: run the release on GitHub without no_containers; `make release-local` is the run that uses it"]
-    under_act = run_cli("matrix", "--no-containers", "--spec", str(TINY_SPEC), env={"GITHUB_ACTIONS": "true", "ACT": "true"})
+        "hint: run the release on GitHub without no_containers; `make release-local` is the run that uses it",
+    ]
+    under_act = run_cli(
+        "matrix", "--no-containers", "--spec", str(TINY_SPEC), env={"GITHUB_ACTIONS": "true", "ACT": "true"}
+    )
     assert under_act.code == 0, under_act.err
     assert run_cli("matrix", "--spec", str(TINY_SPEC), env={"GITHUB_ACTIONS": "true", "ACT": ""}).code == 0
 
@@ -72,7 +76,8 @@ def test_a_local_run_leaves_out_the_cuda_job_where_there_is_no_driver_and_says_s
     assert [entry["target"] for entry in json.loads(local.out)["include"]] == ["cpu"]
     assert local.err.splitlines() == [
         "matrix: build tiny (cuda) is left out of this local run: no NVIDIA driver here (nvidia-smi is not on PATH); "
-        "on GitHub it runs on its own runner (self-hosted, linux, gpu: docs/publishing.md)"]
+        "on GitHub it runs on its own runner (self-hosted, linux, gpu: docs/publishing.md)"
+    ]
     release = run_cli("matrix", "--spec", str(spec), env=no_driver)  # GitHub's: every job, each on its runner
     assert [entry["target"] for entry in json.loads(release.out)["include"]] == ["cpu", "cuda"]
 
@@ -96,8 +101,10 @@ def test_a_spec_naming_cuda_too_builds_its_cpu_wheel_where_there_is_no_gpu():
         pytest.skip("this machine builds cuda")
     notes = []
     assert targets.buildable_here(["cpu", "cuda"], notes.append) == ["cpu"]
-    assert notes == [f"target cuda: not built here: {cuda.unavailable()} (the spec names it for machines that have "
-                     "it; --target cuda asks for it)"]
+    assert notes == [
+        f"target cuda: not built here: {cuda.unavailable()} (the spec names it for machines that have "
+        "it; --target cuda asks for it)"
+    ]
     assert targets.buildable_here(["cuda"], notes.append) == ["cuda"] and len(notes) == 1  # require_available refuses
 
 

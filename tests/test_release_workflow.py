@@ -48,7 +48,9 @@ def evaluate(expression: str, context: dict):
 def lookup(name: str, context: dict):
     value = context
     for part in name.split("."):
-        assert isinstance(value, dict) and part in value, f"release.yml uses ${{{{ {name} }}}}, which this test does not provide"
+        assert isinstance(value, dict) and part in value, (
+            f"release.yml uses ${{{{ {name} }}}}, which this test does not provide"
+        )
         value = value[part]
     return value
 
@@ -64,8 +66,13 @@ def run_job(name: str, context: dict, workspace: Path, python: Path, tmp: Path) 
     job = document["jobs"][name]
     output = tmp / f"{name}.output"
     output.write_text("")
-    env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "GITHUB_OUTPUT": str(output),
-           "GITHUB_PATH": str(tmp / "path"), "CI": "true"}
+    env = {
+        **os.environ,
+        "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
+        "GITHUB_OUTPUT": str(output),
+        "GITHUB_PATH": str(tmp / "path"),
+        "CI": "true",
+    }
     env.pop("VIRTUAL_ENV", None)
     for scope in (document, job):
         env.update({key: expand(str(value), context) for key, value in scope.get("env", {}).items()})
@@ -74,9 +81,17 @@ def run_job(name: str, context: dict, workspace: Path, python: Path, tmp: Path) 
         if "run" not in step or not evaluate(EXPRESSION.sub(r"\1", step.get("if", "true")), {**context, "true": True}):
             continue
         step_env = {**env, **{key: expand(str(value), context) for key, value in step.get("env", {}).items()}}
-        done = subprocess.run(["bash", "-e", "-c", expand(step["run"], context)], cwd=workspace, env=step_env,
-                              capture_output=True, text=True, timeout=1200)
-        assert done.returncode == 0, f"job {name}, step {step.get('name') or step['run'][:60]!r}:\n{done.stdout}{done.stderr}"
+        done = subprocess.run(
+            ["bash", "-e", "-c", expand(step["run"], context)],
+            cwd=workspace,
+            env=step_env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        assert done.returncode == 0, (
+            f"job {name}, step {step.get('name') or step['run'][:60]!r}:\n{done.stdout}{done.stderr}"
+        )
     return done
 
 
@@ -128,16 +143,27 @@ def test_the_cpu_job_builds_only_cpu_for_the_portable_cpu_kind(built, workspace)
         manifest = json.loads(archive.read("model_tiny/manifest.json"))
     assert manifest["target"] == "cpu" and manifest["variant"] == "cpu"
     assert manifest["platform"]["cpu_capability"] == "AVX2", manifest["platform"]
-    assert (workspace / "dist" / "model_tiny-0.1+cpu.torch" f"{manifest['torch']['version'].split('+')[0]}.report.json").is_file()
+    assert (
+        workspace / "dist" / f"model_tiny-0.1+cpu.torch{manifest['torch']['version'].split('+')[0]}.report.json"
+    ).is_file()
     assert (workspace / "build" / "tiny" / "0.1" / "trace").is_dir(), "the trace the workflow uploads"
 
 
 def test_a_wheel_built_for_avx2_loads_where_torch_runs_avx2_kernels(built, tmp_path):
     python = make_venv(tmp_path / "env")
     pip_install(python, str(built))
-    ran = subprocess.run([str(python), "-c", "import model_tiny as m; print(m.load()(*m.example_inputs())[1].shape); "
-                          "print(m.load_numpy()(*[t.numpy() for t in m.example_inputs()])[1].shape)"],
-                         capture_output=True, text=True, cwd="/", env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
+    ran = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import model_tiny as m; print(m.load()(*m.example_inputs())[1].shape); "
+            "print(m.load_numpy()(*[t.numpy() for t in m.example_inputs()])[1].shape)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["torch.Size([2,", "4])", "(2,", "4)"]
 
@@ -148,17 +174,21 @@ def test_the_portable_wheel_runs_onednn_at_the_kind_it_packed_its_weights_for(bu
     a call against 41): the runtime holds oneDNN at AVX2, unless the user set a cap of their own."""
     python = make_venv(tmp_path / "env")
     pip_install(python, str(built))
-    code = ("import os, model_tiny as m; model = m.load(); model(*m.example_inputs()); "
-            "print('cap', os.environ.get('ONEDNN_MAX_CPU_ISA'))")
+    code = (
+        "import os, model_tiny as m; model = m.load(); model(*m.example_inputs()); "
+        "print('cap', os.environ.get('ONEDNN_MAX_CPU_ISA'))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
-    ran = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
-                         env={**env, "ONEDNN_VERBOSE": "1"})
+    ran = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, cwd="/", env={**env, "ONEDNN_VERBOSE": "1"}
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-1] == "cap AVX2"
     kernels = [line for line in ran.stdout.splitlines() if line.startswith("onednn_verbose") and ",exec,cpu," in line]
     assert kernels and not [line for line in kernels if "avx512" in line or "amx" in line], kernels[:5]
-    own = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
-                         env={**env, "ONEDNN_MAX_CPU_ISA": "SSE41"})
+    own = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, cwd="/", env={**env, "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    )
     assert own.returncode == 0, own.stderr
     assert own.stdout.splitlines()[-1] == "cap SSE41"
 
@@ -174,16 +204,25 @@ def index(tmp_path):
 def test_the_publish_job_uploads_with_its_own_install_line_and_passes_on_a_rerun(built, workspace, index, tmp_path):
     url, data = index
     # MODELWHEEL_SIMPLE_URL: where --skip-existing reads the simple pages (a wrong one would 404).
-    secrets = {"MODELWHEEL_INDEX_URL": url, "MODELWHEEL_INDEX_USERNAME": "local", "MODELWHEEL_INDEX_PASSWORD": "no-auth",
-               "MODELWHEEL_SIMPLE_URL": f"{url}{{target}}/simple/"}
-    python = make_venv(tmp_path / "python", sees_torch=False)  # no torch, no numpy: what the job installs and nothing else
+    secrets = {
+        "MODELWHEEL_INDEX_URL": url,
+        "MODELWHEEL_INDEX_USERNAME": "local",
+        "MODELWHEEL_INDEX_PASSWORD": "no-auth",
+        "MODELWHEEL_SIMPLE_URL": f"{url}{{target}}/simple/",
+    }
+    python = make_venv(
+        tmp_path / "python", sees_torch=False
+    )  # no torch, no numpy: what the job installs and nothing else
     first = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)
     assert f"{built.name}: uploaded to the cpu index" in first.stderr
     assert (data / "cpu" / built.name).is_file()
     again = run_job("publish", {"secrets": secrets}, workspace, python, tmp_path)  # a re-run release
     assert f"{built.name}: already on the index (cpu), the same file, left as it is" in again.stderr
-    installed = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('numpy'))"],
-                               capture_output=True, text=True)
+    installed = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('numpy'))"],
+        capture_output=True,
+        text=True,
+    )
     assert installed.stdout.split() == ["None", "None"]
 
 
@@ -192,8 +231,12 @@ def test_the_workflows_steps_never_see_the_make_that_runs_the_tests(tmp_path):
     ARGS to modelwheel): with the tests' fixtures loaded, neither ARGS nor MAKEFLAGS is left."""
     makefile = tmp_path / "Makefile"
     shown = "import json, os, tests.conftest; print(json.dumps([os.environ.get(n) for n in ('ARGS', 'MODEL', 'MAKEFLAGS')]))"
-    makefile.write_text(f"show:\n\t@{sys.executable} -c \"{shown}\"\n")
-    ran = subprocess.run(["make", "-f", str(makefile), "ARGS=tests/x.py -k 'a b'", "MODEL=tiny"], cwd=REPO,
-                         capture_output=True, text=True)
+    makefile.write_text(f'show:\n\t@{sys.executable} -c "{shown}"\n')
+    ran = subprocess.run(
+        ["make", "-f", str(makefile), "ARGS=tests/x.py -k 'a b'", "MODEL=tiny"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout) == [None, None, None]

@@ -34,10 +34,14 @@ def test_a_changed_model_source_names_the_first_file_that_differs(wheel, tmp_pat
     assert ran.code == NotReproducedError.exit_code == 28, ran.err
     assert "candidate freezing" not in ran.err and "search:" not in ran.err
     error, hint = ran.err.splitlines()[-2:]
-    assert error.startswith(f"error: {wheel.name} is not identical to its rebuild from {spec}: the first file that "
-                            "differs is model_tiny/golden.safetensors (the rebuild is kept: "), error
-    assert hint.startswith("hint: a changed spec, model code or weights, or another modelwheel (the runtime files every "
-                           "wheel carries), make another wheel; else compare what must match: torch, the compiler (")
+    assert error.startswith(
+        f"error: {wheel.name} is not identical to its rebuild from {spec}: the first file that "
+        "differs is model_tiny/golden.safetensors (the rebuild is kept: "
+    ), error
+    assert hint.startswith(
+        "hint: a changed spec, model code or weights, or another modelwheel (the runtime files every "
+        "wheel carries), make another wheel; else compare what must match: torch, the compiler ("
+    )
 
 
 def test_the_compiled_model_holds_no_path_of_the_torch_that_built_it(wheel):

@@ -62,9 +62,14 @@ def test_a_cache_folder_another_user_planted_is_never_changed(installed, tmp_pat
         verified.mkdir(mode=0o755)
         os.chown(verified, NOBODY, NOBODY)
         watched = verified
-    ran = subprocess.run([str(installed), "-c", "import model_tiny as m; m.load(); print('loaded')"],
-                         capture_output=True, text=True, cwd="/", env={**os.environ, "XDG_CACHE_HOME": str(cache)},
-                         timeout=300)
+    ran = subprocess.run(
+        [str(installed), "-c", "import model_tiny as m; m.load(); print('loaded')"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        timeout=300,
+    )
     assert ran.returncode == 0 and ran.stdout.split() == ["loaded"], ran.stderr[-3000:]
     assert oct(watched.stat().st_mode & 0o777) == "0o755"
     assert list(watched.iterdir()) == []

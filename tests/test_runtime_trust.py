@@ -31,8 +31,14 @@ def linked(tmp_path_factory, wheel):
     base = tmp_path_factory.mktemp("trust")
     python = make_venv(base / "env")
     pip_install(python, str(wheel))
-    package = Path(subprocess.run([str(python), "-c", "import model_tiny, os; print(os.path.dirname(model_tiny.__file__))"],
-                                  capture_output=True, text=True, check=True).stdout.strip())
+    package = Path(
+        subprocess.run(
+            [str(python), "-c", "import model_tiny, os; print(os.path.dirname(model_tiny.__file__))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     manifest_file = package / "manifest.json"
     original = manifest_file.read_text()
     yield python, package, manifest_file, original, base
@@ -107,8 +113,10 @@ def test_a_link_to_a_folder_inside_another_users_folder_is_not_followed(linked, 
     (link.parents[1]).symlink_to(theirs / "tiny")
     done = run(python, "import model_tiny; print(model_tiny.load().library)")
     assert done.returncode == 0, done.stderr
-    assert f"{theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to " \
-           f"{link.parents[1]}'s target)" in done.stderr
+    assert (
+        f"{theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to "
+        f"{link.parents[1]}'s target)" in done.stderr
+    )
     assert list((theirs / "tiny").iterdir()) == [], "nothing was made in the folder another user can replace"
     assert done.stdout.strip() == str(linked[1] / "artifacts" / "model.so")
 
@@ -168,13 +176,18 @@ def test_a_link_it_may_not_make_loads_from_the_package_with_no_warning(linked, r
         context = tmpfs(tmp_path / "root", 1 << 20, read_only=True)
     with context as root:
         link = point_at(linked, root)
-        ran = subprocess.run([str(python), "-W", "error", "-c", LOAD], capture_output=True, text=True, cwd="/", timeout=120)
+        ran = subprocess.run(
+            [str(python), "-W", "error", "-c", LOAD], capture_output=True, text=True, cwd="/", timeout=120
+        )
         assert ran.returncode == 0, ran.stderr
         assert (ran.stdout, ran.stderr) == (f"{package / 'artifacts' / 'model.so'}\n", "")
         logged = run(python, "import logging; logging.basicConfig(level=logging.DEBUG)\n" + LOAD)
         assert logged.returncode == 0, logged.stderr
         assert f"DEBUG:model_tiny._manifest:model-tiny: cannot write {link}" in logged.stderr
-        assert f"loading from {package / 'artifacts'} (`model-tiny link` with write access makes the link)" in logged.stderr
+        assert (
+            f"loading from {package / 'artifacts'} (`model-tiny link` with write access makes the link)"
+            in logged.stderr
+        )
         assert not link.exists() and (root.is_file() or not any(root.iterdir()))
 
 

@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -48,8 +48,13 @@ def served_python(installed) -> Path:
     (nothing the other tests of that virtualenv use), installed as a user's pip would: from PyPI,
     this machine's pip settings (its local mirror) off."""
     plain = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
-    done = subprocess.run([str(installed), "-m", "pip", "install", "--quiet", "-r", str(SERVING / "requirements.txt")],
-                          capture_output=True, text=True, env=plain, timeout=600)
+    done = subprocess.run(
+        [str(installed), "-m", "pip", "install", "--quiet", "-r", str(SERVING / "requirements.txt")],
+        capture_output=True,
+        text=True,
+        env=plain,
+        timeout=600,
+    )
     assert done.returncode == 0, f"pip install -r docs/serving/requirements.txt failed:\n{done.stdout}{done.stderr}"
     return installed
 
@@ -61,13 +66,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(cmd: list[str], ready: Callable[[], bool], log: Path, startup_s: float = 90.0,
-           env_extra: dict[str, str] | None = None) -> Iterator[None]:
+def server(
+    cmd: list[str],
+    ready: Callable[[], bool],
+    log: Path,
+    startup_s: float = 90.0,
+    env_extra: dict[str, str] | None = None,
+) -> Iterator[None]:
     """Run ``cmd`` in its own session until ``ready()``; stop its whole process group afterwards,
     whatever happened."""
     env = {**os.environ, "MODEL_PACKAGE": "model_tiny", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=SERVING, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            cmd, cwd=SERVING, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + startup_s
         while not ready():
@@ -85,16 +97,19 @@ def answers_ok(url: str) -> Callable[[], bool]:
             return httpx.get(url, timeout=2).status_code == 200
         except httpx.TransportError:
             return False
+
     return ready
 
 
 def ray_route_ready(base: str) -> Callable[[], bool]:
     """Ray Serve's proxy lists the app's route once its replicas are up."""
+
     def ready() -> bool:
         try:
             return "/" in httpx.get(base + "-/routes", timeout=2).json()
         except (httpx.TransportError, ValueError):
             return False
+
     return ready
 
 
@@ -116,8 +131,12 @@ def requests_of(count: int, seed: int) -> list[dict[str, np.ndarray]]:
     made = []
     for i in range(count):
         batch = 1 + i % 4
-        made.append({"x": rng.standard_normal((batch, 3, 8, 8), dtype=np.float32),
-                     "t": (rng.random(batch) * 1000).astype(np.float32)})
+        made.append(
+            {
+                "x": rng.standard_normal((batch, 3, 8, 8), dtype=np.float32),
+                "t": (rng.random(batch) * 1000).astype(np.float32),
+            }
+        )
     return made
 
 
@@ -147,7 +166,9 @@ def uvicorn_url(served_python, tmp_path_factory) -> Iterator[str]:
 def test_uvicorn_two_workers_answer_a_load_as_eager_does(uvicorn_url, route, wheel):
     requests = requests_of(REQUESTS, seed=len(route))
     # a connection per request, so both workers take some
-    answers = asyncio.run(client.load_test(uvicorn_url + route, requests, CONCURRENCY, LOAD_TIMEOUT_S, keep_alive=False))
+    answers = asyncio.run(
+        client.load_test(uvicorn_url + route, requests, CONCURRENCY, LOAD_TIMEOUT_S, keep_alive=False)
+    )
     assert_matches_eager(requests, answers, wheel)
     assert len({a.worker for a in answers}) == 2, "both worker processes served"
 
@@ -158,8 +179,9 @@ def test_requests_at_a_set_rate_are_sent_on_time_and_answered_as_eager_does(uvic
     from that time."""
     requests = requests_of(60, seed=11)
     started = time.monotonic()
-    answers = asyncio.run(client.paced_load(uvicorn_url + "/predict/batched", requests, rate_per_s=40.0, seed=3,
-                                            timeout_s=LOAD_TIMEOUT_S))
+    answers = asyncio.run(
+        client.paced_load(uvicorn_url + "/predict/batched", requests, rate_per_s=40.0, seed=3, timeout_s=LOAD_TIMEOUT_S)
+    )
     took = time.monotonic() - started
     assert_matches_eager(requests, answers, wheel)
     last_send = client.arrival_times(60, 40.0, seed=3)[-1]
@@ -169,12 +191,19 @@ def test_requests_at_a_set_rate_are_sent_on_time_and_answered_as_eager_does(uvic
 
 
 BAD = [
-    ({"x": np.zeros((1, 3, 8, 8), np.float64), "t": np.zeros(1, np.float32)}, "input 'x': expected dtype float32, got float64"),
+    (
+        {"x": np.zeros((1, 3, 8, 8), np.float64), "t": np.zeros(1, np.float32)},
+        "input 'x': expected dtype float32, got float64",
+    ),
     ({"x": np.zeros((1, 3, 9, 8), np.float32), "t": np.zeros(1, np.float32)}, "input 'x': dim 2 must be 8, got 9"),
-    ({"x": np.zeros((5, 3, 8, 8), np.float32), "t": np.zeros(5, np.float32)},
-     "input 'x': dim 0 (batch) is 5, outside the built range [1, 4]"),
-    ({"x": np.zeros((2, 3, 8, 8), np.float32), "t": np.zeros(3, np.float32)},
-     "input 't': dim 0 (batch) is 3, but input 'x' has batch=2"),
+    (
+        {"x": np.zeros((5, 3, 8, 8), np.float32), "t": np.zeros(5, np.float32)},
+        "input 'x': dim 0 (batch) is 5, outside the built range [1, 4]",
+    ),
+    (
+        {"x": np.zeros((2, 3, 8, 8), np.float32), "t": np.zeros(3, np.float32)},
+        "input 't': dim 0 (batch) is 3, but input 'x' has batch=2",
+    ),
     ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "expected arrays named ['x', 't'], got ['x']"),
 ]
 
@@ -206,15 +235,24 @@ def test_bodies_that_are_no_request_are_refused_before_they_are_unpacked(uvicorn
     nothing is unpacked for the last two (before, the server's memory grew by the unpacked size)."""
     npy = io.BytesIO()
     np.save(npy, np.zeros((1, 3, 8, 8), np.float32))
-    largest = 4 * 3 * 8 * 8 * 4 + 4 * 4  # batch max 4: x float32 (4, 3, 8, 8) and t float32 (4,); + 4096 for the .npz's own
+    largest = (
+        4 * 3 * 8 * 8 * 4 + 4 * 4
+    )  # batch max 4: x float32 (4, 3, 8, 8) and t float32 (4,); + 4096 for the .npz's own
     bomb = npz_body(np.savez_compressed, x=np.zeros((4000, 3, 8, 8), np.float32), t=np.zeros(4000, np.float32))
     assert len(bomb) < largest + 4096  # within the body limit: only unpacking would pass it
     cases = [
-        (b'{"x": [[1.0]], "t": [1.0]}', 400, "the body must be an .npz file (numpy.savez), one array per input named as "
-                                              "the model's inputs ['x', 't']"),
+        (
+            b'{"x": [[1.0]], "t": [1.0]}',
+            400,
+            "the body must be an .npz file (numpy.savez), one array per input named as the model's inputs ['x', 't']",
+        ),
         (npy.getvalue(), 400, "the body must be an .npz file (numpy.savez)"),
         (b"PK" + bytes(largest + 8192), 413, f"the body is over the {largest + 4096} bytes of the largest request"),
-        (bomb, 413, f"the arrays unpack to 3088256 bytes, over the {largest + 4096} of the largest request the model takes"),
+        (
+            bomb,
+            413,
+            f"the arrays unpack to 3088256 bytes, over the {largest + 4096} of the largest request the model takes",
+        ),
     ]
     for route in ("/predict", "/predict/batched"):
         for body, status, says in cases:
@@ -227,6 +265,7 @@ def test_bodies_that_are_no_request_are_refused_before_they_are_unpacked(uvicorn
 def test_the_client_reports_an_error_answer_that_is_not_json():
     """A crash's 500 from uvicorn is plain text, a proxy's 502 HTML: the load goes on, and the answer
     says what came back (it used to end the whole load in a JSONDecodeError)."""
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             self.rfile.read(int(self.headers["content-length"]))
@@ -264,8 +303,14 @@ print("ok")
 
 
 def test_a_lazy_model_loaded_before_fork_runs_in_the_child(served_python, tmp_path):
-    done = subprocess.run([str(served_python), "-c", FORK_CHECK], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    done = subprocess.run(
+        [str(served_python), "-c", FORK_CHECK],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
@@ -296,8 +341,14 @@ print(json.dumps({"batched": batched, "listed": calls}))
 
 
 def test_the_batcher_joins_concurrent_requests_up_to_the_batch_max(served_python, tmp_path):
-    done = subprocess.run([str(served_python), "-c", BATCHER_CHECK], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [str(served_python), "-c", BATCHER_CHECK],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     calls = json.loads(done.stdout)
     # 15 samples within one wait budget: calls of at most 4 (the built max), requests never split,
@@ -336,8 +387,14 @@ print(json.dumps({"one": len(one), "on_main": threading.get_ident() in one | set
 def test_an_asyncio_servers_calls_run_on_the_models_own_threads_only(served_python, tmp_path):
     """ModelThreads: every call (direct or batched) from one thread, never the event loop's, the
     same threads across event loops; count=2 uses two."""
-    done = subprocess.run([str(served_python), "-c", THREADS_CHECK], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [str(served_python), "-c", THREADS_CHECK],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"one": 1, "on_main": False, "two": 2}
 
@@ -349,7 +406,9 @@ def test_the_app_with_two_call_slots_answers_a_load_as_eager_does(served_python,
     cmd = [str(served_python), "-m", "uvicorn", "app:app", "--workers", "1", "--host", "127.0.0.1", "--port", str(port)]
     with server(cmd, answers_ok(url + "/health"), tmp_path / "server.log", env_extra={"MODEL_SLOTS": "2"}):
         requests = requests_of(120, seed=5)
-        assert_matches_eager(requests, asyncio.run(client.load_test(url + "/predict", requests, CONCURRENCY, LOAD_TIMEOUT_S)), wheel)
+        assert_matches_eager(
+            requests, asyncio.run(client.load_test(url + "/predict", requests, CONCURRENCY, LOAD_TIMEOUT_S)), wheel
+        )
         assert httpx.get(url + "/health", timeout=10).json()["slots"] == 2
 
 
@@ -361,8 +420,14 @@ def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python, slots,
     cmd = [str(served_python), "-m", "uvicorn", "app:app", "--port", str(free_port()), "--workers", workers]
     log = tmp_path / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=SERVING, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": slots})
+        process = subprocess.Popen(
+            cmd,
+            cwd=SERVING,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "MODEL_PACKAGE": "model_tiny", "MODEL_SLOTS": slots},
+        )
     try:
         code = process.wait(timeout=60)
     finally:
@@ -372,7 +437,10 @@ def test_a_bad_slot_count_stops_the_app_saying_what_to_set(served_python, slots,
     assert said.count("error: MODEL_SLOTS=") == int(workers), said  # each worker once, none started again
     # one worker: the app's exit code; under the supervisor, uvicorn's own (0 after it stops itself)
     assert code == 3 if workers == "1" else "failed to start, stopping the parent process" in said, said
-    assert f"error: MODEL_SLOTS={slots!r}: expected a whole number of concurrent calls, from 1 to the {cores} cores" in said
+    assert (
+        f"error: MODEL_SLOTS={slots!r}: expected a whole number of concurrent calls, from 1 to the {cores} cores"
+        in said
+    )
 
 
 THREADS_FORK_CHECK = """
@@ -387,8 +455,9 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 
 
 def test_model_threads_used_before_a_fork_start_their_own_in_the_child(served_python, tmp_path):
-    done = subprocess.run([str(served_python), "-c", THREADS_FORK_CHECK], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [str(served_python), "-c", THREADS_FORK_CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.strip() == "0", done.stdout + done.stderr
 
 
@@ -400,8 +469,12 @@ def included_blocks(page: Path) -> list[tuple[str, str]]:
 
 def test_the_page_shows_the_examples_the_tests_run():
     blocks = included_blocks(REPO / "docs" / "serving.md")
-    assert {name for name, _ in blocks} >= {"docs/serving/app.py", "docs/serving/ray_app.py", "docs/serving/client.py",
-                                            "docs/serving/Dockerfile"}
+    assert {name for name, _ in blocks} >= {
+        "docs/serving/app.py",
+        "docs/serving/ray_app.py",
+        "docs/serving/client.py",
+        "docs/serving/Dockerfile",
+    }
     for name, code in blocks:
         assert code == (REPO / name).read_text(), f"docs/serving.md's copy of {name} differs from the file"
 
@@ -410,10 +483,17 @@ def test_the_page_shows_the_examples_the_tests_run():
 def test_ray_serve_two_replicas_with_serve_batch_answer_as_eager_does(tmp_path, wheel):
     # a virtualenv of its own: Ray brings many packages the session's shared one should not get
     served_python = make_venv(tmp_path / "env")
-    pip_install(served_python, str(wheel), "-r", str(SERVING / "requirements.txt"), "-r", str(SERVING / "requirements-ray.txt"))
+    pip_install(
+        served_python, str(wheel), "-r", str(SERVING / "requirements.txt"), "-r", str(SERVING / "requirements-ray.txt")
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    with server([str(served_python), "ray_app.py", "--port", str(port)], ray_route_ready(url), tmp_path / "ray.log", startup_s=180):
+    with server(
+        [str(served_python), "ray_app.py", "--port", str(port)],
+        ray_route_ready(url),
+        tmp_path / "ray.log",
+        startup_s=180,
+    ):
         requests = requests_of(REQUESTS, seed=3)
         answers = asyncio.run(client.load_test(url, requests, CONCURRENCY, LOAD_TIMEOUT_S))
         assert_matches_eager(requests, answers, wheel)

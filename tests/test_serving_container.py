@@ -25,8 +25,8 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -37,8 +37,10 @@ from .test_serving import assert_matches_eager, client, free_port, requests_of
 # Checked before any fixture runs (the tiny wheel's build among them).
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None,
-                       reason="podman is not installed (apt-get install podman runc): the Dockerfile is not built"),
+    pytest.mark.skipif(
+        shutil.which("podman") is None,
+        reason="podman is not installed (apt-get install podman runc): the Dockerfile is not built",
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="building the Dockerfile with podman is tested as root only"),
 ]
 
@@ -49,8 +51,11 @@ TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # the Dockerfile's default
 IMAGE = "localhost/modelwheel-test-serve:tiny"
 # Tried in turn until one runs a container: podman's defaults, then runc (crun refuses cgroups in
 # hybrid mode) with limits a root without CAP_SYS_RESOURCE may set (podman's defaults exceed them).
-RUN_FLAGS = ([], ["--runtime", "runc"],
-             ["--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"])
+RUN_FLAGS = (
+    [],
+    ["--runtime", "runc"],
+    ["--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"],
+)
 
 
 def sh(*cmd: str, timeout: float = 600, merged: bool = False, **kwargs) -> subprocess.CompletedProcess:
@@ -87,21 +92,41 @@ def standin_base(podman: list[str], work: Path) -> str:
     if shutil.which("debootstrap") is None:
         pytest.skip(f"cannot pull {PYTHON_SLIM} and no debootstrap (apt-get install debootstrap) for a stand-in")
     rootfs = work / "rootfs"
-    made = sh("debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm",
-              str(rootfs), "http://deb.debian.org/debian", timeout=900)
+    made = sh(
+        "debootstrap",
+        "--variant=minbase",
+        "--include=python3,python3-venv,ca-certificates",
+        "bookworm",
+        str(rootfs),
+        "http://deb.debian.org/debian",
+        timeout=900,
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot pull {PYTHON_SLIM}, and debootstrap failed: {last_line(made)}")
     for cert in Path("/usr/local/share/ca-certificates").glob("*.crt"):
         shutil.copy(cert, rootfs / "usr" / "local" / "share" / "ca-certificates")
     path = "/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    for step in (["update-ca-certificates"], ["python3", "-m", "venv", "/opt/python"],
-                 ["/opt/python/bin/pip", "install", "--quiet", "--no-cache-dir", "--upgrade", "pip"]):
+    for step in (
+        ["update-ca-certificates"],
+        ["python3", "-m", "venv", "/opt/python"],
+        ["/opt/python/bin/pip", "install", "--quiet", "--no-cache-dir", "--upgrade", "pip"],
+    ):
         done = sh("chroot", str(rootfs), "/usr/bin/env", "-i", f"PATH={path}", "LANG=C.UTF-8", *step)
         assert done.returncode == 0, f"stand-in base: {' '.join(step)}: {done.stdout}{done.stderr}"
     sh("tar", "-C", str(rootfs), "-cf", str(work / "rootfs.tar"), ".", check=True)
     shutil.rmtree(rootfs)
-    done = sh(*podman, "import", "--change", f"ENV PATH={path}", "--change", "ENV LANG=C.UTF-8",
-              "--change", 'CMD ["python3"]', str(work / "rootfs.tar"), STANDIN)
+    done = sh(
+        *podman,
+        "import",
+        "--change",
+        f"ENV PATH={path}",
+        "--change",
+        "ENV LANG=C.UTF-8",
+        "--change",
+        'CMD ["python3"]',
+        str(work / "rootfs.tar"),
+        STANDIN,
+    )
     assert done.returncode == 0, done.stderr
     (work / "rootfs.tar").unlink()
     return STANDIN
@@ -114,8 +139,19 @@ def base(podman, tmp_path_factory) -> tuple[str, list[str], str]:
     image = PYTHON_SLIM if pulled.returncode == 0 else standin_base(podman, tmp_path_factory.mktemp("base"))
     tried = []
     for flags in RUN_FLAGS:
-        done = sh(*podman, "run", "--rm", *flags, "-p", f"127.0.0.1:{free_port()}:9", image,
-                  "python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])", timeout=300)
+        done = sh(
+            *podman,
+            "run",
+            "--rm",
+            *flags,
+            "-p",
+            f"127.0.0.1:{free_port()}:9",
+            image,
+            "python",
+            "-c",
+            "import sys; print('%d.%d' % sys.version_info[:2])",
+            timeout=300,
+        )
         if done.returncode == 0:
             return image, flags, done.stdout.strip()
         tried.append(f"[{' '.join(flags) or 'defaults'}] {last_line(done)}")
@@ -135,15 +171,34 @@ def torch_index(wheel: Path, python: str, work: Path) -> Iterator[str]:
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     pin = re.search(r"^Requires-Dist: (torch==\S+)$", metadata, re.M).group(1)
-    got = sh(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             "--python-version", python, "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-             "--dest", str(work / "torch"), pin)
+    got = sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--platform",
+        "manylinux_2_28_x86_64",
+        "--dest",
+        str(work / "torch"),
+        pin,
+    )
     if got.returncode != 0:
-        pytest.skip(f"{TORCH_INDEX} does not answer, and this machine's pip has no {pin} for Python {python}: "
-                    f"{last_line(got)}")
+        pytest.skip(
+            f"{TORCH_INDEX} does not answer, and this machine's pip has no {pin} for Python {python}: {last_line(got)}"
+        )
     port = free_port()
-    served = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                               "--directory", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    served = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(work)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -163,8 +218,9 @@ def torch_index(wheel: Path, python: str, work: Path) -> Iterator[str]:
 def index_with(wheel: Path, torch_url: str, home: Path) -> Iterator[str]:
     """The local index (`make index`) with the tiny wheel published to it; torch redirected to ``torch_url``."""
     home.mkdir(parents=True, exist_ok=True)
-    started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), "--torch-url", torch_url + "/",
-                      cwd=home)
+    started = run_cli(
+        "index", "start", "--port", "0", "--data", str(home / "data"), "--torch-url", torch_url + "/", cwd=home
+    )
     assert started.code == 0, started.err
     try:
         published = run_cli("publish", "--wheel", str(wheel), cwd=home)
@@ -178,8 +234,21 @@ def index_with(wheel: Path, torch_url: str, home: Path) -> Iterator[str]:
 def running(podman: list[str], flags: list[str], port: int) -> Iterator[str]:
     """The image as the Dockerfile's header runs it, until /health answers; removed afterwards."""
     name = f"modelwheel-test-serve-{port}"
-    started = sh(*podman, "run", "--detach", "--name", name, *flags, "--read-only", "--tmpfs", "/tmp",
-                 "-p", f"127.0.0.1:{port}:8000", IMAGE, timeout=300)
+    started = sh(
+        *podman,
+        "run",
+        "--detach",
+        "--name",
+        name,
+        *flags,
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        IMAGE,
+        timeout=300,
+    )
     assert started.returncode == 0, started.stderr
     try:
         deadline = time.monotonic() + 120
@@ -199,17 +268,42 @@ def running(podman: list[str], flags: list[str], port: int) -> Iterator[str]:
 
 def test_the_dockerfile_builds_verifies_and_serves_as_uid_10001_on_a_read_only_root(podman, base, wheel, tmp_path):
     image, flags, python = base
-    with torch_index(wheel, python, tmp_path / "torch-index") as torch_url, \
-            index_with(wheel, torch_url, tmp_path / "index") as index_url:
-        built = sh(*podman, "build", "--isolation", "chroot", "--network", "host", "--layers=false",
-                   "--build-arg", f"BASE={image}", "--build-arg", f"INDEX_URL={index_url}",
-                   "--build-arg", f"TORCH_INDEX_URL={torch_url}", "--build-arg", "MODEL=tiny",
-                   "--build-arg", "VERSION=0.1", "-t", IMAGE, str(SERVING), timeout=1800, merged=True)
+    with (
+        torch_index(wheel, python, tmp_path / "torch-index") as torch_url,
+        index_with(wheel, torch_url, tmp_path / "index") as index_url,
+    ):
+        built = sh(
+            *podman,
+            "build",
+            "--isolation",
+            "chroot",
+            "--network",
+            "host",
+            "--layers=false",
+            "--build-arg",
+            f"BASE={image}",
+            "--build-arg",
+            f"INDEX_URL={index_url}",
+            "--build-arg",
+            f"TORCH_INDEX_URL={torch_url}",
+            "--build-arg",
+            "MODEL=tiny",
+            "--build-arg",
+            "VERSION=0.1",
+            "-t",
+            IMAGE,
+            str(SERVING),
+            timeout=1800,
+            merged=True,
+        )
     log = built.stdout
     assert built.returncode == 0, log[-5000:]
     # the build-time health check ran, as uid 10001, and passed
-    verified = re.search(r"STEP \d+/\d+: RUN model-\$\{MODEL\} verify\n(ok  case .*\n)+model-tiny 0\.1\+cpu\.torch\S+: "
-                         r"\d+ golden cases match", log)
+    verified = re.search(
+        r"STEP \d+/\d+: RUN model-\$\{MODEL\} verify\n(ok  case .*\n)+model-tiny 0\.1\+cpu\.torch\S+: "
+        r"\d+ golden cases match",
+        log,
+    )
     assert verified, log[-3000:]
     print(f"built on {image} ({python}), podman run {' '.join(flags)}, torch from {torch_url}:\n{verified.group(0)}")
     assert "SYS_UID_MAX" not in log, "useradd warned of a system user's uid above the system range"
@@ -221,7 +315,9 @@ def test_the_dockerfile_builds_verifies_and_serves_as_uid_10001_on_a_read_only_r
         requests = requests_of(16, seed=31)
         answers = asyncio.run(client.load_test(f"{url}/predict", requests, 4, 120, keep_alive=False))
         assert_matches_eager(requests, answers, wheel)
-        bad = asyncio.run(client.load_test(f"{url}/predict", [{"x": requests[0]["x"][:, :2], "t": requests[0]["t"]}], 1))
+        bad = asyncio.run(
+            client.load_test(f"{url}/predict", [{"x": requests[0]["x"][:, :2], "t": requests[0]["t"]}], 1)
+        )
         assert (bad[0].status, bad[0].detail) == (422, "input 'x': dim 1 must be 3, got 2")
 
         # every process of the container (uvicorn, its 2 workers) is uid 10001 on the host too

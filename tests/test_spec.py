@@ -31,7 +31,12 @@ def test_the_shipped_specs_are_valid():
         spec = load_spec(path).spec
         assert spec.model.version
     unet = load_spec("models/unet").spec
-    assert (unet.model.name, unet.model.version, unet.dist_name, unet.import_name) == ("unet", "1.3", "model-unet", "model_unet")
+    assert (unet.model.name, unet.model.version, unet.dist_name, unet.import_name) == (
+        "unet",
+        "1.3",
+        "model-unet",
+        "model_unet",
+    )
     assert unet.dims["batch"].min == 1 and unet.dims["batch"].max >= 2
 
 
@@ -44,14 +49,29 @@ def test_the_shipped_specs_are_valid():
         ('factory = "tiny_model:build"', 'factory = "tiny_model"', "model.factory", "package.module:callable"),
         ("seed = 0", "seed = 0\nfile = 'w.safetensors'", "weights", "exactly one"),
         ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 8, 8]\ndtype = "float8"', "inputs[0].dtype", "float32"),
-        ('shape = ["batch", 3, 8, 8]', 'shape = ["frames", 3, 8, 8]', "inputs[0].shape[0]", "not declared under [dims]"),
+        (
+            'shape = ["batch", 3, 8, 8]',
+            'shape = ["frames", 3, 8, 8]',
+            "inputs[0].shape[0]",
+            "not declared under [dims]",
+        ),
         ("max = 4", "max = 0", "dims.batch.max", "greater than or equal to 1"),
         ("max = 4", "max = 4\nexample = 9", "dims.batch", "outside"),
         ('name = "logits"\nrtol', 'name = "logits"\nrtl', "outputs[1].rtl", "unknown key"),
         ('version = "0.1"', 'version = "0.1"\nlicense = "Apache 2"', "model.license", "not an SPDX license expression"),
-        ('version = "0.1"', 'version = "0.1"\nurls = { Home = "ftp://example.com" }', "model.urls", "not an http(s) URL"),
+        (
+            'version = "0.1"',
+            'version = "0.1"\nurls = { Home = "ftp://example.com" }',
+            "model.urls",
+            "not an http(s) URL",
+        ),
         ('version = "0.1"', 'version = "0.1"\nurls = { Home = "example.com" }', "model.urls", "not an http(s) URL"),
-        ('version = "0.1"', 'version = "0.1"\nurls = { "a, b" = "https://example.com" }', "model.urls", "without commas"),
+        (
+            'version = "0.1"',
+            'version = "0.1"\nurls = { "a, b" = "https://example.com" }',
+            "model.urls",
+            "without commas",
+        ),
     ],
 )
 def test_bad_spec_names_file_and_key(tmp_path, old, new, key, says):

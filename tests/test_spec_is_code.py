@@ -17,14 +17,27 @@ def spec_with_factory(tmp_path, factory: str, kwargs: str = "{}"):
     folder = tmp_path / "spec"
     shutil.copytree(TINY_SPEC.parent, folder)
     spec = folder / "spec.toml"
-    spec.write_text(spec.read_text().replace('factory = "tiny_model:build"', f'factory = "{factory}"')
-                    .replace("kwargs = { channels = 8 }", f"kwargs = {kwargs}"))
+    spec.write_text(
+        spec.read_text()
+        .replace('factory = "tiny_model:build"', f'factory = "{factory}"')
+        .replace("kwargs = { channels = 8 }", f"kwargs = {kwargs}")
+    )
     return spec
 
 
 def build(tmp_path, spec):
-    return run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                   "--build-dir", str(tmp_path / "build"), cwd=tmp_path)
+    return run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+        cwd=tmp_path,
+    )
 
 
 def test_a_standard_library_factory_is_refused_before_it_runs(tmp_path):
@@ -48,12 +61,22 @@ def test_a_standard_library_function_imported_into_another_module_is_refused_bef
     assert not marker.exists(), "the command ran"
 
 
-@pytest.mark.parametrize(("code", "factory", "kind"), [
-    ("from builtins import exec as build\n", "evil:build", "builtin_function_or_method"),
-    ("import functools, tiny_model\nbuild = functools.partial(tiny_model.build, channels=8)\n", "evil:build", "partial"),
-    ("class Build:\n    def __call__(self, **kwargs):\n        raise SystemExit('called')\nbuild = Build()\n",
-     "evil:build", "Build"),
-])
+@pytest.mark.parametrize(
+    ("code", "factory", "kind"),
+    [
+        ("from builtins import exec as build\n", "evil:build", "builtin_function_or_method"),
+        (
+            "import functools, tiny_model\nbuild = functools.partial(tiny_model.build, channels=8)\n",
+            "evil:build",
+            "partial",
+        ),
+        (
+            "class Build:\n    def __call__(self, **kwargs):\n        raise SystemExit('called')\nbuild = Build()\n",
+            "evil:build",
+            "Build",
+        ),
+    ],
+)
 def test_a_factory_that_is_not_a_function_or_module_class_is_refused(tmp_path, code, factory, kind):
     spec = spec_with_factory(tmp_path, factory)
     (spec.parent / "evil.py").write_text(code)

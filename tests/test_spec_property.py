@@ -50,6 +50,7 @@ class ReachedBuild(Exception):
 
 # --- writing TOML (the standard library only reads it) ---
 
+
 def toml_string(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return '"' + re.sub(r"[\x00-\x08\x0a-\x1f\x7f]", lambda m: f"\\u{ord(m.group()):04x}", escaped) + '"'
@@ -79,13 +80,17 @@ def toml_document(spec: dict) -> str:
 
 TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
 NUMBERS = st.one_of(
-    st.integers(-2**70, 2**70), st.sampled_from([0, -1, 1, 2**31 - 1, 2**31, 2**63 - 1, -2**63]),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e308, -1e-308, 5e-324]),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**31 - 1, 2**31, 2**63 - 1, -(2**63)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e308, -1e-308, 5e-324]),
 )
-SCALARS = st.one_of(NUMBERS, st.booleans(), TEXT,
-                    st.datetimes(timezones=st.just(datetime.timezone.utc)), st.dates())
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(TEXT, inner, max_size=3)), max_leaves=6)
+SCALARS = st.one_of(NUMBERS, st.booleans(), TEXT, st.datetimes(timezones=st.just(datetime.UTC)), st.dates())
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 def paths(tree, prefix=()):
@@ -130,8 +135,15 @@ def changed_specs(draw) -> dict:
     return spec
 
 
-NAMED_NUMBERS = [("dims", "batch", "min"), ("dims", "batch", "max"), ("verify", "golden_cases"), ("weights", "seed"),
-                 ("model", "kwargs", "channels"), ("compile", "search_budget_s"), ("verify", "large_magnitude")]
+NAMED_NUMBERS = [
+    ("dims", "batch", "min"),
+    ("dims", "batch", "max"),
+    ("verify", "golden_cases"),
+    ("weights", "seed"),
+    ("model", "kwargs", "channels"),
+    ("compile", "search_budget_s"),
+    ("verify", "large_magnitude"),
+]
 NAMED_TEXTS = [("model", "name"), ("model", "version"), ("model", "factory"), ("model", "description")]
 
 
@@ -167,11 +179,16 @@ def spec_files(draw) -> bytes:
         return text.encode()[: draw(st.integers(0, len(text)))] + draw(st.binary(max_size=4))
     for _ in range(draw(st.integers(1, 3))):  # TOML broken by hand: a character changed, added or removed
         at = draw(st.integers(0, len(text)))
-        text = text[:at] + draw(st.text(st.characters(exclude_categories=["Cs"]), max_size=3)) + text[at + draw(st.integers(0, 2)):]
+        text = (
+            text[:at]
+            + draw(st.text(st.characters(exclude_categories=["Cs"]), max_size=3))
+            + text[at + draw(st.integers(0, 2)) :]
+        )
     return text.encode()
 
 
 # --- running the CLI's spec stage in-process ---
+
 
 def load_then_stop(spec_file, **_kwargs):
     """The build's first stage (import the factory, seed, build the module, hash its weights),
@@ -186,8 +203,12 @@ def load_then_stop(spec_file, **_kwargs):
 @contextlib.contextmanager
 def cli_in_process():
     """main() sets signal handlers, the unraisable hook and TORCH_TRACE for its process: put them back."""
-    saved = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook,
-             os.environ.get("TORCH_TRACE"))
+    saved = (
+        signal.getsignal(signal.SIGINT),
+        signal.getsignal(signal.SIGTERM),
+        sys.unraisablehook,
+        os.environ.get("TORCH_TRACE"),
+    )
     real_build = build_module.build
     build_module.build = load_then_stop
     try:
@@ -219,8 +240,17 @@ def check_spec(folder: Path, content: bytes) -> str:
     spec = folder / "spec.toml"
     spec.write_bytes(content)
     err = io.StringIO()
-    args = ["build", "--spec", str(spec), "--root", str(folder / "opt"), "--dist", str(folder / "dist"),
-            "--build-dir", str(folder / "build")]
+    args = [
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(folder / "opt"),
+        "--dist",
+        str(folder / "dist"),
+        "--build-dir",
+        str(folder / "build"),
+    ]
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = cli.main(args)
@@ -238,8 +268,13 @@ def test_every_generated_spec_builds_or_is_refused_in_one_paragraph(tmp_path):
     outcomes: dict[str, int] = {}
     (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
     @given(spec_files())
     def builds_or_refuses(content: bytes) -> None:
         outcome = check_spec(tmp_path, content)
@@ -266,8 +301,17 @@ CLI_EXAMPLES = {
 def test_examples_through_the_real_cli(tmp_path, content):
     spec = tmp_path / "spec.toml"
     spec.write_bytes(content)
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     one_paragraph_refusal(ran.code, ran.err)
     assert ran.code == 3, ran.err
     assert not (tmp_path / "opt").exists() and not (tmp_path / "dist").exists() and not (tmp_path / "build").exists()

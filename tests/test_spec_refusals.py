@@ -11,8 +11,8 @@ from pipeline.spec import load_spec
 
 from .conftest import GOOD, REPO, TINY_SPEC, run_cli, spec_copy, spec_error, wheel_manifest
 
-
 # -- spec checks that came late or never ------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("old", "new", "key"),
@@ -36,16 +36,27 @@ def test_description_the_wheel_cannot_carry_is_refused_at_spec_time(tmp_path, de
 
 def test_description_refusal_through_the_cli(tmp_path):
     spec = spec_copy(tmp_path, GOOD.replace('description = "Tiny test model"', 'description = "a\\\\b"'))
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert ran.code == SpecError.exit_code, ran.err
     assert "key 'model.description'" in ran.err and "hint: " in ran.err
     assert "Traceback" not in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
 
 
-@pytest.mark.parametrize(("written", "normal"), [("v0.01", "0.1"), ("1.0.0", "1.0.0"), ("01.2rc1", "1.2rc1"),
-                                                 ("1.3", "1.3"), ("2.0-post1", "2.0.post1")])
+@pytest.mark.parametrize(
+    ("written", "normal"),
+    [("v0.01", "0.1"), ("1.0.0", "1.0.0"), ("01.2rc1", "1.2rc1"), ("1.3", "1.3"), ("2.0-post1", "2.0.post1")],
+)
 def test_version_is_normalised_once_in_the_spec_stage(tmp_path, written, normal):
     spec = load_spec(spec_copy(tmp_path, GOOD.replace('version = "0.1"', f'version = "{written}"'))).spec
     assert spec.model.version == normal
@@ -57,12 +68,25 @@ def test_invalid_version_names_file_and_key(tmp_path):
     assert "key 'model.version'" in message and "PEP 440" in message
 
 
-@pytest.mark.parametrize(("version", "says"), [("banana", "'banana' is not a PEP 440 version"),
-                                              ("0.1+local", "must not carry a local label")])
+@pytest.mark.parametrize(
+    ("version", "says"),
+    [("banana", "'banana' is not a PEP 440 version"), ("0.1+local", "must not carry a local label")],
+)
 def test_a_bad_version_flag_is_named_alone(tmp_path, version, says):
     """--version alone: the message and hint used to speak of --weights and a .safetensors file too."""
-    ran = run_cli("build", "--spec", str(TINY_SPEC), "--version", version, "--root", str(tmp_path / "opt"),
-                  "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--version",
+        version,
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert ran.code == SpecError.exit_code, ran.err
     assert f"error: --version: model.version: {says}" in ran.err, ran.err
     assert "hint: give a PEP 440 version without a '+' part (e.g. 1.3)\n" in ran.err and "safetensors" not in ran.err
@@ -115,14 +139,18 @@ def test_non_normal_version_builds_and_publishes_one_spelling(tmp_path, index):
 
 # -- huge numbers and impossible job counts ----------------------------------------------
 
-@pytest.mark.parametrize(("old", "new", "key", "says"), [
-    ("max = 4", f"max = {2**40}", "dims.batch.max", "less than or equal to 2147483647"),
-    ("max = 4", f"max = {2**70}", "dims.batch.max", "less than or equal to 2147483647"),
-    ("max = 4", "max = 20000000", "dims.batch.max", "3840000000 elements, over the 2147483648 (2**31)"),
-    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 16384, 16384]', "dims.batch.max", "at 4, input 'x'"),
-    ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 65536, 65536]', "inputs[0].shape", "elements, over the"),
-    ('shape = ["batch", 3, 8, 8]', f'shape = ["batch", 3, {2**40}, 8]', "inputs[0].shape", "elements, over the"),
-])
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        ("max = 4", f"max = {2**40}", "dims.batch.max", "less than or equal to 2147483647"),
+        ("max = 4", f"max = {2**70}", "dims.batch.max", "less than or equal to 2147483647"),
+        ("max = 4", "max = 20000000", "dims.batch.max", "3840000000 elements, over the 2147483648 (2**31)"),
+        ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 16384, 16384]', "dims.batch.max", "at 4, input 'x'"),
+        ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 65536, 65536]', "inputs[0].shape", "elements, over the"),
+        ('shape = ["batch", 3, 8, 8]', f'shape = ["batch", 3, {2**40}, 8]', "inputs[0].shape", "elements, over the"),
+    ],
+)
 def test_huge_sizes_are_refused_at_spec_time(tmp_path, old, new, key, says):
     message = spec_error(tmp_path, old, new)
     assert f"key '{key}'" in message, message
@@ -132,8 +160,17 @@ def test_huge_sizes_are_refused_at_spec_time(tmp_path, old, new, key, says):
 def test_huge_dim_max_through_the_cli(tmp_path):
     """It used to compile, then die in verify with a 26-line traceback from the allocator."""
     spec = spec_copy(tmp_path, GOOD.replace("max = 4", f"max = {2**40}"))
-    ran = run_cli("build", "--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert ran.code == SpecError.exit_code, ran.err
     assert "key 'dims.batch.max'" in ran.err and "hint: " in ran.err and "Traceback" not in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
@@ -142,9 +179,22 @@ def test_huge_dim_max_through_the_cli(tmp_path):
 @pytest.mark.parametrize("jobs", ["-1", "0"])
 def test_jobs_below_one_is_a_usage_error(tmp_path, jobs):
     """-j -1 waited forever for a free slot."""
-    ran = run_cli("build", "--spec", str(TINY_SPEC), "--spec", str(TINY_SPEC.parent / "external.toml"), "-j", jobs,
-                  "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"),
-                  "--build-dir", str(tmp_path / "build"), timeout=60)
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--spec",
+        str(TINY_SPEC.parent / "external.toml"),
+        "-j",
+        jobs,
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+        timeout=60,
+    )
     assert ran.code == UsageError.exit_code, ran.err
     assert f"error: -j/--jobs {jobs}: the number of parallel builds must be 1 or more" in ran.err
     assert "hint: " in ran.err

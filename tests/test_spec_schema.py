@@ -18,8 +18,9 @@ from pipeline.spec import Spec
 
 from .conftest import REPO, TINY_SPEC, run_cli
 
-SPECS = sorted([*REPO.glob("models/*/spec.toml"), *REPO.glob("tests/models/*/spec.toml"),
-                *REPO.glob("tests/zoo/*/spec.toml")])
+SPECS = sorted(
+    [*REPO.glob("models/*/spec.toml"), *REPO.glob("tests/models/*/spec.toml"), *REPO.glob("tests/zoo/*/spec.toml")]
+)
 QUICKSTART = REPO / "docs" / "quickstart.md"
 
 
@@ -47,12 +48,16 @@ def test_the_schema_refuses_what_the_build_refuses(validator):
     wrong_dtype = {**tiny, "inputs": [{**tiny["inputs"][0], "dtype": "float8"}]}
     assert problems(validator, wrong_dtype)[0].startswith("inputs.0.dtype: 'float8' is not one of")
     assert problems(validator, {**tiny, "build": {"targets": ["tpu"]}})[0].startswith("build.targets.0: 'tpu'")
-    assert problems(validator, {key: value for key, value in tiny.items() if key != "outputs"}) == \
-        ["(top level): 'outputs' is a required property"]
+    assert problems(validator, {key: value for key, value in tiny.items() if key != "outputs"}) == [
+        "(top level): 'outputs' is a required property"
+    ]
 
 
 def test_a_checkpoint_folders_spec_needs_no_inputs_or_outputs(validator):
-    assert problems(validator, {"model": {"name": "vit", "version": "1.0", "hf": "./vit", "task": "image-classification"}}) == []
+    assert (
+        problems(validator, {"model": {"name": "vit", "version": "1.0", "hf": "./vit", "task": "image-classification"}})
+        == []
+    )
 
 
 def test_the_printed_schema_can_be_written_to_a_file(tmp_path):
@@ -104,6 +109,8 @@ def test_the_quickstart_key_table_gives_the_models_defaults():
             assert field.is_required(), f"{key}: the table says required, the model has a default"
         elif literal := re.fullmatch(r"`([^`]+)`", cell):  # a TOML value: the model's default
             default = field.get_default(call_default_factory=True)
-            assert tomllib.loads(f"v = {literal.group(1)}")["v"] == default, f"{key}: the model's default is {default!r}"
+            assert tomllib.loads(f"v = {literal.group(1)}")["v"] == default, (
+                f"{key}: the model's default is {default!r}"
+            )
         else:
             assert not field.is_required(), f"{key}: the model requires it; the table says {cell!r}"

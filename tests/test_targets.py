@@ -36,8 +36,12 @@ def plugin(tmp_path_factory) -> dict[str, str]:
 def fake_spec(folder: Path) -> Path:
     shutil.copytree(TINY_SPEC.parent, folder)
     spec = folder / "spec.toml"
-    text = spec.read_text().replace("[dims.batch]", '[build]\ntargets = ["fake"]\n\n[build.fake]\nlabel = "fromspec"\n\n[dims.batch]')
-    spec.write_text(text.replace('rtol = 1e-4\natol = 1e-5\n', 'rtol = 1e-4\natol = 1e-5\n[outputs.fake]\natol = 3e-5\n'))
+    text = spec.read_text().replace(
+        "[dims.batch]", '[build]\ntargets = ["fake"]\n\n[build.fake]\nlabel = "fromspec"\n\n[dims.batch]'
+    )
+    spec.write_text(
+        text.replace("rtol = 1e-4\natol = 1e-5\n", "rtol = 1e-4\natol = 1e-5\n[outputs.fake]\natol = 3e-5\n")
+    )
     return spec
 
 
@@ -60,7 +64,9 @@ def test_the_registry_lists_the_installed_target_everywhere_names_are_listed(tmp
     assert matrix.code == 0, matrix.err
     [job] = json.loads(matrix.out)["include"]
     assert job["target"] == "fake" and job["runner"] == ["self-hosted", "fake-accelerator"]
-    assert job["container"] == "registry.example.org/fake-builder:1" and job["container_options"] == "--device /dev/fake0"
+    assert (
+        job["container"] == "registry.example.org/fake-builder:1" and job["container_options"] == "--device /dev/fake0"
+    )
 
 
 def test_without_the_package_the_target_is_unknown_to_the_spec(tmp_path):
@@ -113,31 +119,59 @@ def test_the_installed_wheel_opens_its_model_through_its_target_module(tmp_path,
     assert first.startswith("1 cpu [(2, "), first  # opened once, by _target_fake.py, on the host
     assert "is a FAKE build; load_numpy() runs CPU builds only" in numpy
     # what the runtime refuses, its target module says (here: a label the fake device refuses)
-    manifest_file = Path(subprocess.run([str(python), "-c", "import model_tiny, pathlib; "
-                                         "print(pathlib.Path(model_tiny.__file__).with_name('manifest.json'))"],
-                                        capture_output=True, text=True, check=True).stdout.strip())
+    manifest_file = Path(
+        subprocess.run(
+            [
+                str(python),
+                "-c",
+                "import model_tiny, pathlib; print(pathlib.Path(model_tiny.__file__).with_name('manifest.json'))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     manifest_file.write_text(manifest_file.read_text().replace('"label": "fromflag"', '"label": "refused"'))
-    refused = subprocess.run([str(python), "-c", "import model_tiny; model_tiny.load()"], capture_output=True, text=True,
-                             cwd="/", timeout=300)
+    refused = subprocess.run(
+        [str(python), "-c", "import model_tiny; model_tiny.load()"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+    )
     assert refused.returncode != 0 and "the fake device refuses the label 'refused'" in refused.stderr, refused.stderr
 
 
 def test_no_file_outside_the_target_files_names_a_target():
-    found = subprocess.run(["grep", "-rnE", r'"(cuda|cpu)"', "pipeline", "templates"], cwd=REPO,
-                           capture_output=True, text=True).stdout.splitlines()
-    allowed = ("pipeline/targets/cpu.py", "pipeline/targets/cuda.py", "templates/wheel/runtime/_target_cpu.py",
-               "templates/wheel/runtime/_target_cuda.py")
+    found = subprocess.run(
+        ["grep", "-rnE", r'"(cuda|cpu)"', "pipeline", "templates"], cwd=REPO, capture_output=True, text=True
+    ).stdout.splitlines()
+    allowed = (
+        "pipeline/targets/cpu.py",
+        "pipeline/targets/cuda.py",
+        "templates/wheel/runtime/_target_cpu.py",
+        "templates/wheel/runtime/_target_cuda.py",
+    )
     outside = [line for line in found if not line.startswith(allowed) and '"""' not in line and "``" not in line]
     assert outside == [], "\n".join(outside)
 
 
 def test_make_bench_asks_the_registry_for_the_target_it_measures(plugin):
-    ran = subprocess.run(["make", "-n", "--no-print-directory", "bench", "TARGET=fake", "USE_VENV=0"], cwd=REPO,
-                         capture_output=True, text=True)
+    ran = subprocess.run(
+        ["make", "-n", "--no-print-directory", "bench", "TARGET=fake", "USE_VENV=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert ran.returncode == 0, ran.stderr
     assert "-m benchmarks --target fake --spec models/unet/spec.toml" in ran.stdout, ran.stdout
-    refused = subprocess.run([sys.executable, "-m", "benchmarks", "--target", "nope"], cwd=REPO, capture_output=True,
-                             text=True, env={**os.environ, **plugin})
+    refused = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--target", "nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **plugin},
+    )
     assert refused.returncode != 0 and "(choose from 'cpu', 'cuda', 'fake')" in refused.stderr, refused.stderr
     from benchmarks.__main__ import bench_module
 
@@ -148,8 +182,12 @@ def test_the_benchmarks_name_no_target_but_their_own():
     """A target's name is the registry's to give: only a bench of the target's own
     (benchmarks/bench_<name>.py) names it."""
     names = "|".join(("cpu", "cuda"))
-    found = subprocess.run(["grep", "-rnE", rf'(get\(|target=|DEVICE [!=]= ?)"({names})"', "benchmarks", "Makefile"],
-                           cwd=REPO, capture_output=True, text=True).stdout.splitlines()
+    found = subprocess.run(
+        ["grep", "-rnE", rf'(get\(|target=|DEVICE [!=]= ?)"({names})"', "benchmarks", "Makefile"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     outside = [line for line in found if not re.match(rf"benchmarks/bench_({names})\.py:", line)]
     assert outside == [], "\n".join(outside)
     assert "ifeq ($(TARGET)" not in (REPO / "Makefile").read_text()

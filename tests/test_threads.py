@@ -11,8 +11,8 @@ import subprocess
 import torch
 from torch import nn
 
-from pipeline.spec import load_spec
 from pipeline import targets
+from pipeline.spec import load_spec
 from pipeline.targets import cpu
 
 from .conftest import TINY_SPEC, make_venv, pip_install, run_cli
@@ -117,8 +117,16 @@ def test_loops_are_split_for_more_threads_than_the_build_has(tmp_path):
     program = torch.export.export(model, (torch.randn(2, 4, 16, 16),), dynamic_shapes=({0: batch},), strict=False)
     library = tmp_path / "out" / "model.so"
     with torch.no_grad():
-        torch._inductor.aot_compile(program.module(), (torch.randn(2, 4, 16, 16),), options={
-            **options, **cpu.graph_passes(options), "fx_graph_cache": False, "aot_inductor.output_path": str(library)})
+        torch._inductor.aot_compile(
+            program.module(),
+            (torch.randn(2, 4, 16, 16),),
+            options={
+                **options,
+                **cpu.graph_passes(options),
+                "fx_graph_cache": False,
+                "aot_inductor.output_path": str(library),
+            },
+        )
     kernels = "".join(path.read_text() for path in library.parent.rglob("*.kernel.cpp"))
     norm = re.search(r"void\s+cpp_fused\w*group_norm\w*\(.*?\n}", kernels, re.S)
     assert norm, "no group norm kernel in the generated code"

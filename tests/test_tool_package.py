@@ -22,16 +22,33 @@ def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp
     version = subprocess.run([modelwheel, "--version"], capture_output=True, text=True, cwd="/")
     assert version.stdout.strip() == f"modelwheel {importlib.metadata.version('modelwheel')}", version.stderr
     out = tmp_path / "out"
-    ran = subprocess.run([modelwheel, "build", "--spec", str(spec_dir / "spec.toml"), "--root", str(out / "opt"),
-                          "--dist", str(out / "dist"), "--build-dir", str(out / "build"), "-q"],
-                         capture_output=True, text=True, cwd="/", timeout=600)
+    ran = subprocess.run(
+        [
+            modelwheel,
+            "build",
+            "--spec",
+            str(spec_dir / "spec.toml"),
+            "--root",
+            str(out / "opt"),
+            "--dist",
+            str(out / "dist"),
+            "--build-dir",
+            str(out / "build"),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=600,
+    )
     assert ran.returncode == 0, ran.stderr
     wheel = ran.stdout.strip()
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert "model_tiny/manifest.json" in names and "model_tiny/_load.py" in names, names
-    installed = subprocess.run([str(python), "-c", "import pipeline, sys; print(pipeline.__file__)"],
-                               capture_output=True, text=True, cwd="/")
+    installed = subprocess.run(
+        [str(python), "-c", "import pipeline, sys; print(pipeline.__file__)"], capture_output=True, text=True, cwd="/"
+    )
     assert "site-packages" in installed.stdout, "built by the installed package, not a checkout"
 
 
@@ -63,8 +80,18 @@ def test_a_package_of_the_users_named_pipeline_is_named_as_the_problem(tmp_path)
     shutil.copytree(TINY_SPEC.parent, spec_dir)
     (spec_dir / "pipeline").mkdir()
     (spec_dir / "pipeline" / "__init__.py").write_text("")
-    ran = run_cli("build", "--spec", str(spec_dir), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "d"),
-                  "--build-dir", str(tmp_path / "b"), cwd=tmp_path)
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(spec_dir),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "d"),
+        "--build-dir",
+        str(tmp_path / "b"),
+        cwd=tmp_path,
+    )
     assert ran.code == 4, ran.err
     assert f"{spec_dir / 'pipeline'} is named `pipeline`, which is modelwheel's own import package" in ran.err
     assert "hint: rename your package" in ran.err
@@ -75,9 +102,13 @@ def test_the_docs_give_the_command_as_modelwheel():
     `pipeline <command>`, and `python -m pipeline <command>` only where they say what the release
     workflow runs (from the checkout)."""
     command = re.compile(r"(?<![\w./-])(python -m )?pipeline (build|doctor|index|publish|matrix)\b")
-    found = [(page.name, line.strip()) for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-             for line in page.read_text().splitlines() for match in command.finditer(line)
-             if not (match.group(1) and "runs `python -m pipeline" in line)]
+    found = [
+        (page.name, line.strip())
+        for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        for line in page.read_text().splitlines()
+        for match in command.finditer(line)
+        if not (match.group(1) and "runs `python -m pipeline" in line)
+    ]
     assert found == []
 
 
@@ -85,11 +116,18 @@ def test_the_docs_install_the_tool_with_the_pinned_cpu_torch_from_pytorchs_index
     """A `pip install .` line as copied installs torch's CPU build, the version requirements.txt
     pins, from PyTorch's CPU index: without the pin, pip pulls PyPI's multi-GB CUDA torch."""
     pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("torch=="))
-    lines = [(page.name, line.strip()) for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-             for line in page.read_text().splitlines() if re.match(r"\s*(pip|pipx) install \.(\s|$)", line)]
+    lines = [
+        (page.name, line.strip())
+        for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        for line in page.read_text().splitlines()
+        if re.match(r"\s*(pip|pipx) install \.(\s|$)", line)
+    ]
     assert lines, "README.md shows how to install the tool"
     for page, line in lines:
-        assert line.startswith(f"pip install . {pin}+cpu --extra-index-url https://download.pytorch.org/whl/cpu"), (page, line)
+        assert line.startswith(f"pip install . {pin}+cpu --extra-index-url https://download.pytorch.org/whl/cpu"), (
+            page,
+            line,
+        )
 
 
 def test_the_build_help_says_it_takes_several_specs_or_a_checkpoint_folder(tmp_path):
@@ -97,6 +135,9 @@ def test_the_build_help_says_it_takes_several_specs_or_a_checkpoint_folder(tmp_p
     for args in (["--help"], ["build", "--help"]):
         ran = run_cli(*args, cwd=tmp_path)
         text = " ".join(ran.out.split()).lower()
-        assert ran.code == 0 and "one or more specs (--spec, repeated: built in parallel), or a transformers or " \
-                                 "diffusers folder (--hf)" in text, ran.out
+        assert (
+            ran.code == 0
+            and "one or more specs (--spec, repeated: built in parallel), or a transformers or diffusers folder (--hf)"
+            in text
+        ), ran.out
         assert "one model spec" not in text

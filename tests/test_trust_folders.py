@@ -23,8 +23,14 @@ NOBODY = 65534
 
 
 def build(dirs, **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), *dirs.args()],
-                          capture_output=True, text=True, cwd=REPO, timeout=600, **popen)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), *dirs.args()],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        **popen,
+    )
 
 
 @pytest.fixture
@@ -67,8 +73,10 @@ def test_a_model_folder_linked_into_another_users_folder_is_refused(dirs, tmp_pa
     (dirs.root / "tiny").symlink_to(theirs / "tiny")
     ran = build(dirs)
     assert ran.returncode == OutputDirError.exit_code, ran.stderr
-    assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to " \
-           f"{dirs.root / 'tiny'}'s target)" in ran.stderr
+    assert (
+        f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root (on the way to "
+        f"{dirs.root / 'tiny'}'s target)" in ran.stderr
+    )
     assert list((theirs / "tiny").iterdir()) == [], "nothing was written where the other user can swap it"
 
 
@@ -88,8 +96,12 @@ def test_an_inductor_cache_another_user_made_first_is_refused(dirs, tmp_path, as
         os.chown(theirs, NOBODY, NOBODY)
         ran = build(dirs, env=env)
         assert ran.returncode == OutputDirError.exit_code, ran.stderr
-        assert f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root: torch Inductor's " \
-               "cache folder" in ran.stderr and "==> load" not in ran.stderr
+        assert (
+            f"error: {theirs} is owned by nobody (uid {NOBODY}), not by this user or root: torch Inductor's "
+            "cache folder"
+            in ran.stderr
+            and "==> load" not in ran.stderr
+        )
         assert list(theirs.iterdir()) == [], "nothing was compiled into or loaded from the other user's folder"
     finally:
         shutil.rmtree(theirs)
@@ -102,8 +114,11 @@ def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
     for made in dirs.dist.iterdir():
         assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
     # the build folder too: its cache is loaded by the next build (under umask 000 it was 0777)
-    writable = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in [dirs.build, *dirs.build.rglob("*")]
-                if not p.is_symlink() and p.stat().st_mode & 0o022]
+    writable = [
+        f"{oct(p.stat().st_mode & 0o777)} {p}"
+        for p in [dirs.build, *dirs.build.rglob("*")]
+        if not p.is_symlink() and p.stat().st_mode & 0o022
+    ]
     assert writable == []
 
 
@@ -126,6 +141,7 @@ def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
 
 # -- links another user owns, folders others can add files to (a second-user audit found these) --
 
+
 def shared_sticky(tmp_path: Path) -> Path:
     """A folder as /tmp is: anyone may add to it, and only an entry's owner may replace it."""
     shared = tmp_path / "shared"
@@ -144,8 +160,12 @@ def test_a_root_linked_by_another_user_to_a_folder_anyone_can_add_to_is_refused(
     os.lchown(dirs.root, NOBODY, NOBODY)
     ran = build(dirs)
     assert ran.returncode == OutputDirError.exit_code, ran.stderr
-    assert f"error: {dirs.root} is a symlink owned by nobody (uid {NOBODY}), not by this user or root, who can point " \
-           "it elsewhere at any time" in ran.stderr and "==> load" not in ran.stderr
+    assert (
+        f"error: {dirs.root} is a symlink owned by nobody (uid {NOBODY}), not by this user or root, who can point "
+        "it elsewhere at any time"
+        in ran.stderr
+        and "==> load" not in ran.stderr
+    )
     assert list(target.iterdir()) == []
 
 
@@ -161,9 +181,12 @@ def test_an_inductor_cache_others_can_add_kernels_to_is_refused(dirs, tmp_path, 
         os.lchown(cache, NOBODY, NOBODY)
     ran = build(dirs, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
     assert ran.returncode == OutputDirError.exit_code, ran.stderr
-    says = (f"{cache} is a symlink owned by nobody (uid {NOBODY})" if cache != shared else
-            f"{shared} can be written by everyone (mode 1777): files another user adds to it would be used as this "
-            "user's own")
+    says = (
+        f"{cache} is a symlink owned by nobody (uid {NOBODY})"
+        if cache != shared
+        else f"{shared} can be written by everyone (mode 1777): files another user adds to it would be used as this "
+        "user's own"
+    )
     assert f"error: {says}" in ran.stderr and "torch Inductor's cache folder" in ran.stderr, ran.stderr
     assert "==> load" not in ran.stderr and list(shared.iterdir()) == []
 

@@ -21,7 +21,9 @@ from .conftest import TINY_SPEC, run_cli
 
 STATUS_ENV = progress.STATUS_ENV
 
-needs_bf16 = pytest.mark.skipif(not targets.get("cpu").bf16_native(), reason="this CPU has no native bfloat16 instructions")
+needs_bf16 = pytest.mark.skipif(
+    not targets.get("cpu").bf16_native(), reason="this CPU has no native bfloat16 instructions"
+)
 
 
 def tiny_copy(folder: Path, *, search: bool, loose: bool = False, extra_compile: str = "") -> Path:
@@ -38,8 +40,19 @@ def tiny_copy(folder: Path, *, search: bool, loose: bool = False, extra_compile:
 
 
 def build_in(folder: Path, spec: Path, *extra: str, env: dict[str, str] | None = None):
-    return run_cli("build", "--spec", str(spec), "--root", str(folder / "opt"), "--dist", str(folder / "dist"),
-                   "--build-dir", str(folder / "build"), *extra, env=env)
+    return run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(folder / "opt"),
+        "--dist",
+        str(folder / "dist"),
+        "--build-dir",
+        str(folder / "build"),
+        *extra,
+        env=env,
+    )
 
 
 @needs_bf16
@@ -82,7 +95,7 @@ def test_autocast_with_external_weights_is_a_spec_error(tmp_path):
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists()
 
 
-MATMUL_MODEL = '''
+MATMUL_MODEL = """
 import torch
 from torch import nn
 
@@ -98,9 +111,9 @@ class Mlp(nn.Module):
 
 def build():
     return Mlp()
-'''
+"""
 
-MATMUL_SPEC = '''
+MATMUL_SPEC = """
 [model]
 name = "mlp"
 version = "0.1"
@@ -124,7 +137,7 @@ rtol = 1e-3
 atol = 1e-4
 
 [compile]
-'''
+"""
 
 
 def mlp_spec(folder: Path, compile_keys: str) -> Path:
@@ -142,8 +155,19 @@ def mlp_search(tmp_path_factory):
     spec = mlp_spec(folder, "search_budget_s = 3600\nsearch_when_noisy = true")
     ran = build_in(folder, spec, env={STATUS_ENV: "1", "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")})
     assert ran.code == 0, ran.err
-    again = run_cli("build", "--spec", str(spec), "--root", str(folder / "opt"), "--dist", str(folder / "dist2"),
-                    "--build-dir", str(folder / "build"), "--version", "0.2")
+    again = run_cli(
+        "build",
+        "--spec",
+        str(spec),
+        "--root",
+        str(folder / "opt"),
+        "--dist",
+        str(folder / "dist2"),
+        "--build-dir",
+        str(folder / "build"),
+        "--version",
+        "0.2",
+    )
     return folder, ran, again
 
 
@@ -155,16 +179,31 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert "AUTOTUNE" in log.read_text(), "compiled in a worker, its log is still the candidate's"
     # before the search: what it costs here and how to make it shorter; once a compile is timed, how long is left
     lines = ran.err.splitlines()
-    outlook = lines.index("    search: 3 candidate(s) to compile and verify, then all timed together: each is a full "
-                          "compile, so about 3x one compile on this machine (said once the first is timed)")
+    outlook = lines.index(
+        "    search: 3 candidate(s) to compile and verify, then all timed together: each is a full "
+        "compile, so about 3x one compile on this machine (said once the first is timed)"
+    )
     assert lines[outlook + 1] == tune.SHORTER and "`[compile] search = false`" in tune.SHORTER
-    assert outlook < min(i for i, line in enumerate(lines) if line.startswith("    candidate ") and "not tried" not in line)
+    assert outlook < min(
+        i for i, line in enumerate(lines) if line.startswith("    candidate ") and "not tried" not in line
+    )
     side = ", 2 at a time" if payback.cores() > 1 else ""
-    assert any(re.fullmatch(r"    candidate spec-options took [\dm]+s to compile and verify: about [\dm]+s more for the "
-                            rf"other 2 candidate\(s\){side}, then the timing", line) for line in lines), ran.err
-    assert any(re.fullmatch(r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
-                            r"(compiling|verifying)) · .* · about [\dm]+s left \(estimated here\)", line)
-               for line in lines), ran.err
+    assert any(
+        re.fullmatch(
+            r"    candidate spec-options took [\dm]+s to compile and verify: about [\dm]+s more for the "
+            rf"other 2 candidate\(s\){side}, then the timing",
+            line,
+        )
+        for line in lines
+    ), ran.err
+    assert any(
+        re.fullmatch(
+            r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
+            r"(compiling|verifying)) · .* · about [\dm]+s left \(estimated here\)",
+            line,
+        )
+        for line in lines
+    ), ran.err
     names = ["spec-options", "freezing", "max-autotune"]
     for name in names:
         assert f"    candidate {name}: " in ran.err
@@ -185,8 +224,9 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
         manifest = json.loads(archive.read("model_mlp/manifest.json"))
     assert manifest["compile_search"]["chosen"] == search["chosen"]
     assert [c["name"] for c in manifest["compile_search"]["candidates"]] == names
-    assert "median_ms" not in json.dumps(manifest) and '"compile_s"' not in json.dumps(manifest), \
+    assert "median_ms" not in json.dumps(manifest) and '"compile_s"' not in json.dumps(manifest), (
         "timings stay out of the wheel, which must be reproducible"
+    )
     chosen_options = next(c["options"] for c in search["candidates"] if c["name"] == search["chosen"])
     assert manifest["compile_options"] == chosen_options
     assert again.code == 0, again.err
@@ -213,8 +253,12 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
     at_a_time = r", 2 at a time: [\d.]+s wall" if cost["workers"] > 1 else ""
     summary = rf"^  search    2 candidate\(s\) compiled in [\d.]+s{at_a_time}; timed [\d.]+s; {won}$"
     assert re.search(summary, ran.err, re.M), ran.err
-    assert re.search(r"^    noise: spec-options timed alone: [\d.]+ ms \[.*\] over 5 rounds \(.*\): a candidate must be "
-                     r"[\d.]+x faster to win beyond it$", ran.err, re.M), ran.err
+    assert re.search(
+        r"^    noise: spec-options timed alone: [\d.]+ ms \[.*\] over 5 rounds \(.*\): a candidate must be "
+        r"[\d.]+x faster to win beyond it$",
+        ran.err,
+        re.M,
+    ), ran.err
     # the rebuild compiles the choice locked beside the spec: no search, no line for it
     assert "compile options from " in again.err and "  search    " not in again.err, again.err
 
@@ -244,8 +288,9 @@ def test_budget_scales_with_the_first_compile_and_the_cores():
     assert budget.refusal("freezing") is None
     budget.spent("freezing", 30.0)
     assert budget.refusal("freezing+channels-last") is None  # 60 + 30 <= 90
-    assert ("about 90 s more expected, budget 90 s (the first compile, and 1x it on each of 2 core(s) for the "
-            "candidates)") in budget.refusal("max-autotune")
+    assert (
+        "about 90 s more expected, budget 90 s (the first compile, and 1x it on each of 2 core(s) for the candidates)"
+    ) in budget.refusal("max-autotune")
     one = tune.Budget(None, workers=1)  # one core: one candidate's worth (no 60 s floor: a small model's search
     one.spent("spec-options", 5.0)  # cost it three times its build without)
     assert one.refusal("freezing") is None
@@ -261,7 +306,9 @@ def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
     dropped = {c["name"]: c["problem"] for c in report["compile_search"]["candidates"] if not c["passed"]}
     # On this project's machines max-autotune's .so raises on batch 1; elsewhere it may pass.
     for name, problem in dropped.items():
-        assert problem.startswith("the compiled model raised on case batch=") or "differs from eager" in problem, problem
+        assert problem.startswith("the compiled model raised on case batch=") or "differs from eager" in problem, (
+            problem
+        )
         assert f"    candidate {name}: fails verification, dropped (" in ran.err
 
 
@@ -271,28 +318,37 @@ def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
 
     class Raising:  # what torch's runner does when a compiled kernel rejects the sizes
         def run(self, inputs):
-            raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].\nmore")
+            raise RuntimeError(
+                "Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].\nmore"
+            )
 
     spec_file = load_spec(TINY_SPEC)
     exported = prepare(spec_file, load_model(spec_file), targets.get("cpu"))
     with pytest.raises(VerificationError) as caught:
         _run_compiled(Raising(), Case("batch=min(1)", {"batch": 1}, ()), exported)
-    assert caught.value.message == ("the compiled model raised on case batch=min(1) (sizes {'batch': 1}) where eager "
-                                    "did not: Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8].")
+    assert caught.value.message == (
+        "the compiled model raised on case batch=min(1) (sizes {'batch': 1}) where eager "
+        "did not: Expected size for first two dimensions of batch2 tensor to be: [4, 8] but got: [8, 8]."
+    )
     assert "search = false" in caught.value.hint
 
 
 # -- issue 30: a search that noise cannot fool -------------------------------------------------------
 
+
 def test_a_candidate_replaces_the_spec_options_only_beyond_the_measured_spread():
-    spec, fast_but_noisy, clearly_fast = (tune.rounds.Timed(r) for r in
-                                          ((10.0, 11.0, 12.0), (6.0, 7.0, 10.5), (8.0, 8.5, 9.0)))
+    spec, fast_but_noisy, clearly_fast = (
+        tune.rounds.Timed(r) for r in ((10.0, 11.0, 12.0), (6.0, 7.0, 10.5), (8.0, 8.5, 9.0))
+    )
     assert tune.rounds.choose({"spec-options": spec, "freezing": fast_but_noisy}, "spec-options")[0] == "spec-options"
-    chosen, why = tune.rounds.choose({"spec-options": spec, "freezing": fast_but_noisy, "max-autotune": clearly_fast},
-                                     "spec-options")
+    chosen, why = tune.rounds.choose(
+        {"spec-options": spec, "freezing": fast_but_noisy, "max-autotune": clearly_fast}, "spec-options"
+    )
     assert chosen == "max-autotune", "the lower median of freezing is within spec-options' spread"
     assert why == "its slowest round (9 ms) is faster than spec-options's fastest (10 ms)"
-    assert tune.rounds.choose({"freezing": fast_but_noisy, "max-autotune": clearly_fast}, "spec-options")[0] == "freezing"
+    assert (
+        tune.rounds.choose({"freezing": fast_but_noisy, "max-autotune": clearly_fast}, "spec-options")[0] == "freezing"
+    )
 
 
 ELEMENTWISE_MODEL = """
@@ -359,7 +415,9 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
 
         def step(self, text: str) -> None:
             if text.startswith("timing") and not loops:
-                loops.extend(context.Process(target=busy, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 1))
+                loops.extend(
+                    context.Process(target=busy, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 1)
+                )
                 for loop in loops:
                     loop.start()
 
@@ -376,14 +434,20 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     timed = {trial.name: trial for trial in tuned.trials if trial.passed}
     assert {"spec-options", "freezing"} <= set(timed), tuned.trials
     for name, trial in timed.items():
-        assert len(trial.rounds_ms) == tune.rounds.ROUNDS and trial.spread_ms == (min(trial.rounds_ms), max(trial.rounds_ms))
+        assert len(trial.rounds_ms) == tune.rounds.ROUNDS and trial.spread_ms == (
+            min(trial.rounds_ms),
+            max(trial.rounds_ms),
+        )
         assert trial.median_ms == statistics.median(trial.rounds_ms)
-        assert any(line.startswith(f"    candidate {name}: ") and f"over {tune.rounds.ROUNDS} rounds (" in line
-                   for line in said), said
+        assert any(
+            line.startswith(f"    candidate {name}: ") and f"over {tune.rounds.ROUNDS} rounds (" in line
+            for line in said
+        ), said
     if tuned.chosen != "spec-options":
         assert max(timed[tuned.chosen].rounds_ms) < min(timed["spec-options"].rounds_ms), tuned
-    assert tuned.why.startswith("no candidate is faster beyond the noise" if tuned.chosen == "spec-options"
-                                else "its slowest round")
+    assert tuned.why.startswith(
+        "no candidate is faster beyond the noise" if tuned.chosen == "spec-options" else "its slowest round"
+    )
 
 
 def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
@@ -394,8 +458,9 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     from pipeline.services.cache import Cache
 
     names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
-    outlook = tune.Outlook([(name, SimpleNamespace(key=f"key-{name}")) for name in names], Cache(tmp_path / "cache"),
-                           workers=2)
+    outlook = tune.Outlook(
+        [(name, SimpleNamespace(key=f"key-{name}")) for name in names], Cache(tmp_path / "cache"), workers=2
+    )
     budget, out = tune.Budget(None, workers=2), io.StringIO()
     shown = progress.Progress(out)
     with progress.reporting(shown):
@@ -408,7 +473,8 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
         outlook.after([])
     assert out.getvalue().splitlines() == [
         "    candidate spec-options took 2m00s to compile and verify: about 2m00s more for the other 2 candidate(s), "
-        "2 at a time; max-autotune would take the search past its compile budget: not compiled, then the timing"]
+        "2 at a time; max-autotune would take the search past its compile budget: not compiled, then the timing"
+    ]
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"
 
 
@@ -439,16 +505,24 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     exported, planned, _ = waves(tmp_path)
     chosen, refused, cost, said = choose_said(exported, planned, NOISY, tmp_path / "cache")
     assert chosen == [] and {s.name for s in refused} == {name for name, _ in planned[1:]}
-    assert all(s.recorded == payback.NOISY and "cannot win beyond the noise: spec-options's rounds spread 2552.93x "
-               "(0.0803-205 ms), and it plausibly gains at most" in s.reason for s in refused), refused
+    assert all(
+        s.recorded == payback.NOISY
+        and "cannot win beyond the noise: spec-options's rounds spread 2552.93x "
+        "(0.0803-205 ms), and it plausibly gains at most"
+        in s.reason
+        for s in refused
+    ), refused
     assert said == [
         f"    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here for any of "
         f"the {len(refused)} candidate(s) to win (rounds 0.0803 to 205 ms, a 2552.93x spread); build on a quieter "
-        "machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"]
+        "machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
+    ]
     assert cost.stopped == said[0].strip() and cost.spread == pytest.approx(205.0 / 0.0803)
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "cost": dataclasses.asdict(cost)}
-    assert search_lines(record) == ["  search    stopped by the noise before compiling a candidate (2552.93x spread); "
-                                    "timed 0.0s; won nothing (the spec's options kept)"]
+    assert search_lines(record) == [
+        "  search    stopped by the noise before compiling a candidate (2552.93x spread); "
+        "timed 0.0s; won nothing (the spec's options kept)"
+    ]
     # steady rounds: freezing could win, and is compiled
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
     assert "freezing" in [e.name for e in chosen] and not cost.stopped and said == []
@@ -462,15 +536,24 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
 
 def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_being_compiled(tmp_path):
     exported, planned, _ = waves(tmp_path)
-    earlier = {"model": "mlp", "target": "cpu", "compile_search": {"candidates": [
-        {"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0},
-        {"name": "freezing", "median_ms": 1.25, "compile_s": 12.0}]}}
+    earlier = {
+        "model": "mlp",
+        "target": "cpu",
+        "compile_search": {
+            "candidates": [
+                {"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0},
+                {"name": "freezing", "median_ms": 1.25, "compile_s": 12.0},
+            ]
+        },
+    }
     (tmp_path / "cache" / "build-earlier").mkdir(parents=True)
     (tmp_path / "cache" / "build-earlier" / "model_mlp-0.1.report.json").write_text(json.dumps(earlier))
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
     assert "freezing" not in [e.name for e in chosen]
-    why = ("cannot pay back its compile: an earlier build of this model measured it 0.80x spec-options's speed "
-           "(--no-cache and a fresh build folder forget that)")
+    why = (
+        "cannot pay back its compile: an earlier build of this model measured it 0.80x spec-options's speed "
+        "(--no-cache and a fresh build folder forget that)"
+    )
     assert f"    candidate freezing: not tried: {why}" in said
     assert {s.name: (s.reason, s.recorded) for s in refused}["freezing"] == (why, payback.NO_PAYBACK)
 
@@ -478,8 +561,12 @@ def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_bein
 def test_candidates_are_ordered_by_expected_gain_per_compile_second():
     names = ["freezing", "max-autotune", "bf16-autocast"]
     assert [e.name for e in payback.expectations(names, {})] == ["bf16-autocast", "freezing", "max-autotune"]
-    measured = {"candidates": [{"name": "spec-options", "median_ms": 2.0, "compile_s": 10.0},
-                               {"name": "max-autotune", "median_ms": 1.0, "compile_s": 20.0}]}
+    measured = {
+        "candidates": [
+            {"name": "spec-options", "median_ms": 2.0, "compile_s": 10.0},
+            {"name": "max-autotune", "median_ms": 1.0, "compile_s": 20.0},
+        ]
+    }
     found = {e.name: e for e in payback.expectations(names, measured)}
     assert (found["max-autotune"].gain, found["max-autotune"].cost, found["max-autotune"].measured) == (2.0, 2.0, True)
     assert [e.name for e in payback.expectations(names, measured)] == ["bf16-autocast", "max-autotune", "freezing"]

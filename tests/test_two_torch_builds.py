@@ -31,9 +31,25 @@ def run(python: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProce
 @pytest.fixture(scope="module", params=OTHER_TORCHES)
 def other_torch_env(request, tmp_path_factory) -> tuple[str, Path]:
     python = make_venv(tmp_path_factory.mktemp("torch-other") / "env", sees_torch=False)  # another torch
-    cpu_torch = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", "--retries", "0",
-                                "--timeout", "20", f"torch=={request.param}+cpu", "--index-url", PYTORCH_CPU],
-                               capture_output=True, text=True)
+    cpu_torch = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-compile",
+            "--retries",
+            "0",
+            "--timeout",
+            "20",
+            f"torch=={request.param}+cpu",
+            "--index-url",
+            PYTORCH_CPU,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if cpu_torch.returncode != 0:
         said = [line for line in cpu_torch.stderr.splitlines() if line.startswith("ERROR:")] or ["refused"]
         pytest.skip(f"torch {request.param}'s CPU build cannot be had here from {PYTORCH_CPU}: {said[0]}")
@@ -45,8 +61,20 @@ def other_torch_env(request, tmp_path_factory) -> tuple[str, Path]:
 def test_pip_picks_the_wheel_built_for_its_torch(tmp_path, tiny_build, other_torch_env):
     other_torch, other_python = other_torch_env
     first = next(tiny_build[0].dist.glob("*.whl"))
-    build = run(other_python, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), "--root", str(tiny_build[0].root),
-                "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"))
+    build = run(
+        other_python,
+        "-m",
+        "pipeline",
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(tiny_build[0].root),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
+    )
     assert build.returncode == 0, build.stderr
     second = next((tmp_path / "dist").glob("*.whl"))
     assert f"+cpu.torch{other_torch}-" in second.name and first.name != second.name
@@ -66,7 +94,12 @@ def test_pip_picks_the_wheel_built_for_its_torch(tmp_path, tiny_build, other_tor
             # same command keeps it and selects the matching build (docs/publishing.md).
             installed = run(python, "-c", DIST_VERSION).stdout.strip()
             pip_install(python, "model-tiny==0.1", f"torch=={installed}", "--index-url", url)
-            ran = run(python, "-c", DIST_VERSION + "; import model_tiny; model_tiny.load(); print(model_tiny.__version__)", cwd=Path("/"))
+            ran = run(
+                python,
+                "-c",
+                DIST_VERSION + "; import model_tiny; model_tiny.load(); print(model_tiny.__version__)",
+                cwd=Path("/"),
+            )
             assert ran.returncode == 0, ran.stderr
             assert ran.stdout.split() == [installed, wheel.name.split("-")[1]]
     finally:

@@ -106,10 +106,15 @@ def test_weights_that_do_not_fit_are_listed_and_nothing_loads(external_installed
 
 
 def test_load_numpy_refuses_external_weights(external_installed):
-    code = "import model_tiny_external as m\ntry:\n    m.load_numpy()\nexcept m.NativeRuntimeError as e:\n    print(e)\n"
+    code = (
+        "import model_tiny_external as m\ntry:\n    m.load_numpy()\nexcept m.NativeRuntimeError as e:\n    print(e)\n"
+    )
     ran = run_in(external_installed, code)
     assert ran.returncode == 0, ran.stderr
-    assert "keeps its weights outside the .so; load_numpy() runs models with embedded weights only: use load()" in ran.stdout
+    assert (
+        "keeps its weights outside the .so; load_numpy() runs models with embedded weights only: use load()"
+        in ran.stdout
+    )
 
 
 def test_embedded_weights_cannot_be_replaced(installed, weight_files):
@@ -149,7 +154,9 @@ print(seen["a"], seen["b"], len(mixed))
 
 
 def test_swap_under_concurrent_calls_never_mixes(external_installed, weight_files):
-    ran = run_in(external_installed, SWAP_UNDER_LOAD.format(a=str(weight_files["original"]), b=str(weight_files["tuned"])))
+    ran = run_in(
+        external_installed, SWAP_UNDER_LOAD.format(a=str(weight_files["original"]), b=str(weight_files["tuned"]))
+    )
     assert ran.returncode == 0, ran.stderr
     seen_a, seen_b, mixed = map(int, ran.stdout.split())
     assert mixed == 0
@@ -157,8 +164,21 @@ def test_swap_under_concurrent_calls_never_mixes(external_installed, weight_file
 
 
 def test_new_weights_make_a_new_version_without_recompiling(external_build, weight_files, tmp_path):
-    ran = run_cli("build", "--spec", str(EXTERNAL_SPEC), "--weights", str(weight_files["tuned"]), "--version", "0.2",
-                  "--root", str(external_build.root), "--dist", str(tmp_path / "dist"), "--build-dir", str(external_build.build))
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(EXTERNAL_SPEC),
+        "--weights",
+        str(weight_files["tuned"]),
+        "--version",
+        "0.2",
+        "--root",
+        str(external_build.root),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(external_build.build),
+    )
     assert ran.code == 0, ran.err
     assert "reused the compiled model from build cache" in ran.err and "no export, no recompile" in ran.err
     assert "==> export" not in ran.err and "==> compile" in ran.err

@@ -70,8 +70,18 @@ def fresh_venv(path: Path) -> Path:
 
 def build(name: str) -> tuple[float, Path, dict]:
     dist, root = OUT / "dist" / name, OUT / "opt"
-    args = ["--spec", str(ZOO / name / "spec.toml"), "--root", str(root), "--dist", str(dist),
-            "--build-dir", str(OUT / "build"), "--no-cache", "--quiet"]
+    args = [
+        "--spec",
+        str(ZOO / name / "spec.toml"),
+        "--root",
+        str(root),
+        "--dist",
+        str(dist),
+        "--build-dir",
+        str(OUT / "build"),
+        "--no-cache",
+        "--quiet",
+    ]
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pipeline", "build", *args], capture_output=True, text=True, cwd=REPO)
     seconds = time.monotonic() - start
@@ -101,16 +111,22 @@ def row(name: str, bench_python: Path) -> dict:
         "chosen": report.get("compile_search", {}).get("chosen", "pinned"),
         "wheel_ms": timed_ms(bench_python, WHEEL_SETUP.format(module=module)),
         # the eager module in this venv, the repository (pipeline/) on its path
-        "eager_ms": timed_ms(Path(sys.executable), EAGER_SETUP.format(spec=str(spec)), env={**os.environ, "PYTHONPATH": str(REPO)}),
+        "eager_ms": timed_ms(
+            Path(sys.executable), EAGER_SETUP.format(spec=str(spec)), env={**os.environ, "PYTHONPATH": str(REPO)}
+        ),
     }
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | architecture | build (s) | wheel (MB) | max abs diff | options chosen | wheel, batch 1 (ms) | eager, batch 1 (ms) | eager / wheel |",
-             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines = [
+        "| model | architecture | build (s) | wheel (MB) | max abs diff | options chosen | wheel, batch 1 (ms) | eager, batch 1 (ms) | eager / wheel |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| `{r['name']}` | {r['summary']} | {r['build_s']:.0f} | {r['wheel_mb']:.2f} | {r['max_abs']:.2g} | "
-                     f"{r['chosen']} | {r['wheel_ms']:.2f} | {r['eager_ms']:.2f} | {r['eager_ms'] / r['wheel_ms']:.1f}x |")
+        lines.append(
+            f"| `{r['name']}` | {r['summary']} | {r['build_s']:.0f} | {r['wheel_mb']:.2f} | {r['max_abs']:.2g} | "
+            f"{r['chosen']} | {r['wheel_ms']:.2f} | {r['eager_ms']:.2f} | {r['eager_ms'] / r['wheel_ms']:.1f}x |"
+        )
     return "\n".join(lines)
 
 

@@ -25,8 +25,11 @@ wheel = importlib.import_module(MODEL_PACKAGE)
 def call_slots(value: str) -> int:
     cores = len(os.sched_getaffinity(0))
     if not value.isdecimal() or not 1 <= int(value) <= cores:  # isdecimal: exactly the digits int() reads
-        print(f"error: MODEL_SLOTS={value!r}: expected a whole number of concurrent calls, from 1 to the {cores} "
-              "cores this process may use (unset, it is 1; docs/serving.md: One process, several threads)", file=sys.stderr)
+        print(
+            f"error: MODEL_SLOTS={value!r}: expected a whole number of concurrent calls, from 1 to the {cores} "
+            "cores this process may use (unset, it is 1; docs/serving.md: One process, several threads)",
+            file=sys.stderr,
+        )
         # 3: "a worker failed to boot" to uvicorn's and gunicorn's supervisors, which then stop instead of starting it again
         raise SystemExit(3)
     return int(value)
@@ -46,7 +49,12 @@ def create_app(model: Any, max_wait_s: float = 0.005, slots: int = 1) -> FastAPI
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"model": MODEL_PACKAGE, "pid": os.getpid(), "loaded": getattr(model, "loaded", True), "slots": calls.count}
+        return {
+            "model": MODEL_PACKAGE,
+            "pid": os.getpid(),
+            "loaded": getattr(model, "loaded", True),
+            "slots": calls.count,
+        }
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:
@@ -93,7 +101,9 @@ def _npz_response(outputs: Any) -> Response:
     values = outputs if isinstance(outputs, tuple) else (outputs,)
     buffer = io.BytesIO()
     np.savez(buffer, **{name: np.asarray(value) for name, value in zip(OUTPUT_NAMES, values)})
-    return Response(buffer.getvalue(), media_type="application/octet-stream", headers={"x-worker-pid": str(os.getpid())})
+    return Response(
+        buffer.getvalue(), media_type="application/octet-stream", headers={"x-worker-pid": str(os.getpid())}
+    )
 
 
 # Made before uvicorn (or gunicorn) starts its workers; each worker opens its own model on its

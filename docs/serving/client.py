@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import io
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import httpx
 import numpy as np
@@ -47,14 +47,20 @@ async def post(client: httpx.AsyncClient, url: str, inputs: dict[str, np.ndarray
     return Answer(response.status_code, None, detail, latency, None)
 
 
-async def load_test(url: str, requests: Sequence[dict[str, np.ndarray]], concurrency: int,
-                    timeout_s: float = 60.0, keep_alive: bool = True) -> list[Answer]:
+async def load_test(
+    url: str,
+    requests: Sequence[dict[str, np.ndarray]],
+    concurrency: int,
+    timeout_s: float = 60.0,
+    keep_alive: bool = True,
+) -> list[Answer]:
     """Send every request, at most ``concurrency`` at a time; answers in the requests' order.
     ``timeout_s`` bounds the whole load, not each request: give it room for all of them.
     ``keep_alive=False`` opens a connection per request, so a multi-worker server spreads them."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency if keep_alive else 0)
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+
         async def one(inputs: dict[str, np.ndarray]) -> Answer:
             async with gate:
                 return await post(client, url, inputs)
@@ -62,8 +68,9 @@ async def load_test(url: str, requests: Sequence[dict[str, np.ndarray]], concurr
         return await asyncio.wait_for(asyncio.gather(*(one(r) for r in requests)), timeout_s)
 
 
-async def paced_load(url: str, requests: Sequence[dict[str, np.ndarray]], rate_per_s: float, seed: int = 0,
-                     timeout_s: float = 60.0) -> list[Answer]:
+async def paced_load(
+    url: str, requests: Sequence[dict[str, np.ndarray]], rate_per_s: float, seed: int = 0, timeout_s: float = 60.0
+) -> list[Answer]:
     """Send the requests at ``rate_per_s`` on average, at random times (a Poisson process drawn
     from ``seed``), each when its time comes whatever the answers do, as independent users
     would; answers in the requests' order. A server slower than the rate makes requests queue,
@@ -73,6 +80,7 @@ async def paced_load(url: str, requests: Sequence[dict[str, np.ndarray]], rate_p
     loop = asyncio.get_running_loop()
     start = loop.time()
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=timeout_s) as client:
+
         async def one(at: float, inputs: dict[str, np.ndarray]) -> Answer:
             await asyncio.sleep(max(0.0, start + at - loop.time()))
             answer = await post(client, url, inputs)

@@ -40,7 +40,9 @@ class WheelModel:
         values = outputs if isinstance(outputs, tuple) else (outputs,)
         buffer = io.BytesIO()
         np.savez(buffer, **dict(zip(OUTPUT_NAMES, values)))
-        return Response(buffer.getvalue(), media_type="application/octet-stream", headers={"x-worker-pid": str(os.getpid())})
+        return Response(
+            buffer.getvalue(), media_type="application/octet-stream", headers={"x-worker-pid": str(os.getpid())}
+        )
 
     # Ray collects up to max_batch_size concurrent requests within the wait budget; run_batch
     # runs them as calls of at most the built batch max and splits the outputs back.

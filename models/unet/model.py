@@ -128,7 +128,9 @@ class UNet(nn.Module):
         skip_chs = [chs[0]]
         ch = chs[0]
         for i, (out_ch, attn) in enumerate(zip(chs, attention_levels)):
-            self.down.append(Level([ch] + [out_ch] * (blocks_per_level - 1), out_ch, time_dim, context_dim, heads, attn))
+            self.down.append(
+                Level([ch] + [out_ch] * (blocks_per_level - 1), out_ch, time_dim, context_dim, heads, attn)
+            )
             skip_chs += [out_ch] * blocks_per_level
             ch = out_ch
             last = i == len(chs) - 1

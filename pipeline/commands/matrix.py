@@ -29,11 +29,13 @@ def refuse_outside_act(environ: dict[str, str]) -> None:
             "--no-containers (the release's no_containers input) is for a local run under act: on GitHub's runners "
             "it would build on the runner's own glibc and publish wheels tagged narrower than the manylinux_2_28 ones, "
             "under the same version",
-            "run the release on GitHub without no_containers; `make release-local` is the run that uses it")
+            "run the release on GitHub without no_containers; `make release-local` is the run that uses it",
+        )
 
 
-def build_matrix(spec_files: list[Path], *, containers: bool = True,
-                 note: Callable[[str], None] = lambda _: None) -> dict:
+def build_matrix(
+    spec_files: list[Path], *, containers: bool = True, note: Callable[[str], None] = lambda _: None
+) -> dict:
     """``containers=False``: every job on its runner itself (a local run under act, with no Docker),
     so a target this machine cannot build (cuda without a GPU) is left out, and ``note`` says why."""
     if not containers:
@@ -47,19 +49,23 @@ def build_matrix(spec_files: list[Path], *, containers: bool = True,
             # a target from outside this repository may not say, and is kept.
             missing = getattr(target, "runner_missing", lambda: None)() if not containers else None
             if missing:
-                note(f"matrix: build {spec.model.name} ({name}) is left out of this local run: {missing}; on GitHub "
-                     f"it runs on its own runner ({_label(target.RUNNER)}: docs/publishing.md)")
+                note(
+                    f"matrix: build {spec.model.name} ({name}) is left out of this local run: {missing}; on GitHub "
+                    f"it runs on its own runner ({_label(target.RUNNER)}: docs/publishing.md)"
+                )
                 continue
-            include.append({
-                "model": spec.model.name,
-                "version": spec.model.version,
-                "spec": spec_path.as_posix(),
-                "target": name,
-                "runner": target.RUNNER,
-                "container": target.CONTAINER if containers else "",
-                "container_options": target.CONTAINER_OPTIONS if containers else "",
-                "torch_variant": target.TORCH_VARIANT,
-            })
+            include.append(
+                {
+                    "model": spec.model.name,
+                    "version": spec.model.version,
+                    "spec": spec_path.as_posix(),
+                    "target": name,
+                    "runner": target.RUNNER,
+                    "container": target.CONTAINER if containers else "",
+                    "container_options": target.CONTAINER_OPTIONS if containers else "",
+                    "torch_variant": target.TORCH_VARIANT,
+                }
+            )
     return {"include": include}
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
 from ..services import index_auth, proc
 from ..services.index import STATE_DIR, read_state
-from ..wheel_template.runtime import _integrity as wheel_integrity, _targets as wheel_targets
+from ..wheel_template.runtime import _integrity as wheel_integrity
+from ..wheel_template.runtime import _targets as wheel_targets
 from .wheel_check import private_copies, read_manifest
 
 INDEX_ENV = "MODELWHEEL_INDEX_URL"
@@ -44,17 +45,21 @@ HREF_RE = re.compile(r'href="([^"#]+)(?:#sha256=([0-9a-f]{64}))?')
 # twine's output when the index never answered (requests' and urllib3's words for a refused, reset,
 # unresolvable or silent host). Only trusted where twine shows no HTTP status: an index's own error
 # page (a proxy's 502, say) may hold the same words, and is the index answering.
-UNREACHABLE_RE = re.compile(r"ConnectionError|ConnectTimeout|Max retries exceeded|Connection refused|Connection reset|"
-                            r"Connection aborted|RemoteDisconnected|NewConnectionError|Name or service not known|"
-                            r"Temporary failure in name resolution|timed out")
+UNREACHABLE_RE = re.compile(
+    r"ConnectionError|ConnectTimeout|Max retries exceeded|Connection refused|Connection reset|"
+    r"Connection aborted|RemoteDisconnected|NewConnectionError|Name or service not known|"
+    r"Temporary failure in name resolution|timed out"
+)
 HTTP_STATUS_RE = re.compile(r"\bHTTPError:\s+\d{3}\b")
 # twine --non-interactive with no username (or password) from the environment, the URL or a keyring.
 NO_CREDENTIAL_RE = re.compile(r"Credential not found for (username|password)")
 INSECURE_HINT = "use https, or pass --allow-insecure-http if this network is trusted"
 UNREACHABLE_HINT = "is the index running? (`modelwheel index start`, or `make index` in a checkout) / check the URL"
-NO_CREDENTIAL_HINT = ("set TWINE_USERNAME and TWINE_PASSWORD (the release workflow reads them from the secrets "
-                      "MODELWHEEL_INDEX_USERNAME and MODELWHEEL_INDEX_PASSWORD), or give them in the index URL "
-                      "or a ~/.pypirc --repository")
+NO_CREDENTIAL_HINT = (
+    "set TWINE_USERNAME and TWINE_PASSWORD (the release workflow reads them from the secrets "
+    "MODELWHEEL_INDEX_USERNAME and MODELWHEEL_INDEX_PASSWORD), or give them in the index URL "
+    "or a ~/.pypirc --repository"
+)
 
 
 @dataclass(frozen=True)
@@ -150,18 +155,27 @@ def require_secure(url: str, what: str, allow_insecure_http: bool) -> None:
         host = None
     if parts.scheme.lower() != "http" or allow_insecure_http or is_loopback(host):
         return
-    raise UsageError(f"{what} {proc.redact(url)} is plain http to a host outside this machine: "
-                     "credentials and wheels would cross the network unencrypted", INSECURE_HINT)
+    raise UsageError(
+        f"{what} {proc.redact(url)} is plain http to a host outside this machine: "
+        "credentials and wheels would cross the network unencrypted",
+        INSECURE_HINT,
+    )
 
 
-def resolve_index(url: str | None, repository: str | None, environ: dict[str, str], *,
-                  allow_insecure_http: bool = False) -> Index:
+def resolve_index(
+    url: str | None, repository: str | None, environ: dict[str, str], *, allow_insecure_http: bool = False
+) -> Index:
     simple, simple_credentials = _without_userinfo(environ.get(SIMPLE_ENV))
     if simple:
         require_secure(simple, f"the simple URL (${SIMPLE_ENV})", allow_insecure_http)
     if repository:
-        return Index(upload="", simple=simple, repository=repository, simple_credentials=simple_credentials,
-                     allow_insecure_http=allow_insecure_http)
+        return Index(
+            upload="",
+            simple=simple,
+            repository=repository,
+            simple_credentials=simple_credentials,
+            allow_insecure_http=allow_insecure_http,
+        )
     url, credentials = _without_userinfo(url or environ.get(INDEX_ENV))
     local = _own_local_index(url, simple) if url and not credentials else None
     if local:
@@ -170,8 +184,13 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
         require_secure(url, "the index URL", allow_insecure_http)
         if simple is None and "{target}" not in url:
             simple = url.rstrip("/") + "/{target}/simple/"
-        return Index(upload=url, simple=simple, credentials=credentials, simple_credentials=simple_credentials or credentials,
-                     allow_insecure_http=allow_insecure_http)
+        return Index(
+            upload=url,
+            simple=simple,
+            credentials=credentials,
+            simple_credentials=simple_credentials or credentials,
+            allow_insecure_http=allow_insecure_http,
+        )
     state = read_state()
     if state is None:
         raise IndexServerError(
@@ -181,8 +200,10 @@ def resolve_index(url: str | None, repository: str | None, environ: dict[str, st
         )
     local = _own_local_index(state["url"], None)
     if local is None:
-        raise IndexServerError(f"the local index at {state['url']} is not a process of this user's: its password "
-                               "is not sent there", "stop it and start it again: `modelwheel index stop`, `index start`")
+        raise IndexServerError(
+            f"the local index at {state['url']} is not a process of this user's: its password is not sent there",
+            "stop it and start it again: `modelwheel index stop`, `index start`",
+        )
     return local
 
 
@@ -202,8 +223,7 @@ def _own_local_index(url: str, simple: str | None) -> Index | None:
     password = index_auth.read_secret(state_dir)
     if simple is None and "{target}" not in url:
         simple = url.rstrip("/") + "/{target}/simple/"
-    return Index(upload=url, simple=simple, local=True,
-                 credentials=Credentials(index_auth.USERNAME, password))
+    return Index(upload=url, simple=simple, local=True, credentials=Credentials(index_auth.USERNAME, password))
 
 
 def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None:
@@ -218,26 +238,34 @@ def on_index(index: Index, target: str, dist_name: str) -> dict[str, str] | None
     except urllib.error.HTTPError as exc:
         if exc.code == 404 or 300 <= exc.code < 400:  # a redirect is the index's fallback: not held here
             return {}
-        raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
-    return {href.rsplit("/", 1)[-1]: urllib.parse.urljoin(url, href) + (f"#sha256={digest}" if digest else "")
-            for href, digest in HREF_RE.findall(page)}
+        raise IndexServerError(
+            f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials"
+        ) from exc
+    return {
+        href.rsplit("/", 1)[-1]: urllib.parse.urljoin(url, href) + (f"#sha256={digest}" if digest else "")
+        for href, digest in HREF_RE.findall(page)
+    }
 
 
 def _get(url: str, index: Index, *, foreign: bool = False) -> bytes:
     """GET ``url`` from the index (its simple page, or a file); errors the user can act on.
     ``foreign``: a URL off the index's own scheme, host and port, fetched without credentials."""
     try:
-        with _NO_REDIRECTS.open(_authorized_request(url, index.simple_credentials, anonymous=index.local or foreign),
-                                timeout=30) as response:
+        with _NO_REDIRECTS.open(
+            _authorized_request(url, index.simple_credentials, anonymous=index.local or foreign), timeout=30
+        ) as response:
             return response.read()
     except urllib.error.HTTPError:
         raise
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, unresolvable, silent, or no HTTP at all
-        raise IndexServerError(f"cannot reach {proc.redact(url)}: {_one_line(str(exc) or type(exc).__name__)}",
-                               UNREACHABLE_HINT) from exc
+        raise IndexServerError(
+            f"cannot reach {proc.redact(url)}: {_one_line(str(exc) or type(exc).__name__)}", UNREACHABLE_HINT
+        ) from exc
     except ValueError as exc:  # http.client.InvalidURL and urllib's own checks
-        raise IndexServerError(f"{proc.redact(url)} is not a usable URL: {proc.redact(str(exc))}",
-                               "check the index URL (a password may hold any character; the host follows its last @)") from exc
+        raise IndexServerError(
+            f"{proc.redact(url)} is not a usable URL: {proc.redact(str(exc))}",
+            "check the index URL (a password may hold any character; the host follows its last @)",
+        ) from exc
 
 
 def _origin(url: str) -> tuple[str, str | None, int | None]:
@@ -259,7 +287,9 @@ def published_sha256(index: Index, file_url: str, page_url: str) -> str:
     try:
         return hashlib.sha256(_get(url, index, foreign=foreign)).hexdigest()
     except urllib.error.HTTPError as exc:
-        raise IndexServerError(f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials") from exc
+        raise IndexServerError(
+            f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials"
+        ) from exc
 
 
 class _KeepRedirects(urllib.request.HTTPRedirectHandler):
@@ -286,8 +316,13 @@ def _authorized_request(url: str, credentials: Credentials | None, anonymous: bo
 def _twine(*args: str, what: str, hint: str, env: dict[str, str] | None = None) -> str:
     # twine's console is forced to a terminal and ignores NO_COLOR; its output is captured here
     # and shown in an error message, never on a terminal, so colour codes would only be noise.
-    return proc.run([sys.executable, "-m", "twine", "--no-color", *args], error=UploadError, what=what, hint=hint,
-                    env={"NO_COLOR": "1", **(env or {})})
+    return proc.run(
+        [sys.executable, "-m", "twine", "--no-color", *args],
+        error=UploadError,
+        what=what,
+        hint=hint,
+        env={"NO_COLOR": "1", **(env or {})},
+    )
 
 
 def _one_line(text: str) -> str:
@@ -310,7 +345,11 @@ def _unreachable_reason(output: str) -> str | None:
 
 def _destination(index: Index, target: str) -> str:
     """Where twine uploads to, for messages: the URL, or the ~/.pypirc section's name."""
-    return f"the repository {index.repository.format(target=target)} (~/.pypirc)" if index.repository else index.upload_url(target)
+    return (
+        f"the repository {index.repository.format(target=target)} (~/.pypirc)"
+        if index.repository
+        else index.upload_url(target)
+    )
 
 
 def _pypirc_url(name: str) -> str | None:
@@ -338,29 +377,45 @@ def check_transport(index: Index, targets: set[str]) -> None:
 
 def _upload(index: Index, wheel: Path, target: str) -> bool:
     """Upload one wheel; False when the index says it already has it."""
-    where = ["--repository", index.repository.format(target=target)] if index.repository else ["--repository-url", index.upload_url(target)]
+    where = (
+        ["--repository", index.repository.format(target=target)]
+        if index.repository
+        else ["--repository-url", index.upload_url(target)]
+    )
     credentials = index.credentials  # the local index's: its own upload password (index_auth)
     env = {"TWINE_USERNAME": credentials.username, "TWINE_PASSWORD": credentials.password} if credentials else None
     try:
-        _twine("upload", "--non-interactive", "--disable-progress-bar", "--verbose", *where, str(wheel),
-               what=f"uploading {wheel.name}",
-               hint="the output above is the index's answer: check its URL and the credentials", env=env)
+        _twine(
+            "upload",
+            "--non-interactive",
+            "--disable-progress-bar",
+            "--verbose",
+            *where,
+            str(wheel),
+            what=f"uploading {wheel.name}",
+            hint="the output above is the index's answer: check its URL and the credentials",
+            env=env,
+        )
     except UploadError as exc:
         if EXISTS_RE.search(exc.message):
             return False
         reason = _unreachable_reason(exc.message)
         if reason is not None:  # twine's traceback says no more than this, and blames nothing else
-            raise IndexServerError(f"cannot reach {proc.redact(_destination(index, target))}: {reason}",
-                                   UNREACHABLE_HINT) from None
+            raise IndexServerError(
+                f"cannot reach {proc.redact(_destination(index, target))}: {reason}", UNREACHABLE_HINT
+            ) from None
         if missing := NO_CREDENTIAL_RE.search(exc.message):  # twine never contacted the index
-            raise UploadError(f"no {missing[1]} to upload to {proc.redact(_destination(index, target))} with: "
-                              "nothing uploaded", NO_CREDENTIAL_HINT) from None
+            raise UploadError(
+                f"no {missing[1]} to upload to {proc.redact(_destination(index, target))} with: nothing uploaded",
+                NO_CREDENTIAL_HINT,
+            ) from None
         raise
     return True
 
 
-def publish(wheels: list[Path], index: Index, say, *, skip_existing: bool = False,
-            require_report: bool = True) -> Published:
+def publish(
+    wheels: list[Path], index: Index, say, *, skip_existing: bool = False, require_report: bool = True
+) -> Published:
     """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
     release); one it holds under the same name with other bytes is refused all the same. Each
     wheel is checked and uploaded from one private copy: what was checked is what is sent.
@@ -374,14 +429,21 @@ def _publish(manifests: list[tuple[Path, dict]], index: Index, say, skip_existin
     """Every wheel was checked (read_manifest) before any upload."""
     check_transport(index, {wheel_targets.variant(manifest) for _, manifest in manifests})
     for wheel, _ in manifests:
-        _twine("check", "--strict", str(wheel), what=f"twine check of {wheel.name}",
-               hint="the wheel's metadata is incomplete: rebuild it with this pipeline")
+        _twine(
+            "check",
+            "--strict",
+            str(wheel),
+            what=f"twine check of {wheel.name}",
+            hint="the wheel's metadata is incomplete: rebuild it with this pipeline",
+        )
     uploaded, existing, identical = [], [], []
     for wheel, manifest in manifests:
         target = wheel_targets.variant(manifest)
         known = on_index(index, target, manifest["dist_name"])
         if known is not None and wheel.name in known:
-            same = skip_existing and published_sha256(index, known[wheel.name], index.simple_url(target)) == wheel_integrity.sha256_file(wheel)
+            same = skip_existing and published_sha256(
+                index, known[wheel.name], index.simple_url(target)
+            ) == wheel_integrity.sha256_file(wheel)
             say(f"    {wheel.name}: already on the index ({target}){', the same file' if same else ''}, left as it is")
             (identical if same else existing).append(wheel.name)
         elif not _upload(index, wheel, target):

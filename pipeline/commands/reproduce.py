@@ -50,9 +50,13 @@ def read_wheel_manifest(wheel: Path) -> dict[str, Any]:
             manifest = json.loads(archive.read(names[0])) if len(names) == 1 else None
     except (OSError, zipfile.BadZipFile, ValueError) as exc:
         raise UnverifiedWheelError(f"{wheel}: not a readable wheel: {exc}", "give a wheel modelwheel built") from None
-    if not isinstance(manifest, dict) or not {"import_name", "full_version", "target", "opt_path", "torch"} <= set(manifest):
-        raise UnverifiedWheelError(f"{wheel}: holds no modelwheel manifest (<package>/manifest.json) to rebuild it from",
-                                   "give a wheel modelwheel built")
+    if not isinstance(manifest, dict) or not {"import_name", "full_version", "target", "opt_path", "torch"} <= set(
+        manifest
+    ):
+        raise UnverifiedWheelError(
+            f"{wheel}: holds no modelwheel manifest (<package>/manifest.json) to rebuild it from",
+            "give a wheel modelwheel built",
+        )
     return manifest
 
 
@@ -62,17 +66,26 @@ def recipe(wheel: Path, spec: str | None) -> Recipe:
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     spec_path = Path(spec) if spec else Path(report["spec"]) if report.get("spec") else None
     if spec_path is None:
-        raise UsageError(f"{wheel.name}: no spec to rebuild it from: {report_path.name} is not beside it, or names none",
-                         "give the spec it was built from with --spec PATH")
+        raise UsageError(
+            f"{wheel.name}: no spec to rebuild it from: {report_path.name} is not beside it, or names none",
+            "give the spec it was built from with --spec PATH",
+        )
     search = manifest.get("compile_search") or {}
     chosen = search.get("chosen", "pinned")
-    options = next((c["options"] for c in search.get("candidates", []) if c["name"] == chosen),
-                   manifest.get("compile_options", {}))
+    options = next(
+        (c["options"] for c in search.get("candidates", []) if c["name"] == chosen), manifest.get("compile_options", {})
+    )
     opt_path = Path(manifest["opt_path"])  # <root>/<model>/<version>/<target> (outdir.output_path)
-    return Recipe(wheel=wheel, manifest=manifest, spec=spec_path, target=manifest["target"], root=opt_path.parents[2],
-                  rebuild=targets.get(manifest["target"]).rebuild(manifest), forced=Locked(wheel, chosen, dict(options),
-                                                 {k: v for k, v in search.items() if k != "chosen"}),
-                  keep_debug=report.get("debug_info") == "kept")
+    return Recipe(
+        wheel=wheel,
+        manifest=manifest,
+        spec=spec_path,
+        target=manifest["target"],
+        root=opt_path.parents[2],
+        rebuild=targets.get(manifest["target"]).rebuild(manifest),
+        forced=Locked(wheel, chosen, dict(options), {k: v for k, v in search.items() if k != "chosen"}),
+        keep_debug=report.get("debug_info") == "kept",
+    )
 
 
 def must_match(manifest: dict[str, Any]) -> None:
@@ -81,9 +94,11 @@ def must_match(manifest: dict[str, Any]) -> None:
 
     built_with = manifest["torch"]["version"]
     if torch.__version__ != built_with:
-        raise UsageError(f"the wheel was built with torch {built_with}; this is torch {torch.__version__}, whose rebuild "
-                         "is another wheel (its name and pin say the torch)",
-                         f"run reproduce where torch {built_with} is installed (a venv with that torch)")
+        raise UsageError(
+            f"the wheel was built with torch {built_with}; this is torch {torch.__version__}, whose rebuild "
+            "is another wheel (its name and pin say the torch)",
+            f"run reproduce where torch {built_with} is installed (a venv with that torch)",
+        )
 
 
 def first_difference(wheel: Path, rebuilt: Path) -> str | None:
@@ -106,8 +121,10 @@ def work_folder() -> Path:
 
 
 def announce(recipe: Recipe, work: Path) -> str:
-    return (f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} ({recipe.target}, {recipe.rebuild.said}, "
-            f"root {recipe.root}, options {recipe.forced.chosen} as the wheel records them: no option search)")
+    return (
+        f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} ({recipe.target}, {recipe.rebuild.said}, "
+        f"root {recipe.root}, options {recipe.forced.chosen} as the wheel records them: no option search)"
+    )
 
 
 def verdict(recipe: Recipe, work: Path) -> str:
@@ -121,10 +138,14 @@ def verdict(recipe: Recipe, work: Path) -> str:
     report = recipe.wheel.with_name(f"{recipe.manifest['import_name']}-{recipe.manifest['full_version']}.report.json")
     recorded = json.loads(report.read_text()).get("compiler") if report.is_file() else None
     cxx = find_cxx()
-    compilers = (f"the compiler it was built with ({recorded}) and this one ({cxx})" if recorded and recorded != cxx
-                 else f"the compiler ({cxx})")
+    compilers = (
+        f"the compiler it was built with ({recorded}) and this one ({cxx})"
+        if recorded and recorded != cxx
+        else f"the compiler ({cxx})"
+    )
     raise NotReproducedError(
         f"{recipe.wheel.name} is not identical to its rebuild from {recipe.spec}: the first file that differs is "
         f"{differs} (the rebuild is kept: {rebuilt})",
         f"a changed spec, model code or weights, or another modelwheel (the runtime files every wheel carries), make "
-        f"another wheel; else compare what must match: torch, {compilers}, {recipe.rebuild.must_match}")
+        f"another wheel; else compare what must match: torch, {compilers}, {recipe.rebuild.must_match}",
+    )

@@ -41,8 +41,10 @@ def _member_sha256(archive: zipfile.ZipFile, name: str) -> tuple[int, bytes]:
     return size, digest.digest()
 
 
-REPORT_HINT = ("the wheel or its report was changed after the build: rebuild, or publish the wheel with the "
-               "report its build wrote (a report left from another build of the same version does not fit)")
+REPORT_HINT = (
+    "the wheel or its report was changed after the build: rebuild, or publish the wheel with the "
+    "report its build wrote (a report left from another build of the same version does not fit)"
+)
 ALTERED_HINT = "the wheel was altered after its build: rebuild it"
 
 
@@ -63,8 +65,10 @@ def private_copies(wheels: list[Path]) -> Iterator[list[tuple[Path, Path]]]:
                 if report.is_file():
                     shutil.copyfile(report, place / report.name)
             except OSError as exc:
-                raise OutputDirError(f"cannot copy {exc.filename or wheel} to a private folder ({place}): {exc.strerror}",
-                                     "free space there, or set TMPDIR to a folder of yours with room") from None
+                raise OutputDirError(
+                    f"cannot copy {exc.filename or wheel} to a private folder ({place}): {exc.strerror}",
+                    "free space there, or set TMPDIR to a folder of yours with room",
+                ) from None
             pairs.append((wheel, place / wheel.name))
         yield pairs
 
@@ -83,15 +87,20 @@ def read_manifest(path: Path, shown: Path | None = None, *, require_report: bool
     with archive:
         names = [n for n in archive.namelist() if n.endswith("/manifest.json") and n.count("/") == 1]
         if not names:
-            raise UnverifiedWheelError(f"{wheel}: no manifest.json: not a wheel built by this pipeline", "build it with `make build`")
+            raise UnverifiedWheelError(
+                f"{wheel}: no manifest.json: not a wheel built by this pipeline", "build it with `make build`"
+            )
         package = names[0].split("/")[0]
         manifest = _parsed_manifest(wheel, archive, names[0])
         if manifest["verification"].get("passed") is not True:
             raise UnverifiedWheelError(
-                f"{wheel}: its manifest does not record a passed verification", "build it with `make build`, which verifies"
+                f"{wheel}: its manifest does not record a passed verification",
+                "build it with `make build`, which verifies",
             )
         # Every member hashed once: the manifest and RECORD checks both read these.
-        digests = {info.filename: _member_sha256(archive, info.filename) for info in archive.infolist() if not info.is_dir()}
+        digests = {
+            info.filename: _member_sha256(archive, info.filename) for info in archive.infolist() if not info.is_dir()
+        }
         try:
             _check_manifest_hashes(wheel, package, manifest, digests)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a record of the wrong shape
@@ -103,8 +112,14 @@ def read_manifest(path: Path, shown: Path | None = None, *, require_report: bool
 
 
 # What publish and the checks read from a manifest, and their JSON types.
-MANIFEST_KEYS = {"import_name": str, "dist_name": str, "full_version": str, "artifacts": dict, "golden": dict,
-                 "verification": dict}
+MANIFEST_KEYS = {
+    "import_name": str,
+    "dist_name": str,
+    "full_version": str,
+    "artifacts": dict,
+    "golden": dict,
+    "verification": dict,
+}
 
 
 def _parsed_manifest(wheel: Path, archive: zipfile.ZipFile, name: str) -> dict:
@@ -117,8 +132,10 @@ def _parsed_manifest(wheel: Path, archive: zipfile.ZipFile, name: str) -> dict:
         raise UnverifiedWheelError(f"{wheel}: {name} is a JSON {type(manifest).__name__}, not a manifest", ALTERED_HINT)
     wrong = [key for key, kind in MANIFEST_KEYS.items() if not isinstance(manifest.get(key), kind)]
     if wrong:
-        raise UnverifiedWheelError(f"{wheel}: {name} is not a manifest of this pipeline: {', '.join(wrong)} "
-                                   "missing or of the wrong type", ALTERED_HINT)
+        raise UnverifiedWheelError(
+            f"{wheel}: {name} is not a manifest of this pipeline: {', '.join(wrong)} missing or of the wrong type",
+            ALTERED_HINT,
+        )
     return manifest
 
 
@@ -136,19 +153,27 @@ def _check_names(wheel: Path, archive: zipfile.ZipFile, manifest: dict) -> None:
     try:
         name, version, _, _ = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
-        raise UnverifiedWheelError(f"{wheel}: not a wheel's file name: {exc}", "publish the file as its build named it") from None
+        raise UnverifiedWheelError(
+            f"{wheel}: not a wheel's file name: {exc}", "publish the file as its build named it"
+        ) from None
     metadata = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
     if len(metadata) != 1:
-        raise UnverifiedWheelError(f"{wheel}: {'no' if not metadata else 'more than one'} *.dist-info/METADATA", ALTERED_HINT)
+        raise UnverifiedWheelError(
+            f"{wheel}: {'no' if not metadata else 'more than one'} *.dist-info/METADATA", ALTERED_HINT
+        )
     headers = HeaderParser().parsestr(archive.read(metadata[0]).decode("utf-8", "replace"))
-    said = {"its file name": (name, _version(str(version))),
-            f"its METADATA ({metadata[0]})": (canonicalize_name(headers["Name"] or ""), _version(headers["Version"])),
-            "its manifest": (canonicalize_name(manifest["dist_name"]), _version(manifest["full_version"]))}
+    said = {
+        "its file name": (name, _version(str(version))),
+        f"its METADATA ({metadata[0]})": (canonicalize_name(headers["Name"] or ""), _version(headers["Version"])),
+        "its manifest": (canonicalize_name(manifest["dist_name"]), _version(manifest["full_version"])),
+    }
     if len(set(said.values())) > 1:
         words = ", ".join(f"{where} says {dist} {ver}" for where, (dist, ver) in said.items())
-        raise UnverifiedWheelError(f"{wheel}: a renamed wheel: {words}",
-                                   f"publish the file under the name its build gave it ({manifest['import_name']}-"
-                                   f"{manifest['full_version']}-...whl), or rebuild")
+        raise UnverifiedWheelError(
+            f"{wheel}: a renamed wheel: {words}",
+            f"publish the file under the name its build gave it ({manifest['import_name']}-"
+            f"{manifest['full_version']}-...whl), or rebuild",
+        )
 
 
 def _check_manifest_hashes(wheel: Path, package: str, manifest: dict, digests: dict[str, tuple[int, bytes]]) -> None:
@@ -171,8 +196,10 @@ def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tupl
     when the manifest was rewritten too; the build wrote RECORD over every file, manifest included."""
     records = [name for name in digests if re.fullmatch(r"[^/]+\.dist-info/RECORD", name)]
     if len(records) != 1:
-        raise UnverifiedWheelError(f"{wheel}: {'no' if not records else 'more than one'} *.dist-info/RECORD",
-                                   "not a wheel as pip builds them: rebuild it with `make build`")
+        raise UnverifiedWheelError(
+            f"{wheel}: {'no' if not records else 'more than one'} *.dist-info/RECORD",
+            "not a wheel as pip builds them: rebuild it with `make build`",
+        )
     record = records[0]
     try:
         rows = [row for row in csv.reader(archive.read(record).decode().splitlines()) if row]
@@ -189,8 +216,11 @@ def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tupl
         elif listed[name] != (_record_hash(digest), str(size)):
             wrong.append(name)
     missing = sorted(set(listed) - set(digests) - unlisted_allowed)
-    for names, says in ((wrong, "does not match its RECORD entry"), (unlisted, "is not listed in its RECORD"),
-                        (missing, "is listed in its RECORD but not in the wheel")):
+    for names, says in (
+        (wrong, "does not match its RECORD entry"),
+        (unlisted, "is not listed in its RECORD"),
+        (missing, "is listed in its RECORD but not in the wheel"),
+    ):
         if names:
             others = f" (and {len(names) - 1} other file(s): {', '.join(names[1:])})" if len(names) > 1 else ""
             raise UnverifiedWheelError(f"{wheel}: {names[0]} {says} ({record}){others}", ALTERED_HINT)
@@ -206,9 +236,11 @@ def _check_report(read: Path, manifest: dict, wheel: Path, required: bool) -> No
         if required:  # without it, a wheel rewritten whole (.so, manifest, RECORD) is consistent
             raise UnverifiedWheelError(
                 f"{wheel}: no build report beside it ({wheel.parent / name}): nothing ties this wheel to a build "
-                "that verified it", "publish the wheel with the report its build wrote beside it (`make build` leaves "
+                "that verified it",
+                "publish the wheel with the report its build wrote beside it (`make build` leaves "
                 "both in dist/; the release workflow carries both), or pass --without-report to publish a wheel built "
-                "elsewhere, checked by its RECORD and manifest alone")
+                "elsewhere, checked by its RECORD and manifest alone",
+            )
         return
     beside = f"{wheel}: the report beside it ({wheel.parent / name})"
     try:
@@ -221,11 +253,16 @@ def _check_report(read: Path, manifest: dict, wheel: Path, required: bool) -> No
     actual = {"sha256": wheel_integrity.sha256_file(read), "size": read.stat().st_size}
     for key, value in actual.items():
         if recorded.get(key) != value:
-            raise UnverifiedWheelError(f"{beside} records {key} {recorded.get(key)} for the wheel, the file has {value}", REPORT_HINT)
+            raise UnverifiedWheelError(
+                f"{beside} records {key} {recorded.get(key)} for the wheel, the file has {value}", REPORT_HINT
+            )
     built = manifest["artifacts"]
     for name in sorted(set(built) | set(artifacts)):
         mine, theirs = built.get(name) or {}, artifacts.get(name) or {}
         for key in ("sha256", "size"):
             if mine.get(key) != theirs.get(key):
-                raise UnverifiedWheelError(f"{beside} records {key} {theirs.get(key)} for artifacts/{name}, "
-                                           f"the wheel's manifest {mine.get(key)}", REPORT_HINT)
+                raise UnverifiedWheelError(
+                    f"{beside} records {key} {theirs.get(key)} for artifacts/{name}, "
+                    f"the wheel's manifest {mine.get(key)}",
+                    REPORT_HINT,
+                )

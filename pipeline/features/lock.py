@@ -27,9 +27,11 @@ FORMAT = 1
 SUFFIX = ".lock.json"
 # The keys an entry must match, in the order a note names the first that differs.
 MATCHED = ("target", "cpu_kind", "torch", "compile")
-ABOUT = ("written by `modelwheel build`: the compile options its option search chose, one entry per target, CPU "
-         "kind, torch and [compile] keys; a build with a matching entry uses it and runs no search "
-         "(`build --update-lock` searches again); commit it with the spec")
+ABOUT = (
+    "written by `modelwheel build`: the compile options its option search chose, one entry per target, CPU "
+    "kind, torch and [compile] keys; a build with a matching entry uses it and runs no search "
+    "(`build --update-lock` searches again); commit it with the spec"
+)
 
 
 def lock_path(spec_path: Path) -> Path | None:
@@ -72,7 +74,9 @@ class Locked:
 
 def compile_keys(compile_section: dict[str, Any]) -> dict[str, Any]:
     """The spec's [compile] keys that decide the candidates (not whether or how long to search)."""
-    return {k: v for k, v in sorted(compile_section.items()) if k not in ("search", "search_budget_s", "search_when_noisy")}
+    return {
+        k: v for k, v in sorted(compile_section.items()) if k not in ("search", "search_budget_s", "search_when_noisy")
+    }
 
 
 def read(path: Path) -> list[dict[str, Any]]:
@@ -83,12 +87,16 @@ def read(path: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:
-        raise SpecError(f"{path}: the compile-options lock cannot be read: {exc}",
-                        f"restore it from version control, or delete it and build with --update-lock") from None
+        raise SpecError(
+            f"{path}: the compile-options lock cannot be read: {exc}",
+            "restore it from version control, or delete it and build with --update-lock",
+        ) from None
     entries = data.get("entries") if isinstance(data, dict) else None
     if data.get("format") != FORMAT or not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise SpecError(f"{path}: not a compile-options lock of format {FORMAT} (an 'entries' list)",
-                        "restore it from version control, or delete it and build with --update-lock")
+        raise SpecError(
+            f"{path}: not a compile-options lock of format {FORMAT} (an 'entries' list)",
+            "restore it from version control, or delete it and build with --update-lock",
+        )
     return entries
 
 
@@ -97,8 +105,13 @@ def find(path: Path, key: Key) -> tuple[Locked | None, str]:
     entries = read(path)
     for entry in entries:
         if all(entry.get(name) == value for name, value in key.record().items()):
-            return Locked(path, str(entry["chosen"]), dict(entry.get("overrides") or {}), dict(entry.get("search") or {}),
-                          str(entry.get("why") or "")), ""
+            return Locked(
+                path,
+                str(entry["chosen"]),
+                dict(entry.get("overrides") or {}),
+                dict(entry.get("search") or {}),
+                str(entry.get("why") or ""),
+            ), ""
     same_target = [e for e in entries if e.get("target") == key.target]
     if not same_target:
         return None, ""
@@ -106,16 +119,26 @@ def find(path: Path, key: Key) -> tuple[Locked | None, str]:
     differs = next(name for name in MATCHED if nearest.get(name) != key.record()[name])
     if differs == "compile":
         return None, f"{path.name} has a {key.target} entry for other [compile] keys than the spec's: ignored"
-    return None, (f"{path.name} has a {key.target} entry for {differs.replace('_', ' ')} {nearest.get(differs)!r}, "
-                  f"not this build's {key.record()[differs]!r}: ignored")
+    return None, (
+        f"{path.name} has a {key.target} entry for {differs.replace('_', ' ')} {nearest.get(differs)!r}, "
+        f"not this build's {key.record()[differs]!r}: ignored"
+    )
 
 
-def write(path: Path, key: Key, chosen: str, overrides: dict[str, Any], search: dict[str, Any] | None = None,
-          why: str = "") -> None:
+def write(
+    path: Path, key: Key, chosen: str, overrides: dict[str, Any], search: dict[str, Any] | None = None, why: str = ""
+) -> None:
     """Put this key's entry in the file (replacing its old one, keeping the others), atomically."""
     entries = [e for e in read(path) if any(e.get(n) != v for n, v in key.record().items())]
-    entries.append({**key.record(), "chosen": chosen, "overrides": dict(sorted(overrides.items())),
-                    "search": search or {}, "why": why})
+    entries.append(
+        {
+            **key.record(),
+            "chosen": chosen,
+            "overrides": dict(sorted(overrides.items())),
+            "search": search or {},
+            "why": why,
+        }
+    )
     entries.sort(key=lambda e: json.dumps([e.get(n) for n in MATCHED], sort_keys=True))
     text = json.dumps({"format": FORMAT, "about": ABOUT, "entries": entries}, indent=2, sort_keys=True) + "\n"
     aside = path.with_name(f".{path.name}.partial-{os.getpid()}")
@@ -126,8 +149,9 @@ def write(path: Path, key: Key, chosen: str, overrides: dict[str, Any], search: 
         aside.unlink(missing_ok=True)
 
 
-def consult(spec_file, target: str, cpu_kind: str, update: bool,
-            say: Callable[[str], None]) -> tuple[Key | None, Locked | None]:
+def consult(
+    spec_file, target: str, cpu_kind: str, update: bool, say: Callable[[str], None]
+) -> tuple[Key | None, Locked | None]:
     """A build's lock key (None where no search would run, or the spec has no file to sit beside)
     and its matching entry, said either way: used, or ignored and why."""
     import torch
@@ -135,8 +159,10 @@ def consult(spec_file, target: str, cpu_kind: str, update: bool,
     path = lock_path(spec_file.path)
     if not spec_file.spec.compile.search or path is None:
         if update:
-            say("    --update-lock: nothing to lock, no option search runs here ("
-                + ("the spec says [compile] search = false)" if path else "a spec with no file of its own)"))
+            say(
+                "    --update-lock: nothing to lock, no option search runs here ("
+                + ("the spec says [compile] search = false)" if path else "a spec with no file of its own)")
+            )
         return None, None
     key = Key(target, cpu_kind, torch.__version__, compile_keys(spec_file.spec.compile.model_dump(mode="json")))
     if update:
@@ -144,17 +170,22 @@ def consult(spec_file, target: str, cpu_kind: str, update: bool,
         return key, None
     locked, why_not = find(path, key)
     if locked:
-        say(f"    compile options from {path} ({key.describe()}): {locked.chosen}, as the search chose there; "
-            "no option search (--update-lock searches again)")
+        say(
+            f"    compile options from {path} ({key.describe()}): {locked.chosen}, as the search chose there; "
+            "no option search (--update-lock searches again)"
+        )
     elif why_not:
         say(f"    {why_not}: the option search runs, and its choice is added to {path.name}")
     return key, locked
 
 
-def keep_choice(spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], why: str,
-                say: Callable[[str], None]) -> None:
+def keep_choice(
+    spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], why: str, say: Callable[[str], None]
+) -> None:
     """After a build whose search ran: its choice becomes the key's entry."""
     path = lock_path(spec_path)
     write(path, key, search["chosen"], overrides, {k: v for k, v in search.items() if k != "chosen"}, why)
-    say(f"    wrote the search's choice ({search['chosen']}) to {path}: builds like this one ({key.describe()}) "
-        "use it and run no search")
+    say(
+        f"    wrote the search's choice ({search['chosen']}) to {path}: builds like this one ({key.describe()}) "
+        "use it and run no search"
+    )

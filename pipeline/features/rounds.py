@@ -83,8 +83,11 @@ def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     base = timed[baseline]
     winners = [name for name, t in timed.items() if name != baseline and t.high_ms < base.low_ms]
     if not winners:
-        return baseline, (f"no candidate is faster beyond the noise measured in this run: none has its slowest round "
-                          f"under {baseline}'s fastest ({base.low_ms:.3g} ms)")
+        return baseline, (
+            f"no candidate is faster beyond the noise measured in this run: none has its slowest round "
+            f"under {baseline}'s fastest ({base.low_ms:.3g} ms)"
+        )
     best = min(winners, key=lambda name: timed[name].median_ms)
-    return best, (f"its slowest round ({timed[best].high_ms:.3g} ms) is faster than {baseline}'s fastest "
-                  f"({base.low_ms:.3g} ms)")
+    return best, (
+        f"its slowest round ({timed[best].high_ms:.3g} ms) is faster than {baseline}'s fastest ({base.low_ms:.3g} ms)"
+    )

@@ -25,11 +25,28 @@ from .writable import check_private, sweep_partials
 CACHE_VERSION = "2"
 
 
-def compile_key(*, spec_json: str, sources_sha256: str, weights_key: str, options: dict, target: str, cxx_version: str,
-                target_facts: tuple[str, ...]) -> str:
+def compile_key(
+    *,
+    spec_json: str,
+    sources_sha256: str,
+    weights_key: str,
+    options: dict,
+    target: str,
+    cxx_version: str,
+    target_facts: tuple[str, ...],
+) -> str:
     digest = hashlib.sha256()
-    for part in (CACHE_VERSION, spec_json, sources_sha256, weights_key, json.dumps(options, sort_keys=True, default=str),
-                 target, torch.__version__, cxx_version, *target_facts):
+    for part in (
+        CACHE_VERSION,
+        spec_json,
+        sources_sha256,
+        weights_key,
+        json.dumps(options, sort_keys=True, default=str),
+        target,
+        torch.__version__,
+        cxx_version,
+        *target_facts,
+    ):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:32]
 
@@ -44,13 +61,24 @@ def pipeline_sha256() -> str:
     return digest.hexdigest()
 
 
-def build_key(*, content_hash: str, target: str, root: str, cxx_version: str, machine: str, debug_info: str,
-              locked: str = "") -> str:
+def build_key(
+    *, content_hash: str, target: str, root: str, cxx_version: str, machine: str, debug_info: str, locked: str = ""
+) -> str:
     """``debug_info``: "stripped" or "kept" (--keep-debug), which makes another wheel. ``locked``:
     the options a lock entry pins (features/lock.py), which decide the wheel as the search would."""
     digest = hashlib.sha256()
-    for part in (CACHE_VERSION, content_hash, target, root, torch.__version__, cxx_version, machine, pipeline_sha256(),
-                 debug_info, *([locked] if locked else [])):  # no lock: the keys of earlier builds stand
+    for part in (
+        CACHE_VERSION,
+        content_hash,
+        target,
+        root,
+        torch.__version__,
+        cxx_version,
+        machine,
+        pipeline_sha256(),
+        debug_info,
+        *([locked] if locked else []),
+    ):  # no lock: the keys of earlier builds stand
         digest.update(part.encode() + b"\0")
     return "build-" + digest.hexdigest()[:32]
 
@@ -88,7 +116,11 @@ class Cache:
                 report = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if report.get("model") == model and report.get("target") == target and not report.get("build_cache", {}).get("reused"):
+            if (
+                report.get("model") == model
+                and report.get("target") == target
+                and not report.get("build_cache", {}).get("reused")
+            ):
                 return {name: float(seconds) for name, seconds in report.get("stages_s", {}).items()}
         return {}
 

@@ -49,8 +49,13 @@ PRIVATE_PREFIXES = ("model-",)  # the models' namespace: every wheel this tool b
 STATE_DIR = Path("build") / "index"
 
 
-def make_app(data_dir: Path, secret: str, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL,
-             private: tuple[str, ...] = PRIVATE_PREFIXES) -> WSGIApplication:
+def make_app(
+    data_dir: Path,
+    secret: str,
+    fallback_url: str = FALLBACK_URL,
+    torch_url: str = TORCH_URL,
+    private: tuple[str, ...] = PRIVATE_PREFIXES,
+) -> WSGIApplication:
     """A WSGI app dispatching /<target>/... to a pypiserver app rooted at data_dir/<target>;
     uploads only with ``secret`` (user ``modelwheel``); names starting with a ``private`` prefix
     never redirect elsewhere."""
@@ -72,13 +77,21 @@ def make_app(data_dir: Path, secret: str, fallback_url: str = FALLBACK_URL, torc
             return [body]
         root = data_dir / target
         if TORCH_PAGE.match(rest) and not any(root.glob("torch-*")):
-            start_response("303 See Other", [("Location", torch_url.format(variant=target).rstrip("/") + "/torch/"),
-                                             ("Content-Length", "0")])
+            start_response(
+                "303 See Other",
+                [("Location", torch_url.format(variant=target).rstrip("/") + "/torch/"), ("Content-Length", "0")],
+            )
             return [b""]
         if target not in apps:
             root.mkdir(parents=True, exist_ok=True)
-            apps[target] = pypiserver.app(roots=[str(root)], authenticate=["update"], auther=owner, overwrite=False,
-                                          disable_fallback=not fallback_url, fallback_url=fallback_url or FALLBACK_URL)
+            apps[target] = pypiserver.app(
+                roots=[str(root)],
+                authenticate=["update"],
+                auther=owner,
+                overwrite=False,
+                disable_fallback=not fallback_url,
+                fallback_url=fallback_url or FALLBACK_URL,
+            )
         environ = {**environ, "SCRIPT_NAME": environ.get("SCRIPT_NAME", "") + f"/{target}", "PATH_INFO": "/" + rest}
         project = SIMPLE_PROJECT.match(rest)
         if project and _normalized(project[1]).startswith(private):
@@ -92,8 +105,13 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _kept_here(app: WSGIApplication, environ: WSGIEnvironment, start_response: StartResponse, project: str,
-               private: tuple[str, ...]) -> Iterable[bytes]:
+def _kept_here(
+    app: WSGIApplication,
+    environ: WSGIEnvironment,
+    start_response: StartResponse,
+    project: str,
+    private: tuple[str, ...],
+) -> Iterable[bytes]:
     """pypiserver's answer for a name of the models' namespace, except that its redirect to the
     fallback (PyPI) becomes 404: a model missing here (a typo, another target's model, a new
     name) must never be installed from whoever registered that name upstream (dependency
@@ -115,14 +133,23 @@ def _kept_here(app: WSGIApplication, environ: WSGIEnvironment, start_response: S
     if not answer["status"].startswith("3") or where in ("", environ.get("HTTP_HOST")):
         start_response(answer["status"], answer["headers"])
         return [b"".join(written)]
-    body = (f"modelwheel index: no {project} here; names starting with {' or '.join(private)} are never looked "
-            "up on another index\n").encode()
+    body = (
+        f"modelwheel index: no {project} here; names starting with {' or '.join(private)} are never looked "
+        "up on another index\n"
+    ).encode()
     start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
 
 
-def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url: str = TORCH_URL,
-          listening_fd: int | None = None, state_dir: Path = STATE_DIR, private: tuple[str, ...] = ()) -> None:
+def serve(
+    data_dir: Path,
+    port: int,
+    fallback_url: str = FALLBACK_URL,
+    torch_url: str = TORCH_URL,
+    listening_fd: int | None = None,
+    state_dir: Path = STATE_DIR,
+    private: tuple[str, ...] = (),
+) -> None:
     """In the foreground: on ``port``, or on the socket ``start`` bound and handed over; the
     upload password is the one in ``state_dir`` (made there when missing)."""
     import waitress
@@ -130,24 +157,33 @@ def serve(data_dir: Path, port: int, fallback_url: str = FALLBACK_URL, torch_url
     check_data_dir(data_dir)
     secret = index_auth.ensure_secret(state_dir)
 
-    where = ({"sockets": [socket.socket(fileno=listening_fd)]} if listening_fd is not None
-             else {"host": "127.0.0.1", "port": port})
-    waitress.serve(make_app(data_dir, secret, fallback_url, torch_url, private_prefixes(private)), threads=4, _quiet=True, **where)
+    where = (
+        {"sockets": [socket.socket(fileno=listening_fd)]}
+        if listening_fd is not None
+        else {"host": "127.0.0.1", "port": port}
+    )
+    waitress.serve(
+        make_app(data_dir, secret, fallback_url, torch_url, private_prefixes(private)), threads=4, _quiet=True, **where
+    )
 
 
 def _listen(port: int) -> socket.socket:
     """127.0.0.1:port bound here, so a port another program (another index too) holds is refused
     now, before the server starts, and port 0 gets a free port no one can take in between."""
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress binds: a closed index's TIME_WAIT is no obstacle
+    sock.setsockopt(
+        socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+    )  # as waitress binds: a closed index's TIME_WAIT is no obstacle
     try:
         sock.bind(("127.0.0.1", port))
         sock.listen(1024)
     except OSError as exc:
         sock.close()
-        raise IndexServerError(f"the local index cannot listen on 127.0.0.1:{port}: {exc.strerror}",
-                               "another program holds the port (an index started from another folder, too): "
-                               "choose another with --port, or --port 0 for a free one") from None
+        raise IndexServerError(
+            f"the local index cannot listen on 127.0.0.1:{port}: {exc.strerror}",
+            "another program holds the port (an index started from another folder, too): "
+            "choose another with --port, or --port 0 for a free one",
+        ) from None
     return sock
 
 
@@ -172,9 +208,10 @@ def read_state(state_dir: Path = STATE_DIR) -> dict[str, Any] | None:
         return None
     found = wheel_trust.chain_problem(state_dir.absolute(), private=True) or _file_problem(state_file)
     if found:
-        raise IndexServerError(f"{found}: the local index's state file could have been written by another user; refused",
-                               f"remove {state_dir.absolute()} (and stop any index of yours with kill), then "
-                               "`modelwheel index start`")
+        raise IndexServerError(
+            f"{found}: the local index's state file could have been written by another user; refused",
+            f"remove {state_dir.absolute()} (and stop any index of yours with kill), then `modelwheel index start`",
+        )
     state: dict[str, Any] = json.loads(state_file.read_text())
     if not LOCAL_URL.match(str(state.get("url"))) or not _is_index_process(state.get("pid")):
         return None  # not this tool's index on this machine, or one that is gone (its pid maybe taken since)
@@ -183,8 +220,14 @@ def read_state(state_dir: Path = STATE_DIR) -> dict[str, Any] | None:
 
 def _file_problem(path: Path) -> str | None:
     info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or info.st_uid not in {0, os.geteuid()} or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path} is not a plain file of this user's that only they can write (mode {stat.S_IMODE(info.st_mode):o})"
+    if (
+        stat.S_ISLNK(info.st_mode)
+        or info.st_uid not in {0, os.geteuid()}
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        return (
+            f"{path} is not a plain file of this user's that only they can write (mode {stat.S_IMODE(info.st_mode):o})"
+        )
     return None
 
 
@@ -204,8 +247,14 @@ def private_prefixes(extra: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*PRIVATE_PREFIXES, *(_normalized(p) for p in extra if p)]))
 
 
-def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: str = FALLBACK_URL,
-          torch_url: str = TORCH_URL, private: tuple[str, ...] = ()) -> dict[str, Any]:
+def start(
+    data_dir: Path,
+    port: int,
+    state_dir: Path = STATE_DIR,
+    fallback_url: str = FALLBACK_URL,
+    torch_url: str = TORCH_URL,
+    private: tuple[str, ...] = (),
+) -> dict[str, Any]:
     running = read_state(state_dir)
     if running:
         return running
@@ -222,11 +271,19 @@ def start(data_dir: Path, port: int, state_dir: Path = STATE_DIR, fallback_url: 
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             remove_if_empty(made)
-            raise IndexServerError(f"the local index did not start on port {port}",
-                                   f"its log says why: {state_dir / 'server.log'}")
+            raise IndexServerError(
+                f"the local index did not start on port {port}", f"its log says why: {state_dir / 'server.log'}"
+            )
         time.sleep(0.2)
-    state = {"url": url, "pid": process.pid, "data": str(data_dir.resolve()), "port": port,
-             "fallback_url": fallback_url, "torch_url": torch_url, "private": list(private_prefixes(private))}
+    state = {
+        "url": url,
+        "pid": process.pid,
+        "data": str(data_dir.resolve()),
+        "port": port,
+        "fallback_url": fallback_url,
+        "torch_url": torch_url,
+        "private": list(private_prefixes(private)),
+    }
     (state_dir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     return state
 
@@ -239,20 +296,45 @@ def check_data_dir(data_dir: Path) -> None:
     for folder in folders:
         found = wheel_trust.chain_problem(folder.absolute(), private=True)
         if found:
-            raise OutputDirError(f"--data: {found}; another user could put their own wheels on the index, and every "
-                                 "pip install would get them; refused",
-                                 "give --data a folder only you (or root) can write, or remove the folder named")
+            raise OutputDirError(
+                f"--data: {found}; another user could put their own wheels on the index, and every "
+                "pip install would get them; refused",
+                "give --data a folder only you (or root) can write, or remove the folder named",
+            )
 
 
-def _spawn(listening: socket.socket, data_dir: Path, state_dir: Path, fallback_url: str, torch_url: str,
-           private: tuple[str, ...]) -> subprocess.Popen:
+def _spawn(
+    listening: socket.socket,
+    data_dir: Path,
+    state_dir: Path,
+    fallback_url: str,
+    torch_url: str,
+    private: tuple[str, ...],
+) -> subprocess.Popen:
     with (state_dir / "server.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "index", "serve", "--listening-fd", str(listening.fileno()),
-             "--data", str(data_dir), "--fallback-url", fallback_url, "--torch-url", torch_url,
-             "--state-dir", str(state_dir.absolute()),  # publish finds the password from the process
-             *[arg for prefix in private for arg in ("--private-prefix", prefix)]],
-            stdout=log, stderr=log, start_new_session=True, pass_fds=(listening.fileno(),),
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "index",
+                "serve",
+                "--listening-fd",
+                str(listening.fileno()),
+                "--data",
+                str(data_dir),
+                "--fallback-url",
+                fallback_url,
+                "--torch-url",
+                torch_url,
+                "--state-dir",
+                str(state_dir.absolute()),  # publish finds the password from the process
+                *[arg for prefix in private for arg in ("--private-prefix", prefix)],
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            pass_fds=(listening.fileno(),),
         )
 
 

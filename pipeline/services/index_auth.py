@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from ..errors import IndexServerError
-from . import proc
 from ..wheel_template.runtime import _trust as wheel_trust
+from . import proc
 
 USERNAME = "modelwheel"
 SECRET_NAME = "upload.secret"
@@ -33,8 +33,10 @@ def check_state_dir(state_dir: Path) -> None:
     """The state folder holds the password: this user's, in a chain no one else can write."""
     found = wheel_trust.chain_problem(state_dir.absolute(), private=True)
     if found:
-        raise IndexServerError(f"{found}: the local index keeps its upload password there; refused",
-                               f"start the index from a folder only you can write, or remove {state_dir.absolute()}")
+        raise IndexServerError(
+            f"{found}: the local index keeps its upload password there; refused",
+            f"start the index from a folder only you can write, or remove {state_dir.absolute()}",
+        )
 
 
 def ensure_secret(state_dir: Path) -> str:
@@ -56,14 +58,18 @@ def read_secret(state_dir: Path) -> str:
     try:
         handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise IndexServerError(f"cannot read the local index's upload password {path}: {exc.strerror}",
-                               "stop the index and start it again (`modelwheel index stop`, then `index start`)") from None
+        raise IndexServerError(
+            f"cannot read the local index's upload password {path}: {exc.strerror}",
+            "stop the index and start it again (`modelwheel index stop`, then `index start`)",
+        ) from None
     with os.fdopen(handle) as source:
         info = os.fstat(source.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            raise IndexServerError(f"{path} is not a file of this user's that only they can read "
-                                   f"(mode {stat.S_IMODE(info.st_mode):o}): refused as the index's upload password",
-                                   f"remove it, then `modelwheel index start` makes a new one")
+            raise IndexServerError(
+                f"{path} is not a file of this user's that only they can read "
+                f"(mode {stat.S_IMODE(info.st_mode):o}): refused as the index's upload password",
+                "remove it, then `modelwheel index start` makes a new one",
+            )
         value = source.read().strip()
     proc.add_secret(value)
     return value

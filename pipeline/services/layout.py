@@ -1,12 +1,12 @@
 """The build folder (``--build-dir``, default ``build/``): the only place its layout is spelled.
 
-    build/
-      cache/                       finished builds and compiled models, by content key (cache.py)
-      logs/                        one log per spec of a parallel build (parallel.py)
-      <model>/<version>/
-        trace/                     the compile's TORCH_TRACE
-        <target>/                  one target's work folder: generated sources, candidates, the wheel
-        .<target>.lock             held while a build uses that work folder
+build/
+  cache/                       finished builds and compiled models, by content key (cache.py)
+  logs/                        one log per spec of a parallel build (parallel.py)
+  <model>/<version>/
+    trace/                     the compile's TORCH_TRACE
+    <target>/                  one target's work folder: generated sources, candidates, the wheel
+    .<target>.lock             held while a build uses that work folder
 """
 
 from __future__ import annotations

@@ -150,8 +150,14 @@ def main() -> None:
     from rich.live import Live
 
     console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
-    live = Live(get_renderable=status.render, console=console, refresh_per_second=4, transient=True,
-                redirect_stdout=False, redirect_stderr=False)
+    live = Live(
+        get_renderable=status.render,
+        console=console,
+        refresh_per_second=4,
+        transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )
     live.start()
     try:
         for message in messages(sys.stdin.fileno(), build_pid):

@@ -23,8 +23,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
-from .progress import say, stop_requested
 from ..wheel_template.runtime import _trust as wheel_trust
+from .progress import say, stop_requested
 
 MARKER = ".modelwheel-build"
 
@@ -39,8 +39,11 @@ def check_trusted(path: Path) -> None:
     try:
         wheel_trust.check_chain(path.parent)
     except wheel_trust.UntrustedPath as exc:
-        raise OutputDirError(str(exc), "build into a root that only you (or root) can write: --root DIR or "
-                                       "MODELWHEEL_ROOT; remove or fix the folder named") from None
+        raise OutputDirError(
+            str(exc),
+            "build into a root that only you (or root) can write: --root DIR or "
+            "MODELWHEEL_ROOT; remove or fix the folder named",
+        ) from None
 
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -70,8 +73,10 @@ def claim_inductor_cache() -> Path:
     try:
         wheel_trust.make_folders(path)
     except OSError as exc:
-        raise OutputDirError(f"cannot create {exc.filename or path} (torch Inductor's cache): {exc.strerror}",
-                             f"set {INDUCTOR_CACHE_ENV} to a folder this user can write") from exc
+        raise OutputDirError(
+            f"cannot create {exc.filename or path} (torch Inductor's cache): {exc.strerror}",
+            f"set {INDUCTOR_CACHE_ENV} to a folder this user can write",
+        ) from exc
     _refuse_untrusted_cache(path)  # and one another user made first, between the check and the mkdir
     os.environ[INDUCTOR_CACHE_ENV] = str(path)
     return path
@@ -83,7 +88,8 @@ def _refuse_untrusted_cache(path: Path) -> None:
         raise OutputDirError(
             f"{found}: torch Inductor's cache folder, whose kernels the build loads and whose headers it compiles "
             "into the model; another user could put their own code there; refused",
-            f"remove the folder named (or ask its owner to), or set {INDUCTOR_CACHE_ENV} to a folder only you can write")
+            f"remove the folder named (or ask its owner to), or set {INDUCTOR_CACHE_ENV} to a folder only you can write",
+        )
 
 
 @contextmanager
@@ -99,8 +105,10 @@ def signals_deferred(redeliver: bool = True) -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    previous = {signum: signal.signal(signum, lambda number, _frame: pending.append(number))
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        signum: signal.signal(signum, lambda number, _frame: pending.append(number))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -137,8 +145,10 @@ def _take_over_stale(path: Path, lock_file: Path) -> None:
         left.append(path)
     if left or displaced or pid:
         who = f"build (pid {pid})" if pid and pid != str(os.getpid()) else "build"
-        say(f"    taking over {path}: a {who} that is no longer running left it locked; removing "
-            f"{', '.join(p.name for p in left + displaced) or 'its lock'}")
+        say(
+            f"    taking over {path}: a {who} that is no longer running left it locked; removing "
+            f"{', '.join(p.name for p in left + displaced) or 'its lock'}"
+        )
     for leftover in left:
         shutil.rmtree(leftover)
     for link in displaced:

@@ -21,8 +21,9 @@ def _log_path(log_dir: Path, spec: str) -> Path:
     return log_dir / f"{Path(spec).resolve().parent.name}-{Path(spec).stem}.log"
 
 
-def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, progress: Progress,
-               logs: dict[str, Path]) -> int:
+def build_many(
+    specs: list[str], passthrough: list[str], jobs: int, log_dir: Path, progress: Progress, logs: dict[str, Path]
+) -> int:
     """Returns 0 when every build succeeded, else the exit code of the first that failed; ``logs``
     gets each started build's log."""
     say = progress.say
@@ -37,8 +38,17 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
                 spec = queue.pop(0)
                 log = logs[spec] = _log_path(log_dir, spec)
                 record_path(log).unlink(missing_ok=True)
-                cmd = [sys.executable, "-m", "pipeline", "build", "--spec", spec, *passthrough,
-                       "--json-out", str(record_path(log))]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "pipeline",
+                    "build",
+                    "--spec",
+                    spec,
+                    *passthrough,
+                    "--json-out",
+                    str(record_path(log)),
+                ]
                 running[spec] = (proc.start(cmd, log), log, time.perf_counter())
                 say(f"==> build {spec} (log: {log})")
             for spec, (child, log, began) in list(running.items()):
@@ -61,13 +71,19 @@ def build_many(specs: list[str], passthrough: list[str], jobs: int, log_dir: Pat
         for child, _, _ in running.values():
             child.wait()
         raise
-    say(f"{len(specs) - len(failed)} of {len(specs)} builds succeeded in {time.perf_counter() - started:.1f}s "
-        f"({jobs} at a time)")
+    say(
+        f"{len(specs) - len(failed)} of {len(specs)} builds succeeded in {time.perf_counter() - started:.1f}s "
+        f"({jobs} at a time)"
+    )
     if failed:
-        raise PipelineError(
-            f"{len(failed)} build(s) failed: " + ", ".join(f"{s} (exit {c})" for s, c in failed),
-            f"each build's log is in {log_dir}/",
-        ) if len(failed) > 1 else _first_failure(*failed[0], log_dir)
+        raise (
+            PipelineError(
+                f"{len(failed)} build(s) failed: " + ", ".join(f"{s} (exit {c})" for s, c in failed),
+                f"each build's log is in {log_dir}/",
+            )
+            if len(failed) > 1
+            else _first_failure(*failed[0], log_dir)
+        )
     return 0
 
 
@@ -89,7 +105,7 @@ def last_stage(log: Path) -> str:
         if line.startswith("==> "):
             break
         if line.startswith("    ... "):
-            return line[len("    ... "):]
+            return line[len("    ... ") :]
     stage = next((line[4:].split(":")[0] for line in reversed(lines) if line.startswith("==> ")), "starting")
     candidate = next((line.strip() for line in reversed(lines) if line.startswith("    candidate ")), "")
     return f"{stage} ({candidate})" if stage == "compile" and candidate else stage

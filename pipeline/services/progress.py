@@ -58,8 +58,12 @@ def check_stop() -> None:
 
 
 def is_live_terminal(stream: TextIO, environ: Mapping[str, str] = os.environ) -> bool:
-    return (stream.isatty() and not environ.get("NO_COLOR") and environ.get("TERM", "") != "dumb"
-            and environ.get("CI", "").lower() not in ("1", "true", "yes"))
+    return (
+        stream.isatty()
+        and not environ.get("NO_COLOR")
+        and environ.get("TERM", "") != "dumb"
+        and environ.get("CI", "").lower() not in ("1", "true", "yes")
+    )
 
 
 def duration(seconds: float) -> str:
@@ -67,24 +71,28 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def left_s(expected: Mapping[str, float], stage: str, in_stage_s: float,
-           stage_left_s: float | None = None) -> float | None:
+def left_s(
+    expected: Mapping[str, float], stage: str, in_stage_s: float, stage_left_s: float | None = None
+) -> float | None:
     """What is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's stage times;
     ``stage_left_s``: the stage's own estimate of what is left of it (the search's, once its
     first compile is timed), which replaces the earlier build's for this stage."""
     if stage not in STAGES or (not expected and stage_left_s is None):
         return None
-    later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1:])
+    later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1 :])
     if stage_left_s is not None:
         return max(0.0, stage_left_s) + later
     return max(0.0, expected.get(stage, 0.0) - in_stage_s) + later
 
 
-def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, left: float | None,
-                estimated: bool) -> str:
+def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, left: float | None, estimated: bool) -> str:
     """One status: the stage and what it does (``compile 2/4 freezing: compiling``), its time, the
     build's, and about how long is left (from the last build, or the stage's own estimate)."""
-    parts = [name + (f" {detail}" if detail else ""), f"{duration(in_stage_s)} in {name}", f"{duration(in_all_s)} in all"]
+    parts = [
+        name + (f" {detail}" if detail else ""),
+        f"{duration(in_stage_s)} in {name}",
+        f"{duration(in_all_s)} in all",
+    ]
     if left is not None:
         parts.append(f"about {duration(left)} left ({'estimated here' if estimated else 'from the last build'})")
     return " · ".join(parts)
@@ -151,8 +159,9 @@ class Progress:
         if current is None:
             return None
         now = time.perf_counter()
-        return status_text(current[0], self.detail, now - current[1], now - self.began, self.left_s(),
-                           self.stage_end is not None)
+        return status_text(
+            current[0], self.detail, now - current[1], now - self.began, self.left_s(), self.stage_end is not None
+        )
 
     def _heartbeat(self, done: threading.Event) -> None:
         while not done.wait(min(1.0, self.every_s)):
@@ -277,9 +286,16 @@ class LiveProgress(Progress):
         argv = [sys.executable, "-m", "pipeline.services.live", str(os.getpid()), repr(began)]
         self.renderer = subprocess.Popen(
             argv + ([repr(self.plain_every_s)] if plain else []),
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stream.fileno(), env=env,
-            **({"start_new_session": True} if plain else
-               {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)}))
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=stream.fileno(),
+            env=env,
+            **(
+                {"start_new_session": True}
+                if plain
+                else {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+            ),
+        )
         self.redirected = (sys.stdout, sys.stderr)
         # Python's own writes to the terminal (a warning, a print in a model's code) go above the
         # area too, in order; stdout only where it is the terminal (not `matrix > file`), and
@@ -288,8 +304,11 @@ class LiveProgress(Progress):
         if not plain and sys.stdout is not None and sys.stdout.isatty():
             sys.stdout = _LinesTo(self, sys.stdout)
         # --verbose's log lines too (logging's handler kept the stderr it was made with)
-        self.handlers = [h for h in logging.getLogger().handlers
-                         if isinstance(h, logging.StreamHandler) and h.stream is self.redirected[1]]
+        self.handlers = [
+            h
+            for h in logging.getLogger().handlers
+            if isinstance(h, logging.StreamHandler) and h.stream is self.redirected[1]
+        ]
         for handler in self.handlers:
             handler.setStream(sys.stderr)
         self.HEARTBEAT = False
@@ -305,7 +324,7 @@ class LiveProgress(Progress):
         data = (json.dumps(message) + "\n").encode()
         try:
             while data:  # one write for a message under PIPE_BUF: the renderer never sees half of it
-                data = data[os.write(pipe.fileno(), data):]
+                data = data[os.write(pipe.fileno(), data) :]
         except OSError:
             self._end_renderer()
             return False

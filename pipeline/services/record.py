@@ -33,11 +33,22 @@ class Built(Protocol):
 def of_build(result: Built) -> dict[str, Any]:
     report, verification = result.report, result.report["verification"]
     return {
-        "model": report["model"], "version": report["version"], "target": report["target"],
-        "wheel": str(result.wheel), "sha256": report["wheel"]["sha256"], "size": report["wheel"]["size"],
-        "report": str(result.report_path), "stages_s": report["stages_s"], "reused": report["build_cache"]["reused"],
-        "verification": {"passed": True, "reference": verification["reference"], "cases": len(verification["cases"]),
-                         "worst": verification["worst"], "tolerances": verification["tolerances"]},
+        "model": report["model"],
+        "version": report["version"],
+        "target": report["target"],
+        "wheel": str(result.wheel),
+        "sha256": report["wheel"]["sha256"],
+        "size": report["wheel"]["size"],
+        "report": str(result.report_path),
+        "stages_s": report["stages_s"],
+        "reused": report["build_cache"]["reused"],
+        "verification": {
+            "passed": True,
+            "reference": verification["reference"],
+            "cases": len(verification["cases"]),
+            "worst": verification["worst"],
+            "tolerances": verification["tolerances"],
+        },
     }
 
 

@@ -51,8 +51,10 @@ def check_private(path: Path, flag: str) -> None:
     folder is used (one another user makes in between is theirs)."""
     found = wheel_trust.chain_problem(path.absolute(), private=True)
     if found:
-        raise OutputDirError(f"{flag}: {found}; another user could put their own code into this build's wheels; refused",
-                             f"give {flag} a folder only you (or root) can write, or remove the folder named")
+        raise OutputDirError(
+            f"{flag}: {found}; another user could put their own code into this build's wheels; refused",
+            f"give {flag} a folder only you (or root) can write, or remove the folder named",
+        )
 
 
 def write_error(exc: OSError) -> OutputDirError:
@@ -61,8 +63,10 @@ def write_error(exc: OSError) -> OutputDirError:
     what = f"cannot write {target}" if target else "cannot write a file of the build"
     folder = Path(target).parent if target else Path("<--build-dir, --dist or --root>")
     if exc.errno in NO_ROOM:
-        hint = (f"free space on the disk holding {folder} (df -h {folder}), or give --build-dir, --dist or --root "
-                f"on another disk; the build left no half-written file in dist/ or the build cache")
+        hint = (
+            f"free space on the disk holding {folder} (df -h {folder}), or give --build-dir, --dist or --root "
+            f"on another disk; the build left no half-written file in dist/ or the build cache"
+        )
     elif exc.errno in NOT_ALLOWED:
         hint = "give --build-dir, --dist or --root a folder this user can write"
     else:

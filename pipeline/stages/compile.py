@@ -15,9 +15,9 @@ import torch
 
 from .. import targets
 from ..errors import CompileError, SpecError, ToolchainError
-from . import constants, precision
 from ..services import cache, proc
 from ..wheel_template.runtime import _weights as wheel_weights
+from . import constants, precision
 from .export import Exported
 from .loader import forward_arguments, weight_tensors
 
@@ -58,8 +58,10 @@ def find_strip() -> str:
     return tool
 
 
-STRIP_HINT = ("the build strips debug info from the shipped .so with binutils' strip: install it (apt-get install binutils) "
-              "or set STRIP to one, or build with --keep-debug to ship the .so as compiled")
+STRIP_HINT = (
+    "the build strips debug info from the shipped .so with binutils' strip: install it (apt-get install binutils) "
+    "or set STRIP to one, or build with --keep-debug to ship the .so as compiled"
+)
 
 
 def strip_debug(libraries: list[Path]) -> None:
@@ -67,8 +69,12 @@ def strip_debug(libraries: list[Path]) -> None:
     the code, symbols and embedded weights are untouched."""
     if libraries:
         tool = os.environ.get("STRIP", "strip")
-        proc.run([tool, "--strip-debug", *libraries], error=ToolchainError, what=f"stripping debug info ({tool})",
-                 hint=STRIP_HINT)
+        proc.run(
+            [tool, "--strip-debug", *libraries],
+            error=ToolchainError,
+            what=f"stripping debug info ({tool})",
+            hint=STRIP_HINT,
+        )
 
 
 def inductor_options(exported: Exported) -> dict[str, object]:
@@ -127,23 +133,42 @@ class CompilePlan:
     keep_debug: bool = False
 
 
-def plan_compile(exported: Exported, cxx_version: str, compile_dir: Path,
-                 overrides: dict[str, object] | None = None, keep_debug: bool = False) -> CompilePlan:
+def plan_compile(
+    exported: Exported,
+    cxx_version: str,
+    compile_dir: Path,
+    overrides: dict[str, object] | None = None,
+    keep_debug: bool = False,
+) -> CompilePlan:
     """``cxx_version``: find_cxx()'s answer, part of the cache key (the compiler shapes the .so)."""
     options = {**inductor_options(exported), **(overrides or {})}
     target = exported.target.NAME
     spec = exported.spec_file.spec
     weights_key = (
-        json.dumps(wheel_weights.describe(weight_tensors(exported.module))) if spec.weights.external else exported.weights_sha256
+        json.dumps(wheel_weights.describe(weight_tensors(exported.module)))
+        if spec.weights.external
+        else exported.weights_sha256
     )
     key = cache.compile_key(
-        spec_json=spec.model_dump_json(include={"model": {"factory", "kwargs"}, "dims": True, "inputs": True, "outputs": True,
-                                                 "compile": True}),
-        sources_sha256=exported.sources_sha256, weights_key=weights_key, options=options,
-        target=target, cxx_version=cxx_version, target_facts=exported.target.key_facts(compile_dir),
+        spec_json=spec.model_dump_json(
+            include={"model": {"factory", "kwargs"}, "dims": True, "inputs": True, "outputs": True, "compile": True}
+        ),
+        sources_sha256=exported.sources_sha256,
+        weights_key=weights_key,
+        options=options,
+        target=target,
+        cxx_version=cxx_version,
+        target_facts=exported.target.key_facts(compile_dir),
     )
-    return CompilePlan(target=target, options=options, compile_dir=compile_dir, key=key, cxx_version=cxx_version,
-                       overrides=dict(overrides or {}), keep_debug=keep_debug)
+    return CompilePlan(
+        target=target,
+        options=options,
+        compile_dir=compile_dir,
+        key=key,
+        cxx_version=cxx_version,
+        overrides=dict(overrides or {}),
+        keep_debug=keep_debug,
+    )
 
 
 def plan_in(exported: Exported, plan: CompilePlan, compile_dir: Path) -> CompilePlan:
@@ -186,6 +211,8 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
 # after), and what it writes for their paths (__FILE__ in the runtime's error messages).
 TORCH_ALIAS = ".torch"
 TORCH_PATH_IN_LIBRARY = "torch"
+
+
 # Inductor keys its precompiled headers by the compiler's command line, which names the compile
 # folder's torch link, so every compile folder (each model version, each search candidate) made
 # its own: two headers, 12.5 s of CPU on a 2-core machine, against the 2.6 s that one saves the
@@ -209,10 +236,12 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
 
     original = cpp_builder.__dict__.get("_get_optimization_cflags")
     if original is None or not hasattr(cpp_extension, "_TORCH_PATH") or not hasattr(cpp_extension, "TORCH_LIB_PATH"):
-        raise CompileError(f"cannot keep torch's install path out of the compiled model with torch {torch.__version__} "
-                           "(torch._inductor.cpp_builder._get_optimization_cflags or torch.utils.cpp_extension's "
-                           "_TORCH_PATH is gone): its wheels would not be reproducible",
-                           "build with a torch this pipeline supports (2.11 to 2.14)")
+        raise CompileError(
+            f"cannot keep torch's install path out of the compiled model with torch {torch.__version__} "
+            "(torch._inductor.cpp_builder._get_optimization_cflags or torch.utils.cpp_extension's "
+            "_TORCH_PATH is gone): its wheels would not be reproducible",
+            "build with a torch this pipeline supports (2.11 to 2.14)",
+        )
     real = cpp_extension._TORCH_PATH
     alias = compile_dir / TORCH_ALIAS
     compile_dir.mkdir(parents=True, exist_ok=True)
@@ -243,17 +272,27 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     autocast, options = precision.split_options(options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
     # The autocast wrapper takes every input by position; the model itself, as it was exported.
-    args, kwargs = (exported.example_inputs, {}) if autocast else forward_arguments(exported.module, exported.example_inputs)
+    args, kwargs = (
+        (exported.example_inputs, {}) if autocast else forward_arguments(exported.module, exported.example_inputs)
+    )
     work_dir.mkdir(parents=True, exist_ok=True)
     # Inductor prints to stderr itself (max-autotune's AUTOTUNE tables): keep that in the log.
     capture = options.get(constants.OPTION) is False and not exported.spec_file.spec.weights.external
     try:
-        with (work_dir / INDUCTOR_LOG).open("a") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log), \
-                torch.no_grad(), torch_seen_at(output_dir), \
-                (constants.captured() if capture else contextlib.nullcontext({})) as captured:
-            produced = torch._inductor.aot_compile(program.module(), args, kwargs,
-                                                   options={**options, **targets.get(target).graph_passes(options),
-                                                            **_no_precompiled_headers()})
+        with (
+            (work_dir / INDUCTOR_LOG).open("a") as log,
+            contextlib.redirect_stderr(log),
+            contextlib.redirect_stdout(log),
+            torch.no_grad(),
+            torch_seen_at(output_dir),
+            constants.captured() if capture else contextlib.nullcontext({}) as captured,
+        ):
+            produced = torch._inductor.aot_compile(
+                program.module(),
+                args,
+                kwargs,
+                options={**options, **targets.get(target).graph_passes(options), **_no_precompiled_headers()},
+            )
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
             raise ToolchainError(f"AOTInductor found no working C++ compiler: {exc}", "install g++ or set CXX") from exc
@@ -265,7 +304,9 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
             f"compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; run with --verbose for the full traceback",
         ) from exc
     if Path(produced) != library or not library.is_file():
-        raise CompileError(f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported")
+        raise CompileError(
+            f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported"
+        )
     shipped = _move_sources(output_dir, sources_dir, target, options)
     if not capture:
         return shipped

@@ -44,8 +44,13 @@ def captured() -> Iterator[dict[str, torch.Tensor]]:
     bound = AotCodeCompiler.compile
 
     def compile_and_capture(graph, *args, **kwargs):
-        found.update({name: graph.get_original_value_of_constant(name) for name in graph.constants
-                      if name not in graph.folded_constants})
+        found.update(
+            {
+                name: graph.get_original_value_of_constant(name)
+                for name in graph.constants
+                if name not in graph.folded_constants
+            }
+        )
         found["__captured__"] = torch.empty(0)
         return bound(graph, *args, **kwargs)
 
@@ -55,9 +60,11 @@ def captured() -> Iterator[dict[str, torch.Tensor]]:
     finally:
         AotCodeCompiler.compile = original
     if found.pop("__captured__", None) is None:
-        raise CompileError(f"could not take the compiled model's constants from torch {torch.__version__} "
-                           f"(torch._inductor.codecache.AotCodeCompiler.compile was not called)",
-                           "static batch sizes with embedded weights need a torch this pipeline supports (2.11 to 2.14)")
+        raise CompileError(
+            f"could not take the compiled model's constants from torch {torch.__version__} "
+            f"(torch._inductor.codecache.AotCodeCompiler.compile was not called)",
+            "static batch sizes with embedded weights need a torch this pipeline supports (2.11 to 2.14)",
+        )
 
 
 def _raw(tensor: torch.Tensor) -> tuple[bytes, dict]:
@@ -67,13 +74,24 @@ def _raw(tensor: torch.Tensor) -> tuple[bytes, dict]:
         size = torch.ops.mkldnn._nbytes(tensor)
         data = bytes((ctypes.c_ubyte * size).from_address(torch.ops.mkldnn.data_ptr(tensor))) if size else b""
         md = bytes(torch.ops.mkldnn._get_mkldnn_serialized_md(tensor).numpy())
-        return data, {"layout": "mkldnn", "dtype": dtype, "shape": list(tensor.shape), "stride": [0] * tensor.dim(),
-                      "offset": 0, "md": md}
+        return data, {
+            "layout": "mkldnn",
+            "dtype": dtype,
+            "shape": list(tensor.shape),
+            "stride": [0] * tensor.dim(),
+            "offset": 0,
+            "md": md,
+        }
     storage = tensor.untyped_storage()
     cpu = storage.cpu()  # itself when already in host memory
     data = bytes((ctypes.c_ubyte * cpu.nbytes()).from_address(cpu.data_ptr())) if cpu.nbytes() else b""
-    return data, {"layout": "strided", "dtype": dtype, "shape": list(tensor.shape), "stride": list(tensor.stride()),
-                  "offset": tensor.storage_offset()}
+    return data, {
+        "layout": "strided",
+        "dtype": dtype,
+        "shape": list(tensor.shape),
+        "stride": list(tensor.stride()),
+        "offset": tensor.storage_offset(),
+    }
 
 
 class Writer:
@@ -103,7 +121,7 @@ class Writer:
         index = json.loads((folder / INDEX_FILE).read_text())
         data = (folder / BLOB_FILE).read_bytes()
         for key, where in index["blobs"].items():
-            self.blobs.setdefault(key, data[where["offset"]:where["offset"] + where["size"]])
+            self.blobs.setdefault(key, data[where["offset"] : where["offset"] + where["size"]])
         (entries,) = index["models"].values()
         self.models[library] = entries
 

@@ -19,10 +19,17 @@ from pathlib import Path
 import torch
 
 from .. import doctor_checks
+from ..doctor_checks import (
+    ARGS_NON_TENSOR,
+    ARGS_OPTIONAL,
+    ARGS_VARIADIC,
+    DATA_DEPENDENT,
+    GRAPH_BREAK,
+    SELF_WRITE,
+    VERSION_CHECK,
+)
 from ..errors import DoctorError
 from ..services.progress import say, step
-from ..doctor_checks import (ARGS_NON_TENSOR, ARGS_OPTIONAL, ARGS_VARIADIC, DATA_DEPENDENT, GRAPH_BREAK, SELF_WRITE,
-                            VERSION_CHECK)
 from .doctor_trace import ForwardRun, trace_forwards
 from .export import check_inputs_fit, check_signature, example_inputs, where_defined
 from .loader import forward_arguments
@@ -81,7 +88,9 @@ class _ForwardVisitor(ast.NodeVisitor):
         self.findings: list[Finding] = []
         self.spans: list[tuple[int, int]] = []  # per finding, the lines of the code it is about
 
-    def add(self, node: ast.AST, severity: str, check: str, message: str, fix: str, span: ast.AST | None = None) -> None:
+    def add(
+        self, node: ast.AST, severity: str, check: str, message: str, fix: str, span: ast.AST | None = None
+    ) -> None:
         self.findings.append(Finding(self.path, node.lineno + self.offset, severity, check, message, fix))
         span = span or node
         self.spans.append((span.lineno + self.offset, (span.end_lineno or span.lineno) + self.offset))
@@ -97,8 +106,13 @@ class _ForwardVisitor(ast.NodeVisitor):
         for target in targets:
             name = self._self_target(target)
             if name:
-                self.add(node, "error", SELF_WRITE.name, f"forward writes self.{name}",
-                         "keep state outside the model: return the value and let the caller keep it")
+                self.add(
+                    node,
+                    "error",
+                    SELF_WRITE.name,
+                    f"forward writes self.{name}",
+                    "keep state outside the model: return the value and let the caller keep it",
+                )
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self._check_write(node, node.targets)
@@ -114,35 +128,72 @@ class _ForwardVisitor(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if isinstance(func, ast.Name) and func.id == "setattr" and node.args and isinstance(node.args[0], ast.Name) \
-                and node.args[0].id == "self":
-            self.add(node, "error", SELF_WRITE.name, "forward calls setattr(self, ...)", "set attributes in __init__ only")
+        if (
+            isinstance(func, ast.Name)
+            and func.id == "setattr"
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "self"
+        ):
+            self.add(
+                node, "error", SELF_WRITE.name, "forward calls setattr(self, ...)", "set attributes in __init__ only"
+            )
         if isinstance(func, ast.Attribute):
             owner = self._self_target(func.value) if isinstance(func.value, (ast.Attribute, ast.Subscript)) else None
             if owner and func.attr.endswith("_") and not func.attr.startswith("_"):
-                self.add(node, "error", SELF_WRITE.name, f"forward changes self.{owner} in place ({func.attr}())",
-                         "compute a new tensor instead of updating a parameter or buffer")
+                self.add(
+                    node,
+                    "error",
+                    SELF_WRITE.name,
+                    f"forward changes self.{owner} in place ({func.attr}())",
+                    "compute a new tensor instead of updating a parameter or buffer",
+                )
             if func.attr in VALUE_READS:
-                self.add(node, "error", DATA_DEPENDENT.name, f".{func.attr}() reads a tensor's value into Python",
-                         "keep values as tensors; a Python number from a tensor is frozen at export or fails it")
+                self.add(
+                    node,
+                    "error",
+                    DATA_DEPENDENT.name,
+                    f".{func.attr}() reads a tensor's value into Python",
+                    "keep values as tensors; a Python number from a tensor is frozen at export or fails it",
+                )
             root = func.value
             while isinstance(root, ast.Attribute):
                 root = root.value
             if isinstance(root, ast.Name) and root.id in FROZEN_MODULES:
-                self.add(node, "error", GRAPH_BREAK.name, f"{root.id}.{func.attr}() uses {FROZEN_MODULES[root.id]} in forward",
-                         "do it in __init__: it breaks torch.compile graphs and is evaluated only once at export")
+                self.add(
+                    node,
+                    "error",
+                    GRAPH_BREAK.name,
+                    f"{root.id}.{func.attr}() uses {FROZEN_MODULES[root.id]} in forward",
+                    "do it in __init__: it breaks torch.compile graphs and is evaluated only once at export",
+                )
             if isinstance(root, ast.Name) and root.id in {"logging", "log", "logger"}:
-                self.add(node, "warning", "side-effect", "logging in forward",
-                         "remove it: it runs once at export, never in the compiled model")
+                self.add(
+                    node,
+                    "warning",
+                    "side-effect",
+                    "logging in forward",
+                    "remove it: it runs once at export, never in the compiled model",
+                )
         if isinstance(func, ast.Name) and func.id == "print":
-            self.add(node, "warning", "side-effect", "print() in forward",
-                     "remove it: it runs once at export, never in the compiled model")
+            self.add(
+                node,
+                "warning",
+                "side-effect",
+                "print() in forward",
+                "remove it: it runs once at export, never in the compiled model",
+            )
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in {"__version__", "version_info"}:
-            self.add(node, "error", VERSION_CHECK.name, f"forward reads {ast.unparse(node)}",
-                     "decide version-dependent behaviour in __init__")
+            self.add(
+                node,
+                "error",
+                VERSION_CHECK.name,
+                f"forward reads {ast.unparse(node)}",
+                "decide version-dependent behaviour in __init__",
+            )
         self.generic_visit(node)
 
     def _reads_value(self, test: ast.AST) -> bool:
@@ -157,14 +208,18 @@ class _ForwardVisitor(ast.NodeVisitor):
             call_name = called.id if isinstance(called, ast.Name) else getattr(called, "attr", None)
             if (isinstance(node, ast.Attribute) and node.attr in SHAPE_ATTRS) or call_name in SHAPE_CALLS:
                 static.update(id(inner) for inner in ast.walk(node))
-        return any(
-            isinstance(n, ast.Name) and n.id in self.params and id(n) not in static for n in ast.walk(test)
-        )
+        return any(isinstance(n, ast.Name) and n.id in self.params and id(n) not in static for n in ast.walk(test))
 
     def _check_branch(self, node: ast.If | ast.While | ast.IfExp) -> None:
         if self._reads_value(node.test):
-            self.add(node, "error", DATA_DEPENDENT.name, f"`{ast.unparse(node.test)}` branches on a tensor value",
-                     "use torch.where(cond, a, b), or torch.cond for whole branches", span=node.test)
+            self.add(
+                node,
+                "error",
+                DATA_DEPENDENT.name,
+                f"`{ast.unparse(node.test)}` branches on a tensor value",
+                "use torch.where(cond, a, b), or torch.cond for whole branches",
+                span=node.test,
+            )
 
     def visit_If(self, node: ast.If) -> None:
         self._check_branch(node)
@@ -183,17 +238,40 @@ def _signature_findings(func: ast.FunctionDef, path: str, offset: int) -> list[F
     args = func.args
     if args.vararg or args.kwarg:
         star = f"*{args.vararg.arg}" if args.vararg else f"**{args.kwarg.arg}"
-        findings.append(Finding(path, line, "error", ARGS_VARIADIC.name, f"forward takes {star}",
-                                "give forward one named tensor parameter per input"))
-    with_defaults = args.args[len(args.args) - len(args.defaults):] if args.defaults else []
+        findings.append(
+            Finding(
+                path,
+                line,
+                "error",
+                ARGS_VARIADIC.name,
+                f"forward takes {star}",
+                "give forward one named tensor parameter per input",
+            )
+        )
+    with_defaults = args.args[len(args.args) - len(args.defaults) :] if args.defaults else []
     for arg in with_defaults + [a for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]:
-        findings.append(Finding(path, line, "error", ARGS_OPTIONAL.name, f"forward parameter {arg.arg!r} is optional",
-                                "remove the default; decide optional behaviour in __init__"))
+        findings.append(
+            Finding(
+                path,
+                line,
+                "error",
+                ARGS_OPTIONAL.name,
+                f"forward parameter {arg.arg!r} is optional",
+                "remove the default; decide optional behaviour in __init__",
+            )
+        )
     for arg in args.args[1:] + args.kwonlyargs:
         if arg.annotation is not None and "Tensor" not in ast.unparse(arg.annotation):
-            findings.append(Finding(path, line, "error", ARGS_NON_TENSOR.name,
-                                    f"forward parameter {arg.arg!r} is annotated {ast.unparse(arg.annotation)}, not a tensor",
-                                    "pass tensors only; make other settings constructor arguments"))
+            findings.append(
+                Finding(
+                    path,
+                    line,
+                    "error",
+                    ARGS_NON_TENSOR.name,
+                    f"forward parameter {arg.arg!r} is annotated {ast.unparse(arg.annotation)}, not a tensor",
+                    "pass tensors only; make other settings constructor arguments",
+                )
+            )
     return findings
 
 
@@ -245,7 +323,9 @@ def judged(findings: list[Finding], allow: tuple[str, ...], own_folder: Path | N
     return result
 
 
-def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...]) -> list[Finding]:
+def dynamic_findings(
+    module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...]
+) -> list[Finding]:
     """Graph breaks found by torch._dynamo.explain, each placed at the user's line."""
     import torch._dynamo  # heavy: imported by the one check that runs dynamo
 
@@ -260,14 +340,18 @@ def dynamic_findings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], 
         frame = frames[-1] if frames else (reason.user_stack[-1] if reason.user_stack else None)
         text = " ".join(str(reason.reason).split())[:200]
         data_dependent = "data-dependent" in text.lower() or "generic_jump" in text or "jump" in text.lower()
-        findings.append(Finding(
-            frame.filename if frame else "?", frame.lineno if frame else 0,
-            "error",
-            DATA_DEPENDENT.name if data_dependent else GRAPH_BREAK.name,
-            f"torch._dynamo graph break: {text}",
-            "use torch.where/torch.cond instead of a Python branch on a tensor" if data_dependent
-            else "move this call to __init__ or replace it with tensor operations",
-        ))
+        findings.append(
+            Finding(
+                frame.filename if frame else "?",
+                frame.lineno if frame else 0,
+                "error",
+                DATA_DEPENDENT.name if data_dependent else GRAPH_BREAK.name,
+                f"torch._dynamo graph break: {text}",
+                "use torch.where/torch.cond instead of a Python branch on a tensor"
+                if data_dependent
+                else "move this call to __init__ or replace it with tensor operations",
+            )
+        )
     return findings
 
 
@@ -283,8 +367,12 @@ def unique(findings: list[Finding]) -> list[Finding]:
 
 
 def diagnose(
-    module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...], allow: tuple[str, ...] = (),
-    before_tracing=lambda: None, own_folder: Path | None = None,
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    source_files: tuple[Path, ...],
+    allow: tuple[str, ...] = (),
+    before_tracing=lambda: None,
+    own_folder: Path | None = None,
 ) -> list[Finding]:
     """Static findings, then (unless one of them stops the build anyway) dynamic ones: one report,
     repeats dropped.
@@ -309,7 +397,9 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
             f"{model}: {len(errors)} problem(s) that stop compilation:\n" + "\n".join(f.format() for f in errors),
             "fix each line above (docs/writing-models.md explains every check); "
             "`modelwheel doctor --spec SPEC` re-checks without building",
-            exit_code=first_check.exit_code if (first_check := doctor_checks.first([f.check for f in errors])) else None,
+            exit_code=first_check.exit_code
+            if (first_check := doctor_checks.first([f.check for f in errors]))
+            else None,
         )
 
 
@@ -321,14 +411,26 @@ def run_doctor(spec_file, loaded) -> list[Finding]:
     def inputs_fit() -> None:  # before dynamo: a spec error in one paragraph, not a trace of the model
         check_inputs_fit(spec_file, loaded.module, inputs, loaded.source_files)
 
-    findings = diagnose(loaded.module, inputs, loaded.source_files, tuple(spec_file.spec.doctor.allow), inputs_fit,
-                        own_folder=spec_file.path.parent)
+    findings = diagnose(
+        loaded.module,
+        inputs,
+        loaded.source_files,
+        tuple(spec_file.spec.doctor.allow),
+        inputs_fit,
+        own_folder=spec_file.path.parent,
+    )
     for finding in findings:
         if finding.severity == "warning":
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)  # diagnose() ran inputs_fit() unless there is one
     check_signature(spec_file, loaded.module)
     step("3/3: purity (the same inputs give the same outputs, nothing kept between calls)")
-    check_purity(loaded.module, inputs, where_defined(type(loaded.module).forward), tuple(spec_file.spec.doctor.allow),
-                 say, own_folder=spec_file.path.parent)
+    check_purity(
+        loaded.module,
+        inputs,
+        where_defined(type(loaded.module).forward),
+        tuple(spec_file.spec.doctor.allow),
+        say,
+        own_folder=spec_file.path.parent,
+    )
     return findings

@@ -57,8 +57,9 @@ def _parameter_names(code: types.CodeType) -> tuple[str, ...]:
     return code.co_varnames[:count]
 
 
-def trace_forwards(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
-                   forwards: list[types.FunctionType]) -> dict[types.CodeType, ForwardRun] | None:
+def trace_forwards(
+    module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], forwards: list[types.FunctionType]
+) -> dict[types.CodeType, ForwardRun] | None:
     """Per forward's code object, what one eager run on ``inputs`` did; None when the run raised
     (then nothing is known, and the checks read every line, as before a trace)."""
     owner_of = {nested: f.__code__ for f in forwards for nested in _nested_codes(f.__code__)}
@@ -70,6 +71,7 @@ def trace_forwards(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
             if event == "line":
                 lines[owner].add(frame.f_lineno)
             return trace_line
+
         return trace_line
 
     def on_call(frame, event, arg):
@@ -91,4 +93,6 @@ def trace_forwards(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
         return None
     finally:
         sys.settrace(previous)
-    return {code: ForwardRun(frozenset(lines[code]), frozenset(tensors[code])) for code in {f.__code__ for f in forwards}}
+    return {
+        code: ForwardRun(frozenset(lines[code]), frozenset(tensors[code])) for code in {f.__code__ for f in forwards}
+    }

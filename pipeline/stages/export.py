@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from ..errors import ExportError, SpecError
-from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..spec import SpecFile
 from ..targets import Target
+from ..wheel_template.runtime import _inputs as wheel_inputs
 from .input_fit import check_index_ranges, size_suspects, watching_embeddings
 from .loader import LoadedModel, call_forward, forward_arguments
 
@@ -101,8 +101,10 @@ def _count_problem(spec_file: SpecFile, module: torch.nn.Module) -> str | None:
         return None
     inputs = ", ".join(i.name for i in spec_file.spec.inputs)
     takes = f"{len(required)}" if len(required) == len(named) else f"{len(required)} to {len(named)}"
-    return (f"{spec_file.path}: key 'inputs': {declared} input(s) declared ({inputs}), but forward at "
-            f"{where_defined(type(module).forward)} takes {takes} ({', '.join(p.name for p in named)})")
+    return (
+        f"{spec_file.path}: key 'inputs': {declared} input(s) declared ({inputs}), but forward at "
+        f"{where_defined(type(module).forward)} takes {takes} ({', '.join(p.name for p in named)})"
+    )
 
 
 def _shown(spec_input, tensor: torch.Tensor) -> str:
@@ -110,8 +112,9 @@ def _shown(spec_input, tensor: torch.Tensor) -> str:
     return f"{spec_input.name!r} {str(tensor.dtype).removeprefix('torch.')}[{shape}]"
 
 
-def check_inputs_fit(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
-                     source_files: tuple[Path, ...]) -> None:
+def check_inputs_fit(
+    spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], source_files: tuple[Path, ...]
+) -> None:
     """The spec's inputs against the model, before anything traces it: their number against
     forward's signature, then one eager call on the example inputs. A failure is the spec's
     (its [[inputs]] do not fit the model), named with the model's own file:line and message."""
@@ -128,8 +131,13 @@ def check_inputs_fit(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple
     check_index_ranges(spec_file, fed)  # ids past an embedding's end that this draw happened not to reach
 
 
-def _rejected(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
-              source_files: tuple[Path, ...], exc: Exception) -> SpecError:
+def _rejected(
+    spec_file: SpecFile,
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    source_files: tuple[Path, ...],
+    exc: Exception,
+) -> SpecError:
     where = _user_frame(exc, source_files) or where_defined(type(module).forward)
     said = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:400]
     shown = ", ".join(_shown(i, t) for i, t in zip(spec_file.spec.inputs, inputs))
@@ -138,8 +146,12 @@ def _rejected(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.
     return SpecError(
         f"{spec_file.path}: key 'inputs': the model does not accept the spec's example inputs ({shown}):\n"
         f"  {where}\n  {type(exc).__name__}: {said}{likely}",
-        ("make the [[inputs]] shape fit the model's config (the dim named above), or build the model from a config "
-         "of the spec's sizes; " if suspects else "")
+        (
+            "make the [[inputs]] shape fit the model's config (the dim named above), or build the model from a config "
+            "of the spec's sizes; "
+            if suspects
+            else ""
+        )
         + f"make the [[inputs]] shapes and dtypes (and [dims] sizes, and low/high of integer inputs) match what the "
         f"model expects at {where.split(': ')[0]}; if they already do, the error is in the model's code there",
     )
@@ -178,8 +190,10 @@ def _torch_guards(exc: BaseException) -> str:
 
 def suggested_dims(exc: BaseException) -> list[str]:
     """torch's suggested fixes as spec keys: "[dims.sequence] max = 14"."""
-    return [f"[dims.{name}] " + ", ".join(part.strip().replace("=", " = ") for part in bounds.split(",") if part.strip())
-            for name, bounds in SUGGESTED_DIM.findall(str(exc))]
+    return [
+        f"[dims.{name}] " + ", ".join(part.strip().replace("=", " = ") for part in bounds.split(",") if part.strip())
+        for name, bounds in SUGGESTED_DIM.findall(str(exc))
+    ]
 
 
 def _export_hint(exc: BaseException, checkpoint: bool = False) -> str:
@@ -193,14 +207,18 @@ def _export_hint(exc: BaseException, checkpoint: bool = False) -> str:
         fixes = suggested_dims(exc)
         suggested = f"; torch's suggestion, as spec keys: {'; '.join(fixes)}" if fixes else ""
         if checkpoint:  # no code of the user's to change: the range is theirs to narrow
-            return ("the checkpoint's model code takes only part of a [dims] range (torch's guard above): narrow that "
-                    "dim's min/max in an override spec (--spec overrides.toml)" + suggested)
+            return (
+                "the checkpoint's model code takes only part of a [dims] range (torch's guard above): narrow that "
+                "dim's min/max in an override spec (--spec overrides.toml)" + suggested
+            )
         return (
             "a dimension declared dynamic in [dims] is treated as a constant by the code (e.g. a view with a fixed "
             "size): use x.shape[...] instead of constants, or narrow the dim's min/max in the spec" + suggested
         )
     if "Unsupported" in type(exc).__name__ or "graph break" in text.lower():
-        return "the forward calls something torch.export cannot trace: move it to __init__ or replace it with tensor ops"
+        return (
+            "the forward calls something torch.export cannot trace: move it to __init__ or replace it with tensor ops"
+        )
     return "see docs/writing-models.md for the patterns that export; run with --verbose for the full traceback"
 
 
@@ -232,8 +250,10 @@ _DEVICE_MISMATCH = ("Expected all tensors to be on the same device", "is not on 
 def _forward_hint(exc: Exception, device: str) -> str:
     if any(words in str(exc) for words in _DEVICE_MISMATCH):
         # seen on an H200: a timestep embedding's torch.arange(...) made on the CPU
-        return (f"forward makes a tensor on another device than its inputs' ({device}): create it on an input's device "
-                "(torch.arange(..., device=x.device)) or register it as a buffer, so that module.to() moves it")
+        return (
+            f"forward makes a tensor on another device than its inputs' ({device}): create it on an input's device "
+            "(torch.arange(..., device=x.device)) or register it as a buffer, so that module.to() moves it"
+        )
     return "check the [[inputs]] shapes and dtypes (and low/high of integer inputs) against what forward expects"
 
 
@@ -252,8 +272,10 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exporte
             eager = call_forward(module, example)
     except Exception as exc:  # the user's forward can raise anything
         where = _user_frame(exc, loaded.source_files) or where_defined(type(module).forward)
-        raise ExportError(f"{where}\n  forward raised {type(exc).__name__}: {exc} on the spec's example inputs",
-                          _forward_hint(exc, device)) from exc
+        raise ExportError(
+            f"{where}\n  forward raised {type(exc).__name__}: {exc} on the spec's example inputs",
+            _forward_hint(exc, device),
+        ) from exc
     returns_tuple = isinstance(eager, (tuple, list))
     outputs = tuple(eager) if returns_tuple else (eager,)
     if not all(isinstance(t, torch.Tensor) for t in outputs):
@@ -306,8 +328,13 @@ def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Export
         log.info("%s", torch_stderr.getvalue())
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         model = exported.spec_file.spec.model
-        where = (f"{model.hf} (checkpoint folder, task {model.task})" if model.hf is not None  # not our wrapper's line
-                 else _user_frame(exc, source_files) or where_defined(type(module).forward))
-        raise ExportError(f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}{_torch_guards(exc)}",
-                          _export_hint(exc, exported.spec_file.spec.model.hf is not None)) from exc
+        where = (
+            f"{model.hf} (checkpoint folder, task {model.task})"
+            if model.hf is not None  # not our wrapper's line
+            else _user_frame(exc, source_files) or where_defined(type(module).forward)
+        )
+        raise ExportError(
+            f"{where}\n  torch.export failed: {type(exc).__name__}: {first_line}{_torch_guards(exc)}",
+            _export_hint(exc, exported.spec_file.spec.model.hf is not None),
+        ) from exc
     return dataclasses.replace(exported, program=program)

@@ -57,10 +57,14 @@ def watching_embeddings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
                 for index, candidate in enumerate(inputs):
                     if _is_input(args[0], candidate) and all(f.embedding != name for f in fed):
                         fed.append(Fed(index, name, rows))
+
         return hook
 
-    handles = [sub.register_forward_pre_hook(hook_for(name, sub.num_embeddings))
-               for name, sub in module.named_modules() if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag))]
+    handles = [
+        sub.register_forward_pre_hook(hook_for(name, sub.num_embeddings))
+        for name, sub in module.named_modules()
+        if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+    ]
     try:
         yield fed
     finally:
@@ -119,5 +123,6 @@ def size_suspects(spec_file, module: torch.nn.Module, inputs: tuple[torch.Tensor
                         suspects.append(
                             f"input {spec_input.name!r} dim {dim}{f' ({named})' if isinstance(named, str) else ''} is "
                             f"{tensor.shape[dim]}, but {path}.{key} = {value!r}"
-                            + (f" ({size * factor} expected)" if factor != 1 else ""))
+                            + (f" ({size * factor} expected)" if factor != 1 else "")
+                        )
     return list(dict.fromkeys(suspects))

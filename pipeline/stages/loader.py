@@ -63,7 +63,8 @@ def _import_factory(spec_file: SpecFile):
             f"{key}: {spec_file.spec.model.factory!r} is from Python's standard library, not a model: a spec's factory "
             "is called by the build, so it must be your model's own function or nn.Module class",
             "name the function or class that builds your model (package.module:callable); a spec is code: build "
-            "only specs you trust")
+            "only specs you trust",
+        )
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -82,8 +83,11 @@ def _import_factory(spec_file: SpecFile):
             f"{key}: module {module_name!r} has no callable {attr!r}",
             "name a function or nn.Module class that builds the model",
         )
-    if inspect.isbuiltin(factory) or not (inspect.isfunction(factory) or inspect.ismethod(factory)
-                                          or (inspect.isclass(factory) and issubclass(factory, torch.nn.Module))):
+    if inspect.isbuiltin(factory) or not (
+        inspect.isfunction(factory)
+        or inspect.ismethod(factory)
+        or (inspect.isclass(factory) and issubclass(factory, torch.nn.Module))
+    ):
         raise ModelLoadError(
             f"{key}: {module_name}:{attr} is a {type(factory).__name__}, not a Python function or nn.Module class",
             "name a function (def build(...)) or an nn.Module subclass that builds the model",
@@ -97,7 +101,8 @@ def _import_factory(spec_file: SpecFile):
             "standard library, not a model: a spec's factory is called by the build, so it must be your model's "
             "own function or nn.Module class",
             "name the function or class that builds your model (package.module:callable); a spec is code: build "
-            "only specs you trust")
+            "only specs you trust",
+        )
     return factory
 
 
@@ -111,7 +116,8 @@ def _refuse_a_second_pipeline(key: str, module_name: str, spec_dir: Path) -> Non
             f"{key}: {where} is named `pipeline`, which is modelwheel's own import package: Python would give your "
             "model code modelwheel's `pipeline`, not yours",
             "rename your package (or move the model's code into a folder of another name); see README.md, "
-            "\"A package of your own named pipeline\"")
+            '"A package of your own named pipeline"',
+        )
 
 
 def missing_package(exc: BaseException | None) -> str | None:
@@ -131,7 +137,9 @@ def _factory_hint(exc: Exception, has_kwargs: bool) -> str:
     """A TypeError at the call is most often a kwarg the factory does not take; anything else is
     the factory's own error, at the line the message gives."""
     if not has_kwargs:
-        return "the factory was called with no arguments (the spec has no [model.kwargs]): fix the error at the line given"
+        return (
+            "the factory was called with no arguments (the spec has no [model.kwargs]): fix the error at the line given"
+        )
     if isinstance(exc, TypeError):
         return "check model.kwargs against the factory's parameters"
     return "fix the error at the line given (the factory was called with the spec's [model.kwargs])"
@@ -177,7 +185,11 @@ def _load_weights(spec_file: SpecFile, module: torch.nn.Module) -> None:
         if name in state and (state[name].shape != t.shape or state[name].dtype != t.dtype)
     )
     if missing or extra or wrong:
-        lines = [f"missing: {n}" for n in missing] + [f"unexpected: {n}" for n in extra] + [f"mismatched {w}" for w in wrong]
+        lines = (
+            [f"missing: {n}" for n in missing]
+            + [f"unexpected: {n}" for n in extra]
+            + [f"mismatched {w}" for w in wrong]
+        )
         raise ModelLoadError(
             f"{path}: weights do not fit the model:\n  " + "\n  ".join(lines[:20]),
             "the safetensors file must hold exactly the module's state_dict names, shapes and dtypes",
@@ -236,9 +248,10 @@ def tensor_bytes(tensor: torch.Tensor) -> tuple[str, bytes]:
         tensor = tensor.to_dense()
     if tensor.is_quantized:  # the integers and what maps them to values
         header += f":{tensor.qscheme()}:" + (
-            f"{tensor.q_scale()}:{tensor.q_zero_point()}" if tensor.qscheme() in PER_TENSOR_QSCHEMES
+            f"{tensor.q_scale()}:{tensor.q_zero_point()}"
+            if tensor.qscheme() in PER_TENSOR_QSCHEMES
             else f"{tensor.q_per_channel_scales().tolist()}:{tensor.q_per_channel_zero_points().tolist()}:"
-                 f"{tensor.q_per_channel_axis()}"
+            f"{tensor.q_per_channel_axis()}"
         )
         tensor = tensor.int_repr()
     # reshape(-1): a 0-dim tensor cannot be viewed as bytes of another element size.
@@ -304,8 +317,9 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
     except Exception as exc:
         package = missing_package(exc)
         if package:
-            raise _missing_package_error(f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs)",
-                                         package, exc) from exc
+            raise _missing_package_error(
+                f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs)", package, exc
+            ) from exc
         where = _where(exc)
         raise ModelLoadError(
             f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) raised "
@@ -329,22 +343,30 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task):
     try:
         library = __import__(task.library)
     except ImportError as exc:
-        raise ModelLoadError(f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed "
-                             f"here ({exc})", f"pip install {task.library} into the environment that runs modelwheel "
-                                               "(the wheel it builds does not need it)") from exc
+        raise ModelLoadError(
+            f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed here ({exc})",
+            f"pip install {task.library} into the environment that runs modelwheel "
+            "(the wheel it builds does not need it)",
+        ) from exc
     quiet_model_libraries(checkpoint=True)  # diffusers reads no setting for its bars: set now it is imported
     loader = getattr(library, task.loader)
-    dtype = {"dtype": torch.float32, "trust_remote_code": False} if task.library == "transformers" else {
-        "torch_dtype": torch.float32}
+    dtype = (
+        {"dtype": torch.float32, "trust_remote_code": False}
+        if task.library == "transformers"
+        else {"torch_dtype": torch.float32}
+    )
     try:
-        return loader.from_pretrained(str(checkpoint.folder), local_files_only=True, use_safetensors=True,
-                                      output_loading_info=True, **dtype)
+        return loader.from_pretrained(
+            str(checkpoint.folder), local_files_only=True, use_safetensors=True, output_loading_info=True, **dtype
+        )
     except Exception as exc:  # the libraries raise ValueError, OSError, KeyError… for a folder they cannot load
-        raise CheckpointError(f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
-                              f"task {task.name!r}: {type(exc).__name__}: {exc}",
-                              "check that the task fits the model (the tasks are listed by --task help) and that the "
-                              f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
-                              + wrapper_example(checkpoint.folder)) from exc
+        raise CheckpointError(
+            f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
+            f"task {task.name!r}: {type(exc).__name__}: {exc}",
+            "check that the task fits the model (the tasks are listed by --task help) and that the "
+            f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
+            + wrapper_example(checkpoint.folder),
+        ) from exc
 
 
 def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> None:
@@ -357,7 +379,8 @@ def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> N
             f"{checkpoint.folder}: the safetensors files lack weights that {task.loader} for task {task.name!r} "
             f"needs (they would be random):\n  " + "\n  ".join(shown[:20]),
             "pick the task the checkpoint was trained for (its config.json names "
-            f"{checkpoint.class_name}), or save the whole model with save_pretrained()")
+            f"{checkpoint.class_name}), or save the whole model with save_pretrained()",
+        )
 
 
 def load_checkpoint(spec_file: SpecFile) -> LoadedModel:

@@ -61,16 +61,32 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, s
         # makes the link only then.
         relocatable=target.RELOCATABLE,
         library=compiled.library.name,
-        artifacts={path.name: {"sha256": as_verified(path, loaded_sha256(path, compiled, verified)),
-                               "size": path.stat().st_size} for path in compiled.artifacts},
+        artifacts={
+            path.name: {
+                "sha256": as_verified(path, loaded_sha256(path, compiled, verified)),
+                "size": path.stat().st_size,
+            }
+            for path in compiled.artifacts
+        },
         inputs=cast(list[Input], spec_inputs(exported.spec_file)),
         dims={name: {"min": d.min, "max": d.max, "example": example[name]} for name, d in spec.dims.items()},
-        outputs=[{"name": o.name, "dtype": dtype, "rtol": verified.tolerances[o.name].rtol,
-                  "atol": verified.tolerances[o.name].atol} for o, dtype in zip(spec.outputs, exported.output_dtypes)],
+        outputs=[
+            {
+                "name": o.name,
+                "dtype": dtype,
+                "rtol": verified.tolerances[o.name].rtol,
+                "atol": verified.tolerances[o.name].atol,
+            }
+            for o, dtype in zip(spec.outputs, exported.output_dtypes)
+        ],
         returns_tuple=exported.returns_tuple,
         weights=_weights_record(exported, verified),
-        golden={"file": verified.golden_file.name, "sha256": sha256_file(verified.golden_file),
-                "size": verified.golden_file.stat().st_size, "cases": list(verified.golden_cases)},
+        golden={
+            "file": verified.golden_file.name,
+            "sha256": sha256_file(verified.golden_file),
+            "size": verified.golden_file.stat().st_size,
+            "cases": list(verified.golden_cases),
+        },
         # Only a verified build reaches packaging; publish refuses a wheel without this record.
         verification={"passed": True, "reference": verified.reference, "cases": [c.case for c in verified.cases]},
         compile_options=compiled.options,
@@ -94,9 +110,10 @@ def as_verified(path: Path, loaded: str | None) -> str:
     (None: a file verification did not open)."""
     digest = sha256_file(path)
     if loaded is not None and loaded != digest:
-        raise PackageError(f"{path} changed after it was verified (sha256 {loaded[:16]}… loaded, {digest[:16]}… now)",
-                           "another process wrote into the build's output folder: build again, into a root only you "
-                           "can write")
+        raise PackageError(
+            f"{path} changed after it was verified (sha256 {loaded[:16]}… loaded, {digest[:16]}… now)",
+            "another process wrote into the build's output folder: build again, into a root only you can write",
+        )
     return digest
 
 

@@ -19,9 +19,9 @@ from ..errors import PackageError
 from ..services import proc
 from ..services.manifest import dumps, sha256_file
 from ..services.templates import RUNTIME_DIR, WHEEL_TEMPLATE
+from ..targets import Target
 from ..wheel_template.runtime import _targets as wheel_targets
 from ..wheel_template.runtime._schema import Manifest
-from ..targets import Target
 
 # Fixed zip timestamps (1980-01-01, the earliest a zip can hold) make the wheel byte-reproducible.
 SOURCE_DATE_EPOCH = "315532800"
@@ -64,16 +64,21 @@ def audited_tag(wheel: Path, target: Target) -> str:
     """The platform tag auditwheel gives the wheel (its symbol-version policy: glibc and
     libstdc++), with the libraries torch brings excluded, as pip installs them with the pinned
     torch. A library neither the manylinux baseline nor torch provides is refused."""
-    output = proc.run([sys.executable, "-m", "auditwheel", "show", "--json", "--disable-isa-ext-check", str(wheel)],
-                      error=PackageError, what="auditwheel show",
-                      hint="auditwheel could not read the wheel; the output above says why")
+    output = proc.run(
+        [sys.executable, "-m", "auditwheel", "show", "--json", "--disable-isa-ext-check", str(wheel)],
+        error=PackageError,
+        what="auditwheel show",
+        hint="auditwheel could not read the wheel; the output above says why",
+    )
     lines = output.splitlines()  # its warnings (a .cubin "with unknown architecture") come first
-    facts = json.loads("\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("{")):]))
+    facts = json.loads("\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("{")) :]))
     foreign = sorted(set(facts["external_libs"]) - torch_libraries(target))
     if foreign:
-        raise PackageError(f"the compiled model needs shared libraries that neither the manylinux baseline nor torch "
-                           f"provides: {', '.join(foreign)}",
-                           "remove the dependency from the model (compile options, custom ops), or install them where it runs")
+        raise PackageError(
+            f"the compiled model needs shared libraries that neither the manylinux baseline nor torch "
+            f"provides: {', '.join(foreign)}",
+            "remove the dependency from the model (compile options, custom ops), or install them where it runs",
+        )
     return facts["sym_tag"]
 
 
@@ -110,7 +115,11 @@ def _stage(staging: Path, manifest: Manifest, artifacts: list[Path], extras: lis
     runtime_side = targets.get(manifest["target"]).RUNTIME_FILE
     shutil.copyfile(runtime_side, package_dir / f"{wheel_targets.module_name(manifest['target'])}.py")
     for artifact in artifacts:  # static batch sizes' in their own folders (batch<N>/model.so)
-        name = artifact.relative_to(manifest["opt_path"]) if artifact.is_relative_to(manifest["opt_path"]) else artifact.name
+        name = (
+            artifact.relative_to(manifest["opt_path"])
+            if artifact.is_relative_to(manifest["opt_path"])
+            else artifact.name
+        )
         (package_dir / "artifacts" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(artifact, package_dir / "artifacts" / name)
     for extra in extras:  # golden cases, external weights
@@ -131,16 +140,22 @@ def _stage(staging: Path, manifest: Manifest, artifacts: list[Path], extras: lis
         "requires_python": requires_python(),
         "license_line": license_line,
         "urls_table": urls_table,
-        "package_data": json.dumps(["manifest.json", "py.typed", "artifacts/*", "artifacts/*/*", *sorted(extra.name for extra in extras)]),
+        "package_data": json.dumps(
+            ["manifest.json", "py.typed", "artifacts/*", "artifacts/*/*", *sorted(extra.name for extra in extras)]
+        ),
         "target": manifest["target"],
-        "link_note": (f"It loads from its own folder in site-packages and writes nothing (`{manifest['dist_name']} link` "
-                      f"makes the `{manifest['opt_path']}` link only if asked; CUDA wheels use it)."
-                      if manifest["relocatable"] else
-                      f"`load()` reaches it through the `{manifest['opt_path']}` link, made where the process may write "
-                      f"there (else it loads from site-packages); `{manifest['dist_name']} link` makes it ahead, "
-                      "e.g. as root in a Dockerfile step."),
+        "link_note": (
+            f"It loads from its own folder in site-packages and writes nothing (`{manifest['dist_name']} link` "
+            f"makes the `{manifest['opt_path']}` link only if asked; CUDA wheels use it)."
+            if manifest["relocatable"]
+            else f"`load()` reaches it through the `{manifest['opt_path']}` link, made where the process may write "
+            f"there (else it loads from site-packages); `{manifest['dist_name']} link` makes it ahead, "
+            "e.g. as root in a Dockerfile step."
+        ),
         "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),
-        "outputs_summary": ", ".join(f"`{o['name']}` {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in manifest["outputs"]),
+        "outputs_summary": ", ".join(
+            f"`{o['name']}` {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in manifest["outputs"]
+        ),
     }
     _render(WHEEL_TEMPLATE / "pyproject.toml.in", staging / "pyproject.toml", values)
     _render(WHEEL_TEMPLATE / "setup.py.in", staging / "setup.py", values)
@@ -153,9 +168,14 @@ def _stage(staging: Path, manifest: Manifest, artifacts: list[Path], extras: lis
 def checkpoint_note(manifest: Manifest) -> str:
     """The README's line naming the save_pretrained folder a wheel was built from (none for a factory's)."""
     found = manifest.get("checkpoint")
-    return "" if not found else (
-        f"\n\nBuilt from the save_pretrained folder `{found['folder']}`: {found['library']} {found['class']}, "
-        f"task {found['task']}, config.json sha256 `{found['config_sha256']}`.")
+    return (
+        ""
+        if not found
+        else (
+            f"\n\nBuilt from the save_pretrained folder `{found['folder']}`: {found['library']} {found['class']}, "
+            f"task {found['task']}, config.json sha256 `{found['config_sha256']}`."
+        )
+    )
 
 
 def package_wheel(manifest: Manifest, artifacts: list[Path], extras: list[Path], work_dir: Path) -> Wheel:
@@ -171,12 +191,23 @@ def package_wheel(manifest: Manifest, artifacts: list[Path], extras: list[Path],
     return Wheel(path=wheel, sha256=sha256_file(wheel), size=wheel.stat().st_size, platform_tag=tag)
 
 
-def _build_wheel(staging: Path, out_dir: Path, manifest: Manifest, artifacts: list[Path], extras: list[Path],
-                 tag: str) -> Path:
+def _build_wheel(
+    staging: Path, out_dir: Path, manifest: Manifest, artifacts: list[Path], extras: list[Path], tag: str
+) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     _stage(staging, manifest, artifacts, extras, tag)
     proc.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check", "--outdir", out_dir, staging],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            out_dir,
+            staging,
+        ],
         error=PackageError,
         what="building the wheel",
         hint="the wheel template under templates/wheel/ or setuptools is broken; the output above says where",

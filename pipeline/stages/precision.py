@@ -27,8 +27,14 @@ AUTOCAST_DTYPE = "bfloat16"
 class Autocast(torch.nn.Module):
     """``module`` under autocast to ``dtype``, its floating outputs cast back to ``output_dtypes``."""
 
-    def __init__(self, module: torch.nn.Module, dtype: torch.dtype, output_dtypes: tuple[str, ...], returns_tuple: bool,
-                 device_type: str):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        dtype: torch.dtype,
+        output_dtypes: tuple[str, ...],
+        returns_tuple: bool,
+        device_type: str,
+    ):
         super().__init__()
         self.module = module
         self.dtype = dtype
@@ -45,8 +51,9 @@ class Autocast(torch.nn.Module):
 
 
 def wrap(exported: Exported, dtype_name: str = AUTOCAST_DTYPE) -> Autocast:
-    return Autocast(exported.module, getattr(torch, dtype_name), exported.output_dtypes, exported.returns_tuple,
-                    exported.device).eval()
+    return Autocast(
+        exported.module, getattr(torch, dtype_name), exported.output_dtypes, exported.returns_tuple, exported.device
+    ).eval()
 
 
 def split_options(options: dict[str, object]) -> tuple[str | None, dict[str, object]]:
@@ -61,8 +68,14 @@ def export_autocast(exported: Exported, dtype_name: str) -> torch.export.Exporte
     try:
         with torch.no_grad(), contextlib.redirect_stderr(stderr):
             # forward(*args): torch.export sees one argument, the tuple of inputs
-            return torch.export.export(wrap(exported, dtype_name), exported.example_inputs,
-                                       dynamic_shapes=(dynamic_shapes(exported.spec_file),), strict=False)
+            return torch.export.export(
+                wrap(exported, dtype_name),
+                exported.example_inputs,
+                dynamic_shapes=(dynamic_shapes(exported.spec_file),),
+                strict=False,
+            )
     except Exception as exc:  # torch.export raises many types; the fp32 export of this model worked
-        raise ExportError(f"torch.export under {dtype_name} autocast failed: {type(exc).__name__}: {exc}",
-                          "remove `autocast` from [compile]; the model exports in float32") from exc
+        raise ExportError(
+            f"torch.export under {dtype_name} autocast failed: {type(exc).__name__}: {exc}",
+            "remove `autocast` from [compile]; the model exports in float32",
+        ) from exc

@@ -58,11 +58,21 @@ def _freeze(value: object) -> object:
 
 def _same(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.equal(a, b))
+        )
     if isinstance(a, _Held) or isinstance(b, _Held):
-        return (isinstance(a, _Held) and isinstance(b, _Held) and a.kind == b.kind and len(a.items) == len(b.items)
-                and all(_same(x, y) for x, y in zip(a.items, b.items)))
+        return (
+            isinstance(a, _Held)
+            and isinstance(b, _Held)
+            and a.kind == b.kind
+            and len(a.items) == len(b.items)
+            and all(_same(x, y) for x, y in zip(a.items, b.items))
+        )
     if isinstance(a, tuple) and isinstance(b, tuple):  # a dict's (key, value) items
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
@@ -90,7 +100,8 @@ def _difference(before: object, after: object) -> str:
         for index, (x, y) in enumerate(zip(before.items, after.items)):
             if not _same(x, y):
                 return f"item [{x[0] if before.kind == 'dict' else index}]: " + _difference(
-                    x[1] if before.kind == "dict" else x, y[1] if before.kind == "dict" else y)
+                    x[1] if before.kind == "dict" else x, y[1] if before.kind == "dict" else y
+                )
     if isinstance(before, _Ref) and isinstance(after, _Ref) and type(before.obj) is type(after.obj):
         return f"<{type(before.obj).__name__} object> -> another <{type(after.obj).__name__} object>"
     if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and before.shape == after.shape:
@@ -186,8 +197,14 @@ def _outside(path: str, folder: Path | None) -> bool:
     return False
 
 
-def check_purity(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], where: str, allow: tuple[str, ...] = (),
-                 say=lambda text: None, own_folder: Path | None = None) -> None:
+def check_purity(
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    where: str,
+    allow: tuple[str, ...] = (),
+    say=lambda text: None,
+    own_folder: Path | None = None,
+) -> None:
     """Run forward twice; raise PurityError on any change, or with ``purity`` in ``allow`` say each as a warning."""
     modules = _modules(module)
     before = _snapshot(modules)
@@ -205,9 +222,13 @@ def check_purity(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], wher
     in_library = [text for text, at in changes if _outside(at, own_folder)]
     raise PurityError(
         f"{where}: forward is not pure (run twice on the spec's example inputs):\n  " + "\n  ".join(problems),
-        (f"{len(in_library)} of these are in library code, outside the spec's folder: if forward leaves them as they "
-         f"were, add [doctor] allow = [\"{CHECK}\"] to the spec (verification still compares the compiled model with "
-         "eager); otherwise " if in_library else "")
+        (
+            f"{len(in_library)} of these are in library code, outside the spec's folder: if forward leaves them as they "
+            f'were, add [doctor] allow = ["{CHECK}"] to the spec (verification still compares the compiled model with '
+            "eager); otherwise "
+            if in_library
+            else ""
+        )
         + "forward must not write to self or draw random numbers: keep state outside the model, pass noise in "
         "as an input (see docs/writing-models.md)",
     )

@@ -53,8 +53,11 @@ class Signal:
 
     def record(self) -> dict:
         """The report's verification.signal section."""
-        return {"cases": [f"seed{seed}" for seed in SEEDS], "outputs": [asdict(o) for o in self.outputs],
-                "inputs": [asdict(i) for i in self.inputs]}
+        return {
+            "cases": [f"seed{seed}" for seed in SEEDS],
+            "outputs": [asdict(o) for o in self.outputs],
+            "inputs": [asdict(i) for i in self.inputs],
+        }
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> bool:
@@ -68,8 +71,9 @@ def _close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> b
 def _spread(references: list[torch.Tensor]) -> tuple[float, float, float]:
     """(largest |ref_i - ref_0|, lowest value, highest value), over finite values."""
     first = references[0].detach().double()
-    spread = max((float(torch.nan_to_num((r.detach().double() - first).abs()).max()) if r.numel() else 0.0)
-                 for r in references)
+    spread = max(
+        (float(torch.nan_to_num((r.detach().double() - first).abs()).max()) if r.numel() else 0.0) for r in references
+    )
     values = torch.cat([r.detach().double().flatten() for r in references])
     values = values[torch.isfinite(values)]
     return spread, (float(values.min()) if values.numel() else 0.0), (float(values.max()) if values.numel() else 0.0)
@@ -84,8 +88,10 @@ def measure(exported: Exported) -> Signal:
     """Eager outputs on the seeded cases, and with one input at a time taken from another seed."""
     spec = exported.spec_file.spec
     sizes = export_sizes(exported.spec_file)
-    cases = [tuple(t.to(exported.device) for t in wheel_inputs.make_inputs(spec_inputs(exported.spec_file), sizes, seed))
-             for seed in SEEDS]
+    cases = [
+        tuple(t.to(exported.device) for t in wheel_inputs.make_inputs(spec_inputs(exported.spec_file), sizes, seed))
+        for seed in SEEDS
+    ]
     refs = [_run(exported, inputs) for inputs in cases]
     tols = tolerances(exported)
     outputs = []
@@ -104,10 +110,11 @@ def measure(exported: Exported) -> Signal:
             if torch.equal(other[position], cases[0][position]):
                 continue
             varied = True
-            mixed = cases[0][:position] + (other[position],) + cases[0][position + 1:]
+            mixed = cases[0][:position] + (other[position],) + cases[0][position + 1 :]
             got = _run(exported, mixed)
-            changed |= {spec.outputs[i].name for i in judged
-                        if not _close(got[i], refs[0][i], *tols[spec.outputs[i].name])}
+            changed |= {
+                spec.outputs[i].name for i in judged if not _close(got[i], refs[0][i], *tols[spec.outputs[i].name])
+            }
             if changed:
                 break
         effects.append(InputEffect(given.name, tuple(sorted(changed)), varied, given.allow_unused))
@@ -130,22 +137,31 @@ def suspects(module: torch.nn.Module) -> list[str]:
         if largest == 0:
             found.append(f"{name}.weight ({type(sub).__name__}) is all zeros")
         elif _is_norm(sub) and largest < NEAR_ZERO_SCALE:
-            found.append(f"{name}.weight, the scale of a {type(sub).__name__}, is near zero (largest |value| "
-                         f"{largest:.2g}; a trained model's are near 1)")
+            found.append(
+                f"{name}.weight, the scale of a {type(sub).__name__}, is near zero (largest |value| "
+                f"{largest:.2g}; a trained model's are near 1)"
+            )
     return found
 
 
 def _output_line(o: OutputSignal, tols) -> str:
     rtol, atol = tols[o.name]
-    seen = (f"every value is {o.low:.6g}" if o.low == o.high else
-            f"values in [{o.low:.6g}, {o.high:.6g}], but the largest change between cases is {o.spread:.3g}")
-    return (f"  output {o.name!r}: its eager reference is the same for the {len(SEEDS)} seeded inputs within its "
-            f"tolerance (atol {atol:g}, rtol {rtol:g}): {seen}")
+    seen = (
+        f"every value is {o.low:.6g}"
+        if o.low == o.high
+        else f"values in [{o.low:.6g}, {o.high:.6g}], but the largest change between cases is {o.spread:.3g}"
+    )
+    return (
+        f"  output {o.name!r}: its eager reference is the same for the {len(SEEDS)} seeded inputs within its "
+        f"tolerance (atol {atol:g}, rtol {rtol:g}): {seen}"
+    )
 
 
 def _input_line(effect: InputEffect) -> str:
-    return (f"  input {effect.name!r} changed nothing: with only it changed (another seed's values), every output "
-            f"stayed within its tolerance; a model that ignores an input is verified on nothing for it")
+    return (
+        f"  input {effect.name!r} changed nothing: with only it changed (another seed's values), every output "
+        f"stayed within its tolerance; a model that ignores an input is verified on nothing for it"
+    )
 
 
 def _spec_to_edit(exported: Exported) -> str:
@@ -153,8 +169,9 @@ def _spec_to_edit(exported: Exported) -> str:
     spec_file = exported.spec_file
     hf = spec_file.spec.model.hf
     if hf is not None and spec_file.path == Path(hf) / "config.json":
-        return ("an override spec (--spec overrides.toml; its [[inputs]] and [[outputs]] replace the generated "
-                "lists whole)")
+        return (
+            "an override spec (--spec overrides.toml; its [[inputs]] and [[outputs]] replace the generated lists whole)"
+        )
     return str(spec_file.path)
 
 
@@ -162,24 +179,32 @@ def _hint(exported: Exported, found: list[str], flat: bool, unused: bool) -> str
     path = _spec_to_edit(exported)
     parts = []
     if found and exported.spec_file.spec.model.hf is not None:
-        parts.append("the checkpoint folder's weights are the ones that ship: save it from a trained model, or set "
-                     "these tensors as a trained model has them (torch.nn.init.normal_(w, std=0.02) for a zero layer, "
-                     "torch.nn.init.ones_(w) for a norm's scale) before save_pretrained()")
+        parts.append(
+            "the checkpoint folder's weights are the ones that ship: save it from a trained model, or set "
+            "these tensors as a trained model has them (torch.nn.init.normal_(w, std=0.02) for a zero layer, "
+            "torch.nn.init.ones_(w) for a norm's scale) before save_pretrained()"
+        )
     elif found:
-        parts.append("seed the weights the way a trained model has them: in the factory, give these tensors "
-                     "trained-like values (torch.nn.init.normal_(w, std=0.02) for a zero layer, torch.nn.init.ones_(w) "
-                     "for a norm's scale) and keep [weights] seed, or ship trained weights with [weights] file = "
-                     f"\"trained.safetensors\" in {path}")
+        parts.append(
+            "seed the weights the way a trained model has them: in the factory, give these tensors "
+            "trained-like values (torch.nn.init.normal_(w, std=0.02) for a zero layer, torch.nn.init.ones_(w) "
+            "for a norm's scale) and keep [weights] seed, or ship trained weights with [weights] file = "
+            f'"trained.safetensors" in {path}'
+        )
     elif flat:
         parts.append("check the model's output layers and its weights")
     if unused:
         parts.append("check that forward uses that input")
     if flat:
-        parts.append(f"where an output is meant to be constant, add allow_constant = \"<why>\" under its [[outputs]] "
-                     f"table in {path}")
+        parts.append(
+            f'where an output is meant to be constant, add allow_constant = "<why>" under its [[outputs]] '
+            f"table in {path}"
+        )
     if unused:
-        parts.append(f"where an input is meant not to matter (a mask the model may ignore, say), add allow_unused = "
-                     f"\"<why>\" under its [[inputs]] table in {path}")
+        parts.append(
+            f"where an input is meant not to matter (a mask the model may ignore, say), add allow_unused = "
+            f'"<why>" under its [[inputs]] table in {path}'
+        )
     return "; ".join(parts)
 
 
@@ -194,5 +219,7 @@ def check_signal(exported: Exported) -> Signal:
     lines = [_output_line(o, tols) for o in flat] + [_input_line(i) for i in unused]
     found = suspects(exported.module)[:MAX_SUSPECTS]
     why = ("\n  why, as far as the weights tell:\n    " + "\n    ".join(found)) if found else ""
-    raise NoSignalError(f"{exported.spec_file.path}: verification would compare nothing:\n" + "\n".join(lines) + why,
-                        _hint(exported, found, bool(flat), bool(unused)))
+    raise NoSignalError(
+        f"{exported.spec_file.path}: verification would compare nothing:\n" + "\n".join(lines) + why,
+        _hint(exported, found, bool(flat), bool(unused)),
+    )

@@ -25,21 +25,21 @@ from pathlib import Path
 
 import torch
 
-from . import constants
 from .. import targets
 from ..errors import VerificationError
 from ..services.cache import Cache
 from ..services.manifest import sha256_file
 from ..services.progress import say, step
 from ..spec import Spec, SpecFile
-from .compile import CompilePlan, Compiled, compile_model, plan_compile
-from .export import Exported, export_program, prepare, spec_inputs
-from .loader import LoadedModel, call_forward
-from .verify import Verified, as_tuple, open_runner, tolerances, verify_model
 from ..wheel_template.runtime import _compare as wheel_compare
 from ..wheel_template.runtime import _dispatch as wheel_dispatch
 from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..wheel_template.runtime._schema import Manifest, Static
+from . import constants
+from .compile import Compiled, CompilePlan, compile_model, plan_compile
+from .export import Exported, export_program, prepare, spec_inputs
+from .loader import LoadedModel, call_forward
+from .verify import Verified, as_tuple, open_runner, tolerances, verify_model
 
 PAD_SEED = 500
 
@@ -59,15 +59,25 @@ def folder(size: int) -> str:
 
 def fixed_spec(spec_file: SpecFile, dim: str, size: int) -> SpecFile:
     """The spec with ``dim`` fixed at ``size``: dropped from [dims], a number in every input shape."""
-    raw = spec_file.spec.model_dump(exclude_none=True, exclude_unset=True)  # keys left out stay left out: a target may default them
+    raw = spec_file.spec.model_dump(
+        exclude_none=True, exclude_unset=True
+    )  # keys left out stay left out: a target may default them
     raw["dims"].pop(dim)
     for spec_input in raw["inputs"]:
         spec_input["shape"] = [size if axis == dim else axis for axis in spec_input["shape"]]
     return SpecFile(path=spec_file.path, spec=Spec.model_validate(raw))
 
 
-def compile_sizes(exported: Exported, loaded: LoadedModel, chosen: str, chosen_plan: CompilePlan, cxx_version: str,
-                  output_dir: Path, work_dir: Path, store: Cache) -> list[StaticModel]:
+def compile_sizes(
+    exported: Exported,
+    loaded: LoadedModel,
+    chosen: str,
+    chosen_plan: CompilePlan,
+    cxx_version: str,
+    output_dir: Path,
+    work_dir: Path,
+    store: Cache,
+) -> list[StaticModel]:
     """Export and compile each static size with the options of the candidate the search chose
     (``chosen``, compiled by ``chosen_plan``), from the cache when it holds them."""
     spec_file = exported.spec_file
@@ -80,8 +90,9 @@ def compile_sizes(exported: Exported, loaded: LoadedModel, chosen: str, chosen_p
         step(f"static {index + 1}/{len(sizes)} {dim}={size}: compiling")
         fixed = prepare(fixed_spec(spec_file, dim, size), loaded, exported.target)
         shared = {constants.OPTION: False} if constants.shared(exported.target, spec_file.spec) else {}
-        plan = plan_compile(fixed, cxx_version, output_dir / folder(size), {**chosen_plan.overrides, **shared},
-                            chosen_plan.keep_debug)
+        plan = plan_compile(
+            fixed, cxx_version, output_dir / folder(size), {**chosen_plan.overrides, **shared}, chosen_plan.keep_debug
+        )
         if not store.has(plan.key):
             fixed = export_program(fixed, loaded.source_files)
         plan.compile_dir.mkdir(parents=True, exist_ok=True)
@@ -119,8 +130,10 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
     dim = spec.static_dim
     by_size = {model.size: model for model in models}
     pads = padded_sizes(sorted(by_size), spec.dims[dim].min)
-    checked = sorted({min(b for b in pads if pads[b] == s) for s in set(pads.values())}
-                     | {max(b for b in pads if pads[b] == s) for s in set(pads.values())})
+    checked = sorted(
+        {min(b for b in pads if pads[b] == s) for s in set(pads.values())}
+        | {max(b for b in pads if pads[b] == s) for s in set(pads.values())}
+    )
     tols, names = tolerances(exported), [o.name for o in spec.outputs]
     sizes = {name: d.export_size for name, d in spec.dims.items()}
     target = exported.target
@@ -128,16 +141,20 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
     for batch in checked:
         to = pads[batch]
         runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
-        inputs = tuple(t.to(exported.device) for t in wheel_inputs.make_inputs(
-            spec_inputs(exported.spec_file), {**sizes, dim: batch}, PAD_SEED + batch))
+        inputs = tuple(
+            t.to(exported.device)
+            for t in wheel_inputs.make_inputs(spec_inputs(exported.spec_file), {**sizes, dim: batch}, PAD_SEED + batch)
+        )
         with torch.no_grad(), targets.reference(target):
             want = as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
             got = runner.run(wheel_dispatch.pad(list(inputs), to, torch.cat))
         case = f"{dim}={batch} padded to {to}"
         for name, g, w in zip(names, got, want):
             if g.dim() == 0 or g.shape[0] != to:
-                failures.append(f"  case {case}: output {name!r} has shape {list(g.shape)}, not {dim} ({to}) first: "
-                                f"it cannot be sliced back to {batch}")
+                failures.append(
+                    f"  case {case}: output {name!r} has shape {list(g.shape)}, not {dim} ({to}) first: "
+                    f"it cannot be sliced back to {batch}"
+                )
                 continue
             diff = wheel_compare.compare(name, g[:batch], w, *tols[name])
             results.setdefault(case, {})[name] = {"max_abs": diff.max_abs, "passed": diff.passed}
@@ -187,7 +204,9 @@ def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
     save_file(tensors, str(golden_file))
 
 
-def add_to_manifest(manifest: Manifest, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]) -> Manifest:
+def add_to_manifest(
+    manifest: Manifest, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]
+) -> Manifest:
     """The static sizes' .so files under "artifacts" (by their path in artifacts/), and the "static" section."""
     record = manifest_record(exported, models)
     if record is None:
@@ -198,7 +217,9 @@ def add_to_manifest(manifest: Manifest, exported: Exported, models: list[StaticM
             manifest["artifacts"][name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     manifest["static"] = record
     if store:  # the shared constants: the wheel's _constants.py reads them, its integrity check hashes them
-        manifest["constants"] = {path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in store}
+        manifest["constants"] = {
+            path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in store
+        }
     return manifest
 
 
@@ -210,8 +231,9 @@ class StaticSizes:
     padding: dict[str, dict] | None
 
 
-def verify_all(exported: Exported, models: list[StaticModel], verified: Verified, weights_file: Path | None,
-               work_dir: Path) -> StaticSizes:
+def verify_all(
+    exported: Exported, models: list[StaticModel], verified: Verified, weights_file: Path | None, work_dir: Path
+) -> StaticSizes:
     """The verify stage's part: each size on its own cases, the padding gate, and every size's
     golden cases merged into the wheel's one golden file."""
     models = verify_sizes(models, weights_file, work_dir)
@@ -221,8 +243,9 @@ def verify_all(exported: Exported, models: list[StaticModel], verified: Verified
     return StaticSizes(models, padding)
 
 
-def package(manifest: Manifest, exported: Exported, compiled: Compiled, sizes: StaticSizes,
-            work_dir: Path) -> tuple[Manifest, tuple[Path, ...], list[Path]]:
+def package(
+    manifest: Manifest, exported: Exported, compiled: Compiled, sizes: StaticSizes, work_dir: Path
+) -> tuple[Manifest, tuple[Path, ...], list[Path]]:
     """The package stage's part: the manifest with the sizes' files and section, the shared
     constants store, and the sizes' .so files to ship."""
     store = shared_store(compiled, sizes.models, work_dir)
@@ -233,8 +256,14 @@ def package(manifest: Manifest, exported: Exported, compiled: Compiled, sizes: S
 def report(sizes: StaticSizes) -> dict:
     """The build report's "static" section: each size's verification, and the padding gate's cases."""
     return {
-        "sizes": {str(m.size): {"verification": m.verified.report(), "compile_cache_key": m.compiled.cache_key,
-                                "from_cache": m.compiled.from_cache} for m in sizes.models},
+        "sizes": {
+            str(m.size): {
+                "verification": m.verified.report(),
+                "compile_cache_key": m.compiled.cache_key,
+                "from_cache": m.compiled.from_cache,
+            }
+            for m in sizes.models
+        },
         "padding": sizes.padding,
     }
 

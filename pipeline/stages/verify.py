@@ -63,7 +63,7 @@ class CaseResult:
     sizes: dict[str, int]
     outputs: tuple[OutputDiff, ...]
     eager_vs_fp64: dict[str, float] | None = None  # eager's own max abs error, with an fp64 reference
-    against_fp64: dict[str, "Fp64Judgement"] | None = None  # the large case, judged against float64
+    against_fp64: dict[str, Fp64Judgement] | None = None  # the large case, judged against float64
 
     @property
     def passed(self) -> bool:
@@ -81,8 +81,10 @@ class Fp64Judgement:
 
     def describe(self) -> str:
         verdict = "within" if self.passed else "over"
-        return (f"against float64: compiled max abs error {self.compiled:.3g}, eager's own {self.eager:.3g}: {verdict} "
-                f"the bound {self.bound:.3g} ({LARGE_ERROR_FACTOR:g} x eager's + atol)")
+        return (
+            f"against float64: compiled max abs error {self.compiled:.3g}, eager's own {self.eager:.3g}: {verdict} "
+            f"the bound {self.bound:.3g} ({LARGE_ERROR_FACTOR:g} x eager's + atol)"
+        )
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,9 @@ def worst(cases) -> dict[str, dict[str, float]]:
             entry["max_abs"] = max(entry["max_abs"], diff.max_abs)
             entry["max_rel"] = max(entry["max_rel"], diff.max_rel)
             if case.eager_vs_fp64 is not None:
-                entry["eager_vs_fp64_max_abs"] = max(entry.get("eager_vs_fp64_max_abs", 0.0), case.eager_vs_fp64[diff.name])
+                entry["eager_vs_fp64_max_abs"] = max(
+                    entry.get("eager_vs_fp64_max_abs", 0.0), case.eager_vs_fp64[diff.name]
+                )
     return summary
 
 
@@ -139,10 +143,15 @@ def verification_report(cases, tolerances: dict[str, Tolerance], reference: str,
             {
                 "case": case.case,
                 "sizes": case.sizes,
-                "outputs": {d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs},
+                "outputs": {
+                    d.name: {"max_abs": d.max_abs, "max_rel": d.max_rel, "passed": d.passed} for d in case.outputs
+                },
                 **({"eager_vs_fp64_max_abs": case.eager_vs_fp64} if case.eager_vs_fp64 is not None else {}),
-                **({"against_fp64": {n: dataclasses.asdict(j) for n, j in case.against_fp64.items()}}
-                   if case.against_fp64 else {}),
+                **(
+                    {"against_fp64": {n: dataclasses.asdict(j) for n, j in case.against_fp64.items()}}
+                    if case.against_fp64
+                    else {}
+                ),
             }
             for case in cases
         ],
@@ -157,7 +166,11 @@ def applied_tolerances(outputs: list[OutputSpec], dtypes: tuple[str, ...], targe
         layers = ((f"outputs[{index}].{target}", output.tolerance_for(target)), (f"outputs[{index}]", output))
         chosen = {}
         for number in ("rtol", "atol"):
-            given = [(getattr(holder, number), key) for key, holder in layers if holder is not None and getattr(holder, number) is not None]
+            given = [
+                (getattr(holder, number), key)
+                for key, holder in layers
+                if holder is not None and getattr(holder, number) is not None
+            ]
             chosen[number] = given[0] if given else (defaults[number], f"default for {dtype}")
         result[output.name] = Tolerance(chosen["rtol"][0], chosen["atol"][0], chosen["rtol"][1], chosen["atol"][1])
     return result
@@ -177,7 +190,11 @@ def _edge_inputs(inputs: list[dict], sizes: dict[str, int], kind: str, scale: fl
     for spec, seeded in zip(inputs, wheel_inputs.make_inputs(inputs, sizes, seed=7)):
         low, high = spec.get("low"), spec.get("high")
         if low is not None:  # a declared range: its two ends
-            value = low if kind == "zeros" else (high - 1 if not seeded.dtype.is_floating_point else high - (high - low) * 1e-3)
+            value = (
+                low
+                if kind == "zeros"
+                else (high - 1 if not seeded.dtype.is_floating_point else high - (high - low) * 1e-3)
+            )
             tensors.append(torch.full_like(seeded, value))
         elif kind == "zeros":
             tensors.append(torch.zeros_like(seeded))
@@ -294,7 +311,9 @@ def _large_case_against_fp64(exported: Exported, case: Case, diffs, got, eager, 
         except (RuntimeError, TypeError, NotImplementedError):  # an op without float64: the miss stands as it is
             return diffs, {}
     judged = judge_against_fp64(names, diffs, got, eager, ref64, tols)
-    diffs = tuple(dataclasses.replace(d, passed=True) if d.name in judged and judged[d.name].passed else d for d in diffs)
+    diffs = tuple(
+        dataclasses.replace(d, passed=True) if d.name in judged and judged[d.name].passed else d for d in diffs
+    )
     return diffs, judged
 
 
@@ -332,8 +351,12 @@ def verify_model(exported: Exported, compiled: Compiled, work_dir: Path, weights
     golden_cases = tuple(r.case for r in results if r.case.startswith("golden"))
     report_file = work_dir / REPORT_FILE
     report = verification_report(results, applied, reference, golden_cases)
-    report_file.write_text(json.dumps({"model": spec.model.name, "target": exported.target.NAME, "verification": report},
-                                      indent=2, sort_keys=True) + "\n")
+    report_file.write_text(
+        json.dumps(
+            {"model": spec.model.name, "target": exported.target.NAME, "verification": report}, indent=2, sort_keys=True
+        )
+        + "\n"
+    )
     _raise_on_failures(exported, results, reference, report_file)
     golden_file = work_dir / GOLDEN_FILE
     from safetensors.torch import save_file
@@ -382,15 +405,22 @@ def _raise_on_failures(exported: Exported, results: list[CaseResult], reference:
     failures = [(c, d) for c in results for d in c.outputs if not d.passed]
     if not failures:
         return
-    lines = [f"  case {c.case}: {d.describe()}{_eager_error(c, d.name)}{_fp64_judgement(c, d.name)}" for c, d in failures]
+    lines = [
+        f"  case {c.case}: {d.describe()}{_eager_error(c, d.name)}{_fp64_judgement(c, d.name)}" for c, d in failures
+    ]
     checks = sum(len(c.outputs) for c in results)
     failed_outputs = {d.name for _, d in failures}
     if results[0].eager_vs_fp64 is not None:  # the numbers a tolerance is chosen from
-        lines += [f"  worst over all cases, output {name!r}: compiled {w['max_abs']:.3g}, eager {w['eager_vs_fp64_max_abs']:.3g} "
-                  f"max abs error against float64" for name, w in worst(results).items() if name in failed_outputs]
+        lines += [
+            f"  worst over all cases, output {name!r}: compiled {w['max_abs']:.3g}, eager {w['eager_vs_fp64_max_abs']:.3g} "
+            f"max abs error against float64"
+            for name, w in worst(results).items()
+            if name in failed_outputs
+        ]
     work_dir = report_file.parent
     raise VerificationError(
-        f"compiled model differs from {reference} in {len(failures)} of {checks} checks:\n" + "\n".join(lines)
+        f"compiled model differs from {reference} in {len(failures)} of {checks} checks:\n"
+        + "\n".join(lines)
         + f"\nevery case is in {report_file}",
         f"if the forward is deterministic and these diffs are acceptable, raise rtol/atol under [[outputs]] in "
         f"{exported.spec_file.path}; else read the generated sources in {work_dir / 'sources'} and the compile "

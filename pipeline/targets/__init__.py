@@ -149,10 +149,16 @@ def registry() -> dict[str, Target]:
         missing = [name for name in _ATTRIBUTES if not hasattr(module, name)]
         missing += [name for name in _METHODS if not callable(getattr(module, name, None))]
         if missing or module.NAME != entry.name or module.NAME in found:
-            raise SpecError(f"target {entry.name!r} ({entry.value}, entry point group {ENTRY_POINT_GROUP}) is not a "
-                            f"target: " + (f"it lacks {', '.join(missing)}" if missing else
-                                           f"its NAME is {module.NAME!r}, or another target has that name"),
-                            "see pipeline/targets/__init__.py's Target for what a target module defines")
+            raise SpecError(
+                f"target {entry.name!r} ({entry.value}, entry point group {ENTRY_POINT_GROUP}) is not a "
+                f"target: "
+                + (
+                    f"it lacks {', '.join(missing)}"
+                    if missing
+                    else f"its NAME is {module.NAME!r}, or another target has that name"
+                ),
+                "see pipeline/targets/__init__.py's Target for what a target module defines",
+            )
         found[module.NAME] = module
     return found
 
@@ -160,7 +166,9 @@ def registry() -> dict[str, Target]:
 _PARTS = (Setup, Compiling, Packaging, Running)
 _ATTRIBUTES = [name for part in _PARTS for name in part.__annotations__]
 _ATTRIBUTES += [name for part in _PARTS for name, value in vars(part).items() if isinstance(value, property)]
-_METHODS = [name for part in _PARTS for name, value in vars(part).items() if callable(value) and not name.startswith("_")]
+_METHODS = [
+    name for part in _PARTS for name, value in vars(part).items() if callable(value) and not name.startswith("_")
+]
 
 
 def names() -> list[str]:
@@ -188,8 +196,10 @@ def buildable_here(spec_targets: list[str], say: Callable[[str], None]) -> list[
         return list(spec_targets)
     for name in spec_targets:
         if reasons[name]:
-            say(f"target {name}: not built here: {reasons[name]} (the spec names it for machines that have it; "
-                f"--target {name} asks for it)")
+            say(
+                f"target {name}: not built here: {reasons[name]} (the spec names it for machines that have it; "
+                f"--target {name} asks for it)"
+            )
     return left
 
 

@@ -57,15 +57,23 @@ class BUILD_OPTIONS(Frozen):  # noqa: N801  # the Target protocol's name for it
     """The spec's [build.cpu] section."""
 
     isa: Literal["native", "avx2", "avx512"] = Field(
-        "native", description="the CPU kind the kernels are built for: the build machine's own (native), or avx2 (any "
-                              "x86-64 CPU of the last decade) or avx512")
+        "native",
+        description="the CPU kind the kernels are built for: the build machine's own (native), or avx2 (any "
+        "x86-64 CPU of the last decade) or avx512",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [parser.add_argument("--cpu-isa", choices=ISA_CHOICES, default=None,
-                        help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
-                             f"any x86-64 CPU of the last decade (default: ${ISA_ENV}, else the spec's [build.cpu] isa, "
-                             "else native)")]
+    return [
+        parser.add_argument(
+            "--cpu-isa",
+            choices=ISA_CHOICES,
+            default=None,
+            help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
+            f"any x86-64 CPU of the last decade (default: ${ISA_ENV}, else the spec's [build.cpu] isa, "
+            "else native)",
+        )
+    ]
 
 
 def before_torch(options: BUILD_OPTIONS, args: argparse.Namespace) -> None:
@@ -90,15 +98,19 @@ def unavailable() -> str | None:
     if torch.version.cuda is not None or torch.version.hip is not None:
         # Its wheel would pin this torch, whose version (2.13.0, or 2.13.0+cu130) a CPU user's
         # torch (2.13.0+cpu) satisfies for pip but not for the runtime's exact check.
-        return (f"torch {torch.__version__} is a GPU build; a CPU wheel pins the torch it was built with, so it is "
-                f"built with PyTorch's CPU build: pip install torch=={torch.__version__.split('+')[0]}+cpu "
-                "--index-url https://download.pytorch.org/whl/cpu")
+        return (
+            f"torch {torch.__version__} is a GPU build; a CPU wheel pins the torch it was built with, so it is "
+            f"built with PyTorch's CPU build: pip install torch=={torch.__version__.split('+')[0]}+cpu "
+            "--index-url https://download.pytorch.org/whl/cpu"
+        )
     asked = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
     running = torch.backends.cpu.get_cpu_capability()
     if asked and asked != "DEFAULT" and asked != running:
-        return (f"the build asks for {asked} kernels (ATEN_CPU_CAPABILITY={asked.lower()}), but this CPU runs "
-                f"{running} at most, so it cannot verify them; build with --cpu-isa {running.lower()} or native, "
-                f"or on a CPU with {asked}")
+        return (
+            f"the build asks for {asked} kernels (ATEN_CPU_CAPABILITY={asked.lower()}), but this CPU runs "
+            f"{running} at most, so it cannot verify them; build with --cpu-isa {running.lower()} or native, "
+            f"or on a CPU with {asked}"
+        )
     return None
 
 
@@ -148,8 +160,11 @@ def rebuild(manifest: Mapping[str, Any]) -> Rebuild:
     """A named CPU kind is one whose oneDNN cap the build ran under (select_isa); native has none."""
     platform_facts = manifest.get("platform", {})
     isa = str(platform_facts["cpu_capability"]).lower() if platform_facts.get("onednn_max_isa") else "native"
-    return Rebuild(said=f"CPU kind {isa}", must_match=f"the CPU kind ({platform_facts.get('cpu_capability', NAME)})",
-                   arguments={"cpu_isa": isa})
+    return Rebuild(
+        said=f"CPU kind {isa}",
+        must_match=f"the CPU kind ({platform_facts.get('cpu_capability', NAME)})",
+        arguments={"cpu_isa": isa},
+    )
 
 
 def index_variant() -> str:

@@ -46,7 +46,9 @@ def _probe_sizes(shape: Sequence[int | torch.SymInt]) -> list[list[int]] | None:
         symbolic = [size for size in shape if isinstance(size, torch.SymInt)]
         shape_env = symbolic[0].node.shape_env
         symbols = sorted({symbol for size in symbolic for symbol in size.node.expr.free_symbols}, key=str)
-        examples = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val  # the newer name, where torch has it
+        examples = (
+            getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
+        )  # the newer name, where torch has it
         hints = {symbol: int(examples[symbol]) for symbol in symbols}
         values = {symbol: _probe_values(shape_env.var_to_range[symbol], hints[symbol]) for symbol in symbols}
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
@@ -85,8 +87,14 @@ def _finite(bound: Any) -> int | None:
         return None
 
 
-def _one_layout(weight: torch.Tensor, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-                groups: int, probes: list[list[int]]) -> torch.Tensor | None:
+def _one_layout(
+    weight: torch.Tensor,
+    padding: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    probes: list[list[int]],
+) -> torch.Tensor | None:
     """The weight packed for the first probe, if oneDNN wants that very layout at every probe."""
     layout_of = getattr(torch.ops.mkldnn, "_get_mkldnn_serialized_md", None)
     if layout_of is None:  # a torch that cannot tell a packed weight's layout: none is packed
@@ -94,7 +102,9 @@ def _one_layout(weight: torch.Tensor, padding: Sequence[int], stride: Sequence[i
     packed, layouts = None, set()
     with torch.no_grad():
         for sizes in probes:
-            at_size = torch.ops.mkldnn._reorder_convolution_weight(weight, list(padding), list(stride), list(dilation), groups, sizes)
+            at_size = torch.ops.mkldnn._reorder_convolution_weight(
+                weight, list(padding), list(stride), list(dilation), groups, sizes
+            )
             layouts.add(bytes(layout_of(at_size).numpy()))
             packed = at_size if packed is None else packed
             if len(layouts) > 1:
@@ -126,7 +136,11 @@ class PrepackDynamicConvWeights(CustomGraphPass):
 
     def _pack(self, module: torch.fx.GraphModule, graph: torch.fx.Graph, node: torch.fx.Node, packed: dict) -> None:
         source, weight_node = node.args[0], node.args[1]
-        if not isinstance(source, torch.fx.Node) or not isinstance(weight_node, torch.fx.Node) or weight_node.op != "get_attr":
+        if (
+            not isinstance(source, torch.fx.Node)
+            or not isinstance(weight_node, torch.fx.Node)
+            or weight_node.op != "get_attr"
+        ):
             return
         weight = _attribute(module, str(weight_node.target))
         value = source.meta.get("val")
@@ -134,7 +148,9 @@ class PrepackDynamicConvWeights(CustomGraphPass):
             return
         if all(not isinstance(size, torch.SymInt) for size in value.shape):
             return  # Inductor packs this one itself
-        padding, stride, dilation, groups = cast(tuple[Sequence[int], Sequence[int], Sequence[int], int], node.args[3:7])
+        padding, stride, dilation, groups = cast(
+            tuple[Sequence[int], Sequence[int], Sequence[int], int], node.args[3:7]
+        )
         key = (weight_node.target, tuple(padding), tuple(stride), tuple(dilation), groups, tuple(map(str, value.shape)))
         if key not in packed:
             probes = _probe_sizes(value.shape)
@@ -150,8 +166,13 @@ class PrepackDynamicConvWeights(CustomGraphPass):
         return VERSION
 
 
-def _register(module: torch.fx.GraphModule, graph: torch.fx.Graph, node: torch.fx.Node, weight_node: torch.fx.Node,
-              weight_packed: torch.Tensor) -> torch.fx.Node:
+def _register(
+    module: torch.fx.GraphModule,
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    weight_node: torch.fx.Node,
+    weight_packed: torch.Tensor,
+) -> torch.fx.Node:
     """The packed weight as a buffer of the module, read by a node placed before ``node``."""
     name = _free_name(module, f"{str(weight_node.target).replace('.', '_')}{PACKED_SUFFIX}")
     module.register_buffer(name, weight_packed)

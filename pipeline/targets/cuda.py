@@ -47,7 +47,9 @@ class BUILD_OPTIONS(Frozen):  # noqa: N801  # the Target protocol's name for it
     """The spec's [build.cuda] section."""
 
     embed_kernels: bool = Field(False, description="put the kernel binaries inside the .so: one file to ship")
-    multi_arch: bool = Field(False, description="also ship PTX, which the driver compiles for GPUs newer than the build's")
+    multi_arch: bool = Field(
+        False, description="also ship PTX, which the driver compiles for GPUs newer than the build's"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -70,20 +72,28 @@ def unavailable() -> str | None:
     import torch
 
     if torch.version.cuda is None:
-        return (f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); building for CUDA needs "
-                "a CUDA build of torch and a GPU")
+        return (
+            f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); building for CUDA needs "
+            "a CUDA build of torch and a GPU"
+        )
     if not torch.cuda.is_available():
-        return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: torch.cuda.is_available() is "
-                "False (check the driver with nvidia-smi, and CUDA_VISIBLE_DEVICES)")
+        return (
+            f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: torch.cuda.is_available() is "
+            "False (check the driver with nvidia-smi, and CUDA_VISIBLE_DEVICES)"
+        )
     try:
         import triton  # noqa: F401  # Inductor writes the CUDA kernels in Triton
     except ImportError:
-        return "triton is not installed: Inductor generates the CUDA kernels with it (pip install the triton torch names)"
+        return (
+            "triton is not installed: Inductor generates the CUDA kernels with it (pip install the triton torch names)"
+        )
     from torch.utils.cpp_extension import CUDA_HOME
 
     if CUDA_HOME is None:
-        return ("no CUDA toolkit found (nvcc on PATH or CUDA_HOME): "
-                "AOTInductor compiles the model's C++ against its headers")
+        return (
+            "no CUDA toolkit found (nvcc on PATH or CUDA_HOME): "
+            "AOTInductor compiles the model's C++ against its headers"
+        )
     return None
 
 

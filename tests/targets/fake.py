@@ -45,7 +45,9 @@ class BUILD_OPTIONS(Frozen):  # noqa: N801
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [parser.add_argument("--fake-label", default=None, help="the fake target's label (default: [build.fake] label)")]
+    return [
+        parser.add_argument("--fake-label", default=None, help="the fake target's label (default: [build.fake] label)")
+    ]
 
 
 def before_torch(options: BUILD_OPTIONS, args: argparse.Namespace) -> None:
@@ -97,8 +99,10 @@ def bf16_native() -> bool:
 
 def manifest_facts(compiled: Any) -> dict[str, Any]:
     """Its own facts only: a shared check that reads a CPU's (cpu_capability) finds none here."""
-    return {"platform": {"machine": platform.machine(), "glibc": platform.libc_ver()[1]},
-            "fake": {"label": _chosen["label"]}}
+    return {
+        "platform": {"machine": platform.machine(), "glibc": platform.libc_ver()[1]},
+        "fake": {"label": _chosen["label"]},
+    }
 
 
 def synchronize() -> None:

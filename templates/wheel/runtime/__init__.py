@@ -24,13 +24,30 @@ from ._manifest import ArtifactLinkWarning, IncompatibleRuntime, NativeRuntimeEr
 
 # name -> the module defining it; these import torch (or numpy: NumpyModel), so they load when first asked for
 _TORCH_SIDE = {
-    "CompiledModel": "._load", "example_inputs": "._load", "load": "._load", "verify": "._load",
-    "GoldenMismatch": "._golden", "WeightsMismatch": "._weights", "NumpyModel": "._native",
+    "CompiledModel": "._load",
+    "example_inputs": "._load",
+    "load": "._load",
+    "verify": "._load",
+    "GoldenMismatch": "._golden",
+    "WeightsMismatch": "._weights",
+    "NumpyModel": "._native",
     "GraphCaptureWarning": "._graphs",
 }
 # the serving helpers (docs/serving.md): they import asyncio, and torch or numpy only when called
-_SERVING = {name: "._serving" for name in ("DynamicBatcher", "LazyModel", "ModelThreads", "RequestError", "check_request",
-                                                 "max_batch", "max_request_bytes", "read_npz", "run_batch")}
+_SERVING = {
+    name: "._serving"
+    for name in (
+        "DynamicBatcher",
+        "LazyModel",
+        "ModelThreads",
+        "RequestError",
+        "check_request",
+        "max_batch",
+        "max_request_bytes",
+        "read_npz",
+        "run_batch",
+    )
+}
 
 __all__ = [
     "ArtifactLinkWarning",

@@ -35,14 +35,19 @@ def _link(m: Manifest) -> int:
             print(f"removed {gone} (its version was uninstalled)")
         return 0
     print(f"error: {detail}", file=sys.stderr)
-    print(f"hint: run with write access to {Path(m['opt_path']).parent}; load() still works from the package directory", file=sys.stderr)
+    print(
+        f"hint: run with write access to {Path(m['opt_path']).parent}; load() still works from the package directory",
+        file=sys.stderr,
+    )
     return 5
 
 
 def _verify(m: Manifest) -> int:
     if importlib.util.find_spec("torch") is None:  # an install with --no-deps
-        raise MissingDependency(f"{m['dist_name']} verify needs torch, which is not installed here: pip install "
-                                f"{m['dist_name']}=={m['full_version']} again, without --no-deps, for the torch it pins")
+        raise MissingDependency(
+            f"{m['dist_name']} verify needs torch, which is not installed here: pip install "
+            f"{m['dist_name']}=={m['full_version']} again, without --no-deps, for the torch it pins"
+        )
     from ._golden import GoldenMismatch  # these import torch; and _load reads the manifest as it is imported
     from ._load import verify
 
@@ -66,10 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CODES[IntegrityError]
     parser = argparse.ArgumentParser(prog=m["dist_name"], description=f"{m['dist_name']} {m['full_version']}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("link", help=f"check the artifacts, then create or repair {m['opt_path']} -> this package's "
-                        "artifacts. Needed only by CUDA wheels (their kernels are addressed by that path) in processes "
-                        "that may not write there themselves, e.g. as a Dockerfile step run as root; a CPU wheel loads "
-                        "from site-packages without it")
+    commands.add_parser(
+        "link",
+        help=f"check the artifacts, then create or repair {m['opt_path']} -> this package's "
+        "artifacts. Needed only by CUDA wheels (their kernels are addressed by that path) in processes "
+        "that may not write there themselves, e.g. as a Dockerfile step run as root; a CPU wheel loads "
+        "from site-packages without it",
+    )
     commands.add_parser("verify", help="re-run the golden cases recorded at build time on this machine")
     commands.add_parser("info", help="print the build manifest as JSON")
     args = parser.parse_args(argv)

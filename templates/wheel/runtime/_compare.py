@@ -44,4 +44,6 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol:
     significant = want64.abs() > atol
     max_rel = float((diff[significant] / want64.abs()[significant]).max()) if significant.any() else 0.0
     passed = not nan_mismatch and bool((diff <= atol + rtol * want64.abs().nan_to_num(0.0)).all())
-    return OutputDiff(name, float(diff.max()), max_rel, rtol, atol, passed, "NaN where the reference has none" if nan_mismatch else "")
+    return OutputDiff(
+        name, float(diff.max()), max_rel, rtol, atol, passed, "NaN where the reference has none" if nan_mismatch else ""
+    )

@@ -44,26 +44,51 @@ class Store:
 
     def _metadata(self, key: str) -> bytes:
         where = self.index["blobs"][key]
-        return self._bytes[where["offset"]:where["offset"] + where["size"]].tobytes()
+        return self._bytes[where["offset"] : where["offset"] + where["size"]].tobytes()
 
     def handles(self, lib: ctypes.CDLL, library: str) -> dict[str, int]:
         """Each constant of ``library`` (its path in artifacts/) as a new tensor handle over the
         mapped bytes; the caller owns the handles (a tensor made from one, or a model given them)."""
         create = lib.aoti_torch_create_tensor_from_blob_v2
         create.restype = ctypes.c_int32
-        create.argtypes = [ctypes.c_void_p, _i64, ctypes.POINTER(_i64), ctypes.POINTER(_i64), _i64, ctypes.c_int32,
-                           ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32,
-                           ctypes.c_char_p, _i64]
-        layouts = {"strided": _code(lib, "aoti_torch_layout_strided"), "mkldnn": _code(lib, "aoti_torch_layout__mkldnn")}
+        create.argtypes = [
+            ctypes.c_void_p,
+            _i64,
+            ctypes.POINTER(_i64),
+            ctypes.POINTER(_i64),
+            _i64,
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int32,
+            ctypes.c_char_p,
+            _i64,
+        ]
+        layouts = {
+            "strided": _code(lib, "aoti_torch_layout_strided"),
+            "mkldnn": _code(lib, "aoti_torch_layout__mkldnn"),
+        }
         cpu = _code(lib, "aoti_torch_device_type_cpu")
         made = {}
         for name, entry in self.index["models"][library].items():
             ndim = len(entry["shape"])
             md = self._metadata(entry["md"]) if entry.get("md") else None
             handle = ctypes.c_void_p()
-            code = create(self._address(entry["blob"]), ndim, (_i64 * max(ndim, 1))(*entry["shape"]),
-                          (_i64 * max(ndim, 1))(*entry["stride"]), entry["offset"], _code(lib, f"aoti_torch_dtype_{entry['dtype']}"),
-                          cpu, 0, ctypes.byref(handle), layouts[entry["layout"]], md, len(md) if md else 0)
+            code = create(
+                self._address(entry["blob"]),
+                ndim,
+                (_i64 * max(ndim, 1))(*entry["shape"]),
+                (_i64 * max(ndim, 1))(*entry["stride"]),
+                entry["offset"],
+                _code(lib, f"aoti_torch_dtype_{entry['dtype']}"),
+                cpu,
+                0,
+                ctypes.byref(handle),
+                layouts[entry["layout"]],
+                md,
+                len(md) if md else 0,
+            )
             if code != 0:
                 raise RuntimeError(f"could not make constant {name!r} of {library} from {BLOB_FILE} (error {code})")
             made[name] = handle.value

@@ -21,5 +21,6 @@ def require(module: str, package: str, needed_for: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != module.split(".")[0]:
             raise  # the package is there but broken: its own error says more
-        raise MissingDependency(f"{needed_for} needs the package {package}, which is not installed here: "
-                                f"pip install {package}") from None
+        raise MissingDependency(
+            f"{needed_for} needs the package {package}, which is not installed here: pip install {package}"
+        ) from None

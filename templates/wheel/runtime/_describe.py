@@ -33,9 +33,11 @@ def listing(m: Manifest, kind: str) -> str:
     outputs = "\n".join(f"    {o['name']}: {o['dtype']}" for o in m["outputs"])
     shape = "a tuple, in this order (output_names)" if m["returns_tuple"] else f"one {kind[:-1]}"
     dims = f"\n  dims: {_dims(m)}" if m["dims"] else ""
-    return (f"{m['dist_name']} {m['full_version']}\n"
-            f"  inputs ({kind}, in this order):\n{inputs}{dims}\n"
-            f"  returns {shape}:\n{outputs}")
+    return (
+        f"{m['dist_name']} {m['full_version']}\n"
+        f"  inputs ({kind}, in this order):\n{inputs}{dims}\n"
+        f"  returns {shape}:\n{outputs}"
+    )
 
 
 def named(self: Any, outputs: Any) -> dict[str, Any]:
@@ -51,8 +53,9 @@ def describe(cls: type, m: Manifest, kind: str) -> None:
     cls.output_names = tuple(o["name"] for o in m["outputs"])
     names = [_identifier(i["name"], index, "input") for index, i in enumerate(m["inputs"])]
     call = cls.__call__
-    call.__signature__ = inspect.Signature([inspect.Parameter("self", _POSITIONAL)] +
-                                           [inspect.Parameter(name, _POSITIONAL) for name in names])
+    call.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", _POSITIONAL)] + [inspect.Parameter(name, _POSITIONAL) for name in names]
+    )
     text = listing(m, kind)
     call.__doc__ = f"{(call.__doc__ or '').strip()}\n\n{text}".strip()
     cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n    " + text.replace("\n", "\n    ")

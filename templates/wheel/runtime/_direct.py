@@ -43,8 +43,10 @@ _SIGNATURES = {  # name -> argument types; each returns AOTIRuntimeError (int32)
     "AOTInductorModelContainerGetConstantOriginalFQN": [_handle, _size, ctypes.POINTER(ctypes.c_char_p)],
     "AOTInductorModelContainerSwapConstantBuffer": [_handle],
 }
-_PAIRS = {True: "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
-          False: "AOTInductorModelContainerUpdateConstantBufferPairs"}
+_PAIRS = {
+    True: "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
+    False: "AOTInductorModelContainerUpdateConstantBufferPairs",
+}
 
 
 class DirectUnavailable(NativeRuntimeError):
@@ -69,15 +71,23 @@ class DirectRunner:
     ``get_constant_names_to_original_fqns``, ``update_constant_buffer``, ``swap_constant_buffer``.
     Not safe to call from two threads at once."""
 
-    def __init__(self, library: Path, device: str, kernel_dir: Path | None, stream: Callable[[], int | None],
-                 constants: bool = False) -> None:
+    def __init__(
+        self,
+        library: Path,
+        device: str,
+        kernel_dir: Path | None,
+        stream: Callable[[], int | None],
+        constants: bool = False,
+    ) -> None:
         """``constants``: the caller will hand over constants (external weights, a shared store):
         refuse now, before the model is used, if the .so cannot take them through this path."""
         try:
             self._so = ctypes.CDLL(str(library))
         except OSError as exc:
             raise NativeRuntimeError(f"cannot open {library}: {exc}") from None
-        missing = [name for name in [*_SIGNATURES, *(_PAIRS.values() if constants else ())] if not hasattr(self._so, name)]
+        missing = [
+            name for name in [*_SIGNATURES, *(_PAIRS.values() if constants else ())] if not hasattr(self._so, name)
+        ]
         if missing:
             raise DirectUnavailable(f"{library.name} exports no {', '.join(missing)} (compiled by a torch without it)")
         for name in _PAIRS.values():  # (container, (name, handle) array, count, use_inactive, validate_full_update)
@@ -88,8 +98,14 @@ class DirectRunner:
             function.argtypes, function.restype = argtypes, ctypes.c_int32
         self._stream = stream
         self._container = _handle()
-        self._call("AOTInductorModelContainerCreateWithDevice", "opening the model", ctypes.byref(self._container),
-                   1, device.encode(), str(kernel_dir).encode() if kernel_dir else None)
+        self._call(
+            "AOTInductorModelContainerCreateWithDevice",
+            "opening the model",
+            ctypes.byref(self._container),
+            1,
+            device.encode(),
+            str(kernel_dir).encode() if kernel_dir else None,
+        )
         count = _size()
         self._call("AOTInductorModelContainerGetNumOutputs", "reading the model", self._container, ctypes.byref(count))
         self._num_outputs = count.value
@@ -113,32 +129,61 @@ class DirectRunner:
         _capsules, pointers = _to_handles(inputs)  # the capsules keep nothing alive: the run takes the handles
         handles = (_handle * len(pointers))(*pointers)
         outputs = (_handle * self._num_outputs)()
-        self._call(RUN, "running the model", self._container, handles, len(pointers), outputs, self._num_outputs,
-                   self._stream(), None)
+        self._call(
+            RUN,
+            "running the model",
+            self._container,
+            handles,
+            len(pointers),
+            outputs,
+            self._num_outputs,
+            self._stream(),
+            None,
+        )
         return _steal([o or 0 for o in outputs])
 
     def get_constant_names_to_original_fqns(self) -> dict[str, str]:
         count = _size()
-        self._call("AOTInductorModelContainerGetNumConstants", "reading the constants", self._container, ctypes.byref(count))
+        self._call(
+            "AOTInductorModelContainerGetNumConstants", "reading the constants", self._container, ctypes.byref(count)
+        )
         names = {}
         for index in range(count.value):
             name, fqn = ctypes.c_char_p(), ctypes.c_char_p()
-            self._call("AOTInductorModelContainerGetConstantName", "reading the constants", self._container, index,
-                       ctypes.byref(name))
-            self._call("AOTInductorModelContainerGetConstantOriginalFQN", "reading the constants", self._container,
-                       index, ctypes.byref(fqn))
+            self._call(
+                "AOTInductorModelContainerGetConstantName",
+                "reading the constants",
+                self._container,
+                index,
+                ctypes.byref(name),
+            )
+            self._call(
+                "AOTInductorModelContainerGetConstantOriginalFQN",
+                "reading the constants",
+                self._container,
+                index,
+                ctypes.byref(fqn),
+            )
             names[(name.value or b"").decode()] = (fqn.value or b"").decode()
         return names
 
-    def update_constant_buffer(self, tensors: dict[str, torch.Tensor], inactive: bool, validate_full_update: bool,
-                               user_managed: bool) -> None:
+    def update_constant_buffer(
+        self, tensors: dict[str, torch.Tensor], inactive: bool, validate_full_update: bool, user_managed: bool
+    ) -> None:
         """As torch's runner: user-managed tensors are read in place, so their handles are kept
         until that buffer is given other ones."""
         _capsules, pointers = _to_handles(list(tensors.values()))
         array, _names = pairs(dict(zip(tensors, pointers)))
         try:
-            self._call(_PAIRS[user_managed], "handing over the constants", self._container, array, _size(len(pointers)),
-                       ctypes.c_bool(inactive), ctypes.c_bool(validate_full_update))
+            self._call(
+                _PAIRS[user_managed],
+                "handing over the constants",
+                self._container,
+                array,
+                _size(len(pointers)),
+                ctypes.c_bool(inactive),
+                ctypes.c_bool(validate_full_update),
+            )
         except Exception:
             _steal(pointers)
             raise

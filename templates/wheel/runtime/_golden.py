@@ -28,8 +28,9 @@ class GoldenMismatch(AssertionError):
     """The installed model's outputs differ from the recorded eager outputs beyond tolerance."""
 
 
-def run_golden(model: Any, manifest: Manifest, golden_file: Path, device: str,
-               cases: list[str] | None = None) -> list[GoldenResult]:
+def run_golden(
+    model: Any, manifest: Manifest, golden_file: Path, device: str, cases: list[str] | None = None
+) -> list[GoldenResult]:
     """``cases``: default the dynamic model's (manifest["golden"]["cases"]); a static size's are
     named ``batch<N>/golden<i>``."""
     load_file = require("safetensors.torch", "safetensors", "verify() (reading the golden cases)").load_file

@@ -65,8 +65,16 @@ class GraphRunner:
     - New weights (``swap_constant_buffer``, or an update of the active constants) drop every
       graph: a graph reads the constants it was captured with."""
 
-    def __init__(self, direct: Any, backend: GraphBackend, name: str, *, copy_outputs: bool = True,
-                 max_graphs: int = MAX_GRAPHS, warmups: int = WARMUPS) -> None:
+    def __init__(
+        self,
+        direct: Any,
+        backend: GraphBackend,
+        name: str,
+        *,
+        copy_outputs: bool = True,
+        max_graphs: int = MAX_GRAPHS,
+        warmups: int = WARMUPS,
+    ) -> None:
         self._direct, self._backend, self._name = direct, backend, name
         self.copy_outputs, self.max_graphs, self.warmups = copy_outputs, max_graphs, warmups
         self._graphs: OrderedDict[Key, _Captured] = OrderedDict()
@@ -110,9 +118,12 @@ class GraphRunner:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no message"
             self.refused = f"{type(exc).__name__}: {first}"
             self._graphs.clear()
-            warnings.warn(f"{self._name}: capturing the model in a CUDA graph failed ({self.refused}); it runs "
-                          "without CUDA graphs from now on (load(cuda_graphs=False) skips the attempt)",
-                          GraphCaptureWarning, stacklevel=4)
+            warnings.warn(
+                f"{self._name}: capturing the model in a CUDA graph failed ({self.refused}); it runs "
+                "without CUDA graphs from now on (load(cuda_graphs=False) skips the attempt)",
+                GraphCaptureWarning,
+                stacklevel=4,
+            )
             return None
         self.captures += 1
         self._graphs[key] = captured = _Captured(graph, inputs, outputs)
@@ -125,8 +136,9 @@ class GraphRunner:
     def get_constant_names_to_original_fqns(self) -> dict[str, str]:
         return self._direct.get_constant_names_to_original_fqns()
 
-    def update_constant_buffer(self, tensors: dict[str, Any], inactive: bool, validate_full_update: bool,
-                               user_managed: bool) -> None:
+    def update_constant_buffer(
+        self, tensors: dict[str, Any], inactive: bool, validate_full_update: bool, user_managed: bool
+    ) -> None:
         with self._lock:
             self._direct.update_constant_buffer(tensors, inactive, validate_full_update, user_managed)
             if not inactive:  # the graphs read the active constants' old memory

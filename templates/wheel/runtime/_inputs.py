@@ -8,7 +8,8 @@ It imports torch only inside the functions that need it: ``check_sizes`` also se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +58,9 @@ def check_inputs(
         if arg.device.type != want.type or (want.index is not None and arg.device.index != want.index):
             raise ValueError(f"input {name!r}: expected a tensor on {device}, got one on {arg.device}")
         if arg.dtype != getattr(torch, spec["dtype"]):
-            raise ValueError(f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}")
+            raise ValueError(
+                f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}"
+            )
     check_sizes(inputs, dims, [tuple(arg.shape) for arg in args])
 
 
@@ -67,7 +70,9 @@ def check_count(inputs: Sequence[Mapping[str, Any]], count: int, noun: str) -> N
         raise ValueError(f"expected {len(inputs)} {noun} ({names}), got {count}")
 
 
-def check_sizes(inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[str, Any]], shapes: Sequence[Sequence[int]]) -> None:
+def check_sizes(
+    inputs: Sequence[Mapping[str, Any]], dims: Mapping[str, Mapping[str, Any]], shapes: Sequence[Sequence[int]]
+) -> None:
     """Raise ValueError naming the argument when a shape has the wrong rank, a wrong fixed size,
     a dynamic size outside its built range, or disagrees with another input on a shared dim."""
     seen: dict[str, tuple[int, str]] = {}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from stat import S_ISDIR
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Any
 
 from ._trust import chain_problem
@@ -48,7 +48,9 @@ def sha256_fd(fd: int) -> str:
 
 
 def _stamp(path: Path, stat: os.stat_result, expected: str) -> Path:
-    key = f"{path.resolve()}|{stat.st_dev}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{expected}"
+    key = (
+        f"{path.resolve()}|{stat.st_dev}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{expected}"
+    )
     return _stamp_dir() / hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -106,7 +108,9 @@ def packaged_files(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return files
 
 
-def check_artifacts(directory: Path, manifest: Mapping[str, Any], *, full: bool = False, skip: Iterable[str] = ()) -> None:
+def check_artifacts(
+    directory: Path, manifest: Mapping[str, Any], *, full: bool = False, skip: Iterable[str] = ()
+) -> None:
     """check_files() on the compiled artifacts (the .so, kernels) in ``directory``; ``skip``: the
     ones the caller checks as it opens them (opened_verified), which would be hashed twice."""
     left_out = set(skip)
@@ -144,7 +148,9 @@ def hold(fd: int) -> str:
 
 
 @contextmanager
-def opened_verified(path: Path, record: Mapping[str, Any], *, full: bool = False, hold_open: bool = False) -> Iterator[str]:
+def opened_verified(
+    path: Path, record: Mapping[str, Any], *, full: bool = False, hold_open: bool = False
+) -> Iterator[str]:
     """``path`` opened once, checked against ``record`` through that descriptor, and yielded as
     ``/proc/self/fd/N`` for the caller to load: what is loaded is what was checked, whatever
     replaces ``path`` in the meantime (a swapped link, a renamed file). ``hold_open``: for a

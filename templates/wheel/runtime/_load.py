@@ -9,16 +9,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 import torch
 
 from . import _describe, _dispatch, _targets
 from ._constants import Store
 from ._direct import DirectRunner, DirectUnavailable
-from ._graphs import GraphCaptureWarning, GraphRunner
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
+from ._graphs import GraphCaptureWarning, GraphRunner
 from ._inputs import check_inputs, check_sizes, make_inputs, resolve_shape
 from ._integrity import opened_verified, weights_record
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, manifest
@@ -36,7 +37,9 @@ def _device(m: Manifest, device: str | torch.device | None) -> str:
         raise ValueError(f"{m['dist_name']} {m['full_version']}: {exc}") from None
 
 
-def example_inputs(seed: int = 0, *, device: str | torch.device | None = None, **sizes: int) -> tuple[torch.Tensor, ...]:
+def example_inputs(
+    seed: int = 0, *, device: str | torch.device | None = None, **sizes: int
+) -> tuple[torch.Tensor, ...]:
     """Seeded inputs of the declared shapes, on the model's device (``cuda`` is the current GPU);
     dynamic dims default to their example size."""
     m = manifest()
@@ -63,23 +66,41 @@ def _weights_from(source: str | Path | Mapping[str, torch.Tensor], m: Manifest, 
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def _open_runner(m: Manifest, library: Path, device: str, num_models: int, kernels: Path = ARTIFACTS_DIR,
-                 record: Mapping[str, Any] | None = None, graphs: Any = None, copy_outputs: bool = True) -> Any:
+def _open_runner(
+    m: Manifest,
+    library: Path,
+    device: str,
+    num_models: int,
+    kernels: Path = ARTIFACTS_DIR,
+    record: Mapping[str, Any] | None = None,
+    graphs: Any = None,
+    copy_outputs: bool = True,
+) -> Any:
     """``kernels``: where a CUDA .so's kernel files are (a static size's: its own folder).
     ``record``: the .so's sha256 and size: it is opened once, checked, and loaded through that
     descriptor, so the file checked is the file loaded. ``graphs``: a _graphs.GraphBackend: the
     .so is opened through its single-threaded entry point and its calls replay graphs."""
     load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
     target = _targets.for_manifest(m)
-    with (opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library))) as loadable:
+    with (
+        opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library))
+    ) as loadable:
         if graphs is not None:
             try:
-                direct = DirectRunner(Path(loadable), device, kernels, cast(_targets.GraphTarget, target).stream(device),
-                                      constants=bool(m["weights"]["external"] or m.get("constants")))
+                direct = DirectRunner(
+                    Path(loadable),
+                    device,
+                    kernels,
+                    cast(_targets.GraphTarget, target).stream(device),
+                    constants=bool(m["weights"]["external"] or m.get("constants")),
+                )
                 return GraphRunner(direct, graphs, f"{m['dist_name']} {m['full_version']}", copy_outputs=copy_outputs)
             except DirectUnavailable as exc:  # an older torch's .so: torch's runner, as without graphs
-                warnings.warn(f"{m['dist_name']} {m['full_version']}: {exc}; it runs without CUDA graphs",
-                              GraphCaptureWarning, stacklevel=3)
+                warnings.warn(
+                    f"{m['dist_name']} {m['full_version']}: {exc}; it runs without CUDA graphs",
+                    GraphCaptureWarning,
+                    stacklevel=3,
+                )
         return target.open_runner(Path(loadable), kernels, device, num_models)
 
 
@@ -96,8 +117,9 @@ class CompiledModel:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
 
-    def __init__(self, runner: Any, m: Manifest, library: Path, device: str,
-                 static: dict[int, tuple[Any, Path]] | None = None) -> None:
+    def __init__(
+        self, runner: Any, m: Manifest, library: Path, device: str, static: dict[int, tuple[Any, Path]] | None = None
+    ) -> None:
         self._runner = runner
         self._manifest = m
         self.library = library
@@ -166,8 +188,11 @@ class CompiledModel:
         torch's AOTInductor runner (``"graphs_off"`` says why)."""
         where = {"target": self._manifest["target"], "device": self.device}
         if isinstance(self._runner, GraphRunner):
-            return where | self._runner.info() | {
-                "static": {size: runner.info() for size, (runner, _) in self._static.items()}}
+            return (
+                where
+                | self._runner.info()
+                | {"static": {size: runner.info() for size, (runner, _) in self._static.items()}}
+            )
         return where | {"path": "AOTInductor runner", "graphs_off": self.graphs_off}
 
     def __repr__(self) -> str:
@@ -182,9 +207,14 @@ _EMBEDDED = (
 )
 
 
-def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] | None = None,
-         device: str | torch.device | None = None, *, cuda_graphs: bool | None = None,
-         copy_outputs: bool = True) -> CompiledModel:
+def load(
+    num_models: int = 1,
+    weights: str | Path | Mapping[str, torch.Tensor] | None = None,
+    device: str | torch.device | None = None,
+    *,
+    cuda_graphs: bool | None = None,
+    copy_outputs: bool = True,
+) -> CompiledModel:
     """Open the compiled model. ``num_models`` is how many calls may run concurrently; ``weights``
     (a safetensors file or a name -> tensor mapping) replaces the packaged weights when they are
     external; ``device`` picks a GPU for a CUDA wheel (``"cuda:1"``; default: the current one).
@@ -211,18 +241,37 @@ def load(num_models: int = 1, weights: str | Path | Mapping[str, torch.Tensor] |
     names = _dispatch.static_library_names(m)
     # one backend: one memory pool for every graph of the model
     graphs = None if graphs_off else cast(_targets.GraphTarget, target).graph_backend(where)
-    static = {size: (_open_runner(m, path, where, num_models, ARTIFACTS_DIR / path.parent.name,
-                                  record=m["artifacts"][names[size]], graphs=graphs, copy_outputs=copy_outputs), path)
-              for size, path in files.static.items()}
-    runner = _open_runner(m, library, where, num_models, record=m["artifacts"][m["library"]], graphs=graphs,
-                          copy_outputs=copy_outputs)
+    static = {
+        size: (
+            _open_runner(
+                m,
+                path,
+                where,
+                num_models,
+                ARTIFACTS_DIR / path.parent.name,
+                record=m["artifacts"][names[size]],
+                graphs=graphs,
+                copy_outputs=copy_outputs,
+            ),
+            path,
+        )
+        for size, path in files.static.items()
+    }
+    runner = _open_runner(
+        m, library, where, num_models, record=m["artifacts"][m["library"]], graphs=graphs, copy_outputs=copy_outputs
+    )
     model = CompiledModel(runner, m, library, where, static)
-    model.graphs_off = graphs_off if graphs_off or isinstance(runner, GraphRunner) else \
-        "the .so cannot be called through its single-threaded entry point (the GraphCaptureWarning says why)"
+    model.graphs_off = (
+        graphs_off
+        if graphs_off or isinstance(runner, GraphRunner)
+        else "the .so cannot be called through its single-threaded entry point (the GraphCaptureWarning says why)"
+    )
     if files.store is not None:  # static batch sizes: the models' constants, shared, outside the .so files
         model._store = files.store
         for runner, path in [(model._runner, library), *static.values()]:
-            runner.update_constant_buffer(model._store.tensors(path.relative_to(directory).as_posix()), False, True, True)
+            runner.update_constant_buffer(
+                model._store.tensors(path.relative_to(directory).as_posix()), False, True, True
+            )
     if tensors is not None:
         model._install(tensors, inactive=False)
     _capture_static(model)
@@ -259,7 +308,9 @@ def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
 
 def _on(model: CompiledModel, size: int | None):
     """``model`` called on one compiled model: the dynamic one (None) or a static size's."""
+
     def call(*args: torch.Tensor):
         outputs = model._run([arg.contiguous() for arg in args], size)
         return tuple(outputs) if model._manifest["returns_tuple"] else outputs[0]
+
     return call

@@ -15,9 +15,9 @@ from typing import cast
 
 from . import _schema
 from ._integrity import IntegrityError
+from ._link import ensure_link, sweep_dangling
 from ._schema import Manifest
 from ._targets import variant
-from ._link import ensure_link, sweep_dangling
 from ._trust import UntrustedPath
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -61,8 +61,10 @@ def manifest() -> Manifest:
             found = [f"{type(exc).__name__}: {exc}"]
         if found:
             name = PACKAGE_DIR.name.replace("_", "-")
-            raise IntegrityError(f"{path} is unreadable or corrupt ({'; '.join(found[:3])}): the installed package is "
-                                 f"damaged; reinstall it (pip install --force-reinstall {name})")
+            raise IntegrityError(
+                f"{path} is unreadable or corrupt ({'; '.join(found[:3])}): the installed package is "
+                f"damaged; reinstall it (pip install --force-reinstall {name})"
+            )
         _manifest = cast(Manifest, data)
     return _manifest
 
@@ -74,11 +76,15 @@ def incompatibilities(m: Manifest, torch_version: str) -> list[str]:
     problems = []
     if torch_version != m["torch"]["version"]:
         index = f"{TORCH_INDEX}/{variant(m)}"
-        problems.append(f"torch is {torch_version}, the model was built with torch {m['torch']['version']}: install the "
-                        f"wheel built for this torch, or `pip install torch=={m['torch']['distribution']}` from {index}")
+        problems.append(
+            f"torch is {torch_version}, the model was built with torch {m['torch']['version']}: install the "
+            f"wheel built for this torch, or `pip install torch=={m['torch']['distribution']}` from {index}"
+        )
     if platform.machine() != m["platform"]["machine"]:
-        problems.append(f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}: "
-                        f"install the wheel built for {platform.machine()}")
+        problems.append(
+            f"this machine is {platform.machine()}, the model was built for {m['platform']['machine']}: "
+            f"install the wheel built for {platform.machine()}"
+        )
     return problems
 
 
@@ -108,8 +114,9 @@ def artifacts_dir() -> Path:
     try:
         ok, detail = ensure_link(opt_path, ARTIFACTS_DIR)
     except UntrustedPath as exc:  # a planted folder: worth saying on every start
-        warnings.warn(f"{m['dist_name']}: {exc}; loading from {ARTIFACTS_DIR} instead", UntrustedPathWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"{m['dist_name']}: {exc}; loading from {ARTIFACTS_DIR} instead", UntrustedPathWarning, stacklevel=3
+        )
         return ARTIFACTS_DIR
     if not _swept:  # once per process: links left by `pip uninstall` of other versions of this model
         _swept = True
@@ -117,6 +124,11 @@ def artifacts_dir() -> Path:
     if ok:
         return opt_path
     # Expected on a read-only root or as a non-root user: not worth a warning on every start.
-    log.debug("%s: %s; loading from %s (`%s link` with write access makes the link)", m["dist_name"], detail,
-              ARTIFACTS_DIR, m["dist_name"])
+    log.debug(
+        "%s: %s; loading from %s (`%s link` with write access makes the link)",
+        m["dist_name"],
+        detail,
+        ARTIFACTS_DIR,
+        m["dist_name"],
+    )
     return ARTIFACTS_DIR

@@ -12,13 +12,14 @@ import contextlib
 import ctypes
 import importlib.util
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 from . import _describe, _dispatch, _targets
+from ._constants import Store, pairs
 from ._deps import require
 from ._inputs import check_count, check_sizes
-from ._constants import Store, pairs
 from ._integrity import opened_verified
 from ._malloc import keep_freed_memory
 from ._manifest import NativeRuntimeError, manifest
@@ -30,8 +31,15 @@ np = require("numpy", "numpy", "load_numpy() (numpy arrays in and out)")
 
 _handle = ctypes.c_void_p
 _NUMPY_DTYPES = {
-    "float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64, "int32": np.int32,
-    "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+    "float32": np.float32,
+    "float64": np.float64,
+    "float16": np.float16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
 }
 _libtorch: ctypes.CDLL | None = None
 _libtorch_lock = threading.Lock()
@@ -69,7 +77,17 @@ def _open_libtorch() -> ctypes.CDLL:
 def _declare_shim(lib: ctypes.CDLL) -> None:
     i32, i64, p_i64 = ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
     signatures = {
-        "aoti_torch_create_tensor_from_blob": [ctypes.c_void_p, i64, p_i64, p_i64, i64, i32, i32, i32, ctypes.POINTER(_handle)],
+        "aoti_torch_create_tensor_from_blob": [
+            ctypes.c_void_p,
+            i64,
+            p_i64,
+            p_i64,
+            i64,
+            i32,
+            i32,
+            i32,
+            ctypes.POINTER(_handle),
+        ],
         "aoti_torch_delete_tensor_object": [_handle],
         "aoti_torch_get_data_ptr": [_handle, ctypes.POINTER(ctypes.c_void_p)],
         "aoti_torch_get_dim": [_handle, p_i64],
@@ -112,7 +130,9 @@ class _OutputTensor:
             raise NativeRuntimeError("an output's dtype has no numpy type: use load()")
         dtype = dtypes_by_code[code.value]
         self.__array_interface__ = {
-            "version": 3, "typestr": dtype.str, "shape": tuple(sizes[i] for i in range(ndim.value)),
+            "version": 3,
+            "typestr": dtype.str,
+            "shape": tuple(sizes[i] for i in range(ndim.value)),
             "strides": tuple(strides[i] * dtype.itemsize for i in range(ndim.value)),
             "data": (data.value or 0, False),
         }
@@ -160,8 +180,15 @@ class NumpyModel:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
 
-    def __init__(self, m: Manifest, library: Path, num_models: int, static: dict[int, Path] | None = None,
-                 store: tuple[Store, str] | None = None, record: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        m: Manifest,
+        library: Path,
+        num_models: int,
+        static: dict[int, Path] | None = None,
+        store: tuple[Store, str] | None = None,
+        record: Mapping[str, Any] | None = None,
+    ) -> None:
         """``record``: the .so's sha256 and size: it is opened once, checked, and loaded through
         that descriptor, so the file checked is the file loaded."""
         self._manifest = m
@@ -169,9 +196,12 @@ class NumpyModel:
         self._constants: dict[str, int] = {}
         # One model per static batch size, each called by route(); last_library: the latest call's .so.
         names = _dispatch.static_library_names(m)
-        self._static = {size: NumpyModel(m, path, num_models, store=store and (store[0], names[size]),
-                                         record=m["artifacts"][names[size]])
-                        for size, path in (static or {}).items()}
+        self._static = {
+            size: NumpyModel(
+                m, path, num_models, store=store and (store[0], names[size]), record=m["artifacts"][names[size]]
+            )
+            for size, path in (static or {}).items()
+        }
         self.last_library: Path | None = None
         self._lib = _open_libtorch()
         self._codes = _dtype_codes(self._lib)
@@ -180,13 +210,23 @@ class NumpyModel:
         load_cxx_runtime()  # before any AOTInductor .so is opened: see _preload.py
         keep_freed_memory()  # each call's buffers reused, not faulted in again: see _malloc.py
         try:
-            with opened_verified(library, record, hold_open=True) if record else contextlib.nullcontext(str(library)) as loadable:
+            with (
+                opened_verified(library, record, hold_open=True)
+                if record
+                else contextlib.nullcontext(str(library)) as loadable
+            ):
                 self._model = ctypes.CDLL(loadable)
         except OSError as exc:
             raise NativeRuntimeError(f"cannot open {library}: {exc}") from None
         self._container = _handle()
-        self._call("AOTInductorModelContainerCreateWithDevice", "opening the model",
-                   ctypes.byref(self._container), ctypes.c_size_t(num_models), m["device"].encode(), None)
+        self._call(
+            "AOTInductorModelContainerCreateWithDevice",
+            "opening the model",
+            ctypes.byref(self._container),
+            ctypes.c_size_t(num_models),
+            m["device"].encode(),
+            None,
+        )
         count = ctypes.c_size_t()
         self._call("AOTInductorModelContainerGetNumOutputs", "reading the model", self._container, ctypes.byref(count))
         self._num_outputs = count.value
@@ -194,8 +234,15 @@ class NumpyModel:
             self._store = store[0]
             self._constants = store[0].handles(self._lib, store[1])
             array, self._constant_names = pairs(self._constants)
-            self._call("AOTInductorModelContainerUpdateUserManagedConstantBufferPairs", "handing over the constants",
-                       self._container, array, ctypes.c_size_t(len(self._constants)), ctypes.c_bool(False), ctypes.c_bool(True))
+            self._call(
+                "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
+                "handing over the constants",
+                self._container,
+                array,
+                ctypes.c_size_t(len(self._constants)),
+                ctypes.c_bool(False),
+                ctypes.c_bool(True),
+            )
 
     def _call(self, name: str, what: str, *args: Any) -> None:
         code = getattr(self._model, name)(*args)
@@ -209,9 +256,20 @@ class NumpyModel:
         sizes = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
         strides = (ctypes.c_int64 * max(array.ndim, 1))(*(s // array.itemsize for s in array.strides))
         handle = _handle()
-        _check(self._lib.aoti_torch_create_tensor_from_blob(
-            array.ctypes.data, array.ndim, sizes, strides, 0, self._codes[array.dtype.name], self._cpu, 0,
-            ctypes.byref(handle)), "passing an input")
+        _check(
+            self._lib.aoti_torch_create_tensor_from_blob(
+                array.ctypes.data,
+                array.ndim,
+                sizes,
+                strides,
+                0,
+                self._codes[array.dtype.name],
+                self._cpu,
+                0,
+                ctypes.byref(handle),
+            ),
+            "passing an input",
+        )
         return handle
 
     def _checked(self, args: tuple[Any, ...]) -> list[np.ndarray]:
@@ -247,8 +305,17 @@ class NumpyModel:
         # ``arrays`` are kept alive until the call returns: the handles borrow their memory
         handles = (_handle * len(arrays))(*(self._input_handle(a) for a in arrays))  # the run takes ownership
         outputs = (_handle * self._num_outputs)()
-        self._call("AOTInductorModelContainerRun", "running the model", self._container, handles,
-                   ctypes.c_size_t(len(arrays)), outputs, ctypes.c_size_t(self._num_outputs), None, None)
+        self._call(
+            "AOTInductorModelContainerRun",
+            "running the model",
+            self._container,
+            handles,
+            ctypes.c_size_t(len(arrays)),
+            outputs,
+            ctypes.c_size_t(self._num_outputs),
+            None,
+            None,
+        )
         owned = [_OutputTensor(self._lib, handle) for handle in outputs]  # freed with their arrays
         return tuple(self._own_copy_if_aliased(o.view(self._dtypes_by_code), arrays) for o in owned)
 

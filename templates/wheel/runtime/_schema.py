@@ -184,8 +184,11 @@ def _check(value: object, kind: Any, where: str) -> list[str]:
         return found
     origin, args = get_origin(kind), get_args(kind)
     if origin is Union:
-        return [] if any(not _check(value, arg, where) for arg in args) else [
-            f"{where}: expected {' or '.join(_name(arg) for arg in args)}, got {type(value).__name__}"]
+        return (
+            []
+            if any(not _check(value, arg, where) for arg in args)
+            else [f"{where}: expected {' or '.join(_name(arg) for arg in args)}, got {type(value).__name__}"]
+        )
     if origin is list:
         if not isinstance(value, list):
             return [f"{where}: expected a list, got {type(value).__name__}"]

@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 from ._manifest import manifest
 
@@ -103,8 +104,19 @@ def max_batch() -> int:
 
 
 # Bytes per element by the manifest's dtype names; a dtype not listed counts as 16, the most any takes.
-_ITEM_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
-               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+_ITEM_BYTES = {
+    "float64": 8,
+    "int64": 8,
+    "complex64": 8,
+    "float32": 4,
+    "int32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 _NPZ_OVERHEAD = 4096  # an .npz file's own bytes beside its arrays: .npy headers and zip records
 
 
@@ -145,18 +157,24 @@ def read_npz(body: bytes) -> list[Any]:
     if len(body) > limit:
         raise RequestError(413, f"the body is over the {limit} bytes of the largest request the model takes")
     if not body.startswith(b"PK"):  # an .npz file is a zip file
-        raise RequestError(400, f"the body must be an .npz file (numpy.savez), one array per input named as the "
-                                f"model's inputs {names}")
+        raise RequestError(
+            400, f"the body must be an .npz file (numpy.savez), one array per input named as the model's inputs {names}"
+        )
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as npz:
             unpacked = sum(info.file_size for info in npz.zip.infolist())
             if unpacked > limit:
-                raise RequestError(413, f"the arrays unpack to {unpacked} bytes, over the {limit} of the largest "
-                                        "request the model takes")
+                raise RequestError(
+                    413,
+                    f"the arrays unpack to {unpacked} bytes, over the {limit} of the largest request the model takes",
+                )
             claimed = _claimed_bytes(npz.zip)
             if claimed > limit:  # numpy would allocate what the header says before reading a byte (8 TB: a 500)
-                raise RequestError(413, f"the arrays' headers claim {claimed} bytes, over the {limit} of the largest "
-                                        "request the model takes")
+                raise RequestError(
+                    413,
+                    f"the arrays' headers claim {claimed} bytes, over the {limit} of the largest "
+                    "request the model takes",
+                )
             arrays = {name: npz[name] for name in npz.files}
     except RequestError:
         raise
@@ -191,7 +209,9 @@ def _batch_range() -> tuple[str, int]:
     m = manifest()
     first_axis = m["inputs"][0]["shape"][0]
     if not isinstance(first_axis, str):
-        raise ValueError(f"{m['dist_name']} has a fixed first axis ({first_axis}): it has no batch dim to batch requests along")
+        raise ValueError(
+            f"{m['dist_name']} has a fixed first axis ({first_axis}): it has no batch dim to batch requests along"
+        )
     return first_axis, m["dims"][first_axis]["max"]
 
 
@@ -252,9 +272,11 @@ def _owns_outputs(model: Callable[..., Outputs]) -> bool:
 def _copying(model: Callable[..., Outputs]) -> Callable[..., Outputs]:
     """``model``, its outputs copied out of the graph's tensors before the next batch runs: a
     request's slice is read after the call that made it has returned."""
+
     def call(*args: Any) -> Outputs:
         outputs = model(*args)
         return tuple(o.clone() for o in outputs) if isinstance(outputs, tuple) else outputs.clone()
+
     return call
 
 
@@ -291,8 +313,13 @@ class DynamicBatcher:
     on ``threads`` (a ``ModelThreads`` of one thread unless given; pass the server's own to share
     it), one batch at a time, so the event loop keeps accepting requests meanwhile."""
 
-    def __init__(self, model: Callable[..., Outputs], max_wait_s: float = 0.005, limit: int | None = None,
-                 threads: ModelThreads | None = None) -> None:
+    def __init__(
+        self,
+        model: Callable[..., Outputs],
+        max_wait_s: float = 0.005,
+        limit: int | None = None,
+        threads: ModelThreads | None = None,
+    ) -> None:
         self.model = model
         self.max_wait_s = max_wait_s
         self.limit = limit or max_batch()

@@ -62,8 +62,11 @@ def cpu_capability() -> str:
         return "DEFAULT"
     if platform.machine() != "x86_64":
         return "DEFAULT"
-    best = "AVX512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags else (
-        "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT")
+    best = (
+        "AVX512"
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags
+        else ("AVX2" if {"avx2", "fma"} <= flags else "DEFAULT")
+    )
     # ATen honours this variable to run a lower ISA; mirror it.
     forced = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
     order = CPU_CAPABILITY_ORDER
@@ -74,13 +77,22 @@ def cpu_capability() -> str:
 
 def _cpu_kind_problem(have: str, needed: str) -> str:
     forced = os.environ.get("ATEN_CPU_CAPABILITY", "")
-    why = (f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks" if forced.upper() == have
-           else f"this CPU supports {have}")
+    why = (
+        f"torch runs {have} kernels here, as ATEN_CPU_CAPABILITY={forced} asks"
+        if forced.upper() == have
+        else f"this CPU supports {have}"
+    )
     # `modelwheel build --cpu-isa` names avx2 and avx512; a wheel for a CPU below AVX2 is built on one.
-    wheel = (f"a wheel built for {have.lower()} (modelwheel build --cpu-isa {have.lower()})" if have in NAMED_CPU_KINDS
-             else f"a wheel built on a CPU without {CPU_CAPABILITY_ORDER[1]} (modelwheel build --cpu-isa native there)")
-    fix = (f"unset ATEN_CPU_CAPABILITY, or install {wheel}" if forced.upper() == have else
-           f"run it on a CPU with {needed}, or install {wheel}")
+    wheel = (
+        f"a wheel built for {have.lower()} (modelwheel build --cpu-isa {have.lower()})"
+        if have in NAMED_CPU_KINDS
+        else f"a wheel built on a CPU without {CPU_CAPABILITY_ORDER[1]} (modelwheel build --cpu-isa native there)"
+    )
+    fix = (
+        f"unset ATEN_CPU_CAPABILITY, or install {wheel}"
+        if forced.upper() == have
+        else f"run it on a CPU with {needed}, or install {wheel}"
+    )
     return f"{why}, but the model's kernels were built for {needed} CPUs: {fix}"
 
 

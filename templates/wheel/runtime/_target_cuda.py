@@ -75,32 +75,56 @@ def runs_on(needs: dict[str, Any], capability: tuple[int, int]) -> bool:
     return capability == built or (needs.get("multi_arch", False) and capability > built)
 
 
-def problems(m: dict[str, Any], *, torch_cuda: str | None, device: str, device_count: int, gpu: str,
-             capability: tuple[int, int] | None, driver_cuda: int | None) -> list[str]:
+def problems(
+    m: dict[str, Any],
+    *,
+    torch_cuda: str | None,
+    device: str,
+    device_count: int,
+    gpu: str,
+    capability: tuple[int, int] | None,
+    driver_cuda: int | None,
+) -> list[str]:
     """Why this CUDA wheel cannot run on ``device`` here, each naming both sides; [] if it can."""
     needs, torch_version = m["cuda"], m["torch"]["version"]
     if torch_cuda is None:
-        return [f"the installed torch is a CPU-only build; "
-                f"the model needs torch {torch_version} with CUDA {needs['version']}"]
+        return [
+            f"the installed torch is a CPU-only build; "
+            f"the model needs torch {torch_version} with CUDA {needs['version']}"
+        ]
     found = []
     if torch_cuda != needs["version"]:
-        found.append(f"torch runs CUDA {torch_cuda}; the model's kernels were built with CUDA {needs['version']} "
-                     f"(torch {torch_version})")
+        found.append(
+            f"torch runs CUDA {torch_cuda}; the model's kernels were built with CUDA {needs['version']} "
+            f"(torch {torch_version})"
+        )
     if device_count == 0:
-        return found + ["no CUDA device is visible (torch.cuda.device_count() is 0; check the driver, nvidia-smi "
-                        "and CUDA_VISIBLE_DEVICES)"]
+        return found + [
+            "no CUDA device is visible (torch.cuda.device_count() is 0; check the driver, nvidia-smi "
+            "and CUDA_VISIBLE_DEVICES)"
+        ]
     index = int(device.partition(":")[2] or 0)
     if index >= device_count:
-        return found + [f"{device} does not exist: {device_count} CUDA device(s) visible (cuda:0 to cuda:{device_count - 1})"]
+        return found + [
+            f"{device} does not exist: {device_count} CUDA device(s) visible (cuda:0 to cuda:{device_count - 1})"
+        ]
     if driver_cuda is None or driver_cuda < needs["min_driver_cuda"]:
-        have = "no NVIDIA driver library (libcuda.so.1)" if driver_cuda is None else \
-            f"the NVIDIA driver supports CUDA {format_cuda(driver_cuda)}"
-        found.append(f"{have}; the model needs a driver for CUDA {needs['version'].split('.')[0]}.x "
-                     f"(>= {needs['min_driver']})")
+        have = (
+            "no NVIDIA driver library (libcuda.so.1)"
+            if driver_cuda is None
+            else f"the NVIDIA driver supports CUDA {format_cuda(driver_cuda)}"
+        )
+        found.append(
+            f"{have}; the model needs a driver for CUDA {needs['version'].split('.')[0]}.x (>= {needs['min_driver']})"
+        )
     if capability is not None and not runs_on(needs, capability):
-        ptx = "" if needs.get("multi_arch") else " (build with [build.cuda] multi_arch = true to ship PTX for newer GPUs)"
-        found.append(f"{device} ({gpu}) has compute capability {capability[0]}.{capability[1]}; the model's kernels "
-                     f"are for {needs['capability']} ({needs['arch']}, built on {needs['gpu']}){ptx}")
+        ptx = (
+            "" if needs.get("multi_arch") else " (build with [build.cuda] multi_arch = true to ship PTX for newer GPUs)"
+        )
+        found.append(
+            f"{device} ({gpu}) has compute capability {capability[0]}.{capability[1]}; the model's kernels "
+            f"are for {needs['capability']} ({needs['arch']}, built on {needs['gpu']}){ptx}"
+        )
     return found
 
 
@@ -108,8 +132,13 @@ def device_facts(device: str) -> dict[str, Any]:
     """What problems() needs, read from torch and the driver."""
     import torch
 
-    facts: dict[str, Any] = {"torch_cuda": torch.version.cuda, "device_count": 0, "gpu": "?", "capability": None,
-                             "driver_cuda": driver_cuda_version()}
+    facts: dict[str, Any] = {
+        "torch_cuda": torch.version.cuda,
+        "device_count": 0,
+        "gpu": "?",
+        "capability": None,
+        "driver_cuda": driver_cuda_version(),
+    }
     if torch.version.cuda is None or not torch.cuda.is_available():
         return facts
     facts["device_count"] = torch.cuda.device_count()

@@ -77,9 +77,11 @@ def for_manifest(m: Manifest) -> RuntimeTarget:
     except ModuleNotFoundError as exc:
         if exc.name != qualified:  # a package the target's module needs: that message says which
             raise
-        raise IntegrityError(f"{m['dist_name']} {m['full_version']} is built for target {name!r}, but its runtime "
-                             f"module {module_name(name)}.py is missing: the installed package is damaged; reinstall it "
-                             f"(pip install --force-reinstall {m['dist_name']})") from None
+        raise IntegrityError(
+            f"{m['dist_name']} {m['full_version']} is built for target {name!r}, but its runtime "
+            f"module {module_name(name)}.py is missing: the installed package is damaged; reinstall it "
+            f"(pip install --force-reinstall {m['dist_name']})"
+        ) from None
 
 
 def variant(m: Mapping[str, Any]) -> str:

@@ -103,8 +103,10 @@ def chain_problem(folder: Path | str, private: bool = False, _links: int = 0) ->
         if _links >= _MAX_LINKS:
             return None  # the kernel refuses the lookup (ELOOP): nothing is reached through it
         if info.st_uid not in {0, os.geteuid()}:
-            return (f"{candidate} is a symlink owned by {_owner(info.st_uid)}, not by this user or root, "
-                    "who can point it elsewhere at any time")
+            return (
+                f"{candidate} is a symlink owned by {_owner(info.st_uid)}, not by this user or root, "
+                "who can point it elsewhere at any time"
+            )
         found = problem(Path(candidate))
         beyond = found or chain_problem(os.path.join(current, os.readlink(candidate)), False, _links + 1)
         if beyond and not found:
@@ -123,8 +125,10 @@ def _shared_problem(named: Path | str, real: str) -> str | None:
         return None
     who = "everyone" if mode & stat.S_IWOTH else "its group"
     via = f" ({real})" if os.path.abspath(named) != real else ""
-    return (f"{named}{via} can be written by {who} (mode {stat.S_IMODE(mode):o}): files another user adds to it "
-            "would be used as this user's own")
+    return (
+        f"{named}{via} can be written by {who} (mode {stat.S_IMODE(mode):o}): files another user adds to it "
+        "would be used as this user's own"
+    )
 
 
 def check_chain(folder: Path, private: bool = False) -> None:

@@ -6,8 +6,9 @@ the file and handed to the runner as user-managed constants, so weights are not 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ._deps import require
 
@@ -33,7 +34,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def describe(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
-    return {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for name, t in sorted(tensors.items())}
+    return {
+        name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        for name, t in sorted(tensors.items())
+    }
 
 
 def check_weights(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Mapping[str, Any]], source: str) -> None:
@@ -47,7 +51,9 @@ def check_weights(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Ma
         if name in got and (got[name]["shape"] != list(want["shape"]) or got[name]["dtype"] != want["dtype"])
     )
     if missing or extra or wrong:
-        lines = [f"missing {n}" for n in missing] + [f"unexpected {n}" for n in extra] + [f"mis-shaped {w}" for w in wrong]
+        lines = (
+            [f"missing {n}" for n in missing] + [f"unexpected {n}" for n in extra] + [f"mis-shaped {w}" for w in wrong]
+        )
         shown = lines[:30] + ([f"... and {len(lines) - 30} more"] if len(lines) > 30 else [])
         raise WeightsMismatch(f"{source} does not fit the model (nothing was loaded):\n  " + "\n  ".join(shown))
 

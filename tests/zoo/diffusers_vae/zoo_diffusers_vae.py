@@ -15,7 +15,15 @@ class Decoder(nn.Module):
 
 
 def build() -> nn.Module:
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
-                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                        layers_per_block=1, norm_num_groups=4, sample_size=32)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(8, 16),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        layers_per_block=1,
+        norm_num_groups=4,
+        sample_size=32,
+    )
     return Decoder(vae)

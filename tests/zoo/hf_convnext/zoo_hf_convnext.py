@@ -1,7 +1,7 @@
 """transformers ConvNeXt: depthwise convolutions, LayerNorm, a small config."""
 
-from transformers import ConvNextConfig, ConvNextForImageClassification
 from torch import nn
+from transformers import ConvNextConfig, ConvNextForImageClassification
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
 from pipeline.hf_tasks import ImageLogits as Classifier

@@ -1,7 +1,7 @@
 """transformers GPT-2: a decoder with learned positions and Conv1D projections, no KV cache."""
 
-from transformers import GPT2Config, GPT2LMHeadModel
 from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
 from pipeline.hf_tasks import CausalLM as Decoder

@@ -21,9 +21,26 @@ class Segmenter(nn.Module):
 
 
 def build() -> nn.Module:
-    backbone = SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
-                          window_size=2, out_features=["stage1", "stage2", "stage3", "stage4"])
-    config = Mask2FormerConfig(backbone_config=backbone, feature_size=32, mask_feature_size=32, hidden_dim=32,
-                               encoder_feedforward_dim=32, dim_feedforward=32, encoder_layers=1, decoder_layers=2,
-                               num_attention_heads=2, num_queries=8, num_labels=3)
+    backbone = SwinConfig(
+        image_size=64,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 2, 2],
+        window_size=2,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    config = Mask2FormerConfig(
+        backbone_config=backbone,
+        feature_size=32,
+        mask_feature_size=32,
+        hidden_dim=32,
+        encoder_feedforward_dim=32,
+        dim_feedforward=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        num_attention_heads=2,
+        num_queries=8,
+        num_labels=3,
+    )
     return Segmenter(Mask2FormerModel(config))
