@@ -20,18 +20,19 @@ from pathlib import Path
 
 import torch
 
-from ..stages import constants
-from . import parallel, payback, rounds
-from .candidates import Skipped, candidates
-from .lock import Locked
-from .payback import OVER_BUDGET, SHORTER, Budget, Outlook  # noqa: F401 (SHORTER, OVER_BUDGET: the search's, named here too)
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
 from ..services.progress import check_stop, say, step
-from ..stages.compile import CompilePlan, Compiled, compile_model, plan_compile, plan_in
+from ..stages import constants
+from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
+from . import parallel, payback, rounds
+from .candidates import Skipped, candidates
+from .lock import Locked
+from .payback import OVER_BUDGET, SHORTER, Budget, Outlook  # noqa: F401 (SHORTER, OVER_BUDGET: the search's, named here too)
+
 
 @dataclass(frozen=True)
 class Trial:
@@ -57,8 +58,9 @@ class Tuned:
     cost: payback.Cost = payback.Cost()  # what the search cost and won
 
 
-def plans(exported: Exported, cxx_version: str, output_dir: Path, keep_debug: bool = False,
-          locked: Locked | None = None) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
+def plans(
+    exported: Exported, cxx_version: str, output_dir: Path, keep_debug: bool = False, locked: Locked | None = None
+) -> tuple[list[tuple[str, CompilePlan]], list[Skipped]]:
     """Each candidate compiles in ``output_dir/.candidates/<name>``: a path that is the same in every
     build of this model version (the .so records where it was compiled, and wheels must be
     reproducible) and different for every candidate (a process cannot load two .so at one path).
@@ -66,8 +68,9 @@ def plans(exported: Exported, cxx_version: str, output_dir: Path, keep_debug: bo
     found, skipped = candidates(exported, locked)
     in_place = len(found) == 1 and not exported.target.RELOCATABLE
     where = lambda name: output_dir if in_place else output_dir / ".candidates" / name  # noqa: E731
-    return [(name, plan_compile(exported, cxx_version, where(name), overrides, keep_debug))
-            for name, overrides in found], skipped
+    return [
+        (name, plan_compile(exported, cxx_version, where(name), overrides, keep_debug)) for name, overrides in found
+    ], skipped
 
 
 def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], output_dir: Path) -> list[CompilePlan]:
@@ -87,8 +90,14 @@ def timed_calls(compiled: dict[str, Compiled], weights_file: Path | None, inputs
     return calls
 
 
-def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: list[Skipped], weights_file: Path | None,
-         work_dir: Path, store: Cache) -> Tuned:
+def tune(
+    exported: Exported,
+    planned: list[tuple[str, CompilePlan]],
+    skipped: list[Skipped],
+    weights_file: Path | None,
+    work_dir: Path,
+    store: Cache,
+) -> Tuned:
     """A line per candidate; the live status says what is being done now (``2/4 freezing: compiling``).
     The spec's own options are compiled, verified and timed alone first (the noise); the candidates
     that could win beyond it and that the budget allows are compiled side by side, then verified
@@ -97,9 +106,9 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     spec, skipped = exported.spec_file.spec, list(skipped)
-    # Side by side on the CPU only: a forked worker cannot use an accelerator its parent has
-    # initialised (CUDA refuses to initialise again after a fork).
-    cores = payback.cores() if exported.target.TORCH_DEVICE == "cpu" else 1
+    # Side by side where the target allows it: a forked worker cannot use an accelerator its
+    # parent has initialised (CUDA refuses to initialise again after a fork).
+    cores = payback.cores() if exported.target.COMPILES_IN_FORKS else 1
     workers = max(1, min(cores, len(planned) - 1))
     budget, outlook = Budget(spec.compile.search_budget_s, workers), Outlook(planned, store, workers)
     for line in outlook.before_search():
@@ -115,9 +124,13 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
         noise = search.noise() if first in search.passed else None
         chosen, refused, cost = choose_candidates(exported, planned, noise, budget, store, cost)
         skipped += refused
-        outlook.announce(first, first_s, [e.name for e in chosen],
-                         [s.name for s in refused if s.recorded == payback.OVER_BUDGET],
-                         {e.name: e.cost for e in chosen})
+        outlook.announce(
+            first,
+            first_s,
+            [e.name for e in chosen],
+            [s.name for s in refused if s.recorded == payback.OVER_BUDGET],
+            {e.name: e.cost for e in chosen},
+        )
         cost = search.compile_candidates([e.name for e in chosen], workers, outlook, cost)
     if not search.passed:  # the first candidate's own report, with every case's diffs
         more = f"\n(all {len(search.failed)} compile candidates failed verification)" if len(search.failed) > 1 else ""
@@ -126,20 +139,32 @@ def tune(exported: Exported, planned: list[tuple[str, CompilePlan]], skipped: li
         raise VerificationError(failure.message + more, failure.hint) from failure
     step(f"timing {len(search.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
     started = time.perf_counter()
-    timed = rounds.time_in_rounds(timed_calls(search.passed, weights_file, exported.example_inputs),
-                                  exported.target.synchronize)
+    timed = rounds.time_in_rounds(
+        timed_calls(search.passed, weights_file, exported.example_inputs), exported.target.synchronize
+    )
     cost = dataclasses.replace(cost, timing_s=time.perf_counter() - started)
     choice, why = rounds.choose(timed, first) if len(planned) > 1 else (first, "")
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)
     trials = search.trials(timed, shown=len(planned) > 1)
-    return Tuned(compiled=search.passed[choice], chosen=choice, plan=plans[choice], trials=trials,
-                 skipped=tuple(skipped), why=why, cost=cost)
+    return Tuned(
+        compiled=search.passed[choice],
+        chosen=choice,
+        plan=plans[choice],
+        trials=trials,
+        skipped=tuple(skipped),
+        why=why,
+        cost=cost,
+    )
 
 
 def choose_candidates(
-    exported: Exported, planned: list[tuple[str, CompilePlan]], noise: rounds.Timed | None, budget: Budget,
-    store: Cache, cost: payback.Cost,
+    exported: Exported,
+    planned: list[tuple[str, CompilePlan]],
+    noise: rounds.Timed | None,
+    budget: Budget,
+    store: Cache,
+    cost: payback.Cost,
 ) -> tuple[list[payback.Expected], list[Skipped], payback.Cost]:
     """The candidates worth compiling, best expected gain per compile second first, and those left
     out (an earlier build measured them no faster, they cannot win beyond the noise, or the budget is
@@ -177,8 +202,15 @@ def choose_candidates(
 class _Search:
     """The candidates as they are compiled and verified: those that passed, those dropped."""
 
-    def __init__(self, exported: Exported, planned: list[tuple[str, CompilePlan]], weights_file: Path | None,
-                 work_dir: Path, store: Cache, budget: Budget) -> None:
+    def __init__(
+        self,
+        exported: Exported,
+        planned: list[tuple[str, CompilePlan]],
+        weights_file: Path | None,
+        work_dir: Path,
+        store: Cache,
+        budget: Budget,
+    ) -> None:
         self.exported, self.planned, self.plans = exported, planned, dict(planned)
         self.weights_file, self.work_dir, self.store, self.budget = weights_file, work_dir, store, budget
         self.passed: dict[str, Compiled] = {}
@@ -196,8 +228,18 @@ class _Search:
     def compile_and_verify(self, name: str, precompiled: parallel.Done | None = None) -> None:
         check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
         index = [n for n, _ in self.planned].index(name)
-        outcome = _compile_and_verify(self.exported, index, name, self.plans[name], self.counter(name),
-                                      self.weights_file, self.work_dir, self.store, self.budget, precompiled)
+        outcome = _compile_and_verify(
+            self.exported,
+            index,
+            name,
+            self.plans[name],
+            self.counter(name),
+            self.weights_file,
+            self.work_dir,
+            self.store,
+            self.budget,
+            precompiled,
+        )
         if isinstance(outcome, tuple):
             self.failed[name] = outcome[0]
             self.first_failure = self.first_failure or outcome[1]
@@ -213,11 +255,15 @@ class _Search:
         name = self.planned[0][0]
         step(f"noise: {name} timed alone in {rounds.ROUNDS} rounds, before any candidate is compiled")
         started = time.perf_counter()
-        timed = rounds.time_in_rounds(timed_calls({name: self.passed[name]}, self.weights_file,
-                                                  self.exported.example_inputs), self.exported.target.synchronize)[name]
+        timed = rounds.time_in_rounds(
+            timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
+            self.exported.target.synchronize,
+        )[name]
         self.noise_s = time.perf_counter() - started
-        say(f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {payback.spread(timed):.2f}x "
-            "faster to win beyond it")
+        say(
+            f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {payback.spread(timed):.2f}x "
+            "faster to win beyond it"
+        )
         return timed
 
     def compile_candidates(self, names: list[str], workers: int, outlook: Outlook, cost: payback.Cost) -> payback.Cost:
@@ -237,12 +283,18 @@ class _Search:
         wall_s = time.perf_counter() - started
         for index, name in enumerate(names):
             self.compile_and_verify(name, done.get(name))
-            outlook.after([] if done else names[index + 1:])  # side by side: all compiled already
+            outlook.after([] if done else names[index + 1 :])  # side by side: all compiled already
         if not done:
             wall_s = sum(self.compile_s.get(name, 0.0) for name in fresh)
         spent = sum(self.compile_s.get(name, 0.0) for name in fresh)
-        return dataclasses.replace(cost, compiled=len(fresh), compile_s=spent, compile_wall_s=wall_s,
-                                   noise_s=self.noise_s, workers=min(workers, max(1, len(fresh))))
+        return dataclasses.replace(
+            cost,
+            compiled=len(fresh),
+            compile_s=spent,
+            compile_wall_s=wall_s,
+            noise_s=self.noise_s,
+            workers=min(workers, max(1, len(fresh))),
+        )
 
     def trial_work(self, name: str) -> Path:
         return self.work_dir / "candidates" / name
@@ -254,8 +306,18 @@ class _Search:
             if name in self.passed:
                 t, cached = timed[name], self.passed[name].from_cache
                 # unrounded: the choice is made on them
-                out.append(Trial(name, plan.options, True, t.median_ms, cached, rounds_ms=t.rounds_ms,
-                                 spread_ms=(t.low_ms, t.high_ms), compile_s=self.compile_s.get(name)))
+                out.append(
+                    Trial(
+                        name,
+                        plan.options,
+                        True,
+                        t.median_ms,
+                        cached,
+                        rounds_ms=t.rounds_ms,
+                        spread_ms=(t.low_ms, t.high_ms),
+                        compile_s=self.compile_s.get(name),
+                    )
+                )
                 line = t.describe() if shown else f"{t.median_ms:.1f} ms"  # pinned: nothing to compare
                 say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
             elif name in self.failed:
@@ -272,18 +334,36 @@ def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
     if tuned.chosen != locked.chosen or not any(c["name"] == locked.chosen for c in recorded or ()):
         return tuned  # a lock from before the search was recorded in it: this build's own record
     # from_cache as the chosen one's: the others were not compiled here either way
-    trials = tuple(ran[locked.chosen] if c["name"] == locked.chosen else
-                   Trial(c["name"], c["options"], c["verified"], None, ran[locked.chosen].from_cache,
-                         "locked: not compiled in this build")
-                   for c in recorded)
+    trials = tuple(
+        ran[locked.chosen]
+        if c["name"] == locked.chosen
+        else Trial(
+            c["name"],
+            c["options"],
+            c["verified"],
+            None,
+            ran[locked.chosen].from_cache,
+            "locked: not compiled in this build",
+        )
+        for c in recorded
+    )
     skipped = tuple(Skipped(s["name"], s["reason"]) for s in locked.search.get("not_tried", []))
     why = f"locked in {locked.path.name}" + (f" (the search there: {locked.why})" if locked.why else "")
     return dataclasses.replace(tuned, trials=trials, skipped=skipped, why=why)
 
 
-def _compile_and_verify(exported: Exported, index: int, name: str, plan: CompilePlan, counter: str,
-                        weights_file: Path | None, work_dir: Path, store: Cache, budget: Budget,
-                        precompiled: parallel.Done | None = None) -> Compiled | tuple[Trial, VerificationError | None]:
+def _compile_and_verify(
+    exported: Exported,
+    index: int,
+    name: str,
+    plan: CompilePlan,
+    counter: str,
+    weights_file: Path | None,
+    work_dir: Path,
+    store: Cache,
+    budget: Budget,
+    precompiled: parallel.Done | None = None,
+) -> Compiled | tuple[Trial, VerificationError | None]:
     """The candidate compiled and verified, or (the Trial saying why it was dropped, its
     VerificationError or None): that error is the build's message when every candidate fails.
     ``precompiled``: a worker compiled it into the cache (parallel.py); it is taken from there."""
@@ -293,8 +373,9 @@ def _compile_and_verify(exported: Exported, index: int, name: str, plan: Compile
             if precompiled.problem:
                 raise CompileError(precompiled.problem, "")
             # The worker's compile, as the cache holds it (read even with --no-cache: it is this build's).
-            compiled = dataclasses.replace(compile_model(exported, plan, trial_work, Cache(store.directory)),
-                                           from_cache=False)
+            compiled = dataclasses.replace(
+                compile_model(exported, plan, trial_work, Cache(store.directory)), from_cache=False
+            )
         else:
             compiled = _compile(exported, name, plan, counter, trial_work, store, budget)
     except (CompileError, ExportError) as exc:
@@ -313,8 +394,9 @@ def _compile_and_verify(exported: Exported, index: int, name: str, plan: Compile
     return compiled
 
 
-def _compile(exported: Exported, name: str, plan: CompilePlan, counter: str, trial_work: Path, store: Cache,
-             budget: Budget) -> Compiled:
+def _compile(
+    exported: Exported, name: str, plan: CompilePlan, counter: str, trial_work: Path, store: Cache, budget: Budget
+) -> Compiled:
     """One candidate compiled here (or taken from the cache), its fresh compile time counted."""
     step(f"{counter}: compiling")
     shutil.rmtree(trial_work, ignore_errors=True)
@@ -345,6 +427,9 @@ def install(tuned: Tuned, exported: Exported, output_dir: Path, work_dir: Path, 
         for name in (constants.INDEX_FILE, constants.BLOB_FILE):
             shutil.copyfile(tuned.compiled.constants / name, output_dir / name)
     return dataclasses.replace(
-        tuned.compiled, output_dir=output_dir, library=output_dir / tuned.compiled.library.name, artifacts=tuple(artifacts),
+        tuned.compiled,
+        output_dir=output_dir,
+        library=output_dir / tuned.compiled.library.name,
+        artifacts=tuple(artifacts),
         constants=output_dir if tuned.compiled.constants is not None else None,
     )
