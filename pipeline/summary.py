@@ -18,16 +18,20 @@ def report_lines(result: BuildResult) -> list[str]:
     report = result.report
     mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
     stages = " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stages_s"].items())
-    lines = [f"\nbuilt {report['wheel']['name']}",
-             f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…"]
+    lines = [
+        f"\nbuilt {report['wheel']['name']}",
+        f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
+    ]
     lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
     lines.append(f"  stages    {stages}")
     lines += search_lines(report.get("compile_search") or {})
     cases = len(report["verification"]["cases"])
     for name, worst in report["verification"]["worst"].items():
         tol = report["verification"]["tolerances"][name]
-        lines.append(f"  verified  {name}: {cases} cases, max abs diff {worst['max_abs']:.2e}, max rel diff "
-                     f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}")
+        lines.append(
+            f"  verified  {name}: {cases} cases, max abs diff {worst['max_abs']:.2e}, max rel diff "
+            f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}"
+        )
     lines.append(f"  report    {result.report_path}")
     return lines + usage_lines(result.wheel, report["import_name"])
 
@@ -42,8 +46,11 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     else:
         side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
         spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}"
-    won = (f"won {cost['won']:.2f}x ({search['chosen']} over spec-options)" if cost["won"]
-           else "won nothing (the spec's options kept)")
+    won = (
+        f"won {cost['won']:.2f}x ({search['chosen']} over spec-options)"
+        if cost["won"]
+        else "won nothing (the spec's options kept)"
+    )
     return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s; {won}"]
 
 
@@ -65,10 +72,12 @@ def usage_lines(wheel: Path, import_name: str) -> list[str]:
     if manifest is None:
         return []
     dist, index = manifest["dist_name"], f"{TORCH_INDEX}/{manifest['variant']}"
-    return [f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
-            f"  command   {dist} verify | info | link  (installed with the wheel)",
-            f"  install   pip install {dist}=={manifest['version']} --extra-index-url {index}",
-            f"            (from your index once published; this wheel now: pip install {wheel} --extra-index-url {index})"]
+    return [
+        f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
+        f"  command   {dist} verify | info | link  (installed with the wheel)",
+        f"  install   pip install {dist}=={manifest['version']} --extra-index-url {index}",
+        f"            (from your index once published; this wheel now: pip install {wheel} --extra-index-url {index})",
+    ]
 
 
 def wheel_manifest(wheel: Path, import_name: str) -> dict[str, Any] | None:
