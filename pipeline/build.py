@@ -23,6 +23,7 @@ from . import targets
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .features import lock as options_lock
 from .features import tune
+from .features.candidates import Skipped
 from .features.tune import Tuned
 from .services import cache
 from .services.layout import WorkLayout
@@ -40,7 +41,7 @@ from .services.writable import (
 )
 from .spec import SpecFile
 from .stages import static
-from .stages.compile import Compiled, find_cxx, find_strip
+from .stages.compile import Compiled, CompilePlan, find_cxx, find_strip
 from .stages.doctor import run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
@@ -245,7 +246,9 @@ def doctor_stage(
         return findings, exported, signal, tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug, locked)
 
 
-def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned) -> Exported:
+def export_stage(
+    ctx: BuildContext, exported: Exported, loaded: LoadedModel, planned: list[tuple[str, CompilePlan]]
+) -> Exported:
     """torch.export, unless every compile the build plans is in the cache already."""
     plans = [plan for _, plan in planned] + tune.final_plans(exported, planned, ctx.out_dir)
     if all(ctx.store.has(plan.key) for plan in plans):
@@ -257,8 +260,8 @@ def export_stage(ctx: BuildContext, exported: Exported, loaded: LoadedModel, pla
 def compile_stage(
     ctx: BuildContext,
     exported: Exported,
-    planned,
-    skipped,
+    planned: list[tuple[str, CompilePlan]],
+    skipped: list[Skipped],
     weights_file: Path | None,
     locked: options_lock.Locked | None = None,
 ) -> tuple[Tuned, Compiled]:
@@ -476,7 +479,7 @@ def commit(
         with signals_deferred(redeliver=False):
             for aside, final in zip(hidden, finals):
                 os.replace(aside, final)
-            if staged_entry:
+            if cache_entry and staged_entry:
                 cache_entry[0].commit(cache_entry[1], staged_entry)
             made = []
     finally:
