@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..spec import SpecFile
 
 FORMAT = 1
 SUFFIX = ".lock.json"
@@ -150,7 +151,7 @@ def write(
 
 
 def consult(
-    spec_file, target: str, cpu_kind: str, update: bool, say: Callable[[str], None]
+    spec_file: SpecFile, target: str, cpu_kind: str, update: bool, say: Callable[[str], None]
 ) -> tuple[Key | None, Locked | None]:
     """A build's lock key (None where no search would run, or the spec has no file to sit beside)
     and its matching entry, said either way: used, or ignored and why."""
@@ -184,6 +185,7 @@ def keep_choice(
 ) -> None:
     """After a build whose search ran: its choice becomes the key's entry."""
     path = lock_path(spec_path)
+    assert path is not None  # consult() gives a key only to a spec with a file of its own
     write(path, key, search["chosen"], overrides, {k: v for k, v in search.items() if k != "chosen"}, why)
     say(
         f"    wrote the search's choice ({search['chosen']}) to {path}: builds like this one ({key.describe()}) "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..services.progress import check_stop
@@ -39,7 +40,10 @@ class Timed:
 
     def describe(self) -> str:
         shown = ", ".join(f"{ms:.3g}" for ms in self.rounds_ms)
-        return f"{self.median_ms:.3g} ms [{self.low_ms:.3g}-{self.high_ms:.3g}] over {len(self.rounds_ms)} rounds ({shown})"
+        return (
+            f"{self.median_ms:.3g} ms [{self.low_ms:.3g}-{self.high_ms:.3g}] "
+            f"over {len(self.rounds_ms)} rounds ({shown})"
+        )
 
 
 def rotated(items: list, by: int) -> list:
@@ -48,8 +52,9 @@ def rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
-def _round_median(call, synchronize) -> float:
-    times, started = [], time.perf_counter()
+def _round_median(call: Callable[[], object], synchronize: Callable[[], object]) -> float:
+    times: list[float] = []
+    started = time.perf_counter()
     while len(times) < ROUND_RUNS or time.perf_counter() - started < ROUND_SECONDS:
         synchronize()
         t0 = time.perf_counter()
@@ -59,7 +64,9 @@ def _round_median(call, synchronize) -> float:
     return statistics.median(times)
 
 
-def time_in_rounds(calls: dict[str, object], synchronize=lambda: None, rounds: int = ROUNDS) -> dict[str, Timed]:
+def time_in_rounds(
+    calls: dict[str, Callable[[], object]], synchronize: Callable[[], object] = lambda: None, rounds: int = ROUNDS
+) -> dict[str, Timed]:
     """``calls``: name -> a function running one call of that candidate. Every candidate runs in
     every round; round r starts at candidate r (mod their number), so none always follows another."""
     names = list(calls)

@@ -17,6 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -330,8 +331,8 @@ def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
     choice was locked (the other candidates as they were then, untimed here), so its manifest is
     the one that search's build wrote."""
     ran = {trial.name: trial for trial in tuned.trials}
-    recorded = locked.search.get("candidates")
-    if tuned.chosen != locked.chosen or not any(c["name"] == locked.chosen for c in recorded or ()):
+    recorded: list[dict[str, Any]] = locked.search.get("candidates") or []
+    if tuned.chosen != locked.chosen or not any(c["name"] == locked.chosen for c in recorded):
         return tuned  # a lock from before the search was recorded in it: this build's own record
     # from_cache as the chosen one's: the others were not compiled here either way
     trials = tuple(
