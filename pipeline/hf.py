@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import CheckpointError, SpecError, UnsupportedTaskError
 from .hf_limits import SEQUENCE, check_sequence
@@ -254,13 +254,28 @@ def guess_task(folder: str) -> str:
     return f"its config.json names {saved or 'no class'}; add --task, one of:\n{supported()}"
 
 
-def checkpoint_record(spec) -> dict[str, Any] | None:
+class _ModelKeys(Protocol):
+    """The spec's [model] keys the checkpoint's record reads (spec.Spec is a layer above)."""
+
+    @property
+    def hf(self) -> str | None: ...
+    @property
+    def task(self) -> str | None: ...
+
+
+class _SpecKeys(Protocol):
+    @property
+    def model(self) -> _ModelKeys: ...
+
+
+def checkpoint_record(spec: _SpecKeys) -> dict[str, Any] | None:
     """What the manifest says of the checkpoint (no path: a manifest does not depend on where the
     build ran); the report adds the folder's path."""
-    if spec.model.hf is None:
+    hf, task_name = spec.model.hf, spec.model.task
+    if hf is None or task_name is None:  # no checkpoint (load_spec refuses an hf folder without a task)
         return None
-    task = resolve_task(spec.model.task, spec.model.hf)
-    checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
+    task = resolve_task(task_name, hf)
+    checkpoint = inspect_checkpoint(Path(hf), task)
     return {
         "folder": checkpoint.folder.name,
         "task": task.name,

@@ -32,7 +32,8 @@ class ImageLogits(nn.Module):
         self.model = model  # state_dict names: "model.…"
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=pixel_values).logits
+        logits: torch.Tensor = self.model(pixel_values=pixel_values).logits
+        return logits
 
 
 class Detector(nn.Module):
@@ -56,7 +57,8 @@ class TextEncoder(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden: torch.Tensor = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return hidden
 
 
 class CausalLM(nn.Module):
@@ -68,7 +70,8 @@ class CausalLM(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
+        logits: torch.Tensor = self.model(input_ids=input_ids, use_cache=False).logits
+        return logits
 
 
 class Denoiser(nn.Module):
@@ -81,7 +84,10 @@ class Denoiser(nn.Module):
     def forward(
         self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
     ) -> torch.Tensor:
-        return self.model(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+        noise: torch.Tensor = self.model(
+            sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False
+        )[0]
+        return noise
 
 
 class UnconditionalDenoiser(nn.Module):
@@ -92,7 +98,8 @@ class UnconditionalDenoiser(nn.Module):
         self.model = model
 
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-        return self.model(sample, timestep, return_dict=False)[0]
+        noise: torch.Tensor = self.model(sample, timestep, return_dict=False)[0]
+        return noise
 
 
 class ConfigProblem(ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 TEMPLATE = """\
     # model.py, beside your spec.toml: forward takes tensors and returns tensors
@@ -54,7 +55,9 @@ def saved_class(folder: Path | str) -> tuple[str, str] | None:
     return None
 
 
-def _library_class(library: str, name: str):
+def _library_class(library: str, name: str) -> Any:
+    """The class the checkpoint names in its library (None where either is missing); Any, as its
+    attributes (main_input_name, forward) are read by name."""
     try:
         return getattr(__import__(library), name, None)
     except ImportError:
