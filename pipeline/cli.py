@@ -261,7 +261,8 @@ def _spec_from(args: argparse.Namespace) -> SpecFile:
     if bool(args.model) == bool(args.spec):
         raise UsageError(
             "give a model name or --spec PATH (one of them)",
-            f"e.g. modelwheel {args.command} --spec my_model/spec.toml, or make {args.command} MODEL=unet in a checkout",
+            f"e.g. modelwheel {args.command} --spec my_model/spec.toml, "
+            f"or make {args.command} MODEL=unet in a checkout",
         )
     return load_spec(args.spec or Path("models") / args.model / "spec.toml")
 

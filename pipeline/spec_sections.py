@@ -291,11 +291,15 @@ class CompileSection(Frozen):
     _LATE_KEYS = ("search_budget_s", "search_when_noisy")
     search: bool = Field(
         True,
-        description="try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise",
+        description=(
+            "try candidate options; one that verifies replaces the spec's options only if faster beyond measured noise"
+        ),
     )
     search_budget_s: Annotated[float, Field(gt=0)] | None = Field(
         None,
-        description="seconds of compiling the search may spend (default: the first compile, and as much again on each core)",
+        description=(
+            "seconds of compiling the search may spend (default: the first compile, and as much again on each core)"
+        ),
     )
     search_when_noisy: bool = Field(
         False, description="compile the candidates even where the spec's options time too noisily for one to win"

@@ -116,7 +116,8 @@ def test_device_is_chosen_and_a_missing_one_refused(cuda_wheel):
     last, count = torch.cuda.device_count() - 1, torch.cuda.device_count()
     ran = run_in(
         python,
-        f"import model_tiny as t; m = t.load(device='cuda:{last}'); print(m(*t.example_inputs(device='cuda:{last}'))[0].device)",
+        f"import model_tiny as t; m = t.load(device='cuda:{last}'); "
+        f"print(m(*t.example_inputs(device='cuda:{last}'))[0].device)",
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == f"cuda:{last}"

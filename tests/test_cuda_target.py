@@ -256,7 +256,8 @@ def test_freezing_external_weights_is_refused_plainly(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(spec)
     assert info.value.message == (
-        f"{spec}: invalid spec\n  key 'compile.freezing': cannot be used with [weights] external = true (freezing folds "
-        "the weights into the compiled code, so load(weights=...) and swap_weights() could no longer replace them); "
+        f"{spec}: invalid spec\n  key 'compile.freezing': cannot be used with [weights] external = true "
+        "(freezing folds the weights into the compiled code, so load(weights=...) and swap_weights() "
+        "could no longer replace them); "
         "remove one of them"
     )

@@ -203,7 +203,8 @@ class Vision(nn.Module):
 
 def build():
     return Vision(OwlViTVisionModel(OwlViTVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=128, patch_size=16)))
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=128,
+        patch_size=16)))
 """
 
 WHISPER = """\

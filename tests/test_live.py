@@ -44,7 +44,8 @@ HOLD_THE_GIL = """
         time.sleep(0.5)
         marks.write("hold\\n")
         held_from = time.monotonic()
-        ctypes.PyDLL(None).usleep(3_000_000)  # PyDLL: the GIL stays held through the C call, as AOTInductor's runner does
+        # PyDLL: the GIL stays held through the C call, as AOTInductor's runner does
+        ctypes.PyDLL(None).usleep(3_000_000)
         held_to = time.monotonic()
         marks.write("held\\n")
         done.set()

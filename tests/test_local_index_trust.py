@@ -33,7 +33,9 @@ url, name, auth = sys.argv[1:4]
 data = sys.stdin.buffer.read()
 boundary = "xx-boundary-xx"
 fields = [("\x3aaction", b"file_upload"), ("protocol_version", b"1")]
-body = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'.encode() + v + b"\r\n" for k, v in fields)
+body = b"".join(
+    f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'.encode() + v + b"\r\n" for k, v in fields
+)
 body += (f'--{boundary}\r\nContent-Disposition: form-data; name="content"; filename="{name}"\r\n'
          "Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
 request = urllib.request.Request(url, data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})

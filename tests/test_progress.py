@@ -45,7 +45,8 @@ PLAIN_LINES = [
     r"built model_tiny-0\.1\+cpu\.torch[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl",
     r"  wheel     .*\.whl  0\.\d MB  sha256 [0-9a-f]{16}…",
     r"  artifact  model\.so  \d+\.\d MB",
-    r"  stages    load \d+\.\ds · doctor \d+\.\ds · export \d+\.\ds · compile \d+\.\ds · verify \d+\.\ds · package \d+\.\ds",
+    r"  stages    load \d+\.\ds · doctor \d+\.\ds · export \d+\.\ds · compile \d+\.\ds · verify \d+\.\ds"
+    r" · package \d+\.\ds",
     r"  verified  features: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  verified  logits: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  report    .*\.report\.json",

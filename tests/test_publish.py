@@ -78,7 +78,8 @@ def test_pip_installs_by_version_from_the_index(published, tmp_path):
         [
             str(python),
             "-c",
-            "import model_tiny; m = model_tiny.load(); print(model_tiny.__version__, m(*model_tiny.example_inputs())[1].shape)",
+            "import model_tiny; m = model_tiny.load(); "
+            "print(model_tiny.__version__, m(*model_tiny.example_inputs())[1].shape)",
         ],
         capture_output=True,
         text=True,

@@ -30,7 +30,9 @@ def test_a_release_run_beside_the_checkouts_own_index_publishes_to_a_fresh_one(t
     workspace = checkout_copy(tmp_path / "repo")
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=workspace, check=True)  # a fresh clone, as a user has
     subprocess.run(["git", "add", "-A"], cwd=workspace, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"], cwd=workspace, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"], cwd=workspace, check=True
+    )
     started = run_cli("index", "start", "--port", "0", cwd=workspace)
     assert started.code == 0, started.err
     try:

@@ -230,7 +230,10 @@ def test_the_workflows_steps_never_see_the_make_that_runs_the_tests(tmp_path):
     """`make test ARGS="..."` must not reach the workflow's own `make build` (it once handed pytest's
     ARGS to modelwheel): with the tests' fixtures loaded, neither ARGS nor MAKEFLAGS is left."""
     makefile = tmp_path / "Makefile"
-    shown = "import json, os, tests.conftest; print(json.dumps([os.environ.get(n) for n in ('ARGS', 'MODEL', 'MAKEFLAGS')]))"
+    shown = (
+        "import json, os, tests.conftest; "
+        "print(json.dumps([os.environ.get(n) for n in ('ARGS', 'MODEL', 'MAKEFLAGS')]))"
+    )
     makefile.write_text(f'show:\n\t@{sys.executable} -c "{shown}"\n')
     ran = subprocess.run(
         ["make", "-f", str(makefile), "ARGS=tests/x.py -k 'a b'", "MODEL=tiny"],

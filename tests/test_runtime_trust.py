@@ -224,7 +224,7 @@ print(m(*[t.numpy() for t in model_tiny.example_inputs()])[1].shape)
 
 
 def test_a_corrupt_manifest_is_a_damaged_install(linked, restore):
-    python, package, manifest_file = linked[0], linked[1], linked[2]
+    python, manifest_file = linked[0], linked[2]
     manifest_file.write_text('{"format": 1, "name": ')
     loaded = run(python, "import model_tiny; model_tiny.load()")
     assert loaded.returncode != 0

@@ -323,7 +323,10 @@ def counted(*inputs):
     return model(*inputs)
 batcher = model_tiny.DynamicBatcher(counted, max_wait_s=0.05)
 rng = np.random.default_rng(0)
-requests = [(rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [1, 2, 1, 3, 1, 1, 4, 2]]
+requests = [
+    (rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32))
+    for b in [1, 2, 1, 3, 1, 1, 4, 2]
+]
 async def main():
     return await asyncio.gather(*(batcher(*r) for r in requests))
 answers = asyncio.run(main())
@@ -367,7 +370,9 @@ def recorded(*inputs):
 calls = model_tiny.ModelThreads(recorded)
 batcher = model_tiny.DynamicBatcher(recorded, max_wait_s=0.01, threads=calls)
 rng = np.random.default_rng(0)
-requests = [(rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [1, 2, 3, 1] * 5]
+requests = [
+    (rng.standard_normal((b, 3, 8, 8), dtype=np.float32), np.full(b, 5.0, np.float32)) for b in [1, 2, 3, 1] * 5
+]
 async def both():
     return await asyncio.gather(*(calls(*r) for r in requests)), await asyncio.gather(*(batcher(*r) for r in requests))
 for answers in asyncio.run(both()):

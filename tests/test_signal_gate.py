@@ -208,7 +208,8 @@ def test_the_build_report_records_what_the_gate_saw(tiny_build):
 
 
 def test_a_checkpoint_with_a_zero_head_is_refused_with_the_checkpoints_fix(tmp_path, dirs):
-    """`--hf` with no spec: the fix is the folder's weights, and an allowance goes in an override spec, not config.json."""
+    """`--hf` with no spec: the fix is the folder's weights, and an allowance goes in an override
+    spec, not config.json."""
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)

@@ -513,9 +513,9 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
         for s in refused
     ), refused
     assert said == [
-        f"    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here for any of "
-        f"the {len(refused)} candidate(s) to win (rounds 0.0803 to 205 ms, a 2552.93x spread); build on a quieter "
-        "machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
+        "    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here "
+        f"for any of the {len(refused)} candidate(s) to win (rounds 0.0803 to 205 ms, a 2552.93x spread); "
+        "build on a quieter machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
     ]
     assert cost.stopped == said[0].strip() and cost.spread == pytest.approx(205.0 / 0.0803)
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "cost": dataclasses.asdict(cost)}

@@ -118,7 +118,10 @@ def test_load_numpy_refuses_external_weights(external_installed):
 
 
 def test_embedded_weights_cannot_be_replaced(installed, weight_files):
-    code = f"import model_tiny\ntry:\n    model_tiny.load(weights={str(weight_files['tuned'])!r})\nexcept ValueError as e:\n    print(e)\n"
+    code = (
+        f"import model_tiny\ntry:\n    model_tiny.load(weights={str(weight_files['tuned'])!r})\n"
+        "except ValueError as e:\n    print(e)\n"
+    )
     ran = run_in(installed, code)
     assert ran.returncode == 0 and "has its weights compiled into the .so" in ran.stdout, ran.stderr
 

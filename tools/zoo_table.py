@@ -119,7 +119,8 @@ def row(name: str, bench_python: Path) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | architecture | build (s) | wheel (MB) | max abs diff | options chosen | wheel, batch 1 (ms) | eager, batch 1 (ms) | eager / wheel |",
+        "| model | architecture | build (s) | wheel (MB) | max abs diff | options chosen "
+        "| wheel, batch 1 (ms) | eager, batch 1 (ms) | eager / wheel |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in rows:

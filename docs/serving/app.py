@@ -30,7 +30,8 @@ def call_slots(value: str) -> int:
             "cores this process may use (unset, it is 1; docs/serving.md: One process, several threads)",
             file=sys.stderr,
         )
-        # 3: "a worker failed to boot" to uvicorn's and gunicorn's supervisors, which then stop instead of starting it again
+        # 3: "a worker failed to boot" to uvicorn's and gunicorn's supervisors, which then stop instead of
+        # starting it again
         raise SystemExit(3)
     return int(value)
 

@@ -101,7 +101,10 @@ def reduced_precision_refusal(exported: Exported) -> str | None:
     if exported.spec_file.spec.compile.autocast:
         return "the spec's own options already use autocast"
     if exported.spec_file.spec.weights.external:
-        return "external weights stay float32 tensors the runtime supplies; reduced precision needs them folded into the .so"
+        return (
+            "external weights stay float32 tensors the runtime supplies; "
+            "reduced precision needs them folded into the .so"
+        )
     if "float32" not in exported.output_dtypes:
         return "the model has no float32 output"
     target = exported.target
@@ -127,9 +130,15 @@ def screen_autocast(exported: Exported) -> str | None:
             with torch.no_grad():
                 got = as_tuple(wrapped(*case.inputs), exported.returns_tuple)
         except Exception as exc:  # an op without a bfloat16 kernel, for instance
-            return f"eager under {precision.AUTOCAST_DTYPE} autocast raised {type(exc).__name__} on case {case.name}: {exc}"
+            return (
+                f"eager under {precision.AUTOCAST_DTYPE} autocast raised {type(exc).__name__} "
+                f"on case {case.name}: {exc}"
+            )
         for name, g, w in zip(names, got, want):
             diff = wheel_compare.compare(name, g, w, *tols[name])
             if not diff.passed:
-                return f"the spec's tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, case {case.name}: {diff.describe()}"
+                return (
+                    f"the spec's tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, "
+                    f"case {case.name}: {diff.describe()}"
+                )
     return None

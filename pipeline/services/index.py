@@ -6,7 +6,8 @@
 
 It listens on 127.0.0.1 only. Uploads need the index's own password (index_auth: a file only
 its owner can read, which `publish` sends to this user's index alone; any other local user is
-refused) and never overwrite: pypiserver answers 409 for a file it already has. A package it does not hold redirects elsewhere, so
+refused) and never overwrite: pypiserver answers 409 for a file it already has. A package it
+does not hold redirects elsewhere, so
 `pip install model-x --index-url <index>/cpu/simple` alone resolves every dependency: torch to
 PyTorch's index for the variant (a CPU wheel pins torch==2.13.0+cpu, which only PyTorch's CPU
 index carries), anything else (safetensors, numpy) to PyPI, pypiserver's fallback. Both

@@ -88,7 +88,8 @@ def _refuse_untrusted_cache(path: Path) -> None:
         raise OutputDirError(
             f"{found}: torch Inductor's cache folder, whose kernels the build loads and whose headers it compiles "
             "into the model; another user could put their own code there; refused",
-            f"remove the folder named (or ask its owner to), or set {INDUCTOR_CACHE_ENV} to a folder only you can write",
+            "remove the folder named (or ask its owner to), "
+            f"or set {INDUCTOR_CACHE_ENV} to a folder only you can write",
         )
 
 

@@ -300,8 +300,9 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
         lines = str(exc).strip().splitlines()
         raise CompileError(
             f"AOTInductor failed: {type(exc).__name__}: " + "\n".join(lines[-15:]),
-            f"the generated sources are kept in {sources_dir}, Inductor's own output in {work_dir / INDUCTOR_LOG} and the "
-            f"compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; run with --verbose for the full traceback",
+            f"the generated sources are kept in {sources_dir}, Inductor's own output in {work_dir / INDUCTOR_LOG} "
+            f"and the compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; "
+            "run with --verbose for the full traceback",
         ) from exc
     if Path(produced) != library or not library.is_file():
         raise CompileError(

@@ -73,7 +73,8 @@ def check_signature(spec_file: SpecFile, module: torch.nn.Module) -> None:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ExportError(
                 f"{where}: forward takes {'*' if param.kind == param.VAR_POSITIONAL else '**'}{param.name}",
-                "give forward one named tensor parameter per input; variadic arguments cannot be exported as a fixed signature",
+                "give forward one named tensor parameter per input; "
+                "variadic arguments cannot be exported as a fixed signature",
             )
         if param.default is not param.empty:
             raise ExportError(
@@ -286,7 +287,8 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exporte
         )
     if len(outputs) != len(spec.outputs):
         raise SpecError(
-            f"{spec_file.path}: key 'outputs': {len(spec.outputs)} outputs declared, but forward returns {len(outputs)}",
+            f"{spec_file.path}: key 'outputs': {len(spec.outputs)} outputs declared, "
+            f"but forward returns {len(outputs)}",
             "declare one [[outputs]] table per returned tensor, in order",
         )
     return Exported(

@@ -83,8 +83,8 @@ def check_index_ranges(spec_file, fed: list[Fed]) -> None:
             f"{spec_file.path}: key 'inputs': input {spec_input.name!r} has low = {low:g}, high = {high:g} (ids "
             f"{int(low)} to {int(high) - 1}), but it indexes {found.embedding}, an embedding of {found.rows} rows "
             f"(ids 0 to {found.rows - 1})",
-            f"set low = 0 and high = {found.rows} (or less) in the [[inputs]] table named {spec_input.name!r}: test and "
-            "verification inputs are drawn from [low, high), and an id past the end raises "
+            f"set low = 0 and high = {found.rows} (or less) in the [[inputs]] table named {spec_input.name!r}: "
+            "test and verification inputs are drawn from [low, high), and an id past the end raises "
             "`IndexError: index out of range in self`",
         )
 

@@ -265,7 +265,8 @@ def state_sha256(module: torch.nn.Module) -> str:
         if tensor.is_meta:
             raise ModelLoadError(
                 f"{name}: the model's tensor is on the meta device (it has a shape but no values)",
-                "build the model with real tensors in the factory, or give [weights] file = a .safetensors with every tensor",
+                "build the model with real tensors in the factory, "
+                "or give [weights] file = a .safetensors with every tensor",
             )
         header, values = tensor_bytes(tensor)
         digest.update(f"{name}:{header}\n".encode())
@@ -328,7 +329,8 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
         ) from exc
     if not isinstance(module, torch.nn.Module):
         raise ModelLoadError(
-            f"{spec_file.path}: key 'model.factory': {spec.model.factory} returned {type(module).__name__}, not an nn.Module",
+            f"{spec_file.path}: key 'model.factory': {spec.model.factory} returned {type(module).__name__}, "
+            "not an nn.Module",
             "the factory must return a torch.nn.Module",
         )
     if spec.weights.file is not None:

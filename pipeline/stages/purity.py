@@ -138,7 +138,8 @@ def _snapshot(modules: dict[str, torch.nn.Module]) -> dict[str, tuple[str, str, 
     """name -> (owner's name, what it is, its frozen value) for every parameter, buffer and plain attribute."""
     snapshot = {}
     for prefix, sub in modules.items():
-        join = (lambda key: f"{prefix}.{key}") if prefix else (lambda key: key)  # noqa: E731
+        # B023: join is called only within this iteration, so the prefix it sees is this one's
+        join = (lambda key: f"{prefix}.{key}") if prefix else (lambda key: key)  # noqa: E731, B023
         for key, tensor in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]:
             kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
             snapshot[join(key)] = (prefix, kind, tensor.detach().clone())
@@ -223,9 +224,9 @@ def check_purity(
     raise PurityError(
         f"{where}: forward is not pure (run twice on the spec's example inputs):\n  " + "\n  ".join(problems),
         (
-            f"{len(in_library)} of these are in library code, outside the spec's folder: if forward leaves them as they "
-            f'were, add [doctor] allow = ["{CHECK}"] to the spec (verification still compares the compiled model with '
-            "eager); otherwise "
+            f"{len(in_library)} of these are in library code, outside the spec's folder: "
+            f'if forward leaves them as they were, add [doctor] allow = ["{CHECK}"] to the spec '
+            "(verification still compares the compiled model with eager); otherwise "
             if in_library
             else ""
         )

@@ -165,7 +165,8 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
             f"[dims.{dim}] pad = true, but the model is not batch-independent: its outputs for a padded batch, sliced "
             f"back, differ from eager at the unpadded size:\n" + "\n".join(failures),
             f"remove 'pad = true' from [dims.{dim}] in {exported.spec_file.path}: sizes between the static ones then "
-            f"run on the dynamic model; or make samples independent (no batch norm in training mode, no sums over the batch)",
+            "run on the dynamic model; or make samples independent "
+            "(no batch norm in training mode, no sums over the batch)",
         )
     say(f"    padding: {len(checked)} padded sizes match eager at their own size (model is batch-independent)")
     return results

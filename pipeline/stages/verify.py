@@ -412,8 +412,8 @@ def _raise_on_failures(exported: Exported, results: list[CaseResult], reference:
     failed_outputs = {d.name for _, d in failures}
     if results[0].eager_vs_fp64 is not None:  # the numbers a tolerance is chosen from
         lines += [
-            f"  worst over all cases, output {name!r}: compiled {w['max_abs']:.3g}, eager {w['eager_vs_fp64_max_abs']:.3g} "
-            f"max abs error against float64"
+            f"  worst over all cases, output {name!r}: compiled {w['max_abs']:.3g}, "
+            f"eager {w['eager_vs_fp64_max_abs']:.3g} max abs error against float64"
             for name, w in worst(results).items()
             if name in failed_outputs
         ]

@@ -81,7 +81,8 @@ def check_sizes(
         if len(shape) != len(spec["shape"]):
             scalar = " (a 0-d scalar)" if not shape else ""
             raise ValueError(
-                f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, got {len(shape)} dims {list(shape)}{scalar}"
+                f"input {name!r}: expected {len(spec['shape'])} dims {spec['shape']}, "
+                f"got {len(shape)} dims {list(shape)}{scalar}"
             )
         for axis, (want, size) in enumerate(zip(spec["shape"], shape)):
             if isinstance(want, int):
@@ -96,6 +97,7 @@ def check_sizes(
                 )
             if want in seen and seen[want][0] != size:
                 raise ValueError(
-                    f"input {name!r}: dim {axis} ({want}) is {size}, but input {seen[want][1]!r} has {want}={seen[want][0]}"
+                    f"input {name!r}: dim {axis} ({want}) is {size}, "
+                    f"but input {seen[want][1]!r} has {want}={seen[want][0]}"
                 )
             seen[want] = (size, name)

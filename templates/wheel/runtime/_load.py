@@ -196,7 +196,10 @@ class CompiledModel:
         return where | {"path": "AOTInductor runner", "graphs_off": self.graphs_off}
 
     def __repr__(self) -> str:
-        return f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} on {self.device} from {self.library}>"
+        return (
+            f"<CompiledModel {self._manifest['dist_name']} {self._manifest['full_version']} "
+            f"on {self.device} from {self.library}>"
+        )
 
 
 _describe.describe(CompiledModel, manifest(), "tensors")  # input_names, output_names, help(model)

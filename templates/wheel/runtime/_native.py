@@ -355,7 +355,8 @@ def load_numpy(num_models: int = 1) -> NumpyModel:
     target = _targets.for_manifest(m)
     if not target.NUMPY:
         raise NativeRuntimeError(
-            f"{m['dist_name']} {m['full_version']} is a {m['target'].upper()} build; load_numpy() runs CPU builds only: use load()"
+            f"{m['dist_name']} {m['full_version']} is a {m['target'].upper()} build; "
+            "load_numpy() runs CPU builds only: use load()"
         )
     if m["weights"]["external"]:
         raise NativeRuntimeError(
