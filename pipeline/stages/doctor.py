@@ -13,8 +13,10 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,9 +32,10 @@ from ..doctor_checks import (
 )
 from ..errors import DoctorError
 from ..services.progress import say, step
+from ..spec import SpecFile
 from .doctor_trace import ForwardRun, trace_forwards
 from .export import check_inputs_fit, check_signature, example_inputs, where_defined
-from .loader import forward_arguments
+from .loader import LoadedModel, forward_arguments
 from .purity import check_purity
 
 VALUE_READS = {"item", "tolist", "numpy"}
@@ -57,8 +60,8 @@ class Finding:
         return f"{self.path}:{self.line}: {self.severity} [{self.check}] {self.message}\n    fix: {self.fix}"
 
 
-def _user_classes(module: torch.nn.Module) -> list[type]:
-    seen: dict[type, None] = {}
+def _user_classes(module: torch.nn.Module) -> list[type[torch.nn.Module]]:
+    seen: dict[type[torch.nn.Module], None] = {}
     for sub in module.modules():
         cls = type(sub)
         if not cls.__module__.startswith("torch.") and "forward" in vars(cls):
@@ -66,11 +69,12 @@ def _user_classes(module: torch.nn.Module) -> list[type]:
     return list(seen)
 
 
-def _forward_function(cls: type):
+def _forward_function(cls: type[torch.nn.Module]) -> Any:
+    """A function, or what a decorator left of one (read by its __code__ where it has one)."""
     return inspect.unwrap(cls.forward)  # a decorator's wrapper lives in the decorator's file
 
 
-def _parse_forward(cls: type) -> tuple[ast.FunctionDef, str, int] | None:
+def _parse_forward(cls: type[torch.nn.Module]) -> tuple[ast.FunctionDef, str, int] | None:
     forward = _forward_function(cls)
     try:
         lines, start = inspect.getsourcelines(forward)
@@ -89,20 +93,26 @@ class _ForwardVisitor(ast.NodeVisitor):
         self.spans: list[tuple[int, int]] = []  # per finding, the lines of the code it is about
 
     def add(
-        self, node: ast.AST, severity: str, check: str, message: str, fix: str, span: ast.AST | None = None
+        self,
+        node: ast.stmt | ast.expr,
+        severity: str,
+        check: str,
+        message: str,
+        fix: str,
+        span: ast.stmt | ast.expr | None = None,
     ) -> None:
         self.findings.append(Finding(self.path, node.lineno + self.offset, severity, check, message, fix))
         span = span or node
         self.spans.append((span.lineno + self.offset, (span.end_lineno or span.lineno) + self.offset))
 
-    def _self_target(self, target: ast.AST) -> str | None:
+    def _self_target(self, target: ast.expr) -> str | None:
         while isinstance(target, (ast.Subscript, ast.Attribute)):
             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
                 return target.attr
             target = target.value
         return None
 
-    def _check_write(self, node: ast.AST, targets: list[ast.AST]) -> None:
+    def _check_write(self, node: ast.stmt, targets: list[ast.expr]) -> None:
         for target in targets:
             name = self._self_target(target)
             if name:
@@ -225,7 +235,9 @@ class _ForwardVisitor(ast.NodeVisitor):
         self._check_branch(node)
         self.generic_visit(node)
 
-    visit_While = visit_If
+    def visit_While(self, node: ast.While) -> None:
+        self._check_branch(node)
+        self.generic_visit(node)
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self._check_branch(node)
@@ -236,8 +248,9 @@ def _signature_findings(func: ast.FunctionDef, path: str, offset: int) -> list[F
     findings = []
     line = func.lineno + offset
     args = func.args
-    if args.vararg or args.kwarg:
-        star = f"*{args.vararg.arg}" if args.vararg else f"**{args.kwarg.arg}"
+    starred = args.vararg or args.kwarg
+    if starred:
+        star = ("*" if args.vararg else "**") + starred.arg
         findings.append(
             Finding(
                 path,
@@ -371,7 +384,7 @@ def diagnose(
     inputs: tuple[torch.Tensor, ...],
     source_files: tuple[Path, ...],
     allow: tuple[str, ...] = (),
-    before_tracing=lambda: None,
+    before_tracing: Callable[[], None] = lambda: None,
     own_folder: Path | None = None,
 ) -> list[Finding]:
     """Static findings, then (unless one of them stops the build anyway) dynamic ones: one report,
@@ -403,7 +416,7 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
         )
 
 
-def run_doctor(spec_file, loaded) -> list[Finding]:
+def run_doctor(spec_file: SpecFile, loaded: LoadedModel) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
     source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
     inputs = example_inputs(spec_file, None)  # beside the module as it was loaded

@@ -14,11 +14,16 @@ import inspect
 import sys
 import types
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .loader import call_forward
+
+# sys.settrace's function: called with each event, it returns the function for the frame's next ones
+Tracer = Callable[[types.FrameType, str, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -66,15 +71,15 @@ def trace_forwards(
     lines: dict[types.CodeType, set[int]] = defaultdict(set)
     tensors: dict[types.CodeType, set[str]] = defaultdict(set)
 
-    def local_tracer(owner: types.CodeType):
-        def trace_line(frame, event, arg):
+    def local_tracer(owner: types.CodeType) -> Tracer:
+        def trace_line(frame: types.FrameType, event: str, arg: object) -> Tracer:
             if event == "line":
                 lines[owner].add(frame.f_lineno)
             return trace_line
 
         return trace_line
 
-    def on_call(frame, event, arg):
+    def on_call(frame: types.FrameType, event: str, arg: object) -> Tracer | None:
         owner = owner_of.get(frame.f_code)
         if owner is None:
             return None
