@@ -24,8 +24,10 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError, UsageError
 from ..services import index_auth, proc
@@ -254,7 +256,8 @@ def _get(url: str, index: Index, *, foreign: bool = False) -> bytes:
         with _NO_REDIRECTS.open(
             _authorized_request(url, index.simple_credentials, anonymous=index.local or foreign), timeout=30
         ) as response:
-            return response.read()
+            body: bytes = response.read()
+            return body
     except urllib.error.HTTPError:
         raise
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, unresolvable, silent, or no HTTP at all
@@ -293,7 +296,7 @@ def published_sha256(index: Index, file_url: str, page_url: str) -> str:
 
 
 class _KeepRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
         return None  # surfaces the 3xx as an HTTPError instead of following it
 
 
@@ -337,7 +340,7 @@ def _unreachable_reason(output: str) -> str | None:
     # The innermost words: an errno's text, else an exception's quoted reason, else the last line.
     last = [line for line in output.splitlines() if line.strip()][-1]
     for pattern in (r"(\[Errno -?\d+\][^\"')]*)", r"\w+\((?:-?\d+, )?'([^']+)'\)", r"(timed out)"):
-        found = re.findall(pattern, last)
+        found: list[str] = re.findall(pattern, last)
         if found:
             return found[-1].strip()
     return _one_line(last)[-200:]
@@ -414,7 +417,12 @@ def _upload(index: Index, wheel: Path, target: str) -> bool:
 
 
 def publish(
-    wheels: list[Path], index: Index, say, *, skip_existing: bool = False, require_report: bool = True
+    wheels: list[Path],
+    index: Index,
+    say: Callable[[str], None],
+    *,
+    skip_existing: bool = False,
+    require_report: bool = True,
 ) -> Published:
     """``skip_existing``: a wheel the index holds byte for byte counts as published (a re-run
     release); one it holds under the same name with other bytes is refused all the same. Each
@@ -425,7 +433,9 @@ def publish(
         return _publish(checked, index, say, skip_existing)
 
 
-def _publish(manifests: list[tuple[Path, dict]], index: Index, say, skip_existing: bool) -> Published:
+def _publish(
+    manifests: list[tuple[Path, dict[str, Any]]], index: Index, say: Callable[[str], None], skip_existing: bool
+) -> Published:
     """Every wheel was checked (read_manifest) before any upload."""
     check_transport(index, {wheel_targets.variant(manifest) for _, manifest in manifests})
     for wheel, _ in manifests:
@@ -436,14 +446,17 @@ def _publish(manifests: list[tuple[Path, dict]], index: Index, say, skip_existin
             what=f"twine check of {wheel.name}",
             hint="the wheel's metadata is incomplete: rebuild it with this pipeline",
         )
-    uploaded, existing, identical = [], [], []
+    uploaded: list[str] = []
+    existing: list[str] = []
+    identical: list[str] = []
     for wheel, manifest in manifests:
         target = wheel_targets.variant(manifest)
-        known = on_index(index, target, manifest["dist_name"])
-        if known is not None and wheel.name in known:
-            same = skip_existing and published_sha256(
-                index, known[wheel.name], index.simple_url(target)
-            ) == wheel_integrity.sha256_file(wheel)
+        page = index.simple_url(target)
+        known = on_index(index, target, manifest["dist_name"])  # None where there is no page
+        if known is not None and page is not None and wheel.name in known:
+            same = skip_existing and (
+                published_sha256(index, known[wheel.name], page) == wheel_integrity.sha256_file(wheel)
+            )
             say(f"    {wheel.name}: already on the index ({target}){', the same file' if same else ''}, left as it is")
             (identical if same else existing).append(wheel.name)
         elif not _upload(index, wheel, target):
