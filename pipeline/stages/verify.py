@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ class Verified:
         return verification_report(self.cases, self.tolerances, self.reference, self.golden_cases)
 
 
-def worst(cases) -> dict[str, dict[str, float]]:
+def worst(cases: Iterable[CaseResult]) -> dict[str, dict[str, float]]:
     """Per output, the largest abs and rel diff over all cases (and eager's own error, with fp64_reference)."""
     summary: dict[str, dict[str, float]] = {}
     for case in cases:
@@ -132,7 +133,9 @@ def worst(cases) -> dict[str, dict[str, float]]:
     return summary
 
 
-def verification_report(cases, tolerances: dict[str, Tolerance], reference: str, golden_cases) -> dict:
+def verification_report(
+    cases: Sequence[CaseResult], tolerances: dict[str, Tolerance], reference: str, golden_cases: Iterable[str]
+) -> dict[str, Any]:
     return {
         "passed": all(case.passed for case in cases),
         "reference": reference,
@@ -189,7 +192,7 @@ def _edge_inputs(inputs: list[dict], sizes: dict[str, int], kind: str, scale: fl
     tensors = []
     for spec, seeded in zip(inputs, wheel_inputs.make_inputs(inputs, sizes, seed=7)):
         low, high = spec.get("low"), spec.get("high")
-        if low is not None:  # a declared range: its two ends
+        if low is not None and high is not None:  # a declared range (both ends or neither): its two ends
             value = (
                 low
                 if kind == "zeros"
@@ -225,7 +228,7 @@ def verification_cases(exported: Exported) -> list[Case]:
     return cases
 
 
-def as_tuple(outputs, returns_tuple: bool) -> tuple[torch.Tensor, ...]:
+def as_tuple(outputs: Any, returns_tuple: bool) -> tuple[torch.Tensor, ...]:
     return tuple(outputs) if returns_tuple else (outputs,)
 
 
@@ -233,11 +236,11 @@ def _fp64_module(exported: Exported) -> torch.nn.Module:
     return copy.deepcopy(exported.module).double()
 
 
-def _to_fp64(tensors):
+def _to_fp64(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [t.double() if t.dtype.is_floating_point else t for t in tensors]
 
 
-def open_runner(compiled: Compiled, weights_file: Path | None):
+def open_runner(compiled: Compiled, weights_file: Path | None) -> Any:
     """The compiled model as the wheel opens it: the .so, plus external weights (memory-mapped) if
     any. The .so is opened once, hashed through that descriptor and loaded through it."""
     return open_hashed(compiled, weights_file)[0]
@@ -263,16 +266,17 @@ def open_hashed(compiled: Compiled, weights_file: Path | None) -> tuple[Any, str
 class _WithStore:
     """A runner whose constants read a mapped constants file: keeps the mapping as long as the runner."""
 
-    def __init__(self, runner, store) -> None:
+    def __init__(self, runner: Any, store: wheel_constants.Store) -> None:
         self._runner, self._store = runner, store
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
 
-def _run_compiled(runner, case: Case, exported: Exported) -> list[torch.Tensor]:
+def _run_compiled(runner: Any, case: Case, exported: Exported) -> list[torch.Tensor]:
     try:
-        return runner.run(list(case.inputs))
+        outputs: list[torch.Tensor] = runner.run(list(case.inputs))
+        return outputs
     except RuntimeError as exc:  # a kernel the compiler got wrong for these sizes, say
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise VerificationError(
@@ -289,9 +293,16 @@ def _max_error(got: torch.Tensor, ref64: torch.Tensor) -> float:
     return float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
 
 
-def judge_against_fp64(names, diffs, got, eager, ref64, tols) -> dict[str, Fp64Judgement]:
+def judge_against_fp64(
+    names: Sequence[str],
+    diffs: Sequence[OutputDiff],
+    got: Sequence[torch.Tensor],
+    eager: Sequence[torch.Tensor],
+    ref64: Sequence[torch.Tensor],
+    tols: dict[str, tuple[float, float]],
+) -> dict[str, Fp64Judgement]:
     """The outputs that missed the usual comparison, each judged by the float64 rule (floating outputs only)."""
-    judged = {}
+    judged: dict[str, Fp64Judgement] = {}
     for name, diff, g, e, r in zip(names, diffs, got, eager, ref64):
         if diff.passed or diff.problem.startswith("got ") or not e.dtype.is_floating_point:
             continue
@@ -301,7 +312,15 @@ def judge_against_fp64(names, diffs, got, eager, ref64, tols) -> dict[str, Fp64J
     return judged
 
 
-def _large_case_against_fp64(exported: Exported, case: Case, diffs, got, eager, ref64, tols):
+def _large_case_against_fp64(
+    exported: Exported,
+    case: Case,
+    diffs: tuple[OutputDiff, ...],
+    got: list[torch.Tensor],
+    eager: tuple[torch.Tensor, ...],
+    ref64: tuple[torch.Tensor, ...] | None,
+    tols: dict[str, tuple[float, float]],
+) -> tuple[tuple[OutputDiff, ...], dict[str, Fp64Judgement]]:
     """(diffs, judgements): a large case's misses re-judged against float64 (run here unless given)."""
     names = [d.name for d in diffs]
     if ref64 is None:
