@@ -271,7 +271,8 @@ class _BuildBase(Frozen):
 
     def options(self, target: str) -> Frozen:
         """The target's own ``[build.<target>]`` section (its defaults when the spec has none)."""
-        return getattr(self, target)
+        section: Frozen = getattr(self, target)  # a field per target, made from the registry (create_model)
+        return section
 
 
 # One optional section per registered target, declared by the target (targets/*.py): a new target

@@ -22,10 +22,13 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import CompileError
+from ..spec import Spec
+from ..targets import Target
 
 OPTION = "aot_inductor.package_constants_in_so"
 INDEX_FILE, BLOB_FILE = "constants.json", "constants.bin"
@@ -40,10 +43,11 @@ def captured() -> Iterator[dict[str, torch.Tensor]]:
     named in the error rather than giving a model without weights."""
     from torch._inductor.codecache import AotCodeCompiler  # heavy: Inductor, imported once a compile runs
 
-    original, found = AotCodeCompiler.__dict__["compile"], {}
+    original = AotCodeCompiler.__dict__["compile"]
+    found: dict[str, torch.Tensor] = {}
     bound = AotCodeCompiler.compile
 
-    def compile_and_capture(graph, *args, **kwargs):
+    def compile_and_capture(graph: Any, *args: Any, **kwargs: Any) -> Any:  # graph: Inductor's GraphLowering
         found.update(
             {
                 name: graph.get_original_value_of_constant(name)
@@ -54,11 +58,12 @@ def captured() -> Iterator[dict[str, torch.Tensor]]:
         found["__captured__"] = torch.empty(0)
         return bound(graph, *args, **kwargs)
 
-    AotCodeCompiler.compile = compile_and_capture
+    # torch's private class, patched for the one compile: mypy refuses assigning to a method
+    AotCodeCompiler.compile = compile_and_capture  # type: ignore[method-assign]
     try:
         yield found
     finally:
-        AotCodeCompiler.compile = original
+        AotCodeCompiler.compile = original  # type: ignore[method-assign]
     if found.pop("__captured__", None) is None:
         raise CompileError(
             f"could not take the compiled model's constants from torch {torch.__version__} "
@@ -141,7 +146,7 @@ class Writer:
         return folder / INDEX_FILE, folder / BLOB_FILE
 
 
-def shared(target, spec) -> bool:
+def shared(target: Target, spec: Spec) -> bool:
     """Whether this build's models keep their constants in one shared store: static batch sizes,
     embedded weights (external ones are a state-dict file every size reads already), on a target
     whose runtime can hand constants over (the CPU's)."""

@@ -10,13 +10,15 @@ import io
 import logging
 import re
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import ExportError, SpecError
-from ..spec import SpecFile
+from ..spec import InputSpec, SpecFile
 from ..targets import Target
 from ..wheel_template.runtime import _inputs as wheel_inputs
 from .input_fit import check_index_ranges, size_suspects, watching_embeddings
@@ -53,7 +55,7 @@ def spec_inputs(spec_file: SpecFile) -> list[dict]:
     return [i.model_dump(exclude_none=True) for i in spec_file.spec.inputs]
 
 
-def where_defined(obj) -> str:
+def where_defined(obj: Callable[..., Any]) -> str:
     """file:line of a function's `def` (of the function itself when decorated: libraries wrap forwards)."""
     obj = inspect.unwrap(obj)
     try:
@@ -108,7 +110,7 @@ def _count_problem(spec_file: SpecFile, module: torch.nn.Module) -> str | None:
     )
 
 
-def _shown(spec_input, tensor: torch.Tensor) -> str:
+def _shown(spec_input: InputSpec, tensor: torch.Tensor) -> str:
     shape = ", ".join(f"{s}={n}" if isinstance(s, str) else str(n) for s, n in zip(spec_input.shape, tensor.shape))
     return f"{spec_input.name!r} {str(tensor.dtype).removeprefix('torch.')}[{shape}]"
 
@@ -162,11 +164,12 @@ def _user_frame(exc: BaseException, source_files: tuple[Path, ...]) -> str | Non
     """file:line and code of the innermost traceback frame in the user's model code."""
     wanted = {str(f) for f in source_files}
     found = None
-    while exc is not None:
-        for frame in traceback.extract_tb(exc.__traceback__):
+    link: BaseException | None = exc
+    while link is not None:
+        for frame in traceback.extract_tb(link.__traceback__):
             if str(Path(frame.filename).resolve()) in wanted:
                 found = f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return found
 
 
@@ -305,7 +308,7 @@ def prepare(spec_file: SpecFile, loaded: LoadedModel, target: Target) -> Exporte
     )
 
 
-def dynamic_shapes(spec_file: SpecFile) -> tuple[dict | None, ...]:
+def dynamic_shapes(spec_file: SpecFile) -> tuple[dict[int, Any] | None, ...]:
     """The spec's [dims] as torch.export dynamic shapes, one entry per input."""
     spec = spec_file.spec
     dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in spec.dims.items()}
@@ -318,9 +321,10 @@ def export_program(exported: Exported, source_files: tuple[Path, ...]) -> Export
     """Run torch.export with the spec's dynamic dims; errors name the user's line and a fix."""
     module = exported.module
     args, kwargs = forward_arguments(module, exported.example_inputs)
-    shapes = dynamic_shapes(exported.spec_file)
+    per_input = dynamic_shapes(exported.spec_file)
+    shapes: tuple[dict[int, Any] | None, ...] | dict[str, dict[int, Any] | None] = per_input
     if kwargs:  # by parameter name: torch.export matches a tuple to positional arguments only
-        shapes = dict(zip(inspect.signature(module.forward).parameters, shapes))
+        shapes = dict(zip(inspect.signature(module.forward).parameters, per_input))
     # torch.export prints partial graphs to stderr on failure; keep them for --verbose only.
     torch_stderr = io.StringIO()
     try:

@@ -14,11 +14,14 @@ Two causes that a library's own error leaves to guess (issue 30):
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..errors import SpecError
+from ..spec import SpecFile
 
 # config key -> (rank of the input it sizes, the dims it sizes, the factor from key to size).
 # transformers' conventions: pixel_values [batch, channels, height, width], audio
@@ -47,12 +50,12 @@ def _is_input(tensor: torch.Tensor, candidate: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def watching_embeddings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]):
+def watching_embeddings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Iterator[list[Fed]]:
     """Yields a list that fills, while forward runs, with each embedding a spec input feeds."""
     fed: list[Fed] = []
 
-    def hook_for(name: str, rows: int):
-        def hook(_module, args):
+    def hook_for(name: str, rows: int) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+        def hook(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
             if args and isinstance(args[0], torch.Tensor):
                 for index, candidate in enumerate(inputs):
                     if _is_input(args[0], candidate) and all(f.embedding != name for f in fed):
@@ -72,7 +75,7 @@ def watching_embeddings(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
             handle.remove()
 
 
-def check_index_ranges(spec_file, fed: list[Fed]) -> None:
+def check_index_ranges(spec_file: SpecFile, fed: list[Fed]) -> None:
     """Each integer input's [low, high) inside the rows of every embedding it indexes."""
     for found in fed:
         spec_input = spec_file.spec.inputs[found.input_index]
@@ -89,7 +92,7 @@ def check_index_ranges(spec_file, fed: list[Fed]) -> None:
         )
 
 
-def _configs(module: torch.nn.Module):
+def _configs(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
     """(dotted path, config) of every transformers-style config the model's modules hold, sub-configs included."""
     seen: set[int] = set()
     for name, sub in module.named_modules():
@@ -105,7 +108,7 @@ def _configs(module: torch.nn.Module):
                 yield f"{path}.{key}", value
 
 
-def size_suspects(spec_file, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[str]:
+def size_suspects(spec_file: SpecFile, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[str]:
     """Each spec input dim whose size differs from what the model's config says it was built for."""
     suspects = []
     for path, config in _configs(module):

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _import_factory(spec_file: SpecFile):
-    module_name, _, attr = spec_file.spec.model.factory.partition(":")
+def _import_factory(spec_file: SpecFile, named: str) -> Callable[..., Any]:
+    """``named`` (the spec's model.factory, 'package.module:callable') imported from beside the spec."""
+    module_name, _, attr = named.partition(":")
     # Specs that live anywhere can keep their code beside them.
     spec_dir = str(spec_file.path.parent)
     if spec_dir not in sys.path:
@@ -197,20 +199,25 @@ def _load_weights(spec_file: SpecFile, module: torch.nn.Module) -> None:
     module.load_state_dict(state, strict=True)
 
 
-def _source_files(factory, module: torch.nn.Module) -> tuple[Path, ...]:
+def _source_files(factory: Callable[..., Any], module: torch.nn.Module) -> tuple[Path, ...]:
     """The user's files that define the model: the factory's module and every non-torch submodule class."""
-    files = set()
-    for obj in [factory, *(type(m) for m in module.modules())]:
+    files: set[Path] = set()
+    defining: list[Callable[..., Any]] = [factory, *(type(m) for m in module.modules())]
+    for obj in defining:
         if getattr(obj, "__module__", "").startswith("torch."):
             continue
         try:
-            files.add(Path(inspect.getsourcefile(obj)).resolve())
-        except (TypeError, OSError):
+            source = inspect.getsourcefile(obj)
+        except (TypeError, OSError):  # a builtin, or a class defined in no file
             continue
+        if source is not None:
+            files.add(Path(source).resolve())
     return tuple(sorted(files))
 
 
-def forward_arguments(module: torch.nn.Module, inputs) -> tuple[tuple, dict]:
+def forward_arguments(
+    module: torch.nn.Module, inputs: Sequence[torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
     """The spec's inputs (in forward's parameter order) as forward takes them: keyword-only
     parameters (`def forward(self, x, *, mask)`) by name, the others by position.
 
@@ -223,7 +230,7 @@ def forward_arguments(module: torch.nn.Module, inputs) -> tuple[tuple, dict]:
     return args, {name: inputs[index] for index, name in keyword.items() if index < len(inputs)}
 
 
-def call_forward(module: torch.nn.Module, inputs):
+def call_forward(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> Any:
     """``module`` run on the spec's inputs, keyword-only parameters given by name."""
     args, kwargs = forward_arguments(module, inputs)
     return module(*args, **kwargs)
@@ -303,7 +310,8 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
     quiet_model_libraries(checkpoint=spec.model.hf is not None)
     if spec.model.hf is not None:  # a save_pretrained folder: the task's wrapper around from_pretrained
         return load_checkpoint(spec_file)
-    factory = _import_factory(spec_file)
+    assert spec.model.factory is not None  # a spec holds exactly one of factory and hf
+    factory = _import_factory(spec_file, spec.model.factory)
     if spec.weights.seed is not None:
         torch.manual_seed(spec.weights.seed)
     try:
@@ -339,7 +347,7 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
     return LoadedModel(module=module, source_files=_source_files(factory, module), weights_sha256=state_sha256(module))
 
 
-def _from_pretrained(checkpoint: Checkpoint, task: Task):
+def _from_pretrained(checkpoint: Checkpoint, task: Task) -> tuple[torch.nn.Module, dict[str, Any]]:
     # Read when huggingface_hub is imported: no request leaves this process, whatever the folder says.
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
@@ -358,9 +366,10 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task):
         else {"torch_dtype": torch.float32}
     )
     try:
-        return loader.from_pretrained(
+        loaded: tuple[torch.nn.Module, dict[str, Any]] = loader.from_pretrained(
             str(checkpoint.folder), local_files_only=True, use_safetensors=True, output_loading_info=True, **dtype
         )
+        return loaded
     except Exception as exc:  # the libraries raise ValueError, OSError, KeyError… for a folder they cannot load
         raise CheckpointError(
             f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
@@ -387,9 +396,10 @@ def _check_loaded(checkpoint: Checkpoint, task: Task, info: dict[str, Any]) -> N
 
 def load_checkpoint(spec_file: SpecFile) -> LoadedModel:
     """The wrapped model of a spec with ``model.hf``, as loader.load_model returns a factory's."""
-    spec = spec_file.spec
-    task = resolve_task(spec.model.task, spec.model.hf)
-    checkpoint = inspect_checkpoint(Path(spec.model.hf), task)
+    hf, task_name = spec_file.spec.model.hf, spec_file.spec.model.task
+    assert hf is not None and task_name is not None  # load_model's check; load_spec completed the task
+    task = resolve_task(task_name, hf)
+    checkpoint = inspect_checkpoint(Path(hf), task)
     task = checkpoint.task
     model, info = _from_pretrained(checkpoint, task)
     _check_loaded(checkpoint, task, info)

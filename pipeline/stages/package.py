@@ -79,14 +79,16 @@ def audited_tag(wheel: Path, target: Target) -> str:
             f"provides: {', '.join(foreign)}",
             "remove the dependency from the model (compile options, custom ops), or install them where it runs",
         )
-    return facts["sym_tag"]
+    tag: str = facts["sym_tag"]
+    return tag
 
 
 def requires_python() -> str:
     """The wheel's Requires-Python: the runtime's floor, or the pinned torch's own Requires-Python
     where that is stricter (torch 2.11 to 2.14 need 3.10): a wheel claiming less would be chosen
     by pip on a Python where its torch cannot install."""
-    torch_needs = importlib.metadata.metadata("torch").get("Requires-Python") or ""
+    declared: list[str] = importlib.metadata.metadata("torch").get_all("Requires-Python") or []
+    torch_needs = declared[0] if declared else ""
     if torch_needs and not SpecifierSet(torch_needs).contains(RUNTIME_PYTHON):
         return torch_needs
     return f">={RUNTIME_PYTHON}"
@@ -205,8 +207,8 @@ def _build_wheel(
             "--no-isolation",
             "--skip-dependency-check",
             "--outdir",
-            out_dir,
-            staging,
+            str(out_dir),
+            str(staging),
         ],
         error=PackageError,
         what="building the wheel",

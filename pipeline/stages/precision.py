@@ -42,7 +42,7 @@ class Autocast(torch.nn.Module):
         self.output_dtypes = tuple(getattr(torch, name) for name in output_dtypes)
         self.returns_tuple = returns_tuple
 
-    def forward(self, *args: torch.Tensor):
+    def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         with torch.autocast(self.device_type, dtype=self.dtype):
             outputs = call_forward(self.module, args)
         outputs = tuple(outputs) if self.returns_tuple else (outputs,)
@@ -59,7 +59,8 @@ def wrap(exported: Exported, dtype_name: str = AUTOCAST_DTYPE) -> Autocast:
 def split_options(options: dict[str, object]) -> tuple[str | None, dict[str, object]]:
     """(the autocast dtype or None, the Inductor options without our own key)."""
     inductor = dict(options)
-    return inductor.pop(AUTOCAST_OPTION, None), inductor
+    dtype = inductor.pop(AUTOCAST_OPTION, None)  # a dtype's name: the spec's autocast, or a candidate's
+    return (None if dtype is None else str(dtype)), inductor
 
 
 def export_autocast(exported: Exported, dtype_name: str) -> torch.export.ExportedProgram:

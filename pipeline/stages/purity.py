@@ -10,8 +10,10 @@ kept in a plain list is not registered, so its own state and attributes are walk
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -136,7 +138,7 @@ def _modules(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 def _snapshot(modules: dict[str, torch.nn.Module]) -> dict[str, tuple[str, str, object]]:
     """name -> (owner's name, what it is, its frozen value) for every parameter, buffer and plain attribute."""
-    snapshot = {}
+    snapshot: dict[str, tuple[str, str, object]] = {}
     for prefix, sub in modules.items():
         # B023: join is called only within this iteration, so the prefix it sees is this one's
         join = (lambda key: f"{prefix}.{key}") if prefix else (lambda key: key)  # noqa: E731, B023
@@ -177,7 +179,8 @@ def _changes(modules: dict[str, torch.nn.Module], before: dict, after: dict) -> 
     return found
 
 
-def _output_problems(first, second) -> list[str]:
+def _output_problems(first: Any, second: Any) -> list[str]:
+    """``first`` and ``second``: what two calls of forward returned (a tensor, a tuple or list of them, or anything)."""
     firsts = first if isinstance(first, (tuple, list)) else (first,)
     seconds = second if isinstance(second, (tuple, list)) else (second,)
     return [
@@ -203,7 +206,7 @@ def check_purity(
     inputs: tuple[torch.Tensor, ...],
     where: str,
     allow: tuple[str, ...] = (),
-    say=lambda text: None,
+    say: Callable[[str], None] = lambda text: None,
     own_folder: Path | None = None,
 ) -> None:
     """Run forward twice; raise PurityError on any change, or with ``purity`` in ``allow`` say each as a warning."""

@@ -11,6 +11,7 @@ spec say where that is intended.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def _spread(references: list[torch.Tensor]) -> tuple[float, float, float]:
     return spread, (float(values.min()) if values.numel() else 0.0), (float(values.max()) if values.numel() else 0.0)
 
 
-def _run(exported: Exported, inputs) -> tuple[torch.Tensor, ...]:
+def _run(exported: Exported, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     with torch.no_grad():
         return as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
 
@@ -144,7 +145,7 @@ def suspects(module: torch.nn.Module) -> list[str]:
     return found
 
 
-def _output_line(o: OutputSignal, tols) -> str:
+def _output_line(o: OutputSignal, tols: dict[str, tuple[float, float]]) -> str:
     rtol, atol = tols[o.name]
     seen = (
         f"every value is {o.low:.6g}"

@@ -18,10 +18,11 @@ batch norm in training mode or a sum over the batch, fails it).
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,7 +50,13 @@ class StaticModel:
     size: int
     exported: Exported  # the spec with the batch dim fixed at ``size``
     compiled: Compiled
-    verified: Verified | None = None
+
+
+@dataclass(frozen=True)
+class VerifiedStatic(StaticModel):
+    """A static size after the verify stage: its own cases passed."""
+
+    verified: Verified
 
 
 def folder(size: int) -> str:
@@ -104,15 +111,15 @@ def compile_sizes(
     return models
 
 
-def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir: Path) -> list[StaticModel]:
+def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir: Path) -> list[VerifiedStatic]:
     """Each size verified like the dynamic model, on its own cases at that size."""
-    verified = []
+    verified: list[VerifiedStatic] = []
     for model in models:
         step(f"static {model.size}: verifying")
         result = verify_model(model.exported, model.compiled, work_dir / "static" / folder(model.size), weights_file)
         worst = ", ".join(f"{name} {w['max_abs']:.2g}" for name, w in result.worst().items())
         say(f"    static {folder(model.size)}: {len(result.cases)} cases passed (max abs diff: {worst})")
-        verified.append(dataclasses.replace(model, verified=result))
+        verified.append(VerifiedStatic(model.size, model.exported, model.compiled, result))
     return verified
 
 
@@ -123,11 +130,14 @@ def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
     return {batch: runs_at for batch, (_, runs_at) in routes.items() if runs_at != batch}
 
 
-def check_padding(exported: Exported, models: list[StaticModel], weights_file: Path | None) -> dict[str, dict]:
+def check_padding(
+    exported: Exported, models: Sequence[StaticModel], weights_file: Path | None
+) -> dict[str, dict[str, dict[str, Any]]]:
     """The batch-independence gate of ``pad = true``: for the smallest and largest size that pads to
     each static size, the static model's padded, sliced outputs against eager at the unpadded size."""
     spec = exported.spec_file.spec
     dim = spec.static_dim
+    assert dim is not None  # compile_sizes made models only for a static dim
     by_size = {model.size: model for model in models}
     pads = padded_sizes(sorted(by_size), spec.dims[dim].min)
     checked = sorted(
@@ -137,7 +147,9 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
     tols, names = tolerances(exported), [o.name for o in spec.outputs]
     sizes = {name: d.export_size for name, d in spec.dims.items()}
     target = exported.target
-    runners, results, failures = {}, {}, []
+    runners: dict[int, Any] = {}  # static size: its runner
+    results: dict[str, dict[str, dict[str, Any]]] = {}  # case: output: its diff
+    failures: list[str] = []
     for batch in checked:
         to = pads[batch]
         runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
@@ -172,7 +184,7 @@ def check_padding(exported: Exported, models: list[StaticModel], weights_file: P
     return results
 
 
-def manifest_record(exported: Exported, models: list[StaticModel]) -> Static | None:
+def manifest_record(exported: Exported, models: list[VerifiedStatic]) -> Static | None:
     """The manifest's "static" section: the dim, whether padding is allowed, each size's .so and verification."""
     spec = exported.spec_file.spec
     dim = spec.static_dim
@@ -192,7 +204,7 @@ def manifest_record(exported: Exported, models: list[StaticModel]) -> Static | N
     )
 
 
-def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
+def merge_golden(golden_file: Path, models: list[VerifiedStatic]) -> None:
     """Each size's golden cases into the wheel's one golden file, under ``batch<N>/<case>``."""
     if not models:
         return
@@ -206,7 +218,7 @@ def merge_golden(golden_file: Path, models: list[StaticModel]) -> None:
 
 
 def add_to_manifest(
-    manifest: Manifest, exported: Exported, models: list[StaticModel], store: tuple[Path, ...]
+    manifest: Manifest, exported: Exported, models: list[VerifiedStatic], store: tuple[Path, ...]
 ) -> Manifest:
     """The static sizes' .so files under "artifacts" (by their path in artifacts/), and the "static" section."""
     record = manifest_record(exported, models)
@@ -228,8 +240,8 @@ def add_to_manifest(
 class StaticSizes:
     """The static sizes' models, verified, and the padding gate's cases (None: padding not allowed)."""
 
-    models: list[StaticModel]
-    padding: dict[str, dict] | None
+    models: list[VerifiedStatic]
+    padding: dict[str, dict[str, dict[str, Any]]] | None
 
 
 def verify_all(
@@ -237,11 +249,12 @@ def verify_all(
 ) -> StaticSizes:
     """The verify stage's part: each size on its own cases, the padding gate, and every size's
     golden cases merged into the wheel's one golden file."""
-    models = verify_sizes(models, weights_file, work_dir)
+    checked = verify_sizes(models, weights_file, work_dir)
     spec = exported.spec_file.spec
-    padding = check_padding(exported, models, weights_file) if models and spec.dims[spec.static_dim].pad else None
-    merge_golden(verified.golden_file, models)
-    return StaticSizes(models, padding)
+    pads = spec.static_dim is not None and spec.dims[spec.static_dim].pad
+    padding = check_padding(exported, checked, weights_file) if checked and pads else None
+    merge_golden(verified.golden_file, checked)
+    return StaticSizes(checked, padding)
 
 
 def package(
@@ -254,7 +267,7 @@ def package(
     return add_to_manifest(manifest, exported, sizes.models, store), store, libraries
 
 
-def report(sizes: StaticSizes) -> dict:
+def report(sizes: StaticSizes) -> dict[str, Any]:
     """The build report's "static" section: each size's verification, and the padding gate's cases."""
     return {
         "sizes": {
@@ -269,7 +282,7 @@ def report(sizes: StaticSizes) -> dict:
     }
 
 
-def shared_store(compiled: Compiled, models: list[StaticModel], work_dir: Path) -> tuple[Path, ...]:
+def shared_store(compiled: Compiled, models: Sequence[StaticModel], work_dir: Path) -> tuple[Path, ...]:
     """The one constants store of the dynamic and every static model (their own stores merged, each
     distinct blob once), written to ``work_dir/constants/``; () when the models embed their weights."""
     if compiled.constants is None:
@@ -277,5 +290,6 @@ def shared_store(compiled: Compiled, models: list[StaticModel], work_dir: Path) 
     writer = constants.Writer()
     writer.merge(compiled.constants, compiled.library.name)
     for model in models:
+        assert model.compiled.constants is not None  # compiled with the dynamic model's shared-constants option
         writer.merge(model.compiled.constants, f"{folder(model.size)}/{model.compiled.library.name}")
     return writer.write(work_dir / "constants")
