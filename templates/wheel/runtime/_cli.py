@@ -20,7 +20,8 @@ from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, IncompatibleRuntime, manifest
 from ._schema import Manifest
 from ._trust import UntrustedPath
 
-EXIT_CODES = {IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}  # and 1: a golden case differs
+# and 1: a golden case differs
+EXIT_CODES: dict[type[Exception], int] = {IncompatibleRuntime: 3, IntegrityError: 4, MissingDependency: 6}
 
 
 def _link(m: Manifest) -> int:

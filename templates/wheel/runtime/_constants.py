@@ -40,11 +40,13 @@ class Store:
         self._bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.empty(0, np.uint8)
 
     def _address(self, key: str) -> int:
-        return self._bytes.ctypes.data + self.index["blobs"][key]["offset"]
+        address: int = self._bytes.ctypes.data + self.index["blobs"][key]["offset"]
+        return address
 
     def _metadata(self, key: str) -> bytes:
         where = self.index["blobs"][key]
-        return self._bytes[where["offset"] : where["offset"] + where["size"]].tobytes()
+        data: bytes = self._bytes[where["offset"] : where["offset"] + where["size"]].tobytes()
+        return data
 
     def handles(self, lib: ctypes.CDLL, library: str) -> dict[str, int]:
         """Each constant of ``library`` (its path in artifacts/) as a new tensor handle over the
@@ -70,7 +72,7 @@ class Store:
             "mkldnn": _code(lib, "aoti_torch_layout__mkldnn"),
         }
         cpu = _code(lib, "aoti_torch_device_type_cpu")
-        made = {}
+        made: dict[str, int] = {}
         for name, entry in self.index["models"][library].items():
             ndim = len(entry["shape"])
             md = self._metadata(entry["md"]) if entry.get("md") else None
@@ -89,7 +91,7 @@ class Store:
                 md,
                 len(md) if md else 0,
             )
-            if code != 0:
+            if code != 0 or handle.value is None:
                 raise RuntimeError(f"could not make constant {name!r} of {library} from {BLOB_FILE} (error {code})")
             made[name] = handle.value
         return made
@@ -114,4 +116,5 @@ def pairs(handles: dict[str, int]) -> tuple[ctypes.Array, list[bytes]]:
 
 def _code(lib: ctypes.CDLL, function: str) -> int:
     getattr(lib, function).restype = ctypes.c_int32
-    return getattr(lib, function)()
+    value: int = getattr(lib, function)()
+    return value

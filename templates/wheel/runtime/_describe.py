@@ -48,11 +48,15 @@ def named(self: Any, outputs: Any) -> dict[str, Any]:
 def describe(cls: type, m: Manifest, kind: str) -> None:
     """Give ``cls`` the model's ``input_names`` and ``output_names``, ``named()``, its call the
     input names as signature, and the listing in the docstrings of both."""
-    cls.named = named
-    cls.input_names = tuple(i["name"] for i in m["inputs"])
-    cls.output_names = tuple(o["name"] for o in m["outputs"])
+    given = {
+        "named": named,
+        "input_names": tuple(i["name"] for i in m["inputs"]),
+        "output_names": tuple(o["name"] for o in m["outputs"]),
+    }
+    for attribute, value in given.items():  # set on the class itself: every instance reads them
+        setattr(cls, attribute, value)
     names = [_identifier(i["name"], index, "input") for index, i in enumerate(m["inputs"])]
-    call = cls.__call__
+    call: Any = cls.__call__  # a function of the class, given a signature of the model's inputs
     call.__signature__ = inspect.Signature(
         [inspect.Parameter("self", _POSITIONAL)] + [inspect.Parameter(name, _POSITIONAL) for name in names]
     )

@@ -9,7 +9,9 @@ size runs on the dynamic model. Imports nothing heavy: both loaders use it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ._schema import Manifest
 
@@ -49,7 +51,7 @@ def route_among(sizes: list[int], pad: bool, batch: int) -> tuple[int | None, in
     return None, batch
 
 
-def pad(arrays: list, size: int, concat) -> list:
+def pad(arrays: list[Any], size: int, concat: Callable[[list[Any]], Any]) -> list[Any]:
     """Each array (torch tensor or numpy array, joined by ``concat``) grown along its first axis to
     ``size`` by repeating its last sample: values the model has seen, so no row of zeros can turn
     into NaN or inf."""

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from ._direct import DirectRunner
+
 WARMUPS = 3  # runs before a capture: lazy initialisation (cuBLAS handles, constant folding) stays out of the graph
 MAX_GRAPHS = 8  # graphs kept at once: each holds its own inputs, outputs and workspace
 
@@ -67,7 +69,7 @@ class GraphRunner:
 
     def __init__(
         self,
-        direct: Any,
+        direct: DirectRunner,
         backend: GraphBackend,
         name: str,
         *,

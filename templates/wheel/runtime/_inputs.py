@@ -36,7 +36,8 @@ def make_inputs(inputs: Sequence[Mapping[str, Any]], sizes: Mapping[str, int], s
                 values = torch.rand(shape, generator=generator) * (high - low) + low
             tensors.append(values.to(dtype))
         else:
-            tensors.append(torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype))
+            # an integer input always has both ends (the spec requires them)
+            tensors.append(torch.randint(int(spec["low"]), int(spec["high"]), shape, generator=generator, dtype=dtype))
     return tensors
 
 
@@ -50,6 +51,7 @@ def check_inputs(
     import torch
 
     check_count(inputs, len(args), "tensors")
+    shapes: list[tuple[int, ...]] = []
     for spec, arg in zip(inputs, args):
         name = spec["name"]
         if not isinstance(arg, torch.Tensor):
@@ -61,7 +63,8 @@ def check_inputs(
             raise ValueError(
                 f"input {name!r}: expected dtype {spec['dtype']}, got {str(arg.dtype).removeprefix('torch.')}"
             )
-    check_sizes(inputs, dims, [tuple(arg.shape) for arg in args])
+        shapes.append(tuple(arg.shape))
+    check_sizes(inputs, dims, shapes)
 
 
 def check_count(inputs: Sequence[Mapping[str, Any]], count: int, noun: str) -> None:

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._deps import require
 from ._trust import FILE_MODE, UntrustedPath, check_chain, make_folders
 
+if TYPE_CHECKING:  # filelock is imported where a link is made (a CPU wheel makes none)
+    from filelock import FileLock
+
 LOCK_TIMEOUT_S = 60
 
 
-def _lock(link: Path):
+def _lock(link: Path) -> FileLock:
     """The file lock beside ``link``. filelock is imported here, not with the package: a CPU wheel
     makes no link, so `import model_x` works in an install without it (pip --no-deps)."""
     filelock = require("filelock", "filelock", "the /opt link (a CUDA wheel's load, `model-x link`)")
-    return filelock.FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+    lock: FileLock = filelock.FileLock(str(link.parent / f".{link.name}.lock"), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+    return lock
 
 
 def points_to(link: Path, target: Path) -> bool:
@@ -75,7 +80,7 @@ def sweep_dangling(model_dir: Path, package: str) -> list[Path]:
     Only dangling links this runtime made are touched (a folder, or a link made by anyone else,
     is left as it is); each is checked again under the lock ensure_link() takes. Returns the
     links removed; a root this process cannot write is left as it is."""
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = [link for link in model_dir.glob("*/*") if link.is_symlink() and not link.exists()]
     except OSError:

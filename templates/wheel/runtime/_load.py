@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -174,7 +174,8 @@ class CompiledModel:
         if runs_at != batch:  # padded: repeat the last sample, then slice the outputs back
             args = _dispatch.pad(args, runs_at, torch.cat)
             return [o[:batch] for o in runner.run(args)]
-        return runner.run(args)
+        outputs: list[torch.Tensor] = runner.run(args)
+        return outputs
 
     @property
     def copy_outputs(self) -> bool:
@@ -309,10 +310,10 @@ def verify(model: CompiledModel | None = None) -> list[GoldenResult]:
     return results
 
 
-def _on(model: CompiledModel, size: int | None):
+def _on(model: CompiledModel, size: int | None) -> Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]:
     """``model`` called on one compiled model: the dynamic one (None) or a static size's."""
 
-    def call(*args: torch.Tensor):
+    def call(*args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         outputs = model._run([arg.contiguous() for arg in args], size)
         return tuple(outputs) if model._manifest["returns_tuple"] else outputs[0]
 

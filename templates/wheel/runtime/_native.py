@@ -14,7 +14,7 @@ import importlib.util
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _describe, _dispatch, _targets
 from ._constants import Store, pairs
@@ -27,7 +27,10 @@ from ._open import checked
 from ._preload import load_cxx_runtime
 from ._schema import Manifest
 
-np = require("numpy", "numpy", "load_numpy() (numpy arrays in and out)")
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy through require(): its absence is an error that says what needs it and how to install it
+    np = require("numpy", "numpy", "load_numpy() (numpy arrays in and out)")
 
 _handle = ctypes.c_void_p
 _NUMPY_DTYPES = {

@@ -362,7 +362,9 @@ class DynamicBatcher:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except asyncio.TimeoutError:
                 break
-        batch, waiting, filled = [], [], 0
+        batch: list[tuple[Request, asyncio.Future[Outputs]]] = []
+        waiting: list[tuple[Request, asyncio.Future[Outputs]]] = []
+        filled = 0
         for entry in self._pending:
             size = len(entry[0][0])
             if not batch or filled + size <= self.limit:

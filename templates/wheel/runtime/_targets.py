@@ -88,7 +88,8 @@ def variant(m: Mapping[str, Any]) -> str:
     """PyTorch's name for the torch build the wheel pins (``cpu``, ``cu130``): the index it is
     published to, and its torch's. Wheels from before the manifest recorded it: the first part of
     the version's local label."""
-    return m.get("variant") or m["full_version"].partition("+")[2].split(".")[0]
+    name: str = m.get("variant") or m["full_version"].partition("+")[2].split(".")[0]
+    return name
 
 
 def module_name(target: str) -> str:

@@ -26,7 +26,8 @@ class WeightsMismatch(ValueError):
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     load_file = require("safetensors.torch", "safetensors", "reading external weights").load_file
     try:
-        return load_file(str(path))
+        tensors: dict[str, torch.Tensor] = load_file(str(path))
+        return tensors
     except FileNotFoundError:
         raise WeightsMismatch(f"{path}: no such weights file") from None
     except Exception as exc:  # safetensors raises several types for a malformed file
