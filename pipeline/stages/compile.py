@@ -70,7 +70,7 @@ def strip_debug(libraries: list[Path]) -> None:
     if libraries:
         tool = os.environ.get("STRIP", "strip")
         proc.run(
-            [tool, "--strip-debug", *libraries],
+            [tool, "--strip-debug", *map(str, libraries)],
             error=ToolchainError,
             what=f"stripping debug info ({tool})",
             hint=STRIP_HINT,
@@ -192,13 +192,13 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
     files = restored or artifacts
     if not plan.keep_debug:
         strip_debug([path for path in files if path.suffix == ".so"])
-    store = [path for path in files if path.name in (constants.INDEX_FILE, constants.BLOB_FILE)]
+    constant_files = [path for path in files if path.name in (constants.INDEX_FILE, constants.BLOB_FILE)]
     return Compiled(
         target=plan.target,
         output_dir=output_dir,
         library=library,
-        artifacts=tuple(path for path in files if path not in store),
-        constants=output_dir if store else None,
+        artifacts=tuple(path for path in files if path not in constant_files),
+        constants=output_dir if constant_files else None,
         sources_dir=work_dir / "sources",
         options=plan.options,
         cache_key=plan.key,
@@ -271,6 +271,7 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     sources_dir = work_dir / "sources"
     autocast, options = precision.split_options(options)
     program = precision.export_autocast(exported, autocast) if autocast else exported.program
+    assert program is not None  # compile_model compiles only with an exported program
     # The autocast wrapper takes every input by position; the model itself, as it was exported.
     args, kwargs = (
         (exported.example_inputs, {}) if autocast else forward_arguments(exported.module, exported.example_inputs)
@@ -278,6 +279,9 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     work_dir.mkdir(parents=True, exist_ok=True)
     # Inductor prints to stderr itself (max-autotune's AUTOTUNE tables): keep that in the log.
     capture = options.get(constants.OPTION) is False and not exported.spec_file.spec.weights.external
+    capturing: contextlib.AbstractContextManager[dict[str, torch.Tensor]] = (
+        constants.captured() if capture else contextlib.nullcontext({})
+    )
     try:
         with (
             (work_dir / INDUCTOR_LOG).open("a") as log,
@@ -285,7 +289,7 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
             contextlib.redirect_stdout(log),
             torch.no_grad(),
             torch_seen_at(output_dir),
-            constants.captured() if capture else contextlib.nullcontext({}) as captured,
+            capturing as captured,
         ):
             produced = torch._inductor.aot_compile(
                 program.module(),
@@ -304,7 +308,7 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
             f"and the compile trace in {os.environ.get('TORCH_TRACE', 'build/<model>/trace')}; "
             "run with --verbose for the full traceback",
         ) from exc
-    if Path(produced) != library or not library.is_file():
+    if not isinstance(produced, str) or Path(produced) != library or not library.is_file():
         raise CompileError(
             f"AOTInductor wrote {produced}, expected {library}", "report this: the torch version may be unsupported"
         )
