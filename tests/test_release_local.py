@@ -23,10 +23,16 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ACTIONS, reason="MODELWHEEL_ACT_ACTIONS (the folder of action copies) not given")]
 
 
-def test_a_release_run_beside_the_checkouts_own_index_publishes_to_a_fresh_one(tmp_path, wheel):
-    """The checkout's own index (`make index`, then `make publish`) already holds an earlier build
-    of the same version, as it does after an earlier release-local too: a rebuild is not the same
-    bytes, so publish --skip-existing refuses it there. The run publishes to an index of its own."""
+def release_local(workspace: Path) -> tuple[subprocess.CompletedProcess, str]:
+    ran = subprocess.run(["tools/release-local.sh", ACTIONS], cwd=workspace, capture_output=True, text=True,
+                         env={**os.environ, "PY": sys.executable}, timeout=3600)
+    return ran, "\n".join((ran.stdout + ran.stderr).splitlines()[-40:])
+
+
+def test_a_release_run_twice_publishes_once_beside_the_checkouts_own_index(tmp_path, wheel):
+    """The checkout's own index (`make index`, then `make publish`) already holds a native build
+    of the same version: the release (avx2) publishes to an index of its own. Run again, it
+    rebuilds the same bytes, so its publish job passes over them and succeeds (issue 45)."""
     workspace = checkout_copy(tmp_path / "repo")
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=workspace, check=True)  # a fresh clone, as a user has
     subprocess.run(["git", "add", "-A"], cwd=workspace, check=True)
@@ -39,17 +45,24 @@ def test_a_release_run_beside_the_checkouts_own_index_publishes_to_a_fresh_one(t
         url = json.loads((workspace / "build" / "index" / "state.json").read_text())["url"]
         earlier = run_cli("publish", "--wheel", str(wheel), cwd=workspace)  # to the checkout's index
         assert earlier.code == 0 and url, earlier.err
-        ran = subprocess.run(["tools/release-local.sh", ACTIONS], cwd=workspace, capture_output=True, text=True,
-                             env={**os.environ, "PY": sys.executable}, timeout=3600)
+        ran, tail = release_local(workspace)
+        assert ran.returncode == 0, tail
+        published = sorted((workspace / "build" / "release-local" / "index" / "data" / "cpu").glob("*.whl"))
+        first = published[0].read_bytes() if published else b""
+        again, again_tail = release_local(workspace)
     finally:
         run_cli("index", "stop", cwd=workspace)
-    tail = "\n".join((ran.stdout + ran.stderr).splitlines()[-40:])
-    assert ran.returncode == 0, tail
     assert "model-tiny 0.1+cpu.torch" in ran.stdout and "from the index runs:" in ran.stdout, tail
-    published = sorted((workspace / "build" / "release-local" / "index" / "data" / "cpu").glob("*.whl"))
+    assert f"{wheel.name}: uploaded to the cpu index" in ran.stdout, tail
     assert [w.name for w in published] == [wheel.name], "the same file name: without an index of its own, a collision"
-    assert published[0].read_bytes() != wheel.read_bytes()  # the release's avx2 build, not the earlier one
+    assert first != wheel.read_bytes()  # the release's avx2 build, not the earlier one
     assert [w.name for w in (workspace / "build" / "index" / "data" / "cpu").glob("*.whl")] == [wheel.name]
     assert (workspace / "build" / "index" / "data" / "cpu" / wheel.name).read_bytes() == wheel.read_bytes()
     state = workspace / "build" / "release-local" / "index" / "build" / "index" / "state.json"
     assert not state.exists(), "the run's index is stopped when it ends"
+
+    assert again.returncode == 0, again_tail
+    assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in again.stdout, again_tail
+    assert f"{wheel.name}: uploaded to the cpu index" not in again.stdout, again_tail
+    assert "from the index runs:" in again.stdout, again_tail
+    assert published[0].read_bytes() == first, "the published file is left as it is"

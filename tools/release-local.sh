@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs .github/workflows/release.yml for real, under act, on this machine, then installs what it
 # published: matrix -> build (each job on this machine, no container) -> publish to the local
-# index (a fresh one for each run) -> `pip install model-<name>==<version>` from it in a fresh
+# index (its own, kept from run to run) -> `pip install model-<name>==<version>` from it in a fresh
 # venv, and the model runs.
 #
 #   make release-local ACTIONS=DIR
@@ -48,16 +48,17 @@ tools=$WORK/toolcache/Python/$python_version
 mkdir -p ~/.cache/pip  # actions/cache saves this folder; pip makes it only when an index allows caching
 rm -rf "$WORK/artifacts"  # act numbers every run 1: an earlier run's wheels would be downloaded too
 
-# An index of this run's own, started as `make index` starts it but in $WORK/index, empty, and
-# stopped when the run ends: the checkout's own index (`make index`) may hold an earlier build of
-# the same version, which publish --skip-existing rightly refuses to replace (a second run of this
-# script builds again, and a rebuild is not byte for byte the same wheel).
+# The release's own index, started as `make index` starts it but in $WORK/index, and stopped when
+# the run ends. It keeps what earlier runs published, as a real index does: a second run rebuilds
+# the same bytes (builds are reproducible, the options come from the spec's lock), so publish
+# --skip-existing passes over them and uploads nothing. It is not the checkout's own index (`make
+# index`), which may hold a `make build` of the same version for another CPU kind (native, where
+# the release builds avx2): the same file name with other bytes, which publish rightly refuses.
 case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY");; esac
 INDEX_DIR=$WORK/index
 index() { (cd "$INDEX_DIR" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pipeline index "$@"); }
 mkdir -p "$INDEX_DIR" && index stop >/dev/null 2>&1 || true  # one left by an interrupted run
-rm -rf "$INDEX_DIR/data"
-say "a fresh local index for this run (as make index starts it, files in $INDEX_DIR/data)"
+say "the release's local index (as make index starts it, files in $INDEX_DIR/data, kept from run to run)"
 index start --port "${INDEX_PORT:-0}" --data "$INDEX_DIR/data"
 trap 'index stop >/dev/null 2>&1 || true' EXIT
 url=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["url"])' "$INDEX_DIR/build/index/state.json")
