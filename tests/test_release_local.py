@@ -19,13 +19,21 @@ from .conftest import checkout_copy, run_cli
 
 ACTIONS = os.environ.get("MODELWHEEL_ACT_ACTIONS", "")
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not ACTIONS, reason="MODELWHEEL_ACT_ACTIONS (the folder of action copies) not given")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not ACTIONS, reason="MODELWHEEL_ACT_ACTIONS (the folder of action copies) not given"),
+]
 
 
 def release_local(workspace: Path) -> tuple[subprocess.CompletedProcess, str]:
-    ran = subprocess.run(["tools/release-local.sh", ACTIONS], cwd=workspace, capture_output=True, text=True,
-                         env={**os.environ, "PY": sys.executable}, timeout=3600)
+    ran = subprocess.run(
+        ["tools/release-local.sh", ACTIONS],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PY": sys.executable},
+        timeout=3600,
+    )
     return ran, "\n".join((ran.stdout + ran.stderr).splitlines()[-40:])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -298,8 +299,13 @@ def test_budget_scales_with_the_first_compile_and_the_cores():
 
 
 def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
-    spec = Path(__file__).parent / "models" / "attention" / "spec.toml"
-    ran = build_in(tmp_path, spec)
+    # A copy: the search writes its lock beside the spec, which must not land in the checkout.
+    model = shutil.copytree(
+        Path(__file__).parent / "models" / "attention",
+        tmp_path / "attention",
+        ignore=shutil.ignore_patterns("__pycache__", "*.lock.json"),
+    )
+    ran = build_in(tmp_path, model / "spec.toml")
     assert ran.code == 0, ran.err
     assert "Traceback" not in ran.err
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
