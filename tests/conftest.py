@@ -190,9 +190,14 @@ def checkout_copy(dest: Path, targets: tuple[str, ...] = ("cpu",)) -> Path:
         ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split("\0")
     for name in filter(None, listed):
-        if (REPO / name).is_file() and not name.startswith("models/"):
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest / name)
+        source = REPO / name
+        if name.startswith("models/") or not (source.is_symlink() or source.is_file()):
+            continue
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # a committed link (pipeline/wheel_template) is checked out as a link
+            (dest / name).symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, dest / name)
     shutil.copytree(REPO / "tests" / "models" / "tiny", dest / "models" / "tiny")
     spec = dest / "models" / "tiny" / "spec.toml"
     spec.write_text(spec.read_text() + f"\n[build]\ntargets = {json.dumps(list(targets))}\n")
