@@ -228,6 +228,10 @@ def one_paragraph_refusal(code: int, err: str) -> None:
     assert code != 1 and code in DOCUMENTED, f"exit {code} is not a documented exit code:\n{err}"
     assert "Traceback" not in err, err
     lines = err.rstrip("\n").split("\n")
+    # Before it, only the build's progress: a stage begun ("==> start: importing torch") and ended.
+    begun = next((place for place, line in enumerate(lines) if line.startswith("error: ")), 0)
+    progress, lines = lines[:begun], lines[begun:]
+    assert all(line.startswith("==> ") or line.startswith("    ") for line in progress), err
     assert lines[0].startswith("error: "), err
     assert lines[-1].startswith("hint: ") and sum(line.startswith("hint: ") for line in lines) == 1, err
     assert all(line.strip() for line in lines), f"a blank line splits the message:\n{err}"
