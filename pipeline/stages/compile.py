@@ -213,15 +213,6 @@ TORCH_ALIAS = ".torch"
 TORCH_PATH_IN_LIBRARY = "torch"
 
 
-# Inductor keys its precompiled headers by the compiler's command line, which names the compile
-# folder's torch link, so every compile folder (each model version, each search candidate) made
-# its own: two headers, 12.5 s of CPU on a 2-core machine, against the 2.6 s that one saves the
-# wrapper's compile. Without them a compile costs 10 s less wherever the folder is new.
-def _no_precompiled_headers() -> dict[str, bool]:
-    known = hasattr(torch._inductor.config.aot_inductor, "precompile_headers")  # absent from older torches
-    return {"aot_inductor.precompile_headers": False} if known else {}
-
-
 @contextlib.contextmanager
 def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     """Inductor compiles against torch at ``compile_dir/.torch``, a link to this torch, and
@@ -231,7 +222,7 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     commit built in another folder (every job of a release run under act has a random one) made
     other bytes; the compile folder is the same in every build of a model version.
     Private hooks, like constants.captured(): a torch without them is named in the error."""
-    from torch._inductor import cpp_builder
+    from torch._inductor import config, cpp_builder
     from torch.utils import cpp_extension
 
     original = cpp_builder.__dict__.get("_get_optimization_cflags")
@@ -255,11 +246,18 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
         cflags, ldflags = original(*args, **kwargs)
         return [*cflags, *flags], ldflags
 
+    # Inductor keys its precompiled headers by the compiler's command line, which names this link,
+    # so every compile folder (each model version, each search candidate) made its own: two
+    # headers, 12.5 s of CPU on a 2-core machine, against the 2.6 s one saves the wrapper's compile.
+    no_headers = (
+        {"aot_inductor.precompile_headers": False} if hasattr(config.aot_inductor, "precompile_headers") else {}
+    )
     saved = (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
     cpp_builder._get_optimization_cflags = with_map
     cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = str(alias), str(alias / "lib")
     try:
-        yield
+        with config.patch(no_headers):
+            yield
     finally:
         cpp_builder._get_optimization_cflags = original
         cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = saved
@@ -292,10 +290,7 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
             capturing as captured,
         ):
             produced = torch._inductor.aot_compile(
-                program.module(),
-                args,
-                kwargs,
-                options={**options, **targets.get(target).graph_passes(options), **_no_precompiled_headers()},
+                program.module(), args, kwargs, options={**options, **targets.get(target).graph_passes(options)}
             )
     except Exception as exc:  # Inductor's failures come in many types; all mean "did not compile"
         if type(exc).__name__ == "InvalidCxxCompiler":
