@@ -165,17 +165,18 @@ def _changes(modules: dict[str, torch.nn.Module], before: dict, after: dict) -> 
     found = []
     for name in sorted(set(before) | set(after)):
         owner, kind, old = before.get(name) or after[name]
+        if name in before and name in after and _same(old, after[name][2]):
+            continue  # unchanged: no need for its class's source line (inspect parses the class's whole file)
         where = _defined_at(type(modules[owner])) if owner in modules else ""
         holder = f" (an attribute of {type(modules[owner]).__name__}, {where})" if owner in modules else ""
         if name not in before:
             found.append((f"forward created self.{name} = {_one_line(after[name][2])}{holder}", where))
         elif name not in after:
             found.append((f"forward deleted self.{name}{holder}", where))
-        elif not _same(old, after[name][2]):
-            if kind == "attribute":
-                found.append((f"forward wrote self.{name}: {_difference(old, after[name][2])}{holder}", where))
-            else:
-                found.append((f"forward changed {kind} '{name}' in place{holder}", where))
+        elif kind == "attribute":
+            found.append((f"forward wrote self.{name}: {_difference(old, after[name][2])}{holder}", where))
+        else:
+            found.append((f"forward changed {kind} '{name}' in place{holder}", where))
     return found
 
 
