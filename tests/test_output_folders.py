@@ -72,11 +72,13 @@ def test_a_full_disk_is_refused_before_building(tmp_path):
         assert sorted(p.name for p in full.iterdir()) == ["filler"]
 
 
-def test_dist_filling_up_while_the_wheel_is_written_leaves_nothing(tmp_path, tiny_build):
-    """The report fitted and the wheel did not: an orphan report.json was left in dist/."""
+def test_dist_filling_up_while_the_wheel_is_written_leaves_nothing(tmp_path, tiny_build, warm_dirs):
+    """The report fitted and the wheel did not: an orphan report.json was left in dist/. The
+    subject is packaging, after the compile: warm_dirs' cache holds the compiled model."""
     wheel = next(tiny_build[0].dist.glob("*.whl"))
     with tmpfs(tmp_path / "dist", wheel.stat().st_size // 2) as dist:  # room for the report, not the wheel
-        ran = build_into(tmp_path, dist, tmp_path / "build")
+        ran = build_into(tmp_path, dist, warm_dirs.build)
+        assert "reused the compiled model from build cache" in ran.err, ran.err
         assert ran.code == OutputDirError.exit_code, ran.err
         assert f"error: cannot write {dist}/.{wheel.name}.partial-" in ran.err and "No space left on device" in ran.err
         assert f"hint: free space on the disk holding {dist}" in ran.err and "Traceback" not in ran.err
