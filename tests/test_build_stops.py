@@ -1,16 +1,19 @@
 """How a build stops: a missing compiler, an output folder it did not make, and SIGINT/SIGTERM
 at any point (a parallel build's children, early in compile, inside C code): its own message,
 hint and exit code, nothing left under the root, in dist/ or in the cache, and nothing that
-blocks the next build."""
+blocks the next build. The next builds after a stopped parallel build are two versions of one model
+built at once, each its own process (test_two_versions_built_at_once_both_succeed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ import pytest
 from pipeline.errors import BuildInterrupted, OutputDirError, ToolchainError
 from pipeline.services import progress
 
-from .conftest import GOOD, REPO, TINY_SPEC, Ran, run_cli, spec_copy, start_cli
+from .conftest import GOOD, REPO, TINY_SPEC, BuildDirs, Ran, run_cli, spec_copy, start_cli, wheel_manifest
 
 
 def build(spec, dirs, env=None):
@@ -45,13 +48,20 @@ def test_output_folder_not_made_by_a_build_is_left_alone(dirs):
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
-def test_interrupted_build_removes_everything(dirs, how):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "build", "--spec", str(TINY_SPEC), *dirs.args()],
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+def test_interrupted_build_removes_everything(tmp_path, how):
+    """Stopped inside AOTInductor: nothing under the root, in dist/ or in the cache, and the message
+    says what it kept. SIGINT is a terminal's Ctrl-C: it reaches the whole process group, the C++
+    compiler too."""
+    proc = start_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(tmp_path / "opt"),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(tmp_path / "build"),
     )
     seen = []
     for line in proc.stderr:
@@ -59,15 +69,13 @@ def test_interrupted_build_removes_everything(dirs, how):
         if line.startswith("==> compile"):
             break
     time.sleep(1.0)  # inside AOTInductor now
-    assert (dirs.root / "tiny" / "0.1" / "cpu").is_dir(), "".join(seen)
-    if how == "SIGINT":  # Ctrl-C reaches the whole process group, the C++ compiler too
+    assert (tmp_path / "opt" / "tiny" / "0.1" / "cpu").is_dir(), "".join(seen)
+    if how == "SIGINT":
         os.killpg(proc.pid, signal.SIGINT)
     else:
         proc.send_signal(signal.SIGTERM)
     err = "".join(seen) + proc.stderr.read()
-    assert proc.wait(timeout=120) == BuildInterrupted.exit_code, err
-    assert f"error: build stopped by {how}" in err
-    assert dirs.leftovers() == []
+    stopped_cleanly(Ran(proc.wait(timeout=120), "", err), tmp_path, how)
 
 
 def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
@@ -97,35 +105,108 @@ def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
 # -- Ctrl-C to a parallel build ----------------------------------------------------------
 
 
-def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(tmp_path, dirs):
-    """SIGINT to the process group (a terminal's Ctrl-C) reached each build twice, once from the
-    terminal and once forwarded by the parent; the second cut the cleanup short, leaving an
-    unmarked output folder and its lock, and every later build of the model stopped with exit 10."""
-    specs = [spec_copy(tmp_path / v, GOOD.replace('version = "0.1"', f'version = "{v}"')) for v in ("0.2", "0.3")]
+@dataclass(frozen=True)
+class StoppedThenRebuilt:
+    dirs: BuildDirs
+    versions: tuple[str, ...]
+    stopped: Ran  # the parallel build, after its Ctrl-C
+    logs: dict[str, str]  # version: its build's log
+    left: list[Path]  # what was under the root after the stop
+    rebuilt: dict[str, Ran]  # version: the next build of it, the two run at once
+
+
+@pytest.fixture(scope="module")
+def stopped_then_rebuilt(tmp_path_factory) -> StoppedThenRebuilt:
+    """Ctrl-C to a parallel build of tiny 0.2 and 0.3 inside their compiles, then the next builds
+    of those versions, two fresh builds (the stopped ones stored nothing in the cache) of one
+    model started at once into the one --build-dir, all under umask 000: the three tests below
+    assert on what they did, so the two versions are compiled twice, not five times."""
+    base = tmp_path_factory.mktemp("stopped-then-rebuilt")
+    dirs = BuildDirs(root=base / "opt" / "models", dist=base / "dist", build=base / "build")
+    versions = ("0.2", "0.3")
+    specs = [spec_copy(base / v, GOOD.replace('version = "0.1"', f'version = "{v}"')) for v in versions]
     args = ["build", *(a for s in specs for a in ("--spec", str(s))), "-j", "2", *dirs.args()]
-    parent = start_cli(*args)
+    umask = os.umask(0)  # every build here runs under umask 000, as its children do
+    try:
+        parent = start_cli(*args)
+    finally:
+        os.umask(umask)
     seen = []
     for line in parent.stderr:
         seen.append(line)
         if sum(line.startswith("==> build ") for line in seen) == 2:
             break
-    logs = [dirs.build / "logs" / f"{v}-spec.log" for v in ("0.2", "0.3")]
+    logs = [dirs.build / "logs" / f"{v}-spec.log" for v in versions]
     deadline = time.monotonic() + 300
     while not all(log.is_file() and "==> compile" in log.read_text() for log in logs):
-        assert parent.poll() is None and time.monotonic() < deadline, "".join(seen)
+        if parent.poll() is not None or time.monotonic() > deadline:
+            parent.kill()
+            pytest.fail("".join(seen) + parent.stderr.read())
         time.sleep(0.2)
     time.sleep(1.0)  # inside AOTInductor now
     os.killpg(parent.pid, signal.SIGINT)
     err = "".join(seen) + parent.stderr.read()
-    assert parent.wait(timeout=120) == BuildInterrupted.exit_code, err
-    for log in logs:
-        assert "error: build stopped by SIGINT" in log.read_text(), log.read_text()
-    assert [p for p in dirs.root.rglob("*") if not p.is_dir()] == [], "no output folder, marker or lock is left"
-    assert not [p for p in dirs.root.rglob("*") if p.name.startswith(".")]
+    stopped = Ran(parent.wait(timeout=120), "", err)
+    left = sorted(dirs.root.rglob("*"))
+    # The next builds: `--version` on the one spec, each its own process, both at once.
+    umask = os.umask(0)
+    try:
+        builds = [start_cli("build", "--spec", str(TINY_SPEC), "--version", v, *dirs.args()) for v in versions]
+    finally:
+        os.umask(umask)
+    rebuilt = {v: Ran(child.wait(timeout=600), "", child.stderr.read()) for v, child in zip(versions, builds)}
+    said = {v: log.read_text() for v, log in zip(versions, logs)}
+    return StoppedThenRebuilt(dirs, versions, stopped, said, left, rebuilt)
 
-    again = run_cli(*args)
-    assert again.code == 0, again.err + "".join(log.read_text() for log in logs)
-    assert len(list(dirs.dist.glob("*.whl"))) == 2
+
+def test_ctrl_c_to_a_parallel_build_leaves_nothing_that_blocks_the_next(stopped_then_rebuilt):
+    """SIGINT to the process group (a terminal's Ctrl-C) reached each build twice, once from the
+    terminal and once forwarded by the parent; the second cut the cleanup short, leaving an
+    unmarked output folder and its lock, and every later build of the model stopped with exit 10."""
+    done = stopped_then_rebuilt
+    assert done.stopped.code == BuildInterrupted.exit_code, done.stopped.err
+    for log in done.logs.values():
+        assert "error: build stopped by SIGINT" in log, log
+    assert [p for p in done.left if not p.is_dir()] == [], "no output folder, marker or lock is left"
+    assert not [p for p in done.left if p.name.startswith(".")]
+    for version, again in done.rebuilt.items():  # the next build of each version is not blocked
+        assert again.code == 0, f"--version {version}:\n{again.err}" + "".join(done.logs.values())
+    assert len(list(done.dirs.dist.glob("*.whl"))) == 2
+
+
+def test_two_versions_built_at_once_both_succeed(stopped_then_rebuilt):
+    """They shared build/<model>/<target>/ (wheel-src, candidates, sources, the trace): one removed
+    the other's files, and a build failed with exit 9 and "report this as a bug". The two builds
+    are stopped_then_rebuilt's next builds of 0.2 and 0.3: two processes at once, with an empty cache."""
+    dirs = stopped_then_rebuilt.dirs
+    for version, again in stopped_then_rebuilt.rebuilt.items():
+        assert again.code == 0, f"--version {version}:\n{again.err}"
+    sources = set()
+    for version in stopped_then_rebuilt.versions:
+        [wheel] = sorted(dirs.dist.glob(f"model_tiny-{version}+cpu.*.whl"))
+        assert wheel_manifest(wheel)["opt_path"] == str(dirs.root / "tiny" / version / "cpu")
+        report = json.loads(next(dirs.dist.glob(f"model_tiny-{version}+cpu.*.report.json")).read_text())
+        sources.add(report["sources_dir"])
+        assert report["sources_dir"].startswith(str(dirs.build / "tiny" / version / "cpu")), report["sources_dir"]
+        assert report["trace_dir"] == str(dirs.build / "tiny" / version / "trace")
+    assert len(sources) == 2
+    assert [p for p in dirs.root.rglob("*") if not p.is_dir()] == [], "no folder or lock is left under the root"
+
+
+def test_what_the_build_writes_has_explicit_modes_under_umask_000(stopped_then_rebuilt):
+    """What stopped_then_rebuilt's builds wrote under umask 000: dist/ and its wheels and reports,
+    and all of the build folder (the cache, the logs, the work files a stop keeps)."""
+    dirs = stopped_then_rebuilt.dirs
+    assert oct(dirs.dist.stat().st_mode & 0o777) == oct(0o755)
+    for made in dirs.dist.iterdir():
+        assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
+    # the build folder too: its cache is loaded by the next build (under umask 000 it was 0777)
+    writable = [
+        f"{oct(p.stat().st_mode & 0o777)} {p}"
+        for p in [dirs.build, *dirs.build.rglob("*")]
+        if not p.is_symlink() and p.stat().st_mode & 0o022
+    ]
+    assert writable == []
 
 
 def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path, monkeypatch):
@@ -203,12 +284,12 @@ gc.callbacks.append(_interrupt_inside_gc)
 '''
 
 
-def stopped_cleanly(ran: Ran, tmp_path: Path) -> Path:
+def stopped_cleanly(ran: Ran, tmp_path: Path, how: str = "SIGINT") -> Path:
     """The stop's message names exactly what it kept; returns the work files' folder."""
     work = tmp_path / "build" / "tiny" / "0.1"
     assert ran.code == BuildInterrupted.exit_code, ran.err
     assert (
-        f"error: build stopped by SIGINT: nothing of it is left under {tmp_path / 'opt'} or in {tmp_path / 'dist'}, "
+        f"error: build stopped by {how}: nothing of it is left under {tmp_path / 'opt'} or in {tmp_path / 'dist'}, "
         f"and nothing was stored in the build cache; its work files in {work}/ (trace, generated sources so far, "
         "the work folder's lock) are kept for inspection; the next build of tiny 0.1 replaces them" in ran.err
     ), ran.err
@@ -240,30 +321,6 @@ def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_
     candidate = work / "cpu" / "candidates" / "pinned"
     assert "Exception ignored" not in (candidate / "inductor.log").read_text(), "the interrupt was dropped"
     assert not (candidate / "sources").exists(), "AOTInductor was stopped before it finished"
-
-
-def test_ctrl_c_in_compile_says_what_it_left(tmp_path):
-    args = [
-        "build",
-        "--spec",
-        str(TINY_SPEC),
-        "--root",
-        str(tmp_path / "opt"),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(tmp_path / "build"),
-    ]
-    child = start_cli(*args)
-    seen = []
-    for line in child.stderr:
-        seen.append(line)
-        if line.startswith("==> compile"):
-            break
-    time.sleep(0.5)
-    os.killpg(child.pid, signal.SIGINT)
-    err = "".join(seen) + child.stderr.read()
-    stopped_cleanly(Ran(child.wait(timeout=120), "", err), tmp_path)
 
 
 def test_a_stopped_build_stores_nothing_in_the_cache(tmp_path, monkeypatch):

@@ -107,19 +107,9 @@ def test_an_inductor_cache_another_user_made_first_is_refused(dirs, tmp_path, as
         shutil.rmtree(theirs)
 
 
-def test_what_the_build_writes_has_explicit_modes_under_umask_000(dirs):
-    ran = build(dirs, preexec_fn=lambda: os.umask(0))
-    assert ran.returncode == 0, ran.stderr
-    assert oct(dirs.dist.stat().st_mode & 0o777) == oct(0o755)
-    for made in dirs.dist.iterdir():
-        assert oct(made.stat().st_mode & 0o777) == oct(0o644), made
-    # the build folder too: its cache is loaded by the next build (under umask 000 it was 0777)
-    writable = [
-        f"{oct(p.stat().st_mode & 0o777)} {p}"
-        for p in [dirs.build, *dirs.build.rglob("*")]
-        if not p.is_symlink() and p.stat().st_mode & 0o022
-    ]
-    assert writable == []
+# What the build writes has explicit modes under umask 000: test_build_stops.py's
+# test_what_the_build_writes_has_explicit_modes_under_umask_000, on the builds a stopped parallel
+# build and the next two builds wrote (their fresh compiles serve three tests there).
 
 
 def test_a_library_changed_after_verification_is_not_packaged(tmp_path):
