@@ -6,6 +6,7 @@ built at once, each its own process (test_two_versions_built_at_once_both_succee
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,7 +141,8 @@ def stopped_then_rebuilt(tmp_path_factory) -> StoppedThenRebuilt:
     deadline = time.monotonic() + 300
     while not all(log.is_file() and "==> compile" in log.read_text() for log in logs):
         if parent.poll() is not None or time.monotonic() > deadline:
-            parent.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(parent.pid, signal.SIGKILL)  # the parent and its builds
             pytest.fail("".join(seen) + parent.stderr.read())
         time.sleep(0.2)
     time.sleep(1.0)  # inside AOTInductor now
