@@ -58,7 +58,7 @@ def save_vit(folder: Path, base: type | None = None) -> Path:
         patch_size=8,
         num_channels=3,
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=4,
         intermediate_size=64,
         num_labels=5,
@@ -75,7 +75,7 @@ def save_bert(folder: Path) -> Path:
         BertConfig(
             vocab_size=100,
             hidden_size=32,
-            num_hidden_layers=2,
+            num_hidden_layers=1,
             num_attention_heads=4,
             intermediate_size=64,
             max_position_embeddings=64,
