@@ -8,28 +8,30 @@ import shutil
 from pipeline.errors import OutputDirError
 from pipeline.services.manifest import sha256_file
 
-from .conftest import TINY_SPEC, run_cli
+from .conftest import GOOD, run_cli, spec_copy
 
 
-def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(tmp_path, tiny_build):
+def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(tmp_path, warm_dirs, tiny_build):
+    """The model's description changes and its version does not: another wheel of the same name.
+    The change is one the compiled .so does not depend on, so the build reuses the session build's
+    compile (warm_dirs) and runs its doctor, verify and package; what it refuses comes after them."""
     built, _ = tiny_build
-    dist = tmp_path / "dist"
+    dist = warm_dirs.dist
     shutil.copytree(built.dist, dist)
     wheel = next(dist.glob("*.whl"))
     tested = sha256_file(wheel)
-    spec = tmp_path / "spec" / "spec.toml"
-    shutil.copytree(TINY_SPEC.parent, spec.parent)
-    spec.write_text(spec.read_text().replace("kwargs = { channels = 8 }", "kwargs = { channels = 6 }"))
+    spec = spec_copy(tmp_path / "spec", GOOD.replace('"Tiny test model"', '"Tiny test model, trained again"'))
+    # the session build's root: the wheel's name, version and /opt path are the tested wheel's
     args = [
         "build",
         "--spec",
         str(spec),
         "--root",
-        str(tmp_path / "opt"),
+        str(built.root),
         "--dist",
         str(dist),
         "--build-dir",
-        str(tmp_path / "build"),
+        str(warm_dirs.build),
     ]
     refused = run_cli(*args)
     assert refused.code == OutputDirError.exit_code, refused.err
