@@ -233,13 +233,17 @@ def doctor_stage(
 ) -> tuple[list, Exported, Signal, tuple[list, list]]:
     """The doctor's findings, the model prepared for export (on the target's device, its outputs
     described), the gate's signal check (outputs that do not move stop the build here, before
-    minutes of compiling, since no comparison could verify them) and the search's plans."""
+    minutes of compiling, since no comparison could verify them), pad = true's gate on eager (a
+    model that mixes the batch stops here too) and the search's plans."""
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded)
         # eager calls too (minutes for a large model on a busy machine): the status says which
         ctx.progress.step("signal: eager on the seeded inputs, whose outputs must differ (the verification's gate)")
         exported = prepare(ctx.spec_file, loaded, ctx.target)
         signal = check_signal(exported)
+        if static.pads(ctx.spec_file.spec):  # a model that mixes the batch is refused before the compiles
+            ctx.progress.step("padding: eager on padded batches against eager at their own size (pad = true's gate)")
+            static.check_padding_eager(exported)
         # Planning runs eager under bfloat16 autocast against the spec's tolerances: 34 s for the
         # unet on a busy machine, silent between two stages when it ran outside one.
         ctx.progress.step("the search's candidates: eager under bfloat16 autocast, held to the spec's tolerances")

@@ -219,8 +219,11 @@ def test_verify_command_covers_every_size(static_venv):
 
 
 def test_padding_is_refused_for_a_model_that_mixes_the_batch(tmp_path):
+    """Refused by the doctor, on eager, before any compile; the compiled models' gate (the same
+    cases, the same refusal) passes in test_build_compiles_and_verifies_every_size."""
     dirs, ran = build(MIXING, tmp_path)
     assert ran.code == 8, ran.err
+    assert "==> doctor" in ran.err and "==> export" not in ran.err and "==> compile" not in ran.err, ran.err
     assert "[dims.batch] pad = true, but the model is not batch-independent" in ran.err
     assert "case batch=2 padded to 3: output 'features'" in ran.err
     assert "remove 'pad = true' from [dims.batch]" in ran.err

@@ -13,13 +13,14 @@ store, each distinct blob once (constants.py); on CUDA each .so carries its own.
 With ``pad = true`` a size between the static ones runs on the next larger one, its inputs padded
 along the batch and its outputs sliced; the gate below checks, on the compiled models, that the
 padded results match eager at the unpadded size (a model that mixes samples across the batch,
-batch norm in training mode or a sum over the batch, fails it).
+batch norm in training mode or a sum over the batch, fails it). The doctor runs the same gate on
+eager alone first, so such a model is refused before any compile.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,16 +131,52 @@ def padded_sizes(sizes: list[int], low: int) -> dict[int, int]:
     return {batch: runs_at for batch, (_, runs_at) in routes.items() if runs_at != batch}
 
 
+def pads(spec: Spec) -> bool:
+    """Whether the spec lets sizes between the static ones run padded (``pad = true``)."""
+    return spec.static_dim is not None and spec.dims[spec.static_dim].pad
+
+
+def check_padding_eager(exported: Exported) -> None:
+    """The padding gate on eager alone, in the doctor, before any compile: a model that mixes the
+    batch is refused in seconds, not after every size is compiled. The compiled gate below
+    (``check_padding``) still runs on the compiled static models."""
+    spec = exported.spec_file.spec
+    dim = spec.static_dim
+    assert dim is not None and spec.dims[dim].static  # pads(spec): a static dim with its sizes
+    _padding_gate(
+        exported,
+        spec.dims[dim].static,
+        lambda to, padded: as_tuple(call_forward(exported.module, tuple(padded)), exported.returns_tuple),
+    )
+
+
 def check_padding(
     exported: Exported, models: Sequence[StaticModel], weights_file: Path | None
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The batch-independence gate of ``pad = true``: for the smallest and largest size that pads to
     each static size, the static model's padded, sliced outputs against eager at the unpadded size."""
+    by_size = {model.size: model for model in models}
+    runners: dict[int, Any] = {}  # static size: its runner
+
+    def run(to: int, padded: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+        runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
+        outputs: Sequence[torch.Tensor] = runner.run(padded)
+        return outputs
+
+    results, checked = _padding_gate(exported, list(by_size), run)
+    say(f"    padding: {checked} padded sizes match eager at their own size (model is batch-independent)")
+    return results
+
+
+def _padding_gate(
+    exported: Exported, static_sizes: Sequence[int], run: Callable[[int, list[torch.Tensor]], Sequence[torch.Tensor]]
+) -> tuple[dict[str, dict[str, dict[str, Any]]], int]:
+    """The gate's cases, each padded batch run by ``run(static size, padded inputs)``, against eager
+    at the unpadded size; refused with every failing case. Returns each case's diffs and their count."""
     spec = exported.spec_file.spec
     dim = spec.static_dim
-    assert dim is not None  # compile_sizes made models only for a static dim
-    by_size = {model.size: model for model in models}
-    pads = padded_sizes(sorted(by_size), spec.dims[dim].min)
+    assert dim is not None  # only a spec with a static dim pads
+    pads = padded_sizes(sorted(static_sizes), spec.dims[dim].min)
     checked = sorted(
         {min(b for b in pads if pads[b] == s) for s in set(pads.values())}
         | {max(b for b in pads if pads[b] == s) for s in set(pads.values())}
@@ -147,19 +184,17 @@ def check_padding(
     tols, names = tolerances(exported), [o.name for o in spec.outputs]
     sizes = {name: d.export_size for name, d in spec.dims.items()}
     target = exported.target
-    runners: dict[int, Any] = {}  # static size: its runner
     results: dict[str, dict[str, dict[str, Any]]] = {}  # case: output: its diff
     failures: list[str] = []
     for batch in checked:
         to = pads[batch]
-        runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
         inputs = tuple(
             t.to(exported.device)
             for t in wheel_inputs.make_inputs(spec_inputs(exported.spec_file), {**sizes, dim: batch}, PAD_SEED + batch)
         )
         with torch.no_grad(), targets.reference(target):
             want = as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
-            got = runner.run(wheel_dispatch.pad(list(inputs), to, torch.cat))
+            got = run(to, wheel_dispatch.pad(list(inputs), to, torch.cat))
         case = f"{dim}={batch} padded to {to}"
         for name, g, w in zip(names, got, want):
             if g.dim() == 0 or g.shape[0] != to:
@@ -180,8 +215,7 @@ def check_padding(
             "run on the dynamic model; or make samples independent "
             "(no batch norm in training mode, no sums over the batch)",
         )
-    say(f"    padding: {len(checked)} padded sizes match eager at their own size (model is batch-independent)")
-    return results
+    return results, len(checked)
 
 
 def manifest_record(exported: Exported, models: list[VerifiedStatic]) -> Static | None:
@@ -251,8 +285,7 @@ def verify_all(
     golden cases merged into the wheel's one golden file."""
     checked = verify_sizes(models, weights_file, work_dir)
     spec = exported.spec_file.spec
-    pads = spec.static_dim is not None and spec.dims[spec.static_dim].pad
-    padding = check_padding(exported, checked, weights_file) if checked and pads else None
+    padding = check_padding(exported, checked, weights_file) if checked and pads(spec) else None
     merge_golden(verified.golden_file, checked)
     return StaticSizes(checked, padding)
 
