@@ -1,7 +1,7 @@
 """The compile options, locked (pipeline/features/lock.py): what the option search chose is kept
 beside the spec, keyed by what decided it (target, CPU kind, torch, the spec's [compile] keys). A
 build with the matching entry uses it and runs no search; an entry for another key is never used,
-and the build says why. These tests read, match and write the file; they compile nothing."""
+and the build says why. These tests read, match and write the file; the last builds (one fresh compile)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,11 @@ def test_a_damaged_lock_is_refused_naming_the_file(tmp_path, text):
 def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(tmp_path):
     """One fresh compile: the budget stops the search after the spec's own options. The first build
     finds only an entry for another torch (said, ignored), searches and adds its choice; the
-    second uses that entry and runs no search."""
+    second uses that entry and runs no search. The first build is also the search stopped at its
+    budget (what tests/test_tune.py had a build of its own for): the candidates it left out are said,
+    and recorded in the report and, without their seconds, in the wheel's manifest."""
+    import zipfile
+
     import torch
 
     # compiled even where the machine is noisy: the budget, not the noise, must stop the search here
@@ -96,6 +100,17 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
         "the option search runs, and its choice is added to spec.lock.json"
     ) in first.err.splitlines()
     assert "    candidate freezing: not tried: over the search's compile budget: " in first.err
+    assert "budget 0.5 s ([compile] search_budget_s)" in first.err
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    search = report["compile_search"]
+    assert [c["name"] for c in search["candidates"]] == ["spec-options"] and search["chosen"] == "spec-options"
+    assert {"freezing", "max-autotune"} <= {s["name"] for s in search["not_tried"]}
+    assert "budget 0.5 s" in {s["name"]: s["reason"] for s in search["not_tried"]}["freezing"]
+    # the wheel's manifest keeps the reason without its measured seconds, which differ run to run
+    with zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))) as archive:
+        recorded = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("/manifest.json"))))
+    reasons = {s["name"]: s["reason"] for s in recorded["compile_search"]["not_tried"]}
+    assert reasons["freezing"] == "over the search's compile budget (the build's report has the seconds)", reasons
     assert (
         f"    wrote the search's choice (spec-options) to {path}: builds like this one (cpu, CPU kind {kind}, "
         f"torch {torch.__version__}) use it and run no search"
