@@ -389,18 +389,42 @@ def waves(folder: Path, compile_keys: str = ""):
     return (exported, *tune.plans(exported, find_cxx(), folder / "opt"))
 
 
-def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_beyond_its_spread(tmp_path):
+def searched_mlp(mlp_search, folder: Path):
+    """The MLP of ``mlp_search`` prepared in this process and its candidates planned, with a build cache
+    in ``folder`` that holds their compiles (the search build's compile-cache entries, not its reports:
+    an earlier build's timings would rule candidates out): no export, no compile."""
+    import sys
+
+    from pipeline.services.cache import Cache
+    from pipeline.stages.compile import find_cxx
+
+    searched = mlp_search[0]
+    for entry in (searched / "build" / "cache").iterdir():
+        if entry.is_dir() and not entry.name.startswith(("build-", ".")):
+            shutil.copytree(entry, folder / "cache" / entry.name)
+    spec_file = load_spec(searched / "spec.toml")
+    try:
+        loaded = load_model(spec_file)
+    finally:
+        sys.path.remove(str(searched))
+        sys.modules.pop("mlp_model", None)
+    exported = prepare(spec_file, loaded, targets.get("cpu"))
+    return (exported, *tune.plans(exported, find_cxx(), folder / "opt"), Cache(folder / "cache"))
+
+
+def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_beyond_its_spread(mlp_search, tmp_path):
     """A busy loop on every core while the candidates are timed, as a CI runner's neighbours run.
-    (It starts when the search says it is timing: compiling under it too would only make the test slow.)"""
+    (It starts when the search says it is timing: compiling under it too would only make the test slow.
+    The candidates are the MLP search's, taken from its compile cache: the subject is the timing.)"""
     import multiprocessing
     import os
     import statistics
 
-    from pipeline.services.cache import Cache
-
-    # compiled even where the machine is noisy already: the test is about the timing under load
-    exported, planned, skipped = waves(tmp_path, "search_when_noisy = true\nsearch_budget_s = 3600\n")
-    context = multiprocessing.get_context("spawn")
+    # the spec's search_when_noisy = true: timed even where the machine is noisy already, as the test needs
+    exported, planned, skipped, store = searched_mlp(mlp_search, tmp_path)
+    assert [name for name, _ in planned] == ["spec-options", "freezing", "max-autotune"]
+    # forked: a spawned loop would import this module, and torch with it, before it loads a core
+    context = multiprocessing.get_context("fork")
     stop, loops, said = context.Event(), [], []
 
     class Display(progress.Progress):  # what the search says, and the busy loops started as it starts timing
@@ -417,7 +441,7 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
 
     try:
         with progress.reporting(Display()):
-            tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", Cache(tmp_path / "cache"))
+            tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", store)
     finally:
         stop.set()
         for loop in loops:
@@ -425,6 +449,7 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
             if loop.is_alive():
                 loop.terminate()
     assert loops, "the busy loops ran while the candidates were timed"
+    assert all(trial.from_cache for trial in tuned.trials), "compiled by the search build, timed here"
     timed = {trial.name: trial for trial in tuned.trials if trial.passed}
     assert {"spec-options", "freezing"} <= set(timed), tuned.trials
     for name, trial in timed.items():
