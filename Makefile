@@ -35,8 +35,9 @@ venv: $(VENV)/.installed
 
 # torch first: from a wheel pip's own settings already reach offline (a local mirror: no wait on
 # an index), else from PyTorch's index for TORCH_VARIANT; then the rest of the toolchain.
-# --no-compile: byte-compiling all of torch's sources was half its install (51 s of it against
-# 23 s on a 2-core machine); Python compiles the modules it imports on first use.
+# --no-compile (torch and requirements.txt): byte-compiling all of torch's sources was half its
+# install (51 s of it against 23 s on a 2-core machine), and all of requirements.txt's (mypy's
+# most) 24 of its 40 CPU seconds; Python compiles the modules it imports on first use.
 # The recipe's lines are not echoed (@): a newcomer sees what is being installed, not shell plumbing.
 # EDITABLE_QUIET: setuptools warns on every editable install that a folder named like the package
 # may shadow it; here that folder is the package.
@@ -51,7 +52,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	  echo "hint: where that index cannot be reached, name a mirror of it (make ... TORCH_INDEX=URL), or download the wheel on a machine that reaches it (pip download torch==$(TORCH_VERSION)+$(TORCH_VARIANT) --no-deps --index-url $(TORCH_INDEX) -d DIR) and run make with PIP_FIND_LINKS=DIR"; \
 	  exit 2; }; }
 	@echo "    requirements.txt"
-	@$(PY) -m pip install --quiet -r requirements.txt
+	@$(PY) -m pip install --quiet --no-compile -r requirements.txt
 	@$(EDITABLE_QUIET) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 	@echo "    $(VENV) is ready"
