@@ -106,10 +106,17 @@ def workspace(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def matrix(workspace, tmp_path_factory) -> dict:
+def matrix_python(tmp_path_factory) -> Path:
+    """The matrix job's setup-python: no torch. Both of the file's runs of that job use it, as a
+    re-run job would: the second run's install step finds what the first installed, and the venv
+    holds nothing else."""
+    return make_venv(tmp_path_factory.mktemp("matrix-python") / "python", sees_torch=False)
+
+
+@pytest.fixture(scope="module")
+def matrix(workspace, matrix_python, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("matrix")
-    python = make_venv(tmp / "python", sees_torch=False)  # setup-python's: no torch
-    run_job("matrix", {"inputs": {"no_containers": True}}, workspace, python, tmp)
+    run_job("matrix", {"inputs": {"no_containers": True}}, workspace, matrix_python, tmp)
     return json.loads(outputs(tmp, "matrix")["matrix"])
 
 
@@ -125,13 +132,14 @@ def built(workspace, matrix, tmp_path_factory) -> Path:
     return wheels[0]
 
 
-def test_the_matrix_job_gives_one_job_per_target_with_only_its_own_install_line(matrix, workspace, tmp_path):
+def test_the_matrix_job_gives_one_job_per_target_with_only_its_own_install_line(
+    matrix, matrix_python, workspace, tmp_path
+):
     # The local run (no_containers) builds on this machine: cuda only where it has the NVIDIA driver.
     here = [("tiny", "cuda")] if cuda.runner_missing() is None else []
     assert [(entry["model"], entry["target"]) for entry in matrix["include"]] == [("tiny", "cpu"), *here]
     assert all(entry["container"] == "" for entry in matrix["include"])  # the local run: on the runner itself
-    python = make_venv(tmp_path / "python", sees_torch=False)
-    run_job("matrix", {"inputs": {"no_containers": False}}, workspace, python, tmp_path)
+    run_job("matrix", {"inputs": {"no_containers": False}}, workspace, matrix_python, tmp_path)
     jobs = {entry["target"]: entry for entry in json.loads(outputs(tmp_path, "matrix")["matrix"])["include"]}
     assert "manylinux_2_28" in jobs["cpu"]["container"] and jobs["cpu"]["torch_variant"] == "cpu"
     assert "manylinux2_28" in jobs["cuda"]["container"] and "--gpus" in jobs["cuda"]["container_options"]
@@ -149,12 +157,19 @@ def test_the_cpu_job_builds_only_cpu_for_the_portable_cpu_kind(built, workspace)
     assert (workspace / "build" / "tiny" / "0.1" / "trace").is_dir(), "the trace the workflow uploads"
 
 
-def test_a_wheel_built_for_avx2_loads_where_torch_runs_avx2_kernels(built, tmp_path):
-    python = make_venv(tmp_path / "env")
+@pytest.fixture(scope="module")
+def built_installed(built, tmp_path_factory) -> Path:
+    """A venv with the cpu job's wheel installed by pip (this suite's torch its pinned one); the
+    tests below only run it."""
+    python = make_venv(tmp_path_factory.mktemp("built-installed") / "env")
     pip_install(python, str(built))
+    return python
+
+
+def test_a_wheel_built_for_avx2_loads_where_torch_runs_avx2_kernels(built_installed):
     ran = subprocess.run(
         [
-            str(python),
+            str(built_installed),
             "-c",
             "import model_tiny as m; print(m.load()(*m.example_inputs())[1].shape); "
             "print(m.load_numpy()(*[t.numpy() for t in m.example_inputs()])[1].shape)",
@@ -168,12 +183,11 @@ def test_a_wheel_built_for_avx2_loads_where_torch_runs_avx2_kernels(built, tmp_p
     assert ran.stdout.split() == ["torch.Size([2,", "4])", "(2,", "4)"]
 
 
-def test_the_portable_wheel_runs_onednn_at_the_kind_it_packed_its_weights_for(built, tmp_path):
+def test_the_portable_wheel_runs_onednn_at_the_kind_it_packed_its_weights_for(built_installed):
     """Its weights are packed in AVX2's blocked layouts. On a CPU with more (AVX-512), an uncapped
     oneDNN runs its own kernels and reorders every packed weight on every call (the unet: 254 ms
     a call against 41): the runtime holds oneDNN at AVX2, unless the user set a cap of their own."""
-    python = make_venv(tmp_path / "env")
-    pip_install(python, str(built))
+    python = built_installed
     code = (
         "import os, model_tiny as m; model = m.load(); model(*m.example_inputs()); "
         "print('cap', os.environ.get('ONEDNN_MAX_CPU_ISA'))"
