@@ -293,9 +293,24 @@ def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
         tmp_path / "attention",
         ignore=shutil.ignore_patterns("__pycache__", "*.lock.json"),
     )
+    # An earlier build of the model measured freezing no faster: the search compiles spec-options and
+    # max-autotune only (payback.py), not a freezing candidate this test has no use for.
+    earlier = {
+        "model": "attention",
+        "target": "cpu",
+        "compile_search": {
+            "candidates": [
+                {"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0},
+                {"name": "freezing", "median_ms": 1.25, "compile_s": 10.0},
+            ]
+        },
+    }
+    (tmp_path / "build" / "cache" / "build-earlier").mkdir(parents=True)
+    (tmp_path / "build" / "cache" / "build-earlier" / "model_attention-0.1.report.json").write_text(json.dumps(earlier))
     ran = build_in(tmp_path, model / "spec.toml")
     assert ran.code == 0, ran.err
     assert "Traceback" not in ran.err
+    assert "    candidate freezing: not tried: cannot pay back its compile: " in ran.err
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     dropped = {c["name"]: c["problem"] for c in report["compile_search"]["candidates"] if not c["passed"]}
     # On this project's machines max-autotune's .so raises on batch 1; elsewhere it may pass.
