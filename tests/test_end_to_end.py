@@ -7,6 +7,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -121,35 +122,51 @@ def test_wheel_is_lean_and_self_describing(tiny_build, wheel):
     assert manifest_of(wheel)["license"] is None and manifest_of(wheel)["urls"] == {}
 
 
-def test_keep_debug_license_and_urls_reach_the_wheel(tmp_path):
-    spec = tmp_path / "spec.toml"
+@pytest.fixture(scope="module")
+def variant_build(tmp_path_factory, tiny_build) -> Path:
+    """One build of the tiny model's code with what comes after its compile changed: --keep-debug,
+    a license and URLs, and an fp64 reference with one golden case and no edge cases. The compile
+    options are the session build's, so its build cache (copied here, as ``warm_dirs`` does)
+    gives the compiled .so as AOTInductor wrote it; stripping it or not, the metadata and the
+    verification all run as in a fresh build. Returns its dist/."""
+    base = tmp_path_factory.mktemp("variant")
+    for entry in (tiny_build[0].build / "cache").iterdir():
+        if entry.is_dir() and not entry.name.startswith(("build-", ".")):
+            shutil.copytree(entry, base / "build" / "cache" / entry.name)
+    (base / "src").mkdir()
+    spec = base / "src" / "spec.toml"
     spec.write_text(
         TINY_SPEC.read_text().replace(
             'description = "Tiny test model"\n',
             'description = "Tiny test model"\nlicense = "apache-2.0 OR mit"\n'
             'urls = { Homepage = "https://example.com/tiny", "Source code" = "http://example.com/src?a=1&b=$x" }\n',
         )
+        + "\n[verify]\nfp64_reference = true\nedge_cases = false\ngolden_cases = 1\n"
     )
-    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
+    (base / "src" / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
     ran = run_cli(
         "build",
         "--spec",
         str(spec),
         "--keep-debug",
         "--root",
-        str(tmp_path / "opt"),
+        str(base / "opt"),
         "--dist",
-        str(tmp_path / "dist"),
+        str(base / "dist"),
         "--build-dir",
-        str(tmp_path / "build"),
+        str(base / "build"),
     )
     assert ran.code == 0, ran.err
-    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    return base / "dist"
+
+
+def test_keep_debug_license_and_urls_reach_the_wheel(variant_build):
+    (wheel,) = variant_build.glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read("model_tiny-0.1+cpu.torch2.13.0.dist-info/METADATA").decode().splitlines()
         so_bytes = archive.read("model_tiny/artifacts/model.so")
     assert b".debug_info" in so_bytes
-    assert json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())["debug_info"] == "kept"
+    assert json.loads(next(variant_build.glob("*.report.json")).read_text())["debug_info"] == "kept"
     assert "License-Expression: Apache-2.0 OR MIT" in metadata
     assert "Project-URL: Homepage, https://example.com/tiny" in metadata
     assert "Project-URL: Source code, http://example.com/src?a=1&b=$x" in metadata
@@ -172,24 +189,6 @@ def test_missing_strip_is_named_before_compiling(tmp_path):
     assert f"cannot run '{tmp_path / 'no-such-strip'}'" in ran.err
     assert "apt-get install binutils" in ran.err and "--keep-debug" in ran.err
     assert "==> compile" not in ran.err
-
-
-def test_rebuild_gives_identical_wheel_bytes(tiny_build, wheel, tmp_path):
-    build_dirs, _ = tiny_build
-    first = wheel.read_bytes()
-    again = run_cli(
-        "build",
-        "--spec",
-        str(TINY_SPEC),
-        "--root",
-        str(build_dirs.root),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(tmp_path / "build"),
-    )
-    assert again.code == 0, again.err
-    assert (tmp_path / "dist" / wheel.name).read_bytes() == first
 
 
 def test_installed_wheel_matches_eager_in_a_new_process(installed, tmp_path, wheel):
@@ -474,23 +473,8 @@ def test_altered_so_is_refused_naming_the_file(installed, tmp_path, damage):
     assert run_in(installed, "import model_tiny; model_tiny.load()", **env).returncode == 0, "restored file loads again"
 
 
-def test_fp64_reference_reports_eager_own_error(tmp_path):
-    spec = tmp_path / "spec.toml"
-    spec.write_text(TINY_SPEC.read_text() + "\n[verify]\nfp64_reference = true\nedge_cases = false\ngolden_cases = 1\n")
-    (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
-    ran = run_cli(
-        "build",
-        "--spec",
-        str(spec),
-        "--root",
-        str(tmp_path / "opt"),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(tmp_path / "build"),
-    )
-    assert ran.code == 0, ran.err
-    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+def test_fp64_reference_reports_eager_own_error(variant_build):
+    report = json.loads(next(variant_build.glob("*.report.json")).read_text())
     verification = report["verification"]
     assert verification["reference"] == "eager float64" and verification["golden_cases"] == ["golden0"]
     assert [c["case"] for c in verification["cases"]][-1] == "golden0" and "zeros" not in str(verification["cases"])
@@ -533,6 +517,9 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
     )
     assert forced.code == 0 and "==> export" in forced.err and "==> compile" in forced.err, forced.err
     assert "reused" not in forced.err
+    # the export and compile anew give the same wheel, byte for byte (a fresh build folder's rebuild:
+    # tests/test_reproduce.py::test_the_session_wheel_is_identical_to_its_rebuild)
+    assert (tmp_path / "dist2" / wheel.name).read_bytes() == wheel.read_bytes()
 
 
 def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build, tmp_path):
