@@ -321,8 +321,11 @@ def test_keyword_only_forward_argument_under_autocast(tmp_path):
         assert torch.allclose(program.module()(x, mask), want, atol=0.05)
 
 
-def test_failed_fp64_verification_writes_its_report_and_gives_eagers_own_error(dirs, tmp_path):
-    """A tolerance too tight for float32: the error gives both numbers a tolerance is chosen from."""
+def test_failed_fp64_verification_writes_its_report_and_gives_eagers_own_error(warm_dirs, tmp_path):
+    """A tolerance too tight for float32: the error gives both numbers a tolerance is chosen from.
+    The tiny model's compile is in the warm cache: a tolerance is verification's, not part of the
+    compile's key, so this build, whose subject is its verification, reuses the .so."""
+    dirs = warm_dirs
     tight = TINY_SPEC.read_text().replace('name = "features"\n', 'name = "features"\nrtol = 0.0\natol = 1e-12\n')
     assert tight != TINY_SPEC.read_text()
     spec = tmp_path / "spec.toml"
@@ -330,6 +333,7 @@ def test_failed_fp64_verification_writes_its_report_and_gives_eagers_own_error(d
     (tmp_path / "tiny_model.py").write_text((TINY_SPEC.parent / "tiny_model.py").read_text())
     ran = run_cli("build", "--spec", str(spec), *dirs.args())
     assert ran.code == VerificationError.exit_code, ran.err
+    assert "==> export" not in ran.err, "a tighter tolerance reuses the cached compile: no export, no compile"
     assert "error: compiled model differs from eager float64 in " in ran.err
     assert re.search(
         r"case seed0: output 'features': max abs diff \S+, .*\(rtol 0, atol 1e-12\); "

@@ -1,10 +1,11 @@
 """A content-addressed cache of compiled artifacts, so a build whose compile inputs did not change
 reuses the .so instead of recompiling (e.g. a new version with new external weights).
 
-The key covers everything the .so depends on: model source, the spec's model, inputs, dims,
-outputs and compile sections, the weights (their values when embedded; only names, shapes and
-dtypes when external), torch, the C++ compiler, the target and its own facts (the CPU's vector
-ISA; the GPU architecture, CUDA version and compile folder).
+The key covers everything the .so depends on: model source, the spec's model, inputs, dims and
+compile sections and its outputs' names (not their tolerances, which only verification reads),
+the weights (their values when embedded; only names, shapes and dtypes when external), torch,
+the C++ compiler, the target and its own facts (the CPU's vector ISA; the GPU architecture, CUDA
+version and compile folder).
 """
 
 from __future__ import annotations
