@@ -9,11 +9,15 @@ import re
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 from .conftest import REPO, TINY_SPEC, make_venv, pip_install, run_cli
 
 
-def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp_path):
+def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp_path, warm_dirs):
+    """The build runs in a warm build folder (warm_dirs): the subject is the installed package, its
+    files and its command, so the export and C++ compile every `dirs` build test runs are reused,
+    and every module of the checkout's pipeline/ is checked to be in the package instead."""
     python = make_venv(tmp_path / "env")
     pip_install(python, str(REPO), f"torch=={importlib.metadata.version('torch')}")  # the torch of this suite
     spec_dir = tmp_path / "x"
@@ -21,21 +25,8 @@ def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp
     modelwheel = str(python.parent / "modelwheel")
     version = subprocess.run([modelwheel, "--version"], capture_output=True, text=True, cwd="/")
     assert version.stdout.strip() == f"modelwheel {importlib.metadata.version('modelwheel')}", version.stderr
-    out = tmp_path / "out"
     ran = subprocess.run(
-        [
-            modelwheel,
-            "build",
-            "--spec",
-            str(spec_dir / "spec.toml"),
-            "--root",
-            str(out / "opt"),
-            "--dist",
-            str(out / "dist"),
-            "--build-dir",
-            str(out / "build"),
-            "-q",
-        ],
+        [modelwheel, "build", "--spec", str(spec_dir / "spec.toml"), *warm_dirs.args(), "-q"],
         capture_output=True,
         text=True,
         cwd="/",
@@ -50,6 +41,23 @@ def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp
         [str(python), "-c", "import pipeline, sys; print(pipeline.__file__)"], capture_output=True, text=True, cwd="/"
     )
     assert "site-packages" in installed.stdout, "built by the installed package, not a checkout"
+    # Every module and data file of the checkout's package is installed, those the reused stages
+    # (export, compile) would import too.
+    package = Path(installed.stdout.strip()).parent
+    own = [p.relative_to(REPO) for p in (REPO / "pipeline").rglob("*.py")]
+    checkout = {
+        *(str(p) for p in own if not {"__pycache__", "wheel_template"} & set(p.parts)),
+        *(f"pipeline/wheel_template/{p.relative_to(REPO / 'templates' / 'wheel')}" for p in templates()),
+    }
+    missing = sorted(name for name in checkout if not (package.parent / name).is_file())
+    assert missing == [], missing
+
+
+def templates() -> list[Path]:
+    """The wheel template's files as pyproject.toml packages them: its modules and its *.in."""
+    folder = REPO / "templates" / "wheel"
+    found = [*folder.glob("*.in"), *folder.rglob("*.py"), folder / "runtime" / "py.typed"]
+    return sorted(p for p in found if "__pycache__" not in p.parts)
 
 
 def test_verbose_and_quiet_go_before_or_after_the_command(tmp_path):
