@@ -97,9 +97,7 @@ def test_perturbed_compiled_output_fails_verification(dirs):
 def test_doctor_command_reports_without_building(tmp_path):
     ran = run_cli("doctor", "--spec", str(BROKEN / "writes_self.toml"))
     assert ran.code == CODES["self-write"] and "[self-write] forward writes self.calls" in ran.err
-    # The unet's forwards run on torch's OpenMP threads; passive waiting (how idle threads wait,
-    # nothing they compute) keeps them from spinning against the other test worker: 29 CPU-s -> 13.
-    ok = run_cli("doctor", "unet", env={"OMP_WAIT_POLICY": "PASSIVE"})
+    ok = run_cli("doctor", "unet")  # under the suite's OMP_WAIT_POLICY=PASSIVE (tests/__init__.py)
     assert ok.code == 0 and "unet: no problems that stop compilation" in ok.err
 
 
