@@ -168,7 +168,7 @@ def tiny_build(tmp_path_factory) -> tuple[BuildDirs, Ran]:
 def warm_dirs(dirs: BuildDirs, tiny_build) -> BuildDirs:
     """``dirs`` whose build cache already holds the session build's compiled tiny model (its
     compile-cache entries, not its wheel). A build of the tiny model's code and spec there (any
-    name, version, root or dist) reuses the .so: no export and no C++ compile, 14 of a tiny build's
+    name, version, root, dist or output tolerance) reuses the .so: no export and no C++ compile, 14 of a tiny build's
     23 CPU seconds; it still runs the doctor, verifies the reused .so and packages a new wheel.
     For tests whose subject comes after the compile (packaging, publishing, output folders,
     reports); a test about exporting or compiling uses ``dirs``."""
