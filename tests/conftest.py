@@ -50,16 +50,18 @@ _forget_the_calling_make()
 # two-worker fresh-clone run), run first. Each of make test's two workers takes a whole file at a
 # time; a long file left for the end keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = (
-    "test_zoo.py",
     "test_tune.py",
-    "test_release_workflow.py",
-    "test_build_stops.py",
-    "test_library_models.py",
     "test_hf_build.py",
-    "test_publish.py",
+    "test_end_to_end.py",
+    "test_release_workflow.py",
     "test_static.py",
-    "test_tool_package.py",
+    "test_stock_install.py",
+    "test_build_stops.py",
+    "test_zoo.py",
     "test_broken_models.py",
+    "test_library_models.py",
+    "test_publish.py",
+    "test_tool_package.py",
     "test_lock.py",
 )
 
