@@ -35,9 +35,11 @@ venv: $(VENV)/.installed
 
 # torch first: from a wheel pip's own settings already reach offline (a local mirror: no wait on
 # an index), else from PyTorch's index for TORCH_VARIANT; then the rest of the toolchain.
-# --no-compile (torch and requirements.txt): byte-compiling all of torch's sources was half its
-# install (51 s of it against 23 s on a 2-core machine), and all of requirements.txt's (mypy's
-# most) 24 of its 40 CPU seconds; Python compiles the modules it imports on first use.
+# pip byte-compiles what it installs (its default): every build, test and tool process then
+# loads torch's .pyc files. Python compiles a module it imports on first use only where it may
+# write the .pyc: with PYTHONDONTWRITEBYTECODE=1 (this project's machines set it), or in a venv
+# another user owns, each process compiled torch's sources again (torch._dynamo's import: 8.2
+# CPU-s against 3.3).
 # The recipe's lines are not echoed (@): a newcomer sees what is being installed, not shell plumbing.
 # EDITABLE_QUIET: setuptools warns on every editable install that a folder named like the package
 # may shadow it; here that folder is the package.
@@ -45,14 +47,14 @@ EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@echo "==> setting up $(VENV) (once): torch $(TORCH_VERSION)+$(TORCH_VARIANT), requirements.txt, modelwheel itself (editable)"
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --no-compile --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
+	@$(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
 	  echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) from $(TORCH_INDEX) (no local copy)"; \
-	  $(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
+	  $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
 	  echo "error: torch $(TORCH_VERSION)+$(TORCH_VARIANT) could not be installed from $(TORCH_INDEX) (pip's reason is above)"; \
 	  echo "hint: where that index cannot be reached, name a mirror of it (make ... TORCH_INDEX=URL), or download the wheel on a machine that reaches it (pip download torch==$(TORCH_VERSION)+$(TORCH_VARIANT) --no-deps --index-url $(TORCH_INDEX) -d DIR) and run make with PIP_FIND_LINKS=DIR"; \
 	  exit 2; }; }
 	@echo "    requirements.txt"
-	@$(PY) -m pip install --quiet --no-compile -r requirements.txt
+	@$(PY) -m pip install --quiet -r requirements.txt
 	@$(EDITABLE_QUIET) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 	@echo "    $(VENV) is ready"
