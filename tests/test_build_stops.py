@@ -53,17 +53,8 @@ def test_interrupted_build_removes_everything(tmp_path, how):
     """Stopped inside AOTInductor: nothing under the root, in dist/ or in the cache, and the message
     says what it kept. SIGINT is a terminal's Ctrl-C: it reaches the whole process group, the C++
     compiler too."""
-    proc = start_cli(
-        "build",
-        "--spec",
-        str(TINY_SPEC),
-        "--root",
-        str(tmp_path / "opt"),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(tmp_path / "build"),
-    )
+    folders = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
+    proc = start_cli("build", "--spec", str(TINY_SPEC), *folders.args())  # stopped_cleanly reads these folders
     seen = []
     for line in proc.stderr:
         seen.append(line)
@@ -307,17 +298,8 @@ def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_
     the KeyboardInterrupt had landed in a callback inside torch, where Python drops it."""
     spec = spec_copy(tmp_path / "spec", GOOD.replace("tiny_model:build", "swallowing_model:build"))
     (spec.parent / "swallowing_model.py").write_text(SWALLOWING_MODEL)
-    ran = run_cli(
-        "build",
-        "--spec",
-        str(spec),
-        "--root",
-        str(tmp_path / "opt"),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(tmp_path / "build"),
-    )
+    folders = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
+    ran = run_cli("build", "--spec", str(spec), *folders.args())
     work = stopped_cleanly(ran, tmp_path)
     assert "==> compile" in ran.err and "compile done" not in ran.err
     candidate = work / "cpu" / "candidates" / "pinned"

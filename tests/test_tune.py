@@ -286,6 +286,23 @@ def test_budget_scales_with_the_first_compile_and_the_cores():
     assert "budget 10 s" in one.refusal("max-autotune")
 
 
+def earlier_build_measured_freezing_slower(cache: Path, model: str, freezing_compile_s: float) -> None:
+    """A report in the build cache ``cache`` of an earlier build of ``model`` that measured freezing
+    at 0.80x spec-options's speed: payback.py then leaves freezing out of the search."""
+    earlier = {
+        "model": model,
+        "target": "cpu",
+        "compile_search": {
+            "candidates": [
+                {"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0},
+                {"name": "freezing", "median_ms": 1.25, "compile_s": freezing_compile_s},
+            ]
+        },
+    }
+    (cache / "build-earlier").mkdir(parents=True)
+    (cache / "build-earlier" / f"model_{model}-0.1.report.json").write_text(json.dumps(earlier))
+
+
 def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
     # A copy: the search writes its lock beside the spec, which must not land in the checkout.
     model = shutil.copytree(
@@ -295,18 +312,7 @@ def test_a_candidate_whose_so_raises_is_dropped_with_the_case_named(tmp_path):
     )
     # An earlier build of the model measured freezing no faster: the search compiles spec-options and
     # max-autotune only (payback.py), not a freezing candidate this test has no use for.
-    earlier = {
-        "model": "attention",
-        "target": "cpu",
-        "compile_search": {
-            "candidates": [
-                {"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0},
-                {"name": "freezing", "median_ms": 1.25, "compile_s": 10.0},
-            ]
-        },
-    }
-    (tmp_path / "build" / "cache" / "build-earlier").mkdir(parents=True)
-    (tmp_path / "build" / "cache" / "build-earlier" / "model_attention-0.1.report.json").write_text(json.dumps(earlier))
+    earlier_build_measured_freezing_slower(tmp_path / "build" / "cache", "attention", freezing_compile_s=10.0)
     ran = build_in(tmp_path, model / "spec.toml")
     assert ran.code == 0, ran.err
     assert "Traceback" not in ran.err
@@ -570,18 +576,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
 
 def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_being_compiled(tmp_path):
     exported, planned, _ = waves(tmp_path)
-    earlier = {
-        "model": "mlp",
-        "target": "cpu",
-        "compile_search": {
-            "candidates": [
-                {"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0},
-                {"name": "freezing", "median_ms": 1.25, "compile_s": 12.0},
-            ]
-        },
-    }
-    (tmp_path / "cache" / "build-earlier").mkdir(parents=True)
-    (tmp_path / "cache" / "build-earlier" / "model_mlp-0.1.report.json").write_text(json.dumps(earlier))
+    earlier_build_measured_freezing_slower(tmp_path / "cache", "mlp", freezing_compile_s=12.0)
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
     assert "freezing" not in [e.name for e in chosen]
     why = (
