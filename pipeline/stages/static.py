@@ -159,8 +159,9 @@ def check_padding(
     runners: dict[int, Any] = {}  # static size: its runner
 
     def run(to: int, padded: list[torch.Tensor]) -> Sequence[torch.Tensor]:
-        runner = runners.setdefault(to, open_runner(by_size[to].compiled, weights_file))
-        outputs: Sequence[torch.Tensor] = runner.run(padded)
+        if to not in runners:  # opened once per static size (setdefault would open it for every case)
+            runners[to] = open_runner(by_size[to].compiled, weights_file)
+        outputs: Sequence[torch.Tensor] = runners[to].run(padded)
         return outputs
 
     results, checked = _padding_gate(exported, list(by_size), run)
