@@ -174,11 +174,16 @@ def warm_dirs(dirs: BuildDirs, tiny_build) -> BuildDirs:
     23 CPU seconds; it still runs the doctor, verifies the reused .so and packages a new wheel.
     For tests whose subject comes after the compile (packaging, publishing, output folders,
     reports); a test about exporting or compiling uses ``dirs``."""
-    session_cache = tiny_build[0].build / "cache"
-    for entry in session_cache.iterdir():
-        if entry.is_dir() and not entry.name.startswith(("build-", ".")):
-            shutil.copytree(entry, dirs.build / "cache" / entry.name)
+    copy_compiled(tiny_build[0].build / "cache", dirs.build / "cache")
     return dirs
+
+
+def copy_compiled(cache: Path, into: Path) -> None:
+    """The compile-cache entries of build cache ``cache`` (the compiled models, not the wheels and
+    reports of its build-* entries) copied into build cache ``into``."""
+    for entry in cache.iterdir():
+        if entry.is_dir() and not entry.name.startswith(("build-", ".")):
+            shutil.copytree(entry, into / entry.name)
 
 
 @pytest.fixture(scope="session")

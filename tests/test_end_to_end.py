@@ -7,7 +7,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,7 +19,7 @@ import torch
 from pipeline.spec import load_spec
 from pipeline.stages.loader import load_model
 
-from .conftest import TINY_SPEC, attach_torch, make_venv, pip_install, run_cli
+from .conftest import TINY_SPEC, attach_torch, copy_compiled, make_venv, pip_install, run_cli
 
 RUNTIME_FORBIDDEN = ("torch._inductor", "torch._dynamo")
 
@@ -130,9 +129,7 @@ def variant_build(tmp_path_factory, tiny_build) -> Path:
     gives the compiled .so as AOTInductor wrote it; stripping it or not, the metadata and the
     verification all run as in a fresh build. Returns its dist/."""
     base = tmp_path_factory.mktemp("variant")
-    for entry in (tiny_build[0].build / "cache").iterdir():
-        if entry.is_dir() and not entry.name.startswith(("build-", ".")):
-            shutil.copytree(entry, base / "build" / "cache" / entry.name)
+    copy_compiled(tiny_build[0].build / "cache", base / "build" / "cache")
     (base / "src").mkdir()
     spec = base / "src" / "spec.toml"
     spec.write_text(

@@ -18,7 +18,7 @@ from pipeline.spec import load_spec
 from pipeline.stages.export import prepare
 from pipeline.stages.loader import load_model
 
-from .conftest import TINY_SPEC, run_cli
+from .conftest import TINY_SPEC, copy_compiled, run_cli
 
 STATUS_ENV = progress.STATUS_ENV
 
@@ -420,9 +420,7 @@ def searched_mlp(mlp_search, folder: Path):
     from pipeline.stages.compile import find_cxx
 
     searched = mlp_search[0]
-    for entry in (searched / "build" / "cache").iterdir():
-        if entry.is_dir() and not entry.name.startswith(("build-", ".")):
-            shutil.copytree(entry, folder / "cache" / entry.name)
+    copy_compiled(searched / "build" / "cache", folder / "cache")
     spec_file = load_spec(searched / "spec.toml")
     try:
         loaded = load_model(spec_file)
