@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .services.progress import Progress
+from .stages.package import TORCH_INDEX
 
 if TYPE_CHECKING:  # the build imports torch; the summary is printed from its result only
     from .build import BuildResult
@@ -66,8 +67,6 @@ def decided_by(max_abs: float, max_rel: float, rtol: float, atol: float) -> str:
 
 def usage_lines(wheel: Path, import_name: str) -> list[str]:
     """The import, the console command and the one-line install, from the wheel's own manifest."""
-    from .stages.package import TORCH_INDEX  # not at import: it imports torch, and --help should not wait for it
-
     manifest = wheel_manifest(wheel, import_name)
     if manifest is None:
         return []
