@@ -366,6 +366,16 @@ def test_a_candidate_replaces_the_spec_options_only_beyond_the_measured_spread()
     )
 
 
+def test_a_multi_second_round_time_reads_without_an_exponent():
+    """The unet's rounds take seconds: ``:.3g`` printed them as ``2.75e+03 ms`` (issue 46)."""
+    spec, freezing = tune.rounds.Timed((2748.3, 2901.0, 3012.5)), tune.rounds.Timed((0.0803, 0.0811, 0.0825))
+    assert spec.describe() == "2901 ms [2748-3012] over 3 rounds (2748, 2901, 3012)"
+    assert freezing.describe() == "0.0811 ms [0.0803-0.0825] over 3 rounds (0.0803, 0.0811, 0.0825)"
+    _, why = tune.rounds.choose({"spec-options": spec, "freezing": tune.rounds.Timed((2810.0, 2999.0))}, "spec-options")
+    assert why.endswith("none has its slowest round under spec-options's fastest (2748 ms)")
+    assert "e+" not in payback.stopped_line(spec, "spec-options", 3)
+
+
 ELEMENTWISE_MODEL = """
 import torch
 from torch import nn

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..services.cache import Cache
-from ..services.progress import duration, estimate, expected_s, say
+from ..services.progress import duration, estimate, expected_s, figure, say
 from .rounds import Timed
 
 
@@ -126,8 +126,8 @@ def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None
     if expected.gain > needed:
         return None
     return (
-        f"cannot win beyond the noise: {baseline}'s rounds spread {needed:.2f}x ({noise.low_ms:.3g}-"
-        f"{noise.high_ms:.3g} ms), and it {expected.source()}"
+        f"cannot win beyond the noise: {baseline}'s rounds spread {needed:.2f}x ({figure(noise.low_ms)}-"
+        f"{figure(noise.high_ms)} ms), and it {expected.source()}"
     )
 
 
@@ -139,7 +139,7 @@ NOISY = "cannot win beyond the noise measured before compiling it (the build's r
 def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
-        f"any of the {refused} candidate(s) to win (rounds {noise.low_ms:.3g} to {noise.high_ms:.3g} ms, a "
+        f"any of the {refused} candidate(s) to win (rounds {figure(noise.low_ms)} to {figure(noise.high_ms)} ms, a "
         f"{spread(noise):.2f}x spread); build on a quieter machine for a search, or set `[compile] "
         f"search_when_noisy = true` to compile them anyway"
     )
@@ -173,7 +173,7 @@ class Budget:
         )
         return (
             f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
-            f"budget {round(budget, 1):g} s ({source})"
+            f"budget {figure(budget)} s ({source})"
         )
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..services.progress import check_stop
+from ..services.progress import check_stop, figure
 
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds
@@ -39,9 +39,9 @@ class Timed:
         return max(self.rounds_ms)
 
     def describe(self) -> str:
-        shown = ", ".join(f"{ms:.3g}" for ms in self.rounds_ms)
+        shown = ", ".join(figure(ms) for ms in self.rounds_ms)
         return (
-            f"{self.median_ms:.3g} ms [{self.low_ms:.3g}-{self.high_ms:.3g}] "
+            f"{figure(self.median_ms)} ms [{figure(self.low_ms)}-{figure(self.high_ms)}] "
             f"over {len(self.rounds_ms)} rounds ({shown})"
         )
 
@@ -92,9 +92,10 @@ def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     if not winners:
         return baseline, (
             f"no candidate is faster beyond the noise measured in this run: none has its slowest round "
-            f"under {baseline}'s fastest ({base.low_ms:.3g} ms)"
+            f"under {baseline}'s fastest ({figure(base.low_ms)} ms)"
         )
     best = min(winners, key=lambda name: timed[name].median_ms)
     return best, (
-        f"its slowest round ({timed[best].high_ms:.3g} ms) is faster than {baseline}'s fastest ({base.low_ms:.3g} ms)"
+        f"its slowest round ({figure(timed[best].high_ms)} ms) is faster than {baseline}'s fastest "
+        f"({figure(base.low_ms)} ms)"
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -69,6 +70,18 @@ def is_live_terminal(stream: TextIO, environ: Mapping[str, str] = os.environ) ->
 def duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def figure(value: float) -> str:
+    """A measured time (the caller adds its unit) as a user reads it: three significant digits,
+    whole numbers from 100 up, never an exponent (``2748``, ``27.5``, ``9``, ``0.0803``), where
+    ``:.3g`` printed a 2.7 s timing round as ``2.75e+03`` ms."""
+    rounded = float(f"{value:.3g}")  # 99.97 is 100: its decimals follow the rounded value
+    if not math.isfinite(rounded) or rounded == 0:
+        return f"{rounded:g}"
+    decimals = min(6, max(0, 2 - math.floor(math.log10(abs(rounded)))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def left_s(
