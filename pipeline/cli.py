@@ -24,6 +24,8 @@ from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
 from .commands.matrix import build_matrix, spec_paths
 from .commands.publish import publish, resolve_index
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
+from .hf import guess_task
+from .hf_tasks import supported
 from .services import index, record
 from .services.layout import WorkLayout
 from .services.outdir import check_trusted, claim_inductor_cache, output_path
@@ -153,8 +155,6 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
             "give -j N with N >= 1, or leave -j out to use one build per core",
         )
     if getattr(args, "task", None) == "help":  # asked for, not a mistake: the table, and exit 0
-        from .hf_tasks import supported  # imports torch (the tasks' wrappers): only --hf pays for it
-
         print(f"the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n{supported()}")
         return 0
     if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
@@ -231,8 +231,6 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
 
 def _checkpoint_spec(args: argparse.Namespace) -> SpecFile:
     """build --hf DIR --task TASK --name N --version V [--spec overrides.toml]."""
-    from .hf import guess_task  # imports torch (the tasks' wrappers): only --hf pays for it
-
     if not args.hf:
         raise UsageError(
             "--task and --name go with --hf DIR (a save_pretrained folder)",

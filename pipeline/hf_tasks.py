@@ -4,7 +4,9 @@ spec's dims, inputs and outputs, read from the folder's config.json.
 
 As Optimum's task tables do for ONNX: a task names a family of models (every ViT, DeiT, ResNet…
 image classifier is `image-classification`), and the config gives the sizes. The wrappers are
-the ones a user would write (docs/library-models.md#the-wrapper); the zoo's specs use them too.
+the ones a user would write (docs/library-models.md#the-wrapper), in pipeline/hf_modules.py: this
+table names them, so that a refusal (a missing folder, an unknown task, `--task help`) costs no
+torch import.
 """
 
 from __future__ import annotations
@@ -14,92 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
 from .hf_limits import sequence_dim
 
 DEFAULT_IMAGE_SIZE = 224  # what most image processors resize to, where neither config says
 DEFAULT_TEXT_LENGTH = 77  # CLIP's text length: what Stable Diffusion's UNets are conditioned on
 DEFAULT_BATCH = {"min": 1, "max": 8}
-
-
-class ImageLogits(nn.Module):
-    """Image classification and semantic segmentation: pixels in, `.logits` out."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model  # state_dict names: "model.…"
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(pixel_values=pixel_values).logits
-        return logits
-
-
-class Detector(nn.Module):
-    """Object detection (DETR-style): class logits and boxes per query; the box selection after
-    it (thresholds, NMS) has data-dependent sizes and stays outside the compiled model."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(pixel_values=pixel_values)
-        return out.logits, out.pred_boxes
-
-
-class TextEncoder(nn.Module):
-    """Feature extraction: token ids and a mask in, the last hidden states out."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden: torch.Tensor = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return hidden
-
-
-class CausalLM(nn.Module):
-    """One forward of a decoder over a prompt: logits, no KV cache (a cache is state carried
-    between calls, which a compiled forward does not keep)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(input_ids=input_ids, use_cache=False).logits
-        return logits
-
-
-class Denoiser(nn.Module):
-    """One denoising step of a conditional UNet; the scheduler loop stays in Python."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
-    ) -> torch.Tensor:
-        noise: torch.Tensor = self.model(
-            sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False
-        )[0]
-        return noise
-
-
-class UnconditionalDenoiser(nn.Module):
-    """One denoising step of an unconditional UNet (diffusers' UNet2DModel, as DDPM pipelines keep it)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-        noise: torch.Tensor = self.model(sample, timestep, return_dict=False)[0]
-        return noise
 
 
 class ConfigProblem(ValueError):
@@ -121,7 +42,7 @@ class Task:
     name: str
     library: str  # "transformers" or "diffusers"
     loader: str  # the class whose from_pretrained loads the folder
-    wrapper: type[nn.Module]
+    wrapper: str  # its wrapper's class in hf_modules.py (which imports torch): hf_modules.wrapper_of(task)
     spec: Callable[[Facts], dict[str, Any]]  # dims, inputs, outputs
     summary: str
     # Weights the kept outputs never use, so the folder may lack them (BertModel's pooler, when
@@ -246,7 +167,7 @@ UNCONDITIONAL_DENOISING = Task(
     "denoising",
     "diffusers",
     "UNet2DModel",
-    UnconditionalDenoiser,
+    "UnconditionalDenoiser",
     _unconditional_unet_spec,
     DENOISING_SUMMARY,
     classes=("UNet2DModel",),
@@ -259,7 +180,7 @@ TASKS = {
             "image-classification",
             "transformers",
             "AutoModelForImageClassification",
-            ImageLogits,
+            "ImageLogits",
             _image_spec(["logits"]),
             "pixel_values -> logits (ViT, DeiT, ResNet, ConvNeXt, …)",
         ),
@@ -267,7 +188,7 @@ TASKS = {
             "object-detection",
             "transformers",
             "AutoModelForObjectDetection",
-            Detector,
+            "Detector",
             _image_spec(["logits", "pred_boxes"]),
             "pixel_values -> logits, pred_boxes (DETR-style)",
         ),
@@ -275,7 +196,7 @@ TASKS = {
             "semantic-segmentation",
             "transformers",
             "AutoModelForSemanticSegmentation",
-            ImageLogits,
+            "ImageLogits",
             _image_spec(["logits"]),
             "pixel_values -> per-pixel logits (SegFormer, …)",
         ),
@@ -283,7 +204,7 @@ TASKS = {
             "feature-extraction",
             "transformers",
             "AutoModel",
-            TextEncoder,
+            "TextEncoder",
             _text_spec(True, "last_hidden_state"),
             "input_ids, attention_mask -> last_hidden_state (BERT-style text encoders)",
             unused=("pooler.",),
@@ -292,7 +213,7 @@ TASKS = {
             "text-generation",
             "transformers",
             "AutoModelForCausalLM",
-            CausalLM,
+            "CausalLM",
             _text_spec(False, "logits"),
             "input_ids -> logits, one forward, no KV cache (Llama, GPT-2, …)",
         ),
@@ -300,7 +221,7 @@ TASKS = {
             "denoising",
             "diffusers",
             "UNet2DConditionModel",
-            Denoiser,
+            "Denoiser",
             _unet_spec,
             DENOISING_SUMMARY,
             classes=("UNet2DConditionModel", "UNet2DModel"),

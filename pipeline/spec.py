@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError, UsageError
+from .hf import complete_spec, suggested_name
 from .services.frozen import Frozen
 from .spec_sections import (
     MAX_INPUT_ELEMENTS,
@@ -187,8 +188,6 @@ def load_spec(path: str | Path) -> SpecFile:
     spec_path, raw = read_spec_toml(path)
     model = raw.get("model")
     if isinstance(model, dict) and model.get("hf") is not None:  # a checkpoint folder: the rest from its config
-        from .hf import complete_spec  # imports torch (the tasks' wrappers): only a --hf spec pays for it
-
         raw = complete_spec(raw, spec_path.parent, str(spec_path))
     return validated(raw, spec_path)
 
@@ -254,8 +253,6 @@ def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: 
 
 def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None, spec: str | None) -> SpecFile:
     """The SpecFile for `build --hf DIR --task TASK [--name N] [--version V] [--spec overrides.toml]`."""
-    from .hf import complete_spec, suggested_name  # imports torch (the tasks' wrappers): only --hf pays for it
-
     spec_path, raw = read_spec_toml(spec) if spec else (None, {})
     model = raw.setdefault("model", {})
     if not isinstance(model, dict):

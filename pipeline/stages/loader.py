@@ -18,6 +18,7 @@ import torch
 
 from ..errors import CheckpointError, ModelLoadError
 from ..hf import Checkpoint, inspect_checkpoint, resolve_task
+from ..hf_modules import wrapper_of
 from ..hf_tasks import Task
 from ..hf_wrappers import wrapper_example
 from ..spec import SpecFile
@@ -403,8 +404,9 @@ def load_checkpoint(spec_file: SpecFile) -> LoadedModel:
     task = checkpoint.task
     model, info = _from_pretrained(checkpoint, task)
     _check_loaded(checkpoint, task, info)
-    module = task.wrapper(model).eval()
+    wrapper = wrapper_of(task)
+    module = wrapper(model).eval()
     # config.json among the sources: its values (eps, scales) shape the graph, so it is part of
     # the content hash as a factory's code is.
-    sources = sorted({*_source_files(task.wrapper, module), checkpoint.config_file})
+    sources = sorted({*_source_files(wrapper, module), checkpoint.config_file})
     return LoadedModel(module=module, source_files=tuple(sources), weights_sha256=state_sha256(module))

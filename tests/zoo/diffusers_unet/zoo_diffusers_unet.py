@@ -4,7 +4,7 @@ from diffusers import UNet2DConditionModel
 from torch import nn
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.hf_tasks import Denoiser
+from pipeline.hf_modules import Denoiser
 
 
 def build() -> nn.Module:

@@ -4,7 +4,7 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.hf_tasks import TextEncoder as Encoder
+from pipeline.hf_modules import TextEncoder as Encoder
 
 
 def build() -> nn.Module:

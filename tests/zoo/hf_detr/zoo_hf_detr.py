@@ -5,7 +5,7 @@ from torch import nn
 from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.hf_tasks import Detector
+from pipeline.hf_modules import Detector
 
 
 def build() -> nn.Module:

@@ -4,7 +4,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.hf_tasks import CausalLM as Decoder
+from pipeline.hf_modules import CausalLM as Decoder
 
 
 def build() -> nn.Module:

@@ -5,7 +5,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.hf_tasks import CausalLM as Decoder
+from pipeline.hf_modules import CausalLM as Decoder
 
 
 def build() -> nn.Module:

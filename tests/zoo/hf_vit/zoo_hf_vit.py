@@ -4,7 +4,7 @@ from torch import nn
 from transformers import ViTConfig, ViTForImageClassification
 
 # The wrapper `--hf DIR --task …` builds with (docs/library-models.md): one copy of it.
-from pipeline.hf_tasks import ImageLogits as Classifier
+from pipeline.hf_modules import ImageLogits as Classifier
 
 
 def build() -> nn.Module:
