@@ -1,9 +1,12 @@
 """Which task builds which checkpoint class (issue 44 part 3, issue 46 item 7): the unconditional
 UNet under `--task denoising`, a hint's wrapper written for the saved class, `--task help`, and
-"did you mean" for a typo."""
+"did you mean" for a typo; the refusals of --hf's arguments come before torch's import."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import torch
 from pipeline.errors import CheckpointError, UnsupportedTaskError
 from pipeline.spec import load_spec
 
-from .conftest import run_cli
+from .conftest import REPO, run_cli
 from .test_hf_build import build_without_search, save_vit
 
 
@@ -125,6 +128,36 @@ def test_a_task_typo_gets_did_you_mean(tmp_path):
         "It builds:\n"
     ) in ran.err
     assert ran.err.rstrip().endswith("hint: --task image-classification")
+
+
+# Runs the CLI on each argv in one process, then says which exit codes it gave and whether torch got imported.
+REFUSALS_WITHOUT_TORCH = """
+import json, sys
+from pipeline.cli import main
+codes = [main(argv) for argv in json.loads(sys.argv[1])]
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_hf_argument_refusals_come_before_torchs_import(tmp_path):
+    """Importing torch took seconds of a refusal that reads only the arguments and the folder."""
+    checkpoint = ["--name", "v", "--version", "1"]
+    argvs = [
+        ["build", "--task", "help"],
+        ["build", "--hf", str(tmp_path / "missing"), "--task", "image-classification", *checkpoint],
+        ["build", "--hf", str(tmp_path), "--task", "image-classifcation", *checkpoint],
+        ["build", "--hf", str(tmp_path)],
+        ["build", "--task", "image-classification"],
+        ["build", "--hf", str(tmp_path), "--task", "image-classification", "--weights", "w.safetensors", *checkpoint],
+    ]
+    ran = subprocess.run(
+        [sys.executable, "-c", REFUSALS_WITHOUT_TORCH, json.dumps(argvs)], capture_output=True, text=True, cwd=REPO
+    )
+    assert ran.returncode == 0, ran.stderr
+    said = json.loads(ran.stdout.splitlines()[-1])
+    assert said["codes"][0] == 0 and all(code != 0 for code in said["codes"][1:]), ran.stderr
+    assert "is not one modelwheel builds; did you mean 'image-classification'?" in ran.stderr
+    assert said["torch"] is False, "a refusal of --hf's arguments imported torch"
 
 
 @pytest.mark.slow
