@@ -319,5 +319,5 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
     if not capture:
         return shipped
     writer = constants.Writer()
-    writer.add(library.name, captured)
+    writer.add(library.name, captured, targets.get(target))
     return shipped + writer.write(output_dir)

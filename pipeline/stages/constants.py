@@ -2,16 +2,14 @@
 sizes, shared by its dynamic and static .so files.
 
 Freezing, which gives static sizes their speed, folds the weights into new constants (named
-``_frozen_paramN``, convolution and linear weights packed into oneDNN's blocked layouts), so a
-state-dict file cannot feed them, and AOTInductor's own ways to keep constants outside the .so
-cannot either (``package_constants_on_disk_format = "pickle_weights"`` raises NotImplementedError
-on oneDNN tensors; ``binary_blob`` is one file per .so). So each such model is compiled with
-``package_constants_in_so = False``, its constants are taken from the compile (the graph
-AOTInductor serialises), and stored by content: every distinct run of bytes once, 64-byte
-aligned, in ``constants.bin``, and per model and constant its blob, dtype, shape, strides and,
-for a oneDNN tensor, its memory descriptor, in ``constants.json``. Measured on the UNet
-(models/unet), the packed constants of batch sizes 1, 2, 4 and 8 were byte-identical.
-The wheel's ``_constants.py`` maps the file and hands the constants to each model.
+``_frozen_paramN``, some packed into layouts of the target's own), so a state-dict file cannot
+feed them, and AOTInductor's own ways to keep constants outside the .so cannot either
+(``binary_blob`` is one file per .so; the CPU's packed weights: targets/cpu_constants.py). So each
+such model is compiled with ``package_constants_in_so = False``, its constants are taken from the
+compile (the graph AOTInductor serialises), and stored by content: every distinct run of bytes
+once, 64-byte aligned, in ``constants.bin``, and per model and constant its blob, dtype, shape,
+strides and, for a layout of the target's own (its ``packed_constant``), what describes it, in
+``constants.json``. The wheel's ``_constants.py`` maps the file and hands the constants to each model.
 """
 
 from __future__ import annotations
@@ -28,17 +26,17 @@ import torch
 
 from ..errors import CompileError
 from ..spec import Spec
-from ..targets import Target
+from ..targets import Compiling, Target
 
 OPTION = "aot_inductor.package_constants_in_so"
 INDEX_FILE, BLOB_FILE = "constants.json", "constants.bin"
-ALIGN = 64  # what oneDNN and AOTInductor's own constant blob align to
+ALIGN = 64  # what AOTInductor's own constant blob aligns to; packed layouts' kernels expect it too
 FORMAT = 1
 
 
 @contextlib.contextmanager
 def captured() -> Iterator[dict[str, torch.Tensor]]:
-    """The constants AOTInductor serialises (name -> tensor, oneDNN tensors included), taken from
+    """The constants AOTInductor serialises (name -> tensor, packed ones included), taken from
     the graph it hands to its code compiler. A private hook: a torch that no longer calls it is
     named in the error rather than giving a model without weights."""
     from torch._inductor.codecache import AotCodeCompiler  # heavy: Inductor, imported once a compile runs
@@ -72,27 +70,17 @@ def captured() -> Iterator[dict[str, torch.Tensor]]:
         )
 
 
-def _raw(tensor: torch.Tensor) -> tuple[bytes, dict]:
-    """The tensor's bytes and what rebuilds it from them."""
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if tensor.is_mkldnn:
-        size = torch.ops.mkldnn._nbytes(tensor)
-        data = bytes((ctypes.c_ubyte * size).from_address(torch.ops.mkldnn.data_ptr(tensor))) if size else b""
-        md = bytes(torch.ops.mkldnn._get_mkldnn_serialized_md(tensor).numpy())
-        return data, {
-            "layout": "mkldnn",
-            "dtype": dtype,
-            "shape": list(tensor.shape),
-            "stride": [0] * tensor.dim(),
-            "offset": 0,
-            "md": md,
-        }
+def _raw(tensor: torch.Tensor, target: Compiling) -> tuple[bytes, dict]:
+    """The tensor's bytes and what rebuilds it from them: the target's, for a layout of its own."""
+    packed = target.packed_constant(tensor)
+    if packed is not None:
+        return packed
     storage = tensor.untyped_storage()
     cpu = storage.cpu()  # itself when already in host memory
     data = bytes((ctypes.c_ubyte * cpu.nbytes()).from_address(cpu.data_ptr())) if cpu.nbytes() else b""
     return data, {
         "layout": "strided",
-        "dtype": dtype,
+        "dtype": str(tensor.dtype).removeprefix("torch."),
         "shape": list(tensor.shape),
         "stride": list(tensor.stride()),
         "offset": tensor.storage_offset(),
@@ -111,12 +99,12 @@ class Writer:
         self.blobs.setdefault(key, data)
         return key
 
-    def add(self, library: str, tensors: dict[str, torch.Tensor]) -> None:
+    def add(self, library: str, tensors: dict[str, torch.Tensor], target: Compiling) -> None:
         entries = {}
         for name, tensor in sorted(tensors.items()):
-            data, entry = _raw(tensor)
+            data, entry = _raw(tensor, target)
             entry["blob"] = self._blob(data)
-            if "md" in entry:
+            if "md" in entry:  # a packed layout's description: a blob of its own
                 entry["md"] = self._blob(entry["md"])
             entries[name] = entry
         self.models[library] = entries
@@ -149,5 +137,5 @@ class Writer:
 def shared(target: Target, spec: Spec) -> bool:
     """Whether this build's models keep their constants in one shared store: static batch sizes,
     embedded weights (external ones are a state-dict file every size reads already), on a target
-    whose runtime can hand constants over (the CPU's)."""
+    whose runtime can hand constants over (SHARED_CONSTANTS: the CPU's)."""
     return bool(spec.static_dim) and not spec.weights.external and target.SHARED_CONSTANTS

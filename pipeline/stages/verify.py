@@ -25,6 +25,7 @@ from ..wheel_template.runtime import _compare as wheel_compare
 from ..wheel_template.runtime import _constants as wheel_constants
 from ..wheel_template.runtime import _inputs as wheel_inputs
 from ..wheel_template.runtime import _integrity as wheel_integrity
+from ..wheel_template.runtime import _targets as wheel_targets
 from ..wheel_template.runtime import _weights as wheel_weights
 from .compile import Compiled
 from .export import Exported, export_sizes, spec_inputs
@@ -257,7 +258,7 @@ def open_hashed(compiled: Compiled, weights_file: Path | None) -> tuple[Any, str
         tensors = {name: t.to(target.TORCH_DEVICE) for name, t in wheel_weights.read_weights(weights_file).items()}
         wheel_weights.load_into(runner, tensors, inactive=False)
     if compiled.constants is not None:  # static batch sizes: constants outside the .so (pipeline/stages/constants.py)
-        store = wheel_constants.Store(compiled.constants)
+        store = wheel_constants.Store(compiled.constants, wheel_targets.constant_layouts(targets.runtime(target)))
         runner.update_constant_buffer(store.tensors(compiled.library.name), False, True, True)
         return _WithStore(runner, store), sha256
     return runner, sha256

@@ -79,6 +79,13 @@ class Compiling(Protocol):
     # process cannot use an accelerator its parent has initialised (CUDA refuses to, after a fork).
     COMPILES_IN_FORKS: bool
 
+    def packed_constant(self, tensor: Any) -> tuple[bytes, dict[str, Any]] | None:
+        """A compiled constant (a torch.Tensor) in a layout of the target's own, as the shared
+        constants store keeps it: its bytes and its entry (``layout``, the name its runtime module's
+        CONSTANT_LAYOUTS gives the shim's function; ``dtype``, ``shape``, ``stride``, ``offset``;
+        ``md``: bytes that describe the layout). None for a strided tensor, which the store reads
+        itself. Asked only where SHARED_CONSTANTS."""
+
     def compile_options(self, spec: SpecKeys) -> dict[str, object]:
         """Inductor options the target adds to the spec's own."""
 

@@ -114,6 +114,12 @@ def unavailable() -> str | None:
     return None
 
 
+def packed_constant(tensor: Any) -> tuple[bytes, dict[str, Any]] | None:
+    from . import cpu_constants  # it imports torch: not on reading the registry (see above)
+
+    return cpu_constants.packed(tensor)
+
+
 def compile_options(spec: SpecKeys) -> dict[str, object]:
     # Inductor otherwise sizes a parallel reduction's per-thread partial results by the build
     # machine's thread count, while the loop runs on every thread the serving process has: a

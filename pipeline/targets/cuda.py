@@ -112,6 +112,10 @@ def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
     return {}
 
 
+def packed_constant(tensor: Any) -> tuple[bytes, dict[str, Any]] | None:
+    return None  # never asked (SHARED_CONSTANTS is False): each .so keeps its own constants
+
+
 def ships(path: Path, options: Mapping[str, object]) -> bool:
     """The .so always; the kernel files unless they are embedded in it."""
     return path.suffix == ".so" or (not options.get(EMBED_OPTION) and path.suffix in wheel_cuda.KERNEL_SUFFIXES)

@@ -9,6 +9,8 @@ from typing import Any
 
 RELOCATABLE = True
 NUMPY = False  # load_numpy() refuses it: the tests check that the runtime asks this file
+# Its compiles are the cpu target's (fake.py): a static size's shared constants hold its packed weights.
+CONSTANT_LAYOUTS = {"mkldnn": "aoti_torch_layout__mkldnn"}
 OPENED: list[str] = []  # each library this module opened: the tests read it
 
 

@@ -62,6 +62,10 @@ def compile_options(spec: Any) -> dict[str, object]:
     return cpu.compile_options(spec)
 
 
+def packed_constant(tensor: Any) -> tuple[bytes, dict[str, Any]] | None:
+    return cpu.packed_constant(tensor)  # its compiles are the cpu target's, and so are its packed weights
+
+
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
     return {}
 

@@ -1,10 +1,12 @@
 """The constants store shared by a wheel's compiled models (static batch sizes with embedded weights).
 
 ``constants.bin`` holds every distinct constant once (64-byte aligned); ``constants.json`` says,
-per model and constant, which bytes and how to read them (dtype, shape, strides, and for a oneDNN
-tensor its memory descriptor). The file is memory-mapped read-only, and each constant is made a
-tensor over that memory by torch's own C shim (``aoti_torch_create_tensor_from_blob_v2``, the call
-a .so makes for the constants it embeds), so no weight is copied and the models share the pages.
+per model and constant, which bytes and how to read them (dtype, shape, strides, its layout, and
+for a layout of the target's own the metadata that describes it). The file is memory-mapped
+read-only, and each constant is made a tensor over that memory by torch's own C shim
+(``aoti_torch_create_tensor_from_blob_v2``, the call a .so makes for the constants it embeds), so
+no weight is copied and the models share the pages. Its layouts besides strided are the target's
+(its runtime module's CONSTANT_LAYOUTS: _targets.py's ``constant_layouts``).
 Shared by the build (verification) and the wheel (``load()``, ``load_numpy()``); imports no torch,
 and numpy only when a store is opened.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import json
 import mmap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +31,11 @@ class _Pair(ctypes.Structure):  # AOTInductorConstantMapEntry (aoti_runtime/inte
 
 
 class Store:
-    """The store in ``folder``, mapped once; ``handles()`` makes a model's constants from it."""
+    """The store in ``folder``, mapped once; ``handles()`` makes a model's constants from it.
+    ``layouts``: the target's own layouts (its name in the store -> the shim's function for it)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, layouts: Mapping[str, str]) -> None:
+        self._layouts = {"strided": "aoti_torch_layout_strided", **layouts}
         self.index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
         size = (folder / BLOB_FILE).stat().st_size
         with (folder / BLOB_FILE).open("rb") as handle:
@@ -67,14 +72,16 @@ class Store:
             ctypes.c_char_p,
             _i64,
         ]
-        layouts = {
-            "strided": _code(lib, "aoti_torch_layout_strided"),
-            "mkldnn": _code(lib, "aoti_torch_layout__mkldnn"),
-        }
-        cpu = _code(lib, "aoti_torch_device_type_cpu")
+        layouts = {name: _code(lib, function) for name, function in self._layouts.items()}
+        host = _code(lib, "aoti_torch_device_type_cpu")  # torch's device for host memory: the mapped file
         made: dict[str, int] = {}
         for name, entry in self.index["models"][library].items():
             ndim = len(entry["shape"])
+            if entry["layout"] not in layouts:
+                raise RuntimeError(
+                    f"constant {name!r} of {library} is in layout {entry['layout']!r}, which this wheel's target "
+                    f"does not make (its layouts: {', '.join(layouts)})"
+                )
             md = self._metadata(entry["md"]) if entry.get("md") else None
             handle = ctypes.c_void_p()
             code = create(
@@ -84,7 +91,7 @@ class Store:
                 (_i64 * max(ndim, 1))(*entry["stride"]),
                 entry["offset"],
                 _code(lib, f"aoti_torch_dtype_{entry['dtype']}"),
-                cpu,
+                host,
                 0,
                 ctypes.byref(handle),
                 layouts[entry["layout"]],

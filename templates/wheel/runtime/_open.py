@@ -15,7 +15,7 @@ from ._constants import Store
 from ._integrity import check_artifacts, check_files
 from ._manifest import PACKAGE_DIR, artifacts_dir, check_runtime
 from ._schema import Manifest
-from ._targets import RuntimeTarget
+from ._targets import RuntimeTarget, constant_layouts
 
 
 @dataclass(frozen=True)
@@ -38,5 +38,5 @@ def checked(m: Manifest, torch_version: str, target: RuntimeTarget, target_probl
     store = None
     if m.get("constants"):  # static batch sizes: the models' constants, shared, outside the .so files
         check_files(PACKAGE_DIR, m["constants"])
-        store = Store(PACKAGE_DIR)
+        store = Store(PACKAGE_DIR, constant_layouts(target))
     return Checked(directory, directory / m["library"], _dispatch.static_libraries(m, directory), store)

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 RELOCATABLE = True  # runs from wherever the wheel is installed; writes nothing outside it
 NUMPY = True  # load_numpy() can open it without torch
+# Freezing packs convolution and linear weights into oneDNN's blocked layouts (torch's mkldnn
+# tensors): the constants store (_constants.py) keeps each with its memory descriptor, and the
+# shim makes it again as that layout (pipeline/targets/cpu_constants.py writes them).
+CONSTANT_LAYOUTS = {"mkldnn": "aoti_torch_layout__mkldnn"}
 # Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
 CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name

@@ -58,6 +58,19 @@ class GraphTarget(RuntimeTarget, Protocol):
         """A _graphs.GraphBackend for ``device``."""
 
 
+class ConstantsTarget(RuntimeTarget, Protocol):
+    """A target whose compiled constants come in layouts of its own besides torch's strided one
+    (the CPU's packed weights), which the shared constants store (_constants.py) makes through
+    torch's C shim: optional, and a store of a target without them holds strided tensors only."""
+
+    CONSTANT_LAYOUTS: Mapping[str, str]  # the store's name for each layout -> the shim's function for it
+
+
+def constant_layouts(target: object) -> Mapping[str, str]:
+    """The layouts the target's constants may have besides strided (``target``: its runtime module)."""
+    return cast(ConstantsTarget, target).CONSTANT_LAYOUTS if hasattr(target, "CONSTANT_LAYOUTS") else {}
+
+
 def graphs_off(target: RuntimeTarget, name: str, asked: bool | None) -> str | None:
     """Why this wheel's calls run without graphs; None where they replay them."""
     if hasattr(target, "graphs_off"):
