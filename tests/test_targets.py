@@ -142,6 +142,23 @@ def test_the_installed_wheel_opens_its_model_through_its_target_module(tmp_path,
     assert refused.returncode != 0 and "the fake device refuses the label 'refused'" in refused.stderr, refused.stderr
 
 
+def test_a_wheels_platform_facts_are_checked_by_its_targets_type_and_only_the_cpus_has_cpu_keys():
+    """The manifest's shared Platform names no CPU fact (mypy refuses a read of one outside the CPU's
+    runtime module); a CPU wheel's load checks its own (_target_cpu.py's PLATFORM), and a wheel of
+    another target keeps such a key unchecked, as any key its type does not name."""
+    from typing import get_type_hints
+
+    from pipeline.wheel_template.runtime import _schema, _targets
+
+    assert set(get_type_hints(_schema.Platform)) == {"machine", "glibc"}
+    facts = {"machine": "x86_64", "glibc": "2.28", "cpu_capability": 2}
+    found = {}
+    for name in ("cpu", "cuda", "fake"):
+        manifest = {"target": name, "platform": facts}
+        found[name] = [p for p in _schema.problems(manifest, _targets.platform_type(manifest)) if "platform" in p]
+    assert found == {"cpu": ["platform.cpu_capability: expected str, got int"], "cuda": [], "fake": []}
+
+
 def test_no_file_outside_the_target_files_names_a_target():
     found = subprocess.run(
         ["grep", "-rnE", r'"(cuda|cpu)"', "pipeline", "templates"], cwd=REPO, capture_output=True, text=True

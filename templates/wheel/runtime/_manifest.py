@@ -17,7 +17,7 @@ from . import _schema
 from ._integrity import IntegrityError
 from ._link import ensure_link, sweep_dangling
 from ._schema import Manifest
-from ._targets import variant
+from ._targets import platform_type, variant
 from ._trust import UntrustedPath
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -56,7 +56,7 @@ def manifest() -> Manifest:
         data: object = None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            found = _schema.problems(data)
+            found = _schema.problems(data, platform_type(data))
         except (OSError, ValueError) as exc:
             found = [f"{type(exc).__name__}: {exc}"]
         if found:

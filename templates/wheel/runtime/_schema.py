@@ -4,7 +4,8 @@ The build (pipeline/stages/manifest.py) makes a ``Manifest``; the runtime reads 
 against these types once, as it is loaded (``problems``). Imports neither torch nor numpy, and
 its annotations are evaluated on the runtime's oldest Python (3.9): ``Optional``, not ``X | None``.
 A target adds facts of its own under a key of its own (a CUDA wheel's ``cuda``): keys this
-definition does not name are kept, unchecked.
+definition does not name are kept, unchecked. Its facts about the machine go under ``platform``,
+typed by its runtime module (``Platform``).
 """
 
 # ruff: noqa: UP007, UP045  # Optional and Union: these annotations are evaluated, on Python 3.9 too
@@ -19,15 +20,13 @@ class Torch(TypedDict):
     distribution: str  # the distribution's version, which the wheel's requirement pins
 
 
-class _Platform(TypedDict):
+class Platform(TypedDict):
+    """The machine every wheel records. A target's facts about its machine are keys of their own
+    here, in a type that extends this one: its runtime module's ``PLATFORM`` (a CPU wheel's
+    instruction set: _target_cpu.py), which the load checks them against (``problems``)."""
+
     machine: str
     glibc: str
-
-
-class Platform(_Platform, total=False):
-    vec_isa: str  # a CPU wheel's: the instruction set the kernels were built with
-    cpu_capability: str  # a CPU wheel's: the CPU kind its kernels need
-    onednn_max_isa: str  # a CPU wheel's: the oneDNN cap the build packed its weights under
 
 
 class FileRecord(TypedDict):
@@ -165,12 +164,14 @@ class Manifest(_Manifest, total=False):
     cuda: dict[str, Any]  # a CUDA wheel's facts (its target's own)
 
 
-def problems(data: object) -> list[str]:
-    """Each way ``data`` differs from a Manifest ("golden.size: expected int, got str"); [] if none."""
-    return _check(data, Manifest, "")
+def problems(data: object, platform: Any = Platform) -> list[str]:
+    """Each way ``data`` differs from a Manifest ("golden.size: expected int, got str"); [] if none.
+    ``platform``: the type its platform facts have, the wheel's target's (a Platform's subtype)."""
+    return _check(data, Manifest, "", {"platform": platform})
 
 
-def _check(value: object, kind: Any, where: str) -> list[str]:
+def _check(value: object, kind: Any, where: str, replaced: Optional[dict[str, Any]] = None) -> list[str]:
+    """``replaced``: types that replace the named keys' (of this TypedDict only, not those inside)."""
     if kind is Any:
         return []
     if hasattr(kind, "__required_keys__"):  # a TypedDict
@@ -178,7 +179,7 @@ def _check(value: object, kind: Any, where: str) -> list[str]:
             return [f"{where or 'the manifest'}: expected an object, got {type(value).__name__}"]
         prefix = f"{where}." if where else ""
         found = [f"{prefix}{key}: missing" for key in sorted(kind.__required_keys__ - value.keys())]
-        hints = get_type_hints(kind)
+        hints = {**get_type_hints(kind), **(replaced or {})}
         for key in sorted(value.keys() & hints.keys()):
             found += _check(value[key], hints[key], f"{prefix}{key}")
         return found

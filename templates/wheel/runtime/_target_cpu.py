@@ -13,9 +13,10 @@ import contextlib
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._malloc import keep_freed_memory
+from ._schema import Platform
 
 if TYPE_CHECKING:
     from ._schema import Manifest
@@ -29,6 +30,17 @@ CONSTANT_LAYOUTS = {"mkldnn": "aoti_torch_layout__mkldnn"}
 # Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
 CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name
+
+
+class CpuPlatform(Platform, total=False):
+    """A CPU wheel's facts about its machine (pipeline/targets/cpu.py's manifest_facts)."""
+
+    vec_isa: str  # the instruction set the kernels were built with
+    cpu_capability: str  # the CPU kind its kernels need
+    onednn_max_isa: str  # the oneDNN cap the build packed its weights under (a named CPU kind's)
+
+
+PLATFORM = CpuPlatform  # what the load checks the manifest's platform facts against (_targets.py)
 
 
 def device(asked: str | None) -> str:
@@ -50,8 +62,13 @@ def problems_without_torch(m: Manifest) -> list[str]:
 
 
 def problems_on(m: Manifest, have: str) -> list[str]:
-    needed = m["platform"].get("cpu_capability")
+    needed = platform_facts(m).get("cpu_capability")
     return [_cpu_kind_problem(have, needed)] if needed is not None and _lacks(have, needed) else []
+
+
+def platform_facts(m: Manifest) -> CpuPlatform:
+    """The manifest's platform facts, which the load checked against PLATFORM."""
+    return cast(CpuPlatform, m["platform"])
 
 
 def cpu_capability() -> str:
@@ -114,7 +131,7 @@ def before_open(m: Manifest) -> None:
     the cap once, at its first use in the process, so a process that ran oneDNN before this
     (eager convolutions) keeps its own: set ONEDNN_MAX_CPU_ISA before it starts (docs:
     publishing.md, "Which CPUs a wheel runs on"). A cap the user set is theirs."""
-    cap = m["platform"].get("onednn_max_isa")
+    cap = platform_facts(m).get("onednn_max_isa")
     if cap and not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
         os.environ["ONEDNN_MAX_CPU_ISA"] = cap
 

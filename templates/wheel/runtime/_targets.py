@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from ._integrity import IntegrityError
-from ._schema import Manifest
+from ._schema import Manifest, Platform
 
 
 class RuntimeTarget(Protocol):
@@ -69,6 +69,20 @@ class ConstantsTarget(RuntimeTarget, Protocol):
 def constant_layouts(target: object) -> Mapping[str, str]:
     """The layouts the target's constants may have besides strided (``target``: its runtime module)."""
     return cast(ConstantsTarget, target).CONSTANT_LAYOUTS if hasattr(target, "CONSTANT_LAYOUTS") else {}
+
+
+def platform_type(data: object) -> Any:
+    """The type of the platform facts of the wheel whose manifest is ``data``, read before it is
+    checked: its target module's ``PLATFORM`` (a Platform with the target's keys), else Platform.
+    What stops the lookup (no target, no such module) is for the check and for_manifest to say."""
+    name = data.get("target") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name.isidentifier():
+        return Platform
+    try:
+        module = importlib.import_module(f"{__package__}.{module_name(name)}")
+    except ModuleNotFoundError:
+        return Platform
+    return getattr(module, "PLATFORM", Platform)
 
 
 def graphs_off(target: RuntimeTarget, name: str, asked: bool | None) -> str | None:
