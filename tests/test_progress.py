@@ -34,7 +34,7 @@ PLAIN_LINES = [
     r"==> export",
     r"    export done in \d+\.\ds",
     r"==> compile: 1 candidate\(s\), chosen one to .*/tiny/0\.1/cpu",
-    r"    candidate pinned: \d+\.\d ms",
+    r"    candidate pinned: \d+(\.\d+)? ms",
     r"    chose pinned",
     r"    compile done in \d+\.\ds",
     r"==> verify",

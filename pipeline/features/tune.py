@@ -24,7 +24,7 @@ import torch
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import check_stop, say, step
+from ..services.progress import check_stop, figure, say, step
 from ..stages import constants
 from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
@@ -319,7 +319,7 @@ class _Search:
                         compile_s=self.compile_s.get(name),
                     )
                 )
-                line = t.describe() if shown else f"{t.median_ms:.1f} ms"  # pinned: nothing to compare
+                line = t.describe() if shown else f"{figure(t.median_ms)} ms"  # pinned: nothing to compare
                 say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
             elif name in self.failed:
                 out.append(self.failed[name])
