@@ -19,6 +19,7 @@ from pydantic import Field
 from ..errors import UsageError
 from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
+from . import cpu_isa
 from .views import CompiledFiles, Rebuild, SpecKeys
 
 NAME = "cpu"
@@ -147,6 +148,7 @@ def ships(path: Path, options: Mapping[str, object]) -> bool:
 def vec_isa() -> str:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+    cpu_isa.trust_earlier_probes()
     return str(pick_vec_isa()) or "none"
 
 
