@@ -72,6 +72,9 @@ def run_job(name: str, context: dict, workspace: Path, python: Path, tmp: Path) 
         "GITHUB_OUTPUT": str(output),
         "GITHUB_PATH": str(tmp / "path"),
         "CI": "true",
+        # pip's --no-compile (its "no-" variables read inverted): the build job's `make venv` would
+        # byte-compile all of torch (25 CPU-s here) for the one build process that follows.
+        "PIP_NO_COMPILE": "0",
     }
     env.pop("VIRTUAL_ENV", None)
     for scope in (document, job):
