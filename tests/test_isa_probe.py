@@ -1,11 +1,11 @@
-"""Inductor's vector-ISA probe, remembered (pipeline/targets/cpu_isa.py): a build process trusts
-the probes an earlier one passed in this user's own Inductor cache, with the same compiler, torch
-and CPU, and only those; a probe that failed is never remembered."""
+"""Inductor's vector-ISA probes, remembered (pipeline/targets/cpu_isa.py): a build process answers
+a probe that passed before in this user's own Inductor cache, with the same compiler, torch, Python
+and CPU, from the record; a probe that failed, or a record another user could write, is never
+trusted. Each test runs torch's real probe (it compiles and loads a library)."""
 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -20,79 +20,88 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), r
 
 
 @pytest.fixture
-def as_a_new_process(monkeypatch, tmp_path):
-    """Inductor's probe results and its setting as a new process has them (none yet), the record
-    kept in a folder of this test's; torch's probe libraries stay in its own warm cache."""
-    from torch._inductor import config, cpu_vec_isa
-
+def record_folder(monkeypatch, tmp_path):
+    """The record kept in a folder of this test's (torch's probe libraries stay in its warm cache)."""
     folder = tmp_path / "inductor"
     folder.mkdir(mode=0o755)
     monkeypatch.setattr(cpu_isa, "inductor_cache", lambda: folder)
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    with config.patch({"cpp.vec_isa_ok": None}):
-        yield folder
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    return folder
 
 
-def probed() -> list[str]:
+class Counted:
+    """torch's own probe, counting the times it really runs."""
+
+    def __init__(self) -> None:
+        from torch._inductor import cpu_vec_isa
+
+        self.real = getattr(cpu_vec_isa.VecISA.check_build, "__wrapped__", cpu_vec_isa.VecISA.check_build)
+        self.runs = 0
+
+    def __call__(self, isa, code: str) -> bool:
+        self.runs += 1
+        return self.real(isa, code)
+
+
+def avx2():
     from torch._inductor import cpu_vec_isa
 
-    return [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+    return cpu_vec_isa.VecAVX2(), cpu_vec_isa.VecISA._avx_code
 
 
-def again() -> None:
-    """What the next build process does: its own (empty) probe results, then the record read."""
-    from torch._inductor import config, cpu_vec_isa
-
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    config.cpp.vec_isa_ok = None
-    cpu_isa.trust_earlier_probes()
-
-
-def test_a_later_process_trusts_the_probes_an_earlier_one_passed(as_a_new_process):
-    from torch._inductor import config
-
-    cpu_isa.trust_earlier_probes()
-    assert config.cpp.vec_isa_ok is None  # the first one probed
-    first = probed()
-    record = as_a_new_process / cpu_isa.RECORD
-    assert list(json.loads(record.read_text()).values()) == [first]
+def test_a_probe_that_passed_is_answered_from_the_record_after(record_folder):
+    probe = Counted()
+    check = cpu_isa._answering(probe)
+    isa, code = avx2()
+    assert check(isa, code) and probe.runs == 1
+    record = record_folder / cpu_isa.RECORD
+    assert list(json.loads(record.read_text()).values()) == [True]
     assert record.stat().st_mode & 0o777 == 0o644
-    again()
-    assert config.cpp.vec_isa_ok is True
-    assert probed() == first
+    assert check(isa, code) and probe.runs == 1  # answered: no compile, no process
 
 
-def test_a_record_of_another_compiler_torch_or_cpu_is_not_used(as_a_new_process):
-    from torch._inductor import config
+def test_a_failed_probe_is_run_again_and_never_recorded(record_folder):
+    probe = Counted()
+    check = cpu_isa._answering(probe)
+    isa, _ = avx2()
+    broken = "#error this probe does not compile\n"
+    assert not check(isa, broken) and not check(isa, broken)
+    assert probe.runs == 2
+    assert not (record_folder / cpu_isa.RECORD).exists()
 
-    record = as_a_new_process / cpu_isa.RECORD
-    record.write_text(json.dumps({"0" * 64: ["avx512 avx512_vnni", "avx512", "avx2"]}))
-    cpu_isa.trust_earlier_probes()
-    assert config.cpp.vec_isa_ok is None
+
+def test_another_machines_or_compilers_record_answers_nothing(record_folder):
+    record = record_folder / cpu_isa.RECORD
+    record.write_text(json.dumps({"0" * 64: True}))
+    probe = Counted()
+    isa, code = avx2()
+    assert cpu_isa._answering(probe)(isa, code) and probe.runs == 1
     assert len(json.loads(record.read_text())) == 2  # its own added, the other kept
 
 
-def test_a_record_in_a_folder_others_can_write_is_not_trusted(as_a_new_process):
-    from torch._inductor import config
+def test_a_record_in_a_folder_others_can_write_is_not_trusted(record_folder):
+    probe = Counted()
+    check = cpu_isa._answering(probe)
+    isa, code = avx2()
+    check(isa, code)
+    record_folder.chmod(0o777)  # another user could have written the record
+    assert check(isa, code) and probe.runs == 2
 
-    cpu_isa.trust_earlier_probes()
-    as_a_new_process.chmod(0o777)  # another user could have written the record
-    again()
-    assert config.cpp.vec_isa_ok is None
 
-
-def test_a_failed_probe_is_never_remembered(tmp_path):
-    """A compiler that builds nothing: every probe fails, so Inductor compiles no vector code, and
-    the next process probes again rather than trust a record."""
-    compiler = tmp_path / "g++"
-    compiler.write_text('#!/bin/sh\ncase "$*" in *--version*|*-v*) echo "g++ 12"; exit 0;; esac\nexit 1\n')
-    compiler.chmod(0o755)
-    cache = tmp_path / "inductor"
-    cache.mkdir(mode=0o755)
-    env = {**os.environ, "CXX": str(compiler), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    code = "from pipeline.targets import cpu; print(cpu.vec_isa())"
-    ran = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip() == "INVALID_VEC_ISA"
-    assert not (cache / cpu_isa.RECORD).exists()
+def test_a_build_process_runs_no_probe_that_passed_before():
+    """torch's probes load their library in a fresh Python (an audited subprocess.Popen): in a
+    process after one that probed, the CPU target's vec_isa() starts none."""
+    code = (
+        "import sys\n"
+        "probes = []\n"
+        "sys.addaudithook(lambda event, args: probes.append(args) if event == 'subprocess.Popen' "
+        "and 'LoadLibrary' in repr(args) else None)\n"
+        "from pipeline.targets import cpu\n"
+        "print(cpu.vec_isa(), len(probes), sep='|')\n"
+    )
+    first, second = (
+        subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    )
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    isa = first.stdout.split("|")[0]
+    assert second.stdout.strip() == f"{isa}|0", (first.stdout, second.stdout)

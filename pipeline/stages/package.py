@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.resources
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
@@ -27,7 +29,8 @@ from ..wheel_template.runtime._schema import Manifest
 SOURCE_DATE_EPOCH = "315532800"
 TORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's index, one per build variant (/cpu, /cu130)
 MANYLINUX_FLOOR = 28  # torch's own wheels need glibc 2.28
-GLIBC_SYMBOL = re.compile(rb"GLIBC_2\.(\d+)")
+# The symbol versions auditwheel's manylinux policies list: glibc's, libstdc++'s and libgcc's.
+VERSIONED_SYMBOL = re.compile(rb"\b(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)+)\b")
 # The oldest Python the runtime's own code runs on: str.removeprefix, dict | dict, and list[str]
 # in __init__.py's annotations (evaluated there) are 3.9; it uses no match, tomllib or X | Y
 # outside annotations (every other module has `from __future__ import annotations`).
@@ -43,13 +46,28 @@ class Wheel:
 
 
 def platform_tag(artifacts: list[Path], machine: str) -> str:
-    """manylinux_2_N where N is the newest glibc symbol version the artifacts reference: a first
-    guess, which audited_tag() checks on the built wheel."""
-    newest = MANYLINUX_FLOOR
-    for path in artifacts:
-        for match in GLIBC_SYMBOL.finditer(path.read_bytes()):
-            newest = max(newest, int(match.group(1)))
-    return f"manylinux_2_{newest}_{machine}"
+    """A first guess at the tag audited_tag() then checks on the built wheel: the oldest manylinux
+    policy in auditwheel's own table (not older than torch's glibc) whose symbol versions cover every
+    one the artifacts reference. A wrong guess costs building the wheel a second time."""
+    needed = {
+        (family.decode(), version.decode())
+        for path in artifacts
+        for family, version in VERSIONED_SYMBOL.findall(path.read_bytes())
+    }
+    for glibc_minor, policy in _manylinux_policies():
+        versions = policy["symbol_versions"].get(machine, {})
+        if glibc_minor >= MANYLINUX_FLOOR and all(version in versions.get(family, ()) for family, version in needed):
+            return f"{policy['name']}_{machine}"
+    return f"manylinux_2_{MANYLINUX_FLOOR}_{machine}"
+
+
+def _manylinux_policies() -> list[tuple[int, dict[str, Any]]]:
+    """auditwheel's manylinux policies, oldest glibc first."""
+    table = json.loads((importlib.resources.files("auditwheel.policy") / "manylinux-policy.json").read_text())
+    found = [
+        (int(match[1]), policy) for policy in table if (match := re.fullmatch(r"manylinux_2_(\d+)", policy["name"]))
+    ]
+    return sorted(found, key=lambda pair: pair[0])
 
 
 def torch_libraries(target: Target) -> set[str]:

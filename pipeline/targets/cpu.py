@@ -148,7 +148,7 @@ def ships(path: Path, options: Mapping[str, object]) -> bool:
 def vec_isa() -> str:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    cpu_isa.trust_earlier_probes()
+    cpu_isa.remember_probes()
     return str(pick_vec_isa()) or "none"
 
 
