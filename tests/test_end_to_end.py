@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pipeline.spec import load_spec
+from pipeline.stages import package
 from pipeline.stages.loader import load_model
 
 from .conftest import TINY_SPEC, attach_torch, copy_compiled, make_venv, pip_install, run_cli
@@ -554,7 +555,7 @@ def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build
     ]  # log and --json record
 
 
-def test_platform_tag_is_the_one_auditwheel_gives(wheel):
+def test_platform_tag_is_the_one_auditwheel_gives(wheel, tmp_path):
     """auditwheel's symbol-version policy (glibc and libstdc++), torch's own libraries aside: the
     tiny .so needs GLIBCXX_3.4.30 on this machine, which manylinux_2_34 does not promise."""
     done = subprocess.run(
@@ -566,3 +567,8 @@ def test_platform_tag_is_the_one_auditwheel_gives(wheel):
     facts = json.loads(done.stdout)
     assert wheel.name.endswith(f"-py3-none-{facts['sym_tag']}.whl"), (wheel.name, facts["sym_tag"])
     assert set(facts["external_libs"]) <= {"libtorch_cpu.so", "libc10.so", "libgomp.so.1", "libtorch.so"}
+    # The package stage's guess, made from the same symbol-version table, is auditwheel's: one wheel build.
+    with zipfile.ZipFile(wheel) as archive:
+        so = tmp_path / "model.so"
+        so.write_bytes(archive.read(next(n for n in archive.namelist() if n.endswith("/model.so"))))
+    assert package.platform_tag([so], "x86_64") == facts["sym_tag"]
