@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -309,13 +310,24 @@ def test_the_so_variant_runs_a_bare_model_so_on_every_cpu(tiny_build, wheel, tmp
     """The bf16 comparison and the kernel profile time a bare .so through `benchmarks.variants so`;
     they run only where a target was missed and bf16 is native, so this runs the same command on
     any CPU, with the tiny model's .so (it crashed handing open_runner a str for a Path)."""
-    import zipfile
-
     with zipfile.ZipFile(wheel) as archive:
         member = next(name for name in archive.namelist() if name.endswith("/model.so"))
         library = Path(archive.extract(member, tmp_path))
     timing = bench.so_latency(TINY_SPEC, library, min_seconds=0.1)
     assert timing["runs"] >= 10 and timing["median_ms"] > 0
+
+
+def test_the_benchs_builds_replace_an_earlier_benchs_wheel_of_the_same_name(wheel, tmp_path):
+    """`make bench` after a bench on another CPU kind (ATEN_CPU_CAPABILITY=avx2, say) found its
+    dist/ holding a wheel of the same name with other contents, and its build refused to replace
+    it (exit 10). Two tiny builds, one of them cold (--no-cache): about 30 CPU-s, the bench's own."""
+    out = tmp_path / "bench"
+    (out / "dist").mkdir(parents=True)
+    (out / "dist" / wheel.name).write_bytes(b"an earlier bench's wheel")
+    times, built = bench.build_times(TINY_SPEC, out, str(tmp_path / "opt"))
+    assert built == out / "dist" / wheel.name and zipfile.is_zipfile(built)
+    assert list((out / "dist").glob("*.whl")) == [built]
+    assert times["cold_s"] > 0 and times["cached_s"] > 0
 
 
 def test_a_long_step_of_the_bench_says_what_runs_while_it_runs():
