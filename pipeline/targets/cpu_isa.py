@@ -33,8 +33,8 @@ def remember_probes() -> None:
     the record, and those that pass are added to it."""
     from torch._inductor import cpu_vec_isa
 
-    probe = cpu_vec_isa.VecISA.check_build
-    if not getattr(probe, _ANSWERS, False):
+    probe = getattr(cpu_vec_isa.VecISA, "check_build", None)  # torch's, 2.11 to 2.14; another may differ
+    if probe is not None and not getattr(probe, _ANSWERS, False):
         cpu_vec_isa.VecISA.check_build = _answering(probe)  # type: ignore[method-assign]
 
 
@@ -44,7 +44,8 @@ def _answering(probe: Callable[[Any, str], bool]) -> Callable[[Any, str], bool]:
         record = _record_file()
         if record is None:
             return probe(isa, code)
-        key = _probe_key(str(isa), isa.build_arch_flags(), code)
+        flags = isa.build_arch_flags() if hasattr(isa, "build_arch_flags") else getattr(isa, "_arch_flags", "")
+        key = _probe_key(str(isa), flags, code)
         if key in _read(record):
             return True
         passed = probe(isa, code)
