@@ -35,7 +35,7 @@ def remember_probes() -> None:
 
     probe = getattr(cpu_vec_isa.VecISA, "check_build", None)  # torch's, 2.11 to 2.14; another may differ
     if probe is not None and not getattr(probe, _ANSWERS, False):
-        cpu_vec_isa.VecISA.check_build = _answering(probe)  # type: ignore[method-assign]
+        cpu_vec_isa.VecISA.check_build = _answering(probe)  # type: ignore[method-assign,assignment]
 
 
 def _answering(probe: Callable[[Any, str], bool]) -> Callable[[Any, str], bool]:
