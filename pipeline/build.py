@@ -28,7 +28,7 @@ from .features.tune import Tuned
 from .services import cache
 from .services.layout import WorkLayout
 from .services.manifest import sha256_file
-from .services.outdir import claim_output_dir, output_path, signals_deferred
+from .services.outdir import claim_output_dir, output_path, refuse_if_held, signals_deferred
 from .services.progress import Progress, check_stop, reporting, stop_requested
 from .services.writable import (
     NO_ROOM,
@@ -180,6 +180,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
     )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
+    refuse_if_held(ctx.out_dir)  # a running build's folder: said now, not after the doctor and export
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipeline.errors import OutputDirError
+from pipeline.services.outdir import claim_output_dir
+
+from .conftest import TINY_SPEC, run_cli
 
 # Several versions of one model built at once, each its own process, into one --build-dir:
 # test_build_stops.py's test_two_versions_built_at_once_both_succeed (the next builds after a
@@ -24,3 +29,13 @@ def test_a_work_folder_is_held_by_one_build(tmp_path):
         assert "--build-dir" in info.value.hint
     with hold_work_dir(work):  # released: the next build takes it
         pass
+
+
+def test_a_build_whose_output_folder_is_held_stops_before_the_doctor(dirs):
+    """Another build writing the same <root>/<model>/<version>/<target>: refused before the doctor and
+    export (the minutes they take would be lost), naming the holder and the way to build elsewhere."""
+    with claim_output_dir(dirs.root / "tiny" / "0.1" / "cpu"):  # this test process stands for the other build
+        ran = run_cli("build", "--spec", str(TINY_SPEC), *dirs.args())
+    assert ran.code == OutputDirError.exit_code, ran.err
+    assert f"another build (pid {os.getpid()}: " in ran.err and "--root DIR" in ran.err, ran.err
+    assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err

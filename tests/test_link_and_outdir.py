@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import OutputDirError
-from pipeline.services.outdir import MARKER, claim_output_dir
+from pipeline.services.outdir import MARKER, claim_output_dir, refuse_if_held
 from pipeline.wheel_template.runtime import _link as link_module
 
 
@@ -118,11 +118,27 @@ def test_claim_refuses_a_folder_it_did_not_make(tmp_path):
 def test_claim_refuses_while_another_build_holds_it(tmp_path):
     out = tmp_path / "root" / "cpu"
     with claim_output_dir(out):
-        with pytest.raises(OutputDirError, match="another build is writing"):
+        with pytest.raises(OutputDirError, match="another build .* is writing") as info:
             with claim_output_dir(out):
                 pass
         assert out.is_dir(), "the refused claim must not remove the holder's folder"
         assert (out.parent / ".cpu.build.lock").exists(), "nor the holder's lock file"
+    # The holder is named (its pid and command, read from the lock file and /proc) and so are the ways out.
+    assert f"pid {os.getpid()}: " in info.value.message and "pytest" in info.value.message
+    assert "--root DIR" in info.value.hint and "MODELWHEEL_ROOT" in info.value.hint and "wait" in info.value.hint
+
+
+def test_peek_refuses_while_held_and_takes_nothing(tmp_path):
+    """The peek before the doctor refuses exactly as the claim would, and leaves the lock free after."""
+    out = tmp_path / "root" / "cpu"
+    refuse_if_held(out)  # nothing there: no refusal, nothing made
+    assert not out.parent.exists()
+    with claim_output_dir(out):
+        with pytest.raises(OutputDirError, match=f"another build \\(pid {os.getpid()}: .*\\) is writing {out}"):
+            refuse_if_held(out)
+    refuse_if_held(out)  # released: no refusal
+    with claim_output_dir(out):  # and the peek left no lock behind
+        pass
 
 
 NOBODY = 65534

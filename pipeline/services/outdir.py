@@ -9,13 +9,16 @@ link aside, compiles and packages, then removes its folder and puts the link bac
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,6 +133,64 @@ def _holder(path: Path) -> str:
     return found.group(1) if found else ""
 
 
+def _lock_file(path: Path) -> Path:
+    return path.parent / f".{path.name}.build.lock"
+
+
+def _command_of(pid: str) -> str:
+    """The command line of a running process, from /proc ('' where unreadable: gone, another OS)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return ""
+    command = " ".join(word.decode(errors="replace") for word in words if word)
+    return command if len(command) <= 160 else command[:157] + "..."
+
+
+def _held(path: Path, lock_file: Path) -> OutputDirError:
+    """The refusal while another build holds the lock: who holds it, since when, and the ways out."""
+    pid = _holder(lock_file)
+    command = _command_of(pid) if pid else ""
+    try:
+        held = f", for {_span(time.time() - lock_file.stat().st_mtime)}" if pid else ""
+    except OSError:
+        held = ""
+    who = f"another build (pid {pid}{f': {command}' if command else ''}{held})" if pid else "another build"
+    return OutputDirError(
+        f"{who} is writing {path}; its lock is {lock_file}",
+        "wait for that build to finish, or build elsewhere now: --root DIR (or MODELWHEEL_ROOT=DIR) "
+        "puts this build's output folder under another root",
+    )
+
+
+def _span(seconds: float) -> str:
+    whole = max(0, int(seconds))
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
+def refuse_if_held(path: Path) -> None:
+    """Refused at once where a running build holds ``path``'s lock, so the doctor and export are not
+    spent on a build that cannot claim it. Only a peek (a shared lock tried and dropped at once, and
+    only where the lock file exists): the lock itself is taken by ``claim_output_dir``, later."""
+    lock_file = _lock_file(path)
+    try:  # non-blocking and no links: the folder may be anyone's until claim_output_dir checks it
+        fd = os.open(lock_file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file (a clean release removes it) or none readable: the claim decides
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _held(path, lock_file) from None
+        except OSError:
+            return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _take_over_stale(path: Path, lock_file: Path) -> None:
     """With the lock held, what a build that is gone left (killed outright: SIGKILL, power
     loss) is removed, and a link it moved aside is put back, with a line saying so."""
@@ -183,7 +244,7 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
     Setting up and cleaning up run with SIGINT/SIGTERM deferred, so an interrupt never leaves
     half of either; a build killed outright is cleaned up by the next one (``_take_over_stale``).
     """
-    lock_file = path.parent / f".{path.name}.build.lock"
+    lock_file = _lock_file(path)
     lock = FileLock(str(lock_file), blocking=False)
     displaced = path.parent / f".{path.name}.displaced-{os.getpid()}"
     created: list[Path] = []
@@ -202,7 +263,7 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
             try:
                 lock.acquire()
             except Timeout:
-                raise OutputDirError(f"another build is writing {path}", "wait for it to finish") from None
+                raise _held(path, lock_file) from None
             _take_over_stale(path, lock_file)
             lock_file.write_text(f"{os.getpid()}\n")  # emptied by a clean release (unlinked)
             os.chmod(lock_file, wheel_trust.FILE_MODE)
