@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .services.index import DEFAULT_PORT
 from .services.progress import Progress
 from .stages.package import TORCH_INDEX
 
@@ -66,16 +67,22 @@ def decided_by(max_abs: float, max_rel: float, rtol: float, atol: float) -> str:
 
 
 def usage_lines(wheel: Path, import_name: str) -> list[str]:
-    """The import, the console command and the one-line install, from the wheel's own manifest."""
+    """The import, the console command and the installs, from the wheel's own manifest. The
+    install by name names the user's index: without --index-url, pip looks the model up on PyPI,
+    where anyone may have registered that name (dependency confusion, docs/publishing.md)."""
     manifest = wheel_manifest(wheel, import_name)
     if manifest is None:
         return []
-    dist, index = manifest["dist_name"], f"{TORCH_INDEX}/{manifest['variant']}"
+    dist, variant = manifest["dist_name"], manifest["variant"]
+    torch_index = f"{TORCH_INDEX}/{variant}"
+    local, version = f"http://127.0.0.1:{DEFAULT_PORT}/{variant}/simple", manifest["version"]
     return [
         f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
         f"  command   {dist} verify | info | link  (installed with the wheel)",
-        f"  install   pip install {dist}=={manifest['version']} --extra-index-url {index}",
-        f"            (from your index once published; this wheel now: pip install {wheel} --extra-index-url {index})",
+        f"  install   this wheel: pip install {wheel} --extra-index-url {torch_index}",
+        f"            once published: pip install {dist}=={version} --index-url <your index>/{variant}/simple",
+        f"            (make index's is {local}, which sends pip to PyTorch's index for torch;",
+        f"            another index may need --extra-index-url {torch_index} for torch: docs/publishing.md)",
     ]
 
 

@@ -255,7 +255,7 @@ def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
     assert f"  import    import model_hf_{family}; model = model_hf_{family}.load()" in ran.err
     assert f"  command   model-hf-{family} verify | info | link" in ran.err
     assert (
-        f"  install   pip install model-hf-{family}==1.0 --extra-index-url https://download.pytorch.org/whl/cpu\n"
+        f"            once published: pip install model-hf-{family}==1.0 --index-url <your index>/cpu/simple\n"
         in ran.err
     )
     check_wheel(dirs, folder, family, hf_venv)

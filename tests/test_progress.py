@@ -52,9 +52,13 @@ PLAIN_LINES = [
     r"  report    .*\.report\.json",
     r"  import    import model_tiny; model = model_tiny\.load\(\)  \(or load_numpy\(\): no torch import\)",
     r"  command   model-tiny verify \| info \| link  \(installed with the wheel\)",
-    r"  install   pip install model-tiny==0\.1 --extra-index-url https://download\.pytorch\.org/whl/cpu",
-    r"            \(from your index once published; this wheel now: pip install /.*/model_tiny-0\.1\+cpu.*\.whl "
-    r"--extra-index-url https://download\.pytorch\.org/whl/cpu\)",
+    r"  install   this wheel: pip install /.*/model_tiny-0\.1\+cpu.*\.whl "
+    r"--extra-index-url https://download\.pytorch\.org/whl/cpu",
+    # by name from the user's index, never PyPI's (where anyone may hold the name): --index-url
+    r"            once published: pip install model-tiny==0\.1 --index-url <your index>/cpu/simple",
+    r"            \(make index's is http://127\.0\.0\.1:8765/cpu/simple, which sends pip to PyTorch's index for torch;",
+    r"            another index may need --extra-index-url https://download\.pytorch\.org/whl/cpu for torch: "
+    r"docs/publishing\.md\)",
 ]
 
 
