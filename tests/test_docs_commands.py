@@ -151,3 +151,32 @@ def test_each_command_is_one_its_tool_takes(page, words):
         check_pip(args)
     else:
         check_python(args)
+
+
+def build_flags_shown() -> dict[tuple[str, ...], str]:
+    """docs/quickstart.md's flag table for `build`: its flags (`-j`, `--jobs`) -> the default cell."""
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    table = text.split("| flag | default | meaning |\n| --- | --- | --- |\n")[1].split("\n\n")[0]
+    rows = [line.split(" | ") for line in table.splitlines()]
+    return {tuple(re.findall(r"`(-[-\w]+)`", row[0])): row[1] for row in rows}
+
+
+def test_the_quickstart_flag_table_is_the_build_commands_flags():
+    """The table lacked --hf, --task, --name, -j and --update-lock, which `build --help` shows."""
+    import argparse
+
+    build = next(
+        action.choices["build"] for action in parser()._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    shown_by_help = [a for a in build._actions if a.option_strings and a.help != argparse.SUPPRESS]
+    flags = {tuple(action.option_strings) for action in shown_by_help} - {("-h", "--help")}
+    shown = build_flags_shown()
+    assert sorted(flags - set(shown)) == [], "flags `modelwheel build --help` shows that the table leaves out"
+    assert sorted(set(shown) - flags) == [], "flags in the table that `modelwheel build` does not take"
+
+
+def test_the_quickstart_flag_table_does_not_call_spec_required():
+    """With --hf the spec is optional (keys that override the checkpoint's), so it is not `(required)`."""
+    assert "(required)" not in build_flags_shown()[("--spec",)]
+    parsed = parser().parse_args(["build", "--hf", "folder", "--task", "image-classification", "--name", "x"])
+    assert parsed.spec in (None, []) and parsed.hf == "folder"
