@@ -27,7 +27,7 @@ from .features.candidates import Skipped
 from .features.tune import Tuned
 from .services import cache
 from .services.layout import WorkLayout
-from .services.manifest import sha256_file
+from .services.manifest import differences, read_wheel_manifest, sha256_file
 from .services.outdir import claim_output_dir, output_path, refuse_if_held, signals_deferred
 from .services.progress import Progress, check_stop, reporting, stop_requested
 from .services.writable import (
@@ -383,16 +383,35 @@ def _restore_to_dist(
     return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
 
 
-def _keep_what_was_tested(existing: Path, sha256: str) -> None:
+def _keep_what_was_tested(existing: Path, new: Wheel) -> None:
     """A wheel of the same name (model, version, torch, platform) already in dist/ with other
     contents is the one that was tested, and perhaps published: replacing it would lose it."""
-    if existing.is_file() and sha256_file(existing) != sha256:
-        raise OutputDirError(
-            f"{existing} already holds a different build of this version (sha256 {sha256_file(existing)[:16]}…, "
-            f"this build's {sha256[:16]}…); it is left as it is, and this build is not kept (not in dist/, not in the "
-            "build cache)",
-            "bump model.version in the spec (or --version) for a changed model, or pass --overwrite to replace it",
-        )
+    if not existing.is_file() or sha256_file(existing) == new.sha256:
+        return
+    kept, made = read_wheel_manifest(existing), read_wheel_manifest(new.path)
+    differ = differences(kept, made) if kept is not None and made is not None else []
+    raise OutputDirError(
+        f"{existing} already holds a different build of this version (sha256 {sha256_file(existing)[:16]}…, "
+        f"this build's {new.sha256[:16]}…)"
+        + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
+        + "; it is left as it is, and this build is not kept (not in dist/, not in the build cache)",
+        _other_root(kept, made)
+        or "bump model.version in the spec (or --version) for a changed model, or pass --overwrite to replace it",
+    )
+
+
+def _other_root(kept: dict[str, Any] | None, made: dict[str, Any] | None) -> str:
+    """The hint where the kept wheel was compiled for another root ('' otherwise): a wheel holds the
+    /opt path it was compiled at, <root>/<model>/<version>/<target>, so a root of its own is another wheel."""
+    if not kept or not made or kept.get("opt_path") == made.get("opt_path"):
+        return ""
+    folders = Path(str(kept.get("opt_path"))).parents
+    if len(folders) < 3:
+        return ""
+    return (
+        f"the kept wheel was built for the artifact root {folders[2]}: build with --root {folders[2]} to remake it, "
+        "or pass --overwrite to replace it with this root's build"
+    )
 
 
 def make_report(
@@ -468,7 +487,7 @@ def commit(
         raise
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
     if not overwrite:
-        _keep_what_was_tested(finals[1], wheel.sha256)
+        _keep_what_was_tested(finals[1], wheel)
     hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
     made, staged_entry = [], None
     try:

@@ -8,7 +8,7 @@ import shutil
 from pipeline.errors import OutputDirError
 from pipeline.services.manifest import sha256_file
 
-from .conftest import GOOD, run_cli, spec_copy
+from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
 
 
 def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(tmp_path, warm_dirs, tiny_build):
@@ -37,9 +37,31 @@ def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_whee
     assert refused.code == OutputDirError.exit_code, refused.err
     assert f"error: {wheel} already holds a different build of this version" in refused.err
     assert "hint: bump model.version" in refused.err and "--overwrite" in refused.err
+    # what differs is said: here the spec's description, with both values
+    assert (
+        "their manifests differ in description: Tiny test model in the kept wheel, "
+        "Tiny test model, trained again in this build;" in refused.err
+    ), refused.err
     assert sha256_file(wheel) == tested and sorted(p.name for p in dist.iterdir()) == sorted(
         p.name for p in built.dist.iterdir()
     )
     replaced = run_cli(*args, "--overwrite")
     assert replaced.code == 0, replaced.err
     assert sha256_file(wheel) != tested
+
+
+def test_a_build_for_another_root_says_so_and_how_to_remake_the_kept_wheel(warm_dirs, tiny_build):
+    """Only --root changed: the wheel holds the path it was compiled at, so it is another wheel of the
+    same name. The refusal says the root differs and names the kept wheel's root, not "bump the version"."""
+    built, _ = tiny_build
+    shutil.copytree(built.dist, warm_dirs.dist)
+    wheel = next(warm_dirs.dist.glob("*.whl"))
+    refused = run_cli("build", "--spec", str(TINY_SPEC), *warm_dirs.args())
+    assert refused.code == OutputDirError.exit_code, refused.err
+    kept_path, new_path = built.root / "tiny" / "0.1" / "cpu", warm_dirs.root / "tiny" / "0.1" / "cpu"
+    assert f"differ in opt_path: {kept_path} in the kept wheel, {new_path} in this build" in refused.err, refused.err
+    assert f"hint: the kept wheel was built for the artifact root {built.root}: build with --root {built.root}" in (
+        refused.err
+    )
+    assert "bump model.version" not in refused.err
+    assert sha256_file(wheel) == sha256_file(next(built.dist.glob("*.whl")))

@@ -5,6 +5,9 @@ Its type is the runtime's (runtime/_schema.py); the package stage makes it (stag
 from __future__ import annotations
 
 import json
+import zipfile
+from pathlib import Path
+from typing import Any
 
 from ..wheel_template.runtime import _integrity as wheel_integrity
 from ..wheel_template.runtime._schema import Manifest
@@ -15,3 +18,36 @@ sha256_file = wheel_integrity.sha256_file
 
 def dumps(manifest: Manifest) -> str:
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+
+
+# Manifest keys that differ whenever the model or its compile does (file hashes, cache keys):
+# named only where nothing that causes them differs.
+_FOLLOWS = ("artifacts", "golden", "content_hash", "compile_cache_key")
+
+
+def read_wheel_manifest(wheel: Path) -> dict[str, Any] | None:
+    """A modelwheel wheel's ``<import_name>/manifest.json`` (None where it is not one, or unreadable)."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/manifest.json")]
+            found = json.loads(archive.read(names[0])) if len(names) == 1 else None
+    except (OSError, zipfile.BadZipFile, ValueError, KeyError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def differences(kept: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The top-level manifest keys whose values differ, causes first, each with both values where
+    they are short ('opt_path: /a/x/1/cpu in the kept wheel, /b/x/1/cpu in this build')."""
+    keys = sorted(key for key in kept.keys() | new.keys() if kept.get(key) != new.get(key))
+    causes = [key for key in keys if key not in _FOLLOWS] or keys
+    return [_described(key, kept.get(key), new.get(key)) for key in causes]
+
+
+def _described(key: str, kept: Any, new: Any) -> str:
+    if key == "torch" and isinstance(kept, dict) and isinstance(new, dict):
+        kept, new = kept.get("version"), new.get("version")
+    if kept != new and all(isinstance(v, (str, int, float, type(None))) for v in (kept, new)):
+        if len(f"{kept}{new}") <= 160:
+            return f"{key}: {kept} in the kept wheel, {new} in this build"
+    return key
