@@ -562,7 +562,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     ), refused
     assert said == [
         "    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here "
-        f"for any of the {len(refused)} candidate(s) to win (rounds 0.0803 to 205 ms, a 2552.93x spread); "
+        f"for any of the {len(refused)} other candidate(s) to win (rounds 0.0803 to 205 ms, a 2552.93x spread); "
         "build on a quieter machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
     ]
     assert cost.stopped == said[0].strip() and cost.spread == pytest.approx(205.0 / 0.0803)
@@ -580,6 +580,22 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     chosen, refused, cost, said = choose_said(exported, planned, NOISY, tmp_path / "cache")
     assert "freezing" in [e.name for e in chosen] and refused == [] and not cost.stopped and said == []
     assert cost.spread == pytest.approx(205.0 / 0.0803)
+
+
+def test_a_search_stopped_by_the_noise_times_nothing_again_and_says_why_it_kept_the_spec_options(tmp_path):
+    """The spec's options, timed alone for the noise, are the timing: a newcomer's unet build spent
+    51 s timing them again, alone, then said no candidate was faster beyond the noise."""
+    from pipeline.services.cache import Cache
+
+    exported, planned, _ = waves(tmp_path)
+    _, _, cost, _ = choose_said(exported, planned, NOISY, tmp_path / "cache")
+    search = tune._Search(exported, planned, None, tmp_path / "work", Cache(tmp_path / "cache"), tune.Budget(None))
+    search.passed = {"spec-options": object()}  # compiled and verified; its .so is not opened again
+    timed, after = search.time_passed(NOISY, cost)
+    assert timed == {"spec-options": NOISY} and after.timing_s == 0.0
+    assert search.kept_alone(after) == "the search stopped on the noise before compiling a candidate"
+    search.failed = {"freezing": object()}
+    assert search.kept_alone(payback.Cost()) == "no other candidate passed verification (freezing dropped)"
 
 
 def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_being_compiled(tmp_path):

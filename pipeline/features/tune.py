@@ -120,7 +120,7 @@ def tune(
     search.compile_and_verify(first)
     first_s = time.perf_counter() - started
     outlook.first(first, first_s, from_cache=search.from_cache(first))
-    cost, chosen = payback.Cost(workers=workers), list[payback.Expected]()
+    cost, chosen, noise = payback.Cost(workers=workers), list[payback.Expected](), None
     if len(planned) > 1:
         noise = search.noise() if first in search.passed else None
         chosen, refused, cost = choose_candidates(exported, planned, noise, budget, store, cost)
@@ -138,13 +138,13 @@ def tune(
         failure = search.first_failure
         assert failure is not None  # every candidate failed verification: the first one's error
         raise VerificationError(failure.message + more, failure.hint) from failure
-    step(f"timing {len(search.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
-    started = time.perf_counter()
-    timed = rounds.time_in_rounds(
-        timed_calls(search.passed, weights_file, exported.example_inputs), exported.target.synchronize
-    )
-    cost = dataclasses.replace(cost, timing_s=time.perf_counter() - started)
-    choice, why = rounds.choose(timed, first) if len(planned) > 1 else (first, "")
+    timed, cost = search.time_passed(noise, cost)
+    if len(planned) == 1:
+        choice, why = first, ""
+    elif list(timed) == [first]:
+        choice, why = first, search.kept_alone(cost)
+    else:
+        choice, why = rounds.choose(timed, first)
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)
     trials = search.trials(timed, shown=len(planned) > 1)
@@ -266,6 +266,30 @@ class _Search:
             "faster to win beyond it"
         )
         return timed
+
+    def time_passed(
+        self, noise: rounds.Timed | None, cost: payback.Cost
+    ) -> tuple[dict[str, rounds.Timed], payback.Cost]:
+        """Those that passed, timed together in interleaved rounds. Where only the spec's own options
+        passed and were timed alone for the noise already, those rounds are their timing: timing
+        them again would compare them with nothing (a stopped search spent 51 s on it)."""
+        first = self.planned[0][0]
+        if noise is not None and list(self.passed) == [first]:
+            return {first: noise}, cost
+        step(f"timing {len(self.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+        started = time.perf_counter()
+        timed = rounds.time_in_rounds(
+            timed_calls(self.passed, self.weights_file, self.exported.example_inputs), self.exported.target.synchronize
+        )
+        return timed, dataclasses.replace(cost, timing_s=time.perf_counter() - started)
+
+    def kept_alone(self, cost: payback.Cost) -> str:
+        """Why the spec's own options are kept when no other candidate was there to time."""
+        if cost.stopped:
+            return "the search stopped on the noise before compiling a candidate"
+        if self.failed:
+            return f"no other candidate passed verification ({', '.join(self.failed)} dropped)"
+        return "no other candidate was compiled (the lines above say why)"
 
     def compile_candidates(self, names: list[str], workers: int, outlook: Outlook, cost: payback.Cost) -> payback.Cost:
         """Compile the fresh ones side by side where there are cores for it, then verify each."""
