@@ -139,9 +139,9 @@ NOISY = "cannot win beyond the noise measured before compiling it (the build's r
 def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
-        f"any of the {refused} candidate(s) to win (rounds {figure(noise.low_ms)} to {figure(noise.high_ms)} ms, a "
-        f"{spread(noise):.2f}x spread); build on a quieter machine for a search, or set `[compile] "
-        f"search_when_noisy = true` to compile them anyway"
+        f"any of the {refused} other candidate(s) to win (rounds {figure(noise.low_ms)} to "
+        f"{figure(noise.high_ms)} ms, a {spread(noise):.2f}x spread); build on a quieter machine for a search, "
+        "or set `[compile] search_when_noisy = true` to compile them anyway"
     )
 
 
