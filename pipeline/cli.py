@@ -329,11 +329,14 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
     dist = Path(args.dist)
     check_private(dist, "--dist")  # the wheels found there are uploaded as they are
-    args.target = targets.buildable_here(list(spec.build.targets), progress.say)  # what a build here would make
+    skipped: list[str] = []  # said only where a build runs: publishing what dist/ holds skips nothing
+    args.target = targets.buildable_here(list(spec.build.targets), skipped.append)  # what a build here would make
     wanted = {t: f"{spec.import_name}-{spec.model.version}+{local_label(t)}-" for t in args.target}
     found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     if not all(found.values()):
         progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
+        for note in skipped:
+            progress.say(note)
         _run_build(spec_file, args, progress)
         found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     missing = [f"{prefix}*.whl" for t, prefix in wanted.items() if not found[t]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 
 import pytest
 import yaml
@@ -102,8 +103,8 @@ def test_a_spec_naming_cuda_too_builds_its_cpu_wheel_where_there_is_no_gpu():
     notes = []
     assert targets.buildable_here(["cpu", "cuda"], notes.append) == ["cpu"]
     assert notes == [
-        f"target cuda: not built here: {cuda.unavailable()} (the spec names it for machines that have "
-        "it; --target cuda asks for it)"
+        f"note: target cuda skipped, not built on this machine: {cuda.unavailable()} (the spec names it for "
+        "machines that have it; --target cuda asks for it)"
     ]
     assert targets.buildable_here(["cuda"], notes.append) == ["cuda"] and len(notes) == 1  # require_available refuses
 
@@ -113,3 +114,16 @@ def test_the_publish_job_hands_publish_the_simple_page_url():
     publish = yaml.safe_load(WORKFLOW.read_text())["jobs"]["publish"]
     step = next(s for s in publish["steps"] if "pipeline publish --skip-existing" in s.get("run", ""))
     assert step["env"]["MODELWHEEL_SIMPLE_URL"] == "${{ secrets.MODELWHEEL_SIMPLE_URL }}"
+
+
+def test_publishing_the_wheels_dist_holds_says_nothing_of_the_targets_a_build_would_skip(tiny_build, tmp_path):
+    """The skipped-target note belongs to a build: `make publish` of wheels already built printed it too,
+    where it reads like a failure of the publish."""
+    if cuda.unavailable() is None:
+        pytest.skip("this machine builds cuda")
+    spec = spec_copy(tmp_path / "spec", GOOD + '\n[build]\ntargets = ["cpu", "cuda"]\n')
+    shutil.copytree(tiny_build[0].dist, tmp_path / "dist")
+    ran = run_cli("publish", "--spec", str(spec), "--dist", str(tmp_path / "dist"), "--index", "http://127.0.0.1:9/")
+    assert "==> publish: model_tiny-0.1+cpu" in ran.err, ran.err  # dist/'s wheel found: no build
+    assert "target cuda" not in ran.err and "building it" not in ran.err, ran.err
+    assert ran.code != 0  # nothing listens there: the upload itself fails, after what this test checks

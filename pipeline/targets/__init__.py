@@ -204,8 +204,8 @@ def buildable_here(spec_targets: list[str], say: Callable[[str], None]) -> list[
     for name in spec_targets:
         if reasons[name]:
             say(
-                f"target {name}: not built here: {reasons[name]} (the spec names it for machines that have it; "
-                f"--target {name} asks for it)"
+                f"note: target {name} skipped, not built on this machine: {reasons[name]} (the spec names it for "
+                f"machines that have it; --target {name} asks for it)"
             )
     return left
 
