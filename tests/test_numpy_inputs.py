@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import tomllib
 
 import pytest
 
+from .conftest import REPO
 from .test_end_to_end import run_in
 
 # --- load_numpy(): every array the C interface cannot take as it is is converted or refused ---
@@ -130,3 +133,61 @@ def test_wrong_dtype_or_masked_array_is_refused_naming_the_input(numpy_cases, ca
 )
 def test_zero_d_or_wrong_rank_is_refused_with_expected_and_got(numpy_cases, case, message):
     assert numpy_cases[case] == {"error": message}
+
+
+# --- docs/wheel-and-runtime.md's load_numpy() examples run as written ---
+
+
+def load_numpy_examples() -> list[str]:
+    """The python blocks of the page's load_numpy() section: the unet's, then any wheel's from its manifest."""
+    text = (REPO / "docs" / "wheel-and-runtime.md").read_text()
+    section = re.split(r"\n##+ ", text.split("### Without importing torch: `load_numpy()`")[1])[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, blocks
+    return blocks
+
+
+# after the page's block, in the same process: what it made, then load()'s outputs for the wheel's own example
+AFTER_EXAMPLE = """
+import json, sys
+outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+made = {"torch_imported": "torch" in sys.modules, "shapes": [list(o.shape) for o in outputs],
+        "dtypes": [str(o.dtype) for o in outputs]}
+eager = model_tiny.load()(*model_tiny.example_inputs())
+made["load_shapes"] = [list(o.shape) for o in eager]
+print(json.dumps(made))
+"""
+
+
+def test_the_docs_manifest_example_runs_on_an_installed_wheel(installed):
+    """The page's example called the model with `sample, timestep, context`, defined nowhere."""
+    code = load_numpy_examples()[1].replace("model_unet", "model_tiny")
+    ran = run_in(installed, code + AFTER_EXAMPLE)
+    assert ran.returncode == 0, ran.stderr
+    made = json.loads(ran.stdout.splitlines()[-1])
+    assert made["torch_imported"] is False  # load_numpy(): no torch, as the page says
+    assert made["shapes"] == made["load_shapes"]  # the same sizes as the wheel's own example inputs
+    assert made["dtypes"] == ["float32", "float32"]
+
+
+def test_the_docs_unet_example_makes_the_inputs_the_unet_spec_declares():
+    """The unet's block (a unet build takes minutes: its arrays are checked, not run) makes each
+    input the spec declares, in order, at the batch's example size and within low/high."""
+    import numpy as np
+
+    block = load_numpy_examples()[0]
+    arrays = [line for line in block.splitlines() if "model" not in line and "noise" not in line]
+    arrays_only = "\n".join(["import numpy as np", *arrays])
+    made: dict = {}
+    exec(arrays_only, made)  # noqa: S102 (the page's own code)
+    spec = tomllib.loads((REPO / "models" / "unet" / "spec.toml").read_text())
+    sizes = {name: dim.get("example", 2) for name, dim in spec["dims"].items()}
+    called = re.search(r"model\(([^)]*)\)", block)[1].split(", ")
+    assert called == [i["name"] for i in spec["inputs"]]
+    for declared in spec["inputs"]:
+        array = made[declared["name"]]
+        assert isinstance(array, np.ndarray)
+        assert list(array.shape) == [sizes.get(d, d) for d in declared["shape"]], declared["name"]
+        assert array.dtype == np.dtype(declared.get("dtype", "float32")), declared["name"]
+        if "low" in declared:
+            assert declared["low"] <= array.min() and array.max() < declared["high"], declared["name"]
