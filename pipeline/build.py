@@ -29,7 +29,7 @@ from .services import cache
 from .services.layout import WorkLayout
 from .services.manifest import differences, read_wheel_manifest, sha256_file
 from .services.outdir import claim_output_dir, output_path, refuse_if_held, signals_deferred
-from .services.progress import Progress, check_stop, reporting, stop_requested
+from .services.progress import Progress, Steps, check_stop, reporting, stop_requested
 from .services.writable import (
     NO_ROOM,
     NOT_ALLOWED,
@@ -42,7 +42,7 @@ from .services.writable import (
 from .spec import SpecFile
 from .stages import static
 from .stages.compile import Compiled, CompilePlan, find_cxx, find_strip
-from .stages.doctor import run_doctor
+from .stages.doctor import DOCTOR_STEPS, run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
 from .stages.manifest import build_manifest
@@ -236,18 +236,20 @@ def doctor_stage(
     described), the gate's signal check (outputs that do not move stop the build here, before
     minutes of compiling, since no comparison could verify them), pad = true's gate on eager (a
     model that mixes the batch stops here too) and the search's plans."""
+    pads = static.pads(ctx.spec_file.spec)
+    steps = Steps(DOCTOR_STEPS + (3 if pads else 2))  # numbered over the doctor's checks and this stage's own
     with ctx.progress.stage("doctor"):
-        findings = run_doctor(ctx.spec_file, loaded)
+        findings = run_doctor(ctx.spec_file, loaded, steps)
         # eager calls too (minutes for a large model on a busy machine): the status says which
-        ctx.progress.step("signal: eager on the seeded inputs, whose outputs must differ (the verification's gate)")
+        steps("signal: eager on the seeded inputs, whose outputs must differ (the verification's gate)")
         exported = prepare(ctx.spec_file, loaded, ctx.target)
         signal = check_signal(exported)
-        if static.pads(ctx.spec_file.spec):  # a model that mixes the batch is refused before the compiles
-            ctx.progress.step("padding: eager on padded batches against eager at their own size (pad = true's gate)")
+        if pads:  # a model that mixes the batch is refused before the compiles
+            steps("padding: eager on padded batches against eager at their own size (pad = true's gate)")
             static.check_padding_eager(exported)
         # Planning runs eager under bfloat16 autocast against the spec's tolerances: 34 s for the
         # unet on a busy machine, silent between two stages when it ran outside one.
-        ctx.progress.step("the search's candidates: eager under bfloat16 autocast, held to the spec's tolerances")
+        steps("the search's candidates: eager under bfloat16 autocast, held to the spec's tolerances")
         return findings, exported, signal, tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug, locked)
 
 

@@ -309,3 +309,44 @@ def test_a_parallel_builds_line_is_its_logs_newest_status(tmp_path):
     with log.open("a") as handle:
         handle.write("    compile done in 50.0s\n==> verify\n")
     assert last_stage(log) == "verify"
+
+
+class StepsSeen(Progress):
+    """Plain lines to a buffer, and every status step the stages set, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(io.StringIO())
+        self.steps: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+        super().step(text)
+
+
+def test_the_doctor_numbers_its_steps_over_all_its_phases(tmp_path):
+    """The build's doctor said 1/3 ... 3/3, then ran two unnumbered steps (signal, the search's
+    candidates) that took 60 of its 94 s on the unet: its status now counts them all."""
+    from pipeline import targets
+    from pipeline.build import BuildContext, doctor_stage
+    from pipeline.spec import load_spec
+    from pipeline.stages.compile import find_cxx
+    from pipeline.stages.loader import load_model
+
+    spec_file, progress = load_spec(TINY_SPEC), StepsSeen()
+    ctx = BuildContext(
+        spec_file=spec_file,
+        target=targets.get("cpu"),
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "opt" / "tiny" / "0.1" / "cpu",
+        dist_dir=tmp_path / "dist",
+        store=Cache(tmp_path / "cache"),
+        progress=progress,
+        overwrite=False,
+        keep_debug=False,
+    )
+    with reporting(progress):
+        doctor_stage(ctx, load_model(spec_file), find_cxx(), None)
+    numbered = [re.match(r"(\d+)/(\d+): ", text) for text in progress.steps]
+    assert all(numbered), progress.steps
+    assert [(int(m[1]), int(m[2])) for m in numbered if m] == [(i, 5) for i in range(1, 6)], progress.steps
+    assert progress.steps[-1].startswith("5/5: the search's candidates")

@@ -234,6 +234,20 @@ def step(text: str) -> None:
         active.step(text)
 
 
+class Steps:
+    """A stage's steps numbered over all its phases (``2/5: graph breaks``), where they run in more than
+    one module: the build's doctor runs the doctor's three checks, then its own (signal, the search's
+    candidates), and numbering each part on its own said ``1/3 ... 3/3`` before its two longest steps."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+
+    def __call__(self, text: str) -> None:
+        self.done += 1
+        step(f"{self.done}/{self.total}: {text}")
+
+
 def estimate(stage_left_s: float | None) -> None:
     """About how long the running stage has left, by its own measure (the search's, from its first
     compile); None where it cannot say (the timing rounds: the estimate counts compiles)."""

@@ -31,7 +31,7 @@ from ..doctor_checks import (
     VERSION_CHECK,
 )
 from ..errors import DoctorError
-from ..services.progress import say, step
+from ..services.progress import Steps, say
 from ..spec import SpecFile
 from .doctor_trace import ForwardRun, trace_forwards
 from .export import check_inputs_fit, check_signature, example_inputs, where_defined
@@ -379,6 +379,9 @@ def unique(findings: list[Finding]) -> list[Finding]:
     return result
 
 
+DOCTOR_STEPS = 3  # run_doctor's numbered steps: source, graph breaks (diagnose's), purity
+
+
 def diagnose(
     module: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
@@ -386,6 +389,7 @@ def diagnose(
     allow: tuple[str, ...] = (),
     before_tracing: Callable[[], None] = lambda: None,
     own_folder: Path | None = None,
+    steps: Steps | None = None,
 ) -> list[Finding]:
     """Static findings, then (unless one of them stops the build anyway) dynamic ones: one report,
     repeats dropped.
@@ -394,11 +398,12 @@ def diagnose(
     ``own_folder`` (the spec's folder), are reported as warnings; neither turns a check off.
     ``before_tracing`` runs before dynamo sees the model (it checks that the inputs fit it).
     """
-    step("1/3: the forward's source, on the lines one eager call runs")
+    step = steps or Steps(DOCTOR_STEPS - 1)
+    step("the forward's source, on the lines one eager call runs")
     findings = judged(static_findings(module, traced_runs(module, inputs)), allow, own_folder)
     if not any(f.severity == "error" for f in findings):
         before_tracing()
-        step("2/3: graph breaks (torch._dynamo.explain)")
+        step("graph breaks (torch._dynamo.explain)")
         findings += judged(dynamic_findings(module, inputs, source_files), allow, own_folder)
     return unique(findings)
 
@@ -416,9 +421,11 @@ def raise_on_errors(findings: list[Finding], model: str) -> None:
         )
 
 
-def run_doctor(spec_file: SpecFile, loaded: LoadedModel) -> list[Finding]:
+def run_doctor(spec_file: SpecFile, loaded: LoadedModel, steps: Steps | None = None) -> list[Finding]:
     """Everything the doctor checks, as the build's first stage and `pipeline doctor` run it:
-    source and dynamo findings (warnings shown, errors raised), the signature, then purity."""
+    source and dynamo findings (warnings shown, errors raised), the signature, then purity.
+    ``steps``: the build's count, where its doctor stage has steps of its own after these."""
+    steps = steps or Steps(DOCTOR_STEPS)
     inputs = example_inputs(spec_file, None)  # beside the module as it was loaded
 
     def inputs_fit() -> None:  # before dynamo: a spec error in one paragraph, not a trace of the model
@@ -431,13 +438,14 @@ def run_doctor(spec_file: SpecFile, loaded: LoadedModel) -> list[Finding]:
         tuple(spec_file.spec.doctor.allow),
         inputs_fit,
         own_folder=spec_file.path.parent,
+        steps=steps,
     )
     for finding in findings:
         if finding.severity == "warning":
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)  # diagnose() ran inputs_fit() unless there is one
     check_signature(spec_file, loaded.module)
-    step("3/3: purity (the same inputs give the same outputs, nothing kept between calls)")
+    steps("purity (the same inputs give the same outputs, nothing kept between calls)")
     check_purity(
         loaded.module,
         inputs,
