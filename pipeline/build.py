@@ -277,7 +277,10 @@ def compile_stage(
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
-            say(f"    reused the compiled model from build cache {compiled.cache_key}: no export, no recompile")
+            # The export runs where any planned compile is missing (a search stopped before compiling
+            # its candidates), so "no export" is said only where it did not run.
+            skipped_too = "" if "export" in ctx.progress.timings else "no export, "
+            say(f"    reused the compiled model from build cache {compiled.cache_key}: {skipped_too}no recompile")
         if locked:  # the manifest records the search as it ran when its choice was locked
             tuned = tune.as_locked(tuned, locked)
         say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
