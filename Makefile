@@ -44,17 +44,26 @@ venv: $(VENV)/.installed
 # EDITABLE_QUIET: setuptools warns on every editable install that a folder named like the package
 # may shadow it; here that folder is the package.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
+# pip --quiet says nothing while it unpacks torch or byte-compiles requirements.txt's packages (22
+# and 87 s on a busy 2-core machine): `beat WHAT COMMAND...` runs COMMAND with a line every
+# BEAT_S seconds until it ends, and returns its status. The loop's sleep holds no pipe of make's
+# output, so a `make ... | tee` ends when make does.
+BEAT_S ?= 10
+BEAT := beat() { what=$$1; shift; "$$@" & pid=$$!; \
+  ( s=0; while sleep $(BEAT_S) </dev/null >/dev/null 2>&1; do s=$$((s + $(BEAT_S))); echo "    ... $$what: $${s}s"; done ) & \
+  ticker=$$!; wait $$pid; status=$$?; kill $$ticker 2>/dev/null; return $$status; }
 $(VENV)/.installed: requirements.txt pyproject.toml
-	@echo "==> setting up $(VENV) (once): torch $(TORCH_VERSION)+$(TORCH_VARIANT), requirements.txt, modelwheel itself (editable)"
+	@echo "==> setting up $(VENV) (once, about 2 to 4 minutes): torch $(TORCH_VERSION)+$(TORCH_VARIANT), requirements.txt, modelwheel itself (editable)"
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
-	  echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) from $(TORCH_INDEX) (no local copy)"; \
-	  $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
+	@echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) (about 20 to 60 s)"
+	@$(BEAT); beat "installing torch" $(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
+	  echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) from $(TORCH_INDEX) (no local copy: a download of about 190 MB, about 1 to 3 minutes)"; \
+	  beat "downloading and installing torch" $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
 	  echo "error: torch $(TORCH_VERSION)+$(TORCH_VARIANT) could not be installed from $(TORCH_INDEX) (pip's reason is above)"; \
 	  echo "hint: where that index cannot be reached, name a mirror of it (make ... TORCH_INDEX=URL), or download the wheel on a machine that reaches it (pip download torch==$(TORCH_VERSION)+$(TORCH_VARIANT) --no-deps --index-url $(TORCH_INDEX) -d DIR) and run make with PIP_FIND_LINKS=DIR"; \
 	  exit 2; }; }
-	@echo "    requirements.txt"
-	@$(PY) -m pip install --quiet -r requirements.txt
+	@echo "    requirements.txt (about 1 to 3 minutes)"
+	@$(BEAT); beat "installing requirements.txt" $(PY) -m pip install --quiet -r requirements.txt
 	@$(EDITABLE_QUIET) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 	@echo "    $(VENV) is ready"

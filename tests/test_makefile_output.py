@@ -99,5 +99,37 @@ def test_an_unreachable_torch_index_ends_with_what_to_do(tmp_path):
     hint = next(line for line in ran.stdout.splitlines() if line.startswith("hint: "))
     assert "TORCH_INDEX=URL" in hint and "PIP_FIND_LINKS=DIR" in hint
     assert f"pip download torch=={torch_pin} --no-deps" in hint
-    assert "requirements.txt" not in ran.stdout.split("error: ")[0].split("(no local copy)")[1]  # it stopped there
+    assert "requirements.txt" not in ran.stdout.split("error: ")[0].split("(no local copy")[1]  # it stopped there
     assert not (tmp_path / ".venv" / ".installed").exists()
+
+
+def beat(command: str) -> subprocess.CompletedProcess:
+    """The Makefile's `beat` (what the .venv setup runs its long pip steps with), one tick a second."""
+    rule = f'beat-check: ; @$(BEAT); beat "waiting" {command}'
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", rule, "beat-check", "BEAT_S=1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def test_a_long_setup_step_prints_a_line_while_it_runs():
+    """Setting up .venv printed nothing for 22 s (torch) and then 87 s (requirements.txt): pip --quiet."""
+    ran = beat("sleep 2.5")
+    assert ran.returncode == 0, ran.stderr
+    ticks = ran.stdout.splitlines()
+    assert ticks and ticks == [f"    ... waiting: {n}s" for n in range(1, len(ticks) + 1)], ran.stdout
+    failed = beat('sh -c "sleep 1.5; exit 3"')
+    assert failed.returncode == 2 and "Error 3" in failed.stderr  # the command's status, as make reports it
+
+
+def test_each_long_setup_step_says_how_long_and_runs_with_a_beat():
+    setup = MAKEFILE.split("$(VENV)/.installed: requirements.txt pyproject.toml\n")[1].split("\n\n")[0]
+    lines = setup.splitlines()
+    long_steps = [i for i, line in enumerate(lines) if "pip install" in line and "-e ." not in line]
+    assert len(long_steps) == 3, setup  # torch from a local copy, else from PyTorch's index; requirements.txt
+    for i in long_steps:
+        assert re.search(r"\bbeat \"[^\"]+\" \$\(PY\) -m pip install", lines[i]), lines[i]
+        said = next(line for line in reversed(lines[:i]) if "echo" in line)
+        assert re.search(r"\(.*about \d+ (to \d+ )?(s|minutes?)\b", said), said
