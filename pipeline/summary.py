@@ -80,9 +80,9 @@ def usage_lines(wheel: Path, import_name: str) -> list[str]:
         f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
         f"  command   {dist} verify | info | link  (installed with the wheel)",
         f"  install   this wheel: pip install {wheel} --extra-index-url {torch_index}",
-        f"            once published: pip install {dist}=={version} --index-url <your index>/{variant}/simple",
-        f"            (make index's is {local}, which sends pip to PyTorch's index for torch;",
-        f"            another index may need --extra-index-url {torch_index} for torch: docs/publishing.md)",
+        f"            once published: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
+        f"--extra-index-url {torch_index}",
+        f"            (make index's is {local}, which sends pip to PyTorch's index for torch by itself)",
     ]
 
 

@@ -255,8 +255,8 @@ def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
     assert f"  import    import model_hf_{family}; model = model_hf_{family}.load()" in ran.err
     assert f"  command   model-hf-{family} verify | info | link" in ran.err
     assert (
-        f"            once published: pip install model-hf-{family}==1.0 --index-url <your index>/cpu/simple\n"
-        in ran.err
+        f"            once published: pip install model-hf-{family}==1.0 --index-url <your index>/cpu/simple "
+        "--extra-index-url https://download.pytorch.org/whl/cpu\n" in ran.err
     )
     check_wheel(dirs, folder, family, hf_venv)
 
