@@ -122,7 +122,9 @@ def test_the_docs_give_the_command_as_modelwheel():
 
 def test_the_docs_install_the_tool_with_the_pinned_cpu_torch_from_pytorchs_index():
     """A `pip install .` line as copied installs torch's CPU build, the version requirements.txt
-    pins, from PyTorch's CPU index: without the pin, pip pulls PyPI's multi-GB CUDA torch."""
+    pins, from PyTorch's CPU index: without the pin, pip pulls PyPI's multi-GB CUDA torch. The rest
+    comes at requirements.txt's pins too (`-c requirements.txt`): without them pip took pydantic
+    2.14.4, where .venv and the tests run 2.14.3."""
     pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("torch=="))
     lines = [
         (page.name, line.strip())
@@ -136,6 +138,7 @@ def test_the_docs_install_the_tool_with_the_pinned_cpu_torch_from_pytorchs_index
             page,
             line,
         )
+        assert " -c requirements.txt" in line.split("#")[0], (page, line)
 
 
 def test_the_build_help_says_it_takes_several_specs_or_a_checkpoint_folder(tmp_path):
