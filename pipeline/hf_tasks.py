@@ -22,6 +22,20 @@ DEFAULT_IMAGE_SIZE = 224  # what most image processors resize to, where neither 
 DEFAULT_TEXT_LENGTH = 77  # CLIP's text length: what Stable Diffusion's UNets are conditioned on
 DEFAULT_BATCH = {"min": 1, "max": 8}
 
+# The library versions this project builds --hf checkpoints with: requirements-test.txt's pins (a test
+# holds the two equal), named here too because an installed modelwheel has no checkout to read them from.
+TESTED_LIBRARIES = {"transformers": "5.23.0", "diffusers": "0.42.1"}
+
+
+def library_install(library: str, python: str) -> str:
+    """The one command that installs ``library`` where ``python`` (the one running modelwheel) finds it."""
+    pinned = f"{library}=={TESTED_LIBRARIES[library]}" if library in TESTED_LIBRARIES else library
+    return (
+        f"install it into the Python that runs modelwheel: {python} -m pip install {pinned} (the version this "
+        "project tests, pinned in requirements-test.txt; in a checkout, `make test-deps` installs it into .venv); "
+        "the wheel it builds does not need it"
+    )
+
 
 class ConfigProblem(ValueError):
     """config.json lacks what the task needs; the caller names the folder."""

@@ -11,15 +11,27 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import pytest
+
+from pipeline.hf_tasks import TESTED_LIBRARIES
+
 from .conftest import REPO, TINY_SPEC, make_venv, pip_install, run_cli
+from .test_hf_build import save_vit
 
 
-def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp_path, warm_dirs):
+@pytest.fixture(scope="module")
+def installed_python(tmp_path_factory) -> Path:
+    """A fresh venv (torch, no transformers or diffusers) with modelwheel installed by `pip install .`."""
+    python = make_venv(tmp_path_factory.mktemp("tool") / "env")
+    pip_install(python, str(REPO), f"torch=={importlib.metadata.version('torch')}")  # the torch of this suite
+    return python
+
+
+def test_an_installed_modelwheel_builds_a_spec_kept_anywhere_from_any_folder(tmp_path, warm_dirs, installed_python):
     """The build runs in a warm build folder (warm_dirs): the subject is the installed package, its
     files and its command, so the export and C++ compile every `dirs` build test runs are reused,
     and every module of the checkout's pipeline/ is checked to be in the package instead."""
-    python = make_venv(tmp_path / "env")
-    pip_install(python, str(REPO), f"torch=={importlib.metadata.version('torch')}")  # the torch of this suite
+    python = installed_python
     spec_dir = tmp_path / "x"
     shutil.copytree(TINY_SPEC.parent, spec_dir)
     modelwheel = str(python.parent / "modelwheel")
@@ -152,3 +164,33 @@ def test_the_build_help_says_it_takes_several_specs_or_a_checkpoint_folder(tmp_p
             in text
         ), ran.out
         assert "one model spec" not in text
+
+
+def test_a_checkpoint_build_without_its_library_names_the_exact_install(tmp_path, installed_python):
+    """A newcomer's modelwheel without transformers got `pip install transformers into the environment
+    that runs modelwheel`: which pip, which version? The hint is the one command, with the tested pin."""
+    modelwheel = str(installed_python.parent / "modelwheel")
+    folder = save_vit(tmp_path / "vit")
+    args = ["build", "--hf", str(folder), "--task", "image-classification", "--name", "vit", "--version", "1.0"]
+    args += ["--root", str(tmp_path / "opt")]
+    ran = subprocess.run(
+        [modelwheel, *args, "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert ran.returncode == 4, ran.stderr  # ModelLoadError
+    assert "a transformers checkpoint, but transformers is not installed here" in ran.stderr, ran.stderr
+    assert (
+        f"hint: install it into the Python that runs modelwheel: {installed_python} -m pip install "
+        f"transformers=={TESTED_LIBRARIES['transformers']} (" in ran.stderr
+    ), ran.stderr
+    assert "make test-deps" in ran.stderr
+
+
+def test_the_tested_library_versions_are_requirements_test_txts_pins():
+    pins = dict(
+        line.split("==", 1) for line in (REPO / "requirements-test.txt").read_text().splitlines() if "==" in line
+    )
+    assert {name: pins[name] for name in TESTED_LIBRARIES} == TESTED_LIBRARIES

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ import torch
 from ..errors import CheckpointError, ModelLoadError
 from ..hf import Checkpoint, inspect_checkpoint, resolve_task
 from ..hf_modules import wrapper_of
-from ..hf_tasks import Task
+from ..hf_tasks import Task, library_install
 from ..hf_wrappers import wrapper_example
 from ..spec import SpecFile
 
@@ -356,8 +357,7 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task) -> tuple[torch.nn.Modul
     except ImportError as exc:
         raise ModelLoadError(
             f"{checkpoint.folder}: a {task.library} checkpoint, but {task.library} is not installed here ({exc})",
-            f"pip install {task.library} into the environment that runs modelwheel "
-            "(the wheel it builds does not need it)",
+            library_install(task.library, shlex.quote(sys.executable)),
         ) from exc
     quiet_model_libraries(checkpoint=True)  # diffusers reads no setting for its bars: set now it is imported
     loader = getattr(library, task.loader)
