@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -139,6 +140,38 @@ def test_peek_refuses_while_held_and_takes_nothing(tmp_path):
     refuse_if_held(out)  # released: no refusal
     with claim_output_dir(out):  # and the peek left no lock behind
         pass
+
+
+HOLDER = """import pathlib, sys
+from pipeline.services.outdir import claim_output_dir
+with claim_output_dir(pathlib.Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_the_holders_command_is_named_on_one_line(tmp_path):
+    """Another process holds the folder: its pid and command line (here one with newlines, as any
+    process's may have) are named on one line, with no control characters."""
+    out = tmp_path / "root" / "cpu"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(OutputDirError) as info:
+            refuse_if_held(out)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    message = info.value.message
+    assert f"another build (pid {holder.pid}: {sys.executable} -c import pathlib, sys from pipeline" in message
+    assert message.isprintable(), message
 
 
 NOBODY = 65534

@@ -143,7 +143,9 @@ def _command_of(pid: str) -> str:
         words = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     except OSError:
         return ""
-    command = " ".join(word.decode(errors="replace") for word in words if word)
+    # one line, and no control characters (another user's process may name anything)
+    command = " ".join(" ".join(word.decode(errors="replace").split()) for word in words if word)
+    command = "".join(c if c.isprintable() else "?" for c in command)
     return command if len(command) <= 160 else command[:157] + "..."
 
 
