@@ -116,8 +116,9 @@ def resolve_task(name: str, folder: Path | str) -> Task:
         meant = close_task(name)
         if meant is not None:
             raise UnsupportedTaskError(
-                f"task {name!r} is not one modelwheel builds; did you mean {meant!r}? It builds:\n{supported()}",
-                f"--task {meant}",
+                f"task {name!r} is not one modelwheel builds; did you mean {meant!r}?{_fit_note(folder, meant)} "
+                f"It builds:\n{supported()}",
+                f"--task {_fitting_or(folder, meant)}",
             )
         raise UnsupportedTaskError(
             f"task {name!r} is not one modelwheel builds from a checkpoint folder with no code; it builds:\n"
@@ -125,6 +126,23 @@ def resolve_task(name: str, folder: Path | str) -> Task:
             "for another task, write a small wrapper and a spec instead:\n" + wrapper_example(folder),
         )
     return task
+
+
+def _fit_note(folder: Path | str, meant: str) -> str:
+    """What the folder says of the task a typo most likely meant: a newcomer who followed 'did
+    you mean image-classification' on a BERT got transformers' refusal of the class."""
+    saved = saved_class(folder)
+    fits = fitting_task(saved) if saved else None
+    if saved is None or find_task(fits or "") is find_task(meant):
+        return ""
+    if fits is None:
+        return f" Its config.json names {saved}: check that the task builds that class."
+    return f" But its config.json names {saved}, which --task {fits} builds."
+
+
+def _fitting_or(folder: Path | str, meant: str) -> str:
+    saved = saved_class(folder)
+    return (fitting_task(saved) if saved else None) or meant
 
 
 def inspect_checkpoint(folder: Path, task: Task) -> Checkpoint:
@@ -233,24 +251,38 @@ def suggested_name(folder: Path) -> str:
     return name if name[:1].isalpha() else f"model_{name}"
 
 
-def guess_task(folder: str) -> str:
-    """A hint for --hf without --task: the task the saved class's name suggests."""
+# A fragment of the saved class's name -> the task that builds such a class.
+CLASS_HINTS = {
+    "ImageClassification": "image-classification",
+    "ObjectDetection": "object-detection",
+    "SemanticSegmentation": "semantic-segmentation",
+    "CausalLM": "text-generation",
+    "LMHead": "text-generation",
+    "UNet2D": "denoising",
+}
+
+
+def saved_class(folder: Path | str) -> str | None:
+    """The class config.json says saved the checkpoint, where it says one."""
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
-        saved = str((config.get("architectures") or [config.get("_class_name", "")])[0])
+        return str((config.get("architectures") or [config.get("_class_name", "")])[0]) or None
     except (OSError, ValueError, AttributeError, IndexError, TypeError):
+        return None
+
+
+def fitting_task(saved: str) -> str | None:
+    return next((task for fragment, task in CLASS_HINTS.items() if fragment in saved), None)
+
+
+def guess_task(folder: str) -> str:
+    """A hint for --hf without --task: the task the saved class's name suggests."""
+    if not (Path(folder) / "config.json").is_file():
         return f"add --task, one of:\n{supported()}"
-    hints = {
-        "ImageClassification": "image-classification",
-        "ObjectDetection": "object-detection",
-        "SemanticSegmentation": "semantic-segmentation",
-        "CausalLM": "text-generation",
-        "LMHead": "text-generation",
-        "UNet2D": "denoising",
-    }
-    for fragment, task in hints.items():
-        if fragment in saved:
-            return f"its config.json names {saved}: add --task {task}"
+    saved = saved_class(folder)
+    task = fitting_task(saved) if saved else None
+    if task is not None:
+        return f"its config.json names {saved}: add --task {task}"
     return f"its config.json names {saved or 'no class'}; add --task, one of:\n{supported()}"
 
 

@@ -130,6 +130,25 @@ def test_a_task_typo_gets_did_you_mean(tmp_path):
     assert ran.err.rstrip().endswith("hint: --task image-classification")
 
 
+def test_a_task_typo_on_a_folder_of_another_task_names_the_task_that_fits(tmp_path):
+    """'did you mean image-classification?' sent a newcomer with a text model to transformers' own
+    refusal of its class: the folder's config.json says which task builds it."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    ran = run_cli("build", "--hf", str(tmp_path), "--task", "image-classifcation", "--name", "v", "--version", "1")
+    assert ran.code == UnsupportedTaskError.exit_code, ran.err
+    assert (
+        "did you mean 'image-classification'? But its config.json names LlamaForCausalLM, which --task "
+        "text-generation builds. It builds:\n"
+    ) in ran.err
+    assert ran.err.rstrip().endswith("hint: --task text-generation")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
+    ran = run_cli("build", "--hf", str(tmp_path), "--task", "image-classifcation", "--name", "v", "--version", "1")
+    assert (
+        "did you mean 'image-classification'? Its config.json names BertForSequenceClassification: check that "
+        "the task builds that class. It builds:\n"
+    ) in ran.err
+
+
 # Runs the CLI on each argv in one process, then says which exit codes it gave and whether torch got imported.
 REFUSALS_WITHOUT_TORCH = """
 import json, sys
