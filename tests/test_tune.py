@@ -182,7 +182,8 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     lines = ran.err.splitlines()
     outlook = lines.index(
         "    search: 3 candidate(s) to compile and verify, then all timed together: each is a full "
-        "compile, so about 3x one compile on this machine (said once the first is timed)"
+        "compile, so about 3x one compile on this machine (the first's time, compiled now, gives the rest's; "
+        "the search may stop after it where the machine is too noisy for a candidate to win)"
     )
     assert lines[outlook + 1] == tune.SHORTER and "`[compile] search = false`" in tune.SHORTER
     assert outlook < min(

@@ -214,7 +214,8 @@ class Outlook:
         else:
             what += (
                 f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
-                "(said once the first is timed)"
+                "(the first's time, compiled now, gives the rest's; the search may stop after it where the "
+                "machine is too noisy for a candidate to win)"
             )
         return [what, SHORTER]
 
