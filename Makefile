@@ -99,7 +99,8 @@ $(ACTIONLINT):
 
 # Test-only packages (the model zoo's libraries, requirements-test.txt): tests need them, wheels never.
 test-deps: $(SETUP)
-	$(PY) -m pip install --quiet -r requirements-test.txt
+	@echo "==> the tests' own packages (requirements-test.txt: transformers, diffusers and the like; pip skips what is installed)"
+	@$(PY) -m pip install --quiet -r requirements-test.txt
 
 # Two test processes (pytest-xdist), each taking a whole test file at a time (--dist loadfile:
 # a file's fixtures, its builds and venvs, are made once). Most of a test's time is one core's:
