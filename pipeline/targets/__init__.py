@@ -27,6 +27,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from ..errors import SpecError, TargetUnavailableError
+from ..services.templates import runtime_target
+from ..wheel_template.runtime import _preload as wheel_preload
 from . import cpu, cuda
 from .views import CompiledFiles, Rebuild, SpecKeys
 
@@ -226,16 +228,12 @@ def require_available(chosen: list[str]) -> None:
 def runtime(target: Target) -> Any:
     """The target's runtime-side module (runtime/_targets.py's RuntimeTarget), loaded from the
     file the wheel ships: the build opens and checks models exactly as the wheel will."""
-    from ..services.templates import runtime_target
-
     return runtime_target(target.NAME, target.RUNTIME_FILE)
 
 
 def open_runner(target: Target, library: Path, num_models: int = 1, kernels: Path | None = None) -> Any:
     """The compiled model as the wheel opens it (for verification and timing); ``kernels``: where
     its kernel files are, when not beside ``library`` (a /proc/self/fd path)."""
-    from ..wheel_template.runtime import _preload as wheel_preload
-
     wheel_preload.load_cxx_runtime()
     side = runtime(target)
     return side.open_runner(library, kernels or library.parent, side.device(None), num_models)

@@ -135,7 +135,7 @@ def compile_options(spec: SpecKeys) -> dict[str, object]:
 
 
 def graph_passes(options: Mapping[str, object]) -> dict[str, object]:
-    from . import cpu_prepack
+    from . import cpu_prepack  # it imports torch: not on reading the registry
 
     # Only freezing makes weights constants that can be packed at compile time.
     return cpu_prepack.inductor_options() if options.get("freezing") else {}
@@ -153,7 +153,7 @@ def vec_isa() -> str:
 
 
 def key_facts(compile_dir: Path) -> tuple[str, ...]:
-    from . import cpu_prepack
+    from . import cpu_prepack  # it imports torch: not on reading the registry
 
     return (vec_isa(), cpu_prepack.VERSION)
 
