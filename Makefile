@@ -100,7 +100,7 @@ $(ACTIONLINT):
 # Test-only packages (the model zoo's libraries, requirements-test.txt): tests need them, wheels never.
 test-deps: $(SETUP)
 	@echo "==> the tests' own packages (requirements-test.txt: transformers, diffusers and the like; pip skips what is installed)"
-	@$(PY) -m pip install --quiet -r requirements-test.txt
+	@$(BEAT); beat "installing requirements-test.txt" $(PY) -m pip install --quiet -r requirements-test.txt
 
 # Two test processes (pytest-xdist), each taking a whole test file at a time (--dist loadfile:
 # a file's fixtures, its builds and venvs, are made once). Most of a test's time is one core's:

@@ -131,18 +131,18 @@ def resolve_task(name: str, folder: Path | str) -> Task:
 def _fit_note(folder: Path | str, meant: str) -> str:
     """What the folder says of the task a typo most likely meant: a newcomer who followed 'did
     you mean image-classification' on a BERT got transformers' refusal of the class."""
-    saved = saved_class(folder)
-    fits = fitting_task(saved) if saved else None
-    if saved is None or find_task(fits or "") is find_task(meant):
+    found = saved_class(folder)
+    fits = fitting_task(*found) if found else None
+    if found is None or find_task(fits or "") is find_task(meant):
         return ""
     if fits is None:
-        return f" Its config.json names {saved}: check that the task builds that class."
-    return f" But its config.json names {saved}, which --task {fits} builds."
+        return f" Its config.json names {found[0]}: check that the task builds that class."
+    return f" But its config.json names {found[0]}, which --task {fits} builds."
 
 
 def _fitting_or(folder: Path | str, meant: str) -> str:
-    saved = saved_class(folder)
-    return (fitting_task(saved) if saved else None) or meant
+    found = saved_class(folder)
+    return (fitting_task(*found) if found else None) or meant
 
 
 def inspect_checkpoint(folder: Path, task: Task) -> Checkpoint:
@@ -262,28 +262,32 @@ CLASS_HINTS = {
 }
 
 
-def saved_class(folder: Path | str) -> str | None:
-    """The class config.json says saved the checkpoint, where it says one."""
+def saved_class(folder: Path | str) -> tuple[str, dict[str, Any]] | None:
+    """The class config.json says saved the checkpoint, with that config, where it says one."""
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
-        return str((config.get("architectures") or [config.get("_class_name", "")])[0]) or None
+        saved = str((config.get("architectures") or [config.get("_class_name", "")])[0])
     except (OSError, ValueError, AttributeError, IndexError, TypeError):
         return None
+    return (saved, config) if saved else None
 
 
-def fitting_task(saved: str) -> str | None:
-    return next((task for fragment, task in CLASS_HINTS.items() if fragment in saved), None)
+def fitting_task(saved: str, config: dict[str, Any]) -> str | None:
+    found = next((task for fragment, task in CLASS_HINTS.items() if fragment in saved), None)
+    if found is None and saved.endswith("Model") and "vocab_size" in config:
+        return "feature-extraction"  # a text model's base class (BertModel): its hidden states
+    return found
 
 
 def guess_task(folder: str) -> str:
     """A hint for --hf without --task: the task the saved class's name suggests."""
     if not (Path(folder) / "config.json").is_file():
         return f"add --task, one of:\n{supported()}"
-    saved = saved_class(folder)
-    task = fitting_task(saved) if saved else None
-    if task is not None:
-        return f"its config.json names {saved}: add --task {task}"
-    return f"its config.json names {saved or 'no class'}; add --task, one of:\n{supported()}"
+    found = saved_class(folder)
+    task = fitting_task(*found) if found else None
+    if found is not None and task is not None:
+        return f"its config.json names {found[0]}: add --task {task}"
+    return f"its config.json names {found[0] if found else 'no class'}; add --task, one of:\n{supported()}"
 
 
 class _ModelKeys(Protocol):

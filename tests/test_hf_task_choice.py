@@ -147,6 +147,12 @@ def test_a_task_typo_on_a_folder_of_another_task_names_the_task_that_fits(tmp_pa
         "did you mean 'image-classification'? Its config.json names BertForSequenceClassification: check that "
         "the task builds that class. It builds:\n"
     ) in ran.err
+    # a text model's base class is feature-extraction's: a typo of that task gets no doubt
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "vocab_size": 100}))
+    ran = run_cli("build", "--hf", str(tmp_path), "--task", "feature-extractoin", "--name", "v", "--version", "1")
+    assert "did you mean 'feature-extraction'? It builds:\n" in ran.err
+    ran = run_cli("build", "--hf", str(tmp_path))
+    assert "its config.json names BertModel: add --task feature-extraction" in ran.err
 
 
 # Runs the CLI on each argv in one process, then says which exit codes it gave and whether torch got imported.
