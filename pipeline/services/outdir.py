@@ -27,7 +27,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
 from ..wheel_template.runtime import _trust as wheel_trust
-from .progress import say, stop_requested
+from .progress import duration, say, stop_requested
 
 MARKER = ".modelwheel-build"
 
@@ -154,7 +154,7 @@ def _held(path: Path, lock_file: Path) -> OutputDirError:
     pid = _holder(lock_file)
     command = _command_of(pid) if pid else ""
     try:
-        held = f", for {_span(time.time() - lock_file.stat().st_mtime)}" if pid else ""
+        held = f", for {duration(time.time() - lock_file.stat().st_mtime)}" if pid else ""
     except OSError:
         held = ""
     who = f"another build (pid {pid}{f': {command}' if command else ''}{held})" if pid else "another build"
@@ -163,11 +163,6 @@ def _held(path: Path, lock_file: Path) -> OutputDirError:
         "wait for that build to finish, or build elsewhere now: --root DIR (or MODELWHEEL_ROOT=DIR) "
         "puts this build's output folder under another root",
     )
-
-
-def _span(seconds: float) -> str:
-    whole = max(0, int(seconds))
-    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
 def refuse_if_held(path: Path) -> None:
