@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from .errors import CheckpointError, SpecError, UnsupportedTaskError
 from .hf_limits import SEQUENCE, check_sequence
 from .hf_tasks import TASKS, ConfigProblem, Facts, Task, close_task, find_task, for_class, supported
-from .hf_wrappers import wrapper_example
+from .hf_wrappers import saved_config, wrapper_example
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 SUMMARY_REFUSED = re.compile(r"[\\\x00-\x1f\x7f]")  # what a wheel's one-line summary cannot hold
@@ -115,10 +115,11 @@ def resolve_task(name: str, folder: Path | str) -> Task:
     if task is None:
         meant = close_task(name)
         if meant is not None:
+            found = folder_task(folder)
             raise UnsupportedTaskError(
-                f"task {name!r} is not one modelwheel builds; did you mean {meant!r}?{_fit_note(folder, meant)} "
+                f"task {name!r} is not one modelwheel builds; did you mean {meant!r}?{_fit_note(found, meant)} "
                 f"It builds:\n{supported()}",
-                f"--task {_fitting_or(folder, meant)}",
+                f"--task {(found and found[1]) or meant}",
             )
         raise UnsupportedTaskError(
             f"task {name!r} is not one modelwheel builds from a checkpoint folder with no code; it builds:\n"
@@ -128,21 +129,15 @@ def resolve_task(name: str, folder: Path | str) -> Task:
     return task
 
 
-def _fit_note(folder: Path | str, meant: str) -> str:
-    """What the folder says of the task a typo most likely meant: a newcomer who followed 'did
-    you mean image-classification' on a BERT got transformers' refusal of the class."""
-    found = saved_class(folder)
-    fits = fitting_task(*found) if found else None
-    if found is None or find_task(fits or "") is find_task(meant):
+def _fit_note(found: tuple[str, str | None] | None, meant: str) -> str:
+    """What the folder says of the task a typo most likely meant (``found``: folder_task's): a
+    newcomer who followed 'did you mean image-classification' on a BERT got transformers' refusal."""
+    if found is None or find_task(found[1] or "") is find_task(meant):
         return ""
+    saved, fits = found
     if fits is None:
-        return f" Its config.json names {found[0]}: check that the task builds that class."
-    return f" But its config.json names {found[0]}, which --task {fits} builds."
-
-
-def _fitting_or(folder: Path | str, meant: str) -> str:
-    found = saved_class(folder)
-    return (fitting_task(*found) if found else None) or meant
+        return f" Its config.json names {saved}: check that the task builds that class."
+    return f" But its config.json names {saved}, which --task {fits} builds."
 
 
 def inspect_checkpoint(folder: Path, task: Task) -> Checkpoint:
@@ -262,14 +257,10 @@ CLASS_HINTS = {
 }
 
 
-def saved_class(folder: Path | str) -> tuple[str, dict[str, Any]] | None:
-    """The class config.json says saved the checkpoint, with that config, where it says one."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-        saved = str((config.get("architectures") or [config.get("_class_name", "")])[0])
-    except (OSError, ValueError, AttributeError, IndexError, TypeError):
-        return None
-    return (saved, config) if saved else None
+def folder_task(folder: Path | str) -> tuple[str, str | None] | None:
+    """The class the folder's config names, and the task that builds it where that can be told."""
+    found = saved_config(folder)
+    return (found[1], fitting_task(found[1], found[2])) if found else None
 
 
 def fitting_task(saved: str, config: dict[str, Any]) -> str | None:
@@ -283,10 +274,9 @@ def guess_task(folder: str) -> str:
     """A hint for --hf without --task: the task the saved class's name suggests."""
     if not (Path(folder) / "config.json").is_file():
         return f"add --task, one of:\n{supported()}"
-    found = saved_class(folder)
-    task = fitting_task(*found) if found else None
-    if found is not None and task is not None:
-        return f"its config.json names {found[0]}: add --task {task}"
+    found = folder_task(folder)
+    if found is not None and found[1] is not None:
+        return f"its config.json names {found[0]}: add --task {found[1]}"
     return f"its config.json names {found[0] if found else 'no class'}; add --task, one of:\n{supported()}"
 
 

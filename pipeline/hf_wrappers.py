@@ -39,8 +39,9 @@ FALLBACK = (
 QUERY_SEGMENTERS = ("MaskFormer", "Mask2Former", "OneFormer", "UniversalSegmentation", "InstanceSegmentation")
 
 
-def saved_class(folder: Path | str) -> tuple[str, str] | None:
-    """(library, class name) that config.json (or a diffusers pipeline's unet/config.json) names, or None."""
+def saved_config(folder: Path | str) -> tuple[str, str, dict[str, Any]] | None:
+    """(library, class name, its config) that config.json (or a diffusers pipeline's unet/config.json)
+    names, or None."""
     folder = Path(folder)
     for config_file in (folder / "config.json", folder / "unet" / "config.json"):
         try:
@@ -48,11 +49,17 @@ def saved_class(folder: Path | str) -> tuple[str, str] | None:
         except (OSError, ValueError):
             continue
         if isinstance(config, dict) and isinstance(config.get("_class_name"), str):
-            return "diffusers", config["_class_name"]
+            return "diffusers", config["_class_name"], config
         architectures = config.get("architectures") if isinstance(config, dict) else None
         if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
-            return "transformers", architectures[0]
+            return "transformers", architectures[0], config
     return None
+
+
+def saved_class(folder: Path | str) -> tuple[str, str] | None:
+    """(library, class name) that config.json (or a diffusers pipeline's unet/config.json) names, or None."""
+    found = saved_config(folder)
+    return (found[0], found[1]) if found else None
 
 
 def _library_class(library: str, name: str) -> Any:
