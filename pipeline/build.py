@@ -391,12 +391,13 @@ def _restore_to_dist(
 def _keep_what_was_tested(existing: Path, new: Wheel) -> None:
     """A wheel of the same name (model, version, torch, platform) already in dist/ with other
     contents is the one that was tested, and perhaps published: replacing it would lose it."""
-    if not existing.is_file() or sha256_file(existing) == new.sha256:
+    existing_sha256 = sha256_file(existing) if existing.is_file() else new.sha256
+    if existing_sha256 == new.sha256:
         return
     kept, made = read_wheel_manifest(existing), read_wheel_manifest(new.path)
     differ = differences(kept, made) if kept is not None and made is not None else []
     raise OutputDirError(
-        f"{existing} already holds a different build of this version (sha256 {sha256_file(existing)[:16]}…, "
+        f"{existing} already holds a different build of this version (sha256 {existing_sha256[:16]}…, "
         f"this build's {new.sha256[:16]}…)"
         + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
         + "; it is left as it is, and this build is not kept (not in dist/, not in the build cache)",
