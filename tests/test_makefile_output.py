@@ -133,3 +133,21 @@ def test_each_long_setup_step_says_how_long_and_runs_with_a_beat():
         assert re.search(r"\bbeat \"[^\"]+\" \$\(PY\) -m pip install", lines[i]), lines[i]
         said = next(line for line in reversed(lines[:i]) if "echo" in line)
         assert re.search(r"\(.*about \d+ (to \d+ )?(s|minutes?)\b", said), said
+
+
+def test_make_build_echoes_its_command_with_single_spaces():
+    """`make build` echoed `--spec models/unet/spec.toml  ` (an empty TARGET_ARGS and ARGS)."""
+    for extra, tail in (
+        ([], ""),
+        (["TARGET=cpu"], " --target cpu"),
+        (["ARGS=--root /tmp/r"], " --root /tmp/r"),
+        (["TARGET=cpu cuda", "ARGS=--overwrite"], " --target cpu --target cuda --overwrite"),
+    ):
+        ran = subprocess.run(
+            ["make", "-n", "--no-print-directory", "build", "SETUP=", "PY=python", "MODEL=unet", *extra],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout == f"python -m pipeline build --spec models/unet/spec.toml{tail}\n", (extra, ran.stdout)
