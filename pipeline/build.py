@@ -25,9 +25,8 @@ from .features import lock as options_lock
 from .features import tune
 from .features.candidates import Skipped
 from .features.tune import Tuned
-from .services import cache
+from .services import cache, dist_guard
 from .services.layout import WorkLayout
-from .services.manifest import differences, read_wheel_manifest, sha256_file
 from .services.outdir import claim_output_dir, output_path, refuse_if_held, signals_deferred
 from .services.progress import Progress, Steps, check_stop, reporting, stop_requested
 from .services.writable import (
@@ -45,7 +44,7 @@ from .stages.compile import Compiled, CompilePlan, find_cxx, find_strip
 from .stages.doctor import DOCTOR_STEPS, run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
-from .stages.manifest import build_manifest
+from .stages.manifest import build_manifest, local_label
 from .stages.package import Wheel, package_wheel
 from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
@@ -181,6 +180,10 @@ def build_target(ctx: BuildContext) -> BuildResult:
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
     refuse_if_held(ctx.out_dir)  # a running build's folder: said now, not after the doctor and export
+    if not ctx.overwrite:  # a kept wheel compiled for another root: said now, not after minutes of search
+        model = ctx.spec_file.spec.model
+        full_version = f"{model.version}+{local_label(ctx.target.NAME)}"
+        dist_guard.refuse_other_root(ctx.dist_dir, ctx.spec_file.spec.import_name, full_version, ctx.out_dir)
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
@@ -388,38 +391,6 @@ def _restore_to_dist(
     return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
 
 
-def _keep_what_was_tested(existing: Path, new: Wheel) -> None:
-    """A wheel of the same name (model, version, torch, platform) already in dist/ with other
-    contents is the one that was tested, and perhaps published: replacing it would lose it."""
-    existing_sha256 = sha256_file(existing) if existing.is_file() else new.sha256
-    if existing_sha256 == new.sha256:
-        return
-    kept, made = read_wheel_manifest(existing), read_wheel_manifest(new.path)
-    differ = differences(kept, made) if kept is not None and made is not None else []
-    raise OutputDirError(
-        f"{existing} already holds a different build of this version (sha256 {existing_sha256[:16]}…, "
-        f"this build's {new.sha256[:16]}…)"
-        + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
-        + "; it is left as it is, and this build is not kept (not in dist/, not in the build cache)",
-        _other_root(kept, made)
-        or "bump model.version in the spec (or --version) for a changed model, or pass --overwrite to replace it",
-    )
-
-
-def _other_root(kept: dict[str, Any] | None, made: dict[str, Any] | None) -> str:
-    """The hint where the kept wheel was compiled for another root ('' otherwise): a wheel holds the
-    /opt path it was compiled at, <root>/<model>/<version>/<target>, so a root of its own is another wheel."""
-    if not kept or not made or kept.get("opt_path") == made.get("opt_path"):
-        return ""
-    folders = Path(str(kept.get("opt_path"))).parents
-    if len(folders) < 3:
-        return ""
-    return (
-        f"the kept wheel was built for the artifact root {folders[2]}: build with --root {folders[2]} to remake it, "
-        "or pass --overwrite to replace it with this root's build"
-    )
-
-
 def make_report(
     ctx: BuildContext,
     packaged: Packaged,
@@ -493,7 +464,7 @@ def commit(
         raise
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
     if not overwrite:
-        _keep_what_was_tested(finals[1], wheel)
+        dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
     hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
     made, staged_entry = [], None
     try:

@@ -3,9 +3,15 @@ refused (it silently replaced the wheel before), unless --overwrite says to repl
 
 from __future__ import annotations
 
+import json
 import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
 
 from pipeline.errors import OutputDirError
+from pipeline.services import dist_guard
 from pipeline.services.manifest import sha256_file
 
 from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
@@ -65,3 +71,24 @@ def test_a_build_for_another_root_says_so_and_how_to_remake_the_kept_wheel(warm_
     )
     assert "bump model.version" not in refused.err
     assert sha256_file(wheel) == sha256_file(next(built.dist.glob("*.whl")))
+    # refused before the doctor (the unet's newcomer waited out a 5m33s search for it), with nothing written
+    assert "==> doctor" not in refused.err and "this build stops here, before the doctor" in refused.err
+    assert not warm_dirs.root.exists() and not (warm_dirs.build / "tiny").exists()
+
+
+def test_the_early_check_refuses_only_a_wheel_of_this_name_made_here_for_another_root(tmp_path, wheel):
+    """Before the compile the wheel's platform tag is not known: the check reads the kept wheels of
+    this name and version, and their manifests' /opt path."""
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    shutil.copy(wheel, dist)
+    name, version = kept["import_name"], kept["full_version"]
+    dist_guard.refuse_other_root(dist, name, version, Path(kept["opt_path"]))  # the same root: the late check's
+    dist_guard.refuse_other_root(dist, name, "0.2+" + version.split("+")[1], tmp_path / "opt" / "tiny" / "0.2" / "cpu")
+    dist_guard.refuse_other_root(tmp_path / "no-dist", name, version, tmp_path / "opt" / "tiny" / "0.1" / "cpu")
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.refuse_other_root(dist, name, version, tmp_path / "opt" / "tiny" / "0.1" / "cpu")
+    other = tmp_path / "opt" / "tiny" / "0.1" / "cpu"
+    assert f"differ in opt_path: {kept['opt_path']} in the kept wheel, {other} in this build" in str(refused.value)
+    assert refused.value.hint.startswith("the kept wheel was built for the artifact root ")

@@ -1,0 +1,77 @@
+"""dist/ keeps the wheel that was tested: a wheel of the same name (model, version, torch, platform)
+already there with other contents is the one that was tested, and perhaps published, so a build
+that would replace it is refused (--overwrite replaces it).
+
+Checked twice: before the doctor, where the clash can be known already (a kept wheel compiled for
+another artifact root: its manifest's opt_path is not this build's), so a changed --root is not
+refused only after minutes of searching; and when the wheel is put in dist/, with its bytes.
+"""
+
+from __future__ import annotations
+
+import glob
+import platform
+from pathlib import Path
+from typing import Any
+
+from ..errors import OutputDirError
+from .manifest import differences, read_wheel_manifest, sha256_file
+
+NOT_KEPT = "it is left as it is, and this build is not kept (not in dist/, not in the build cache)"
+
+
+def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> None:
+    """The late check: ``existing`` (dist/'s file of the new wheel's name) must hold the same bytes."""
+    existing_sha256 = sha256_file(existing) if existing.is_file() else new_sha256
+    if existing_sha256 == new_sha256:
+        return
+    kept, made = read_wheel_manifest(existing), read_wheel_manifest(new_wheel)
+    differ = differences(kept, made) if kept is not None and made is not None else []
+    hashes = f"sha256 {existing_sha256[:16]}…, this build's {new_sha256[:16]}…"
+    raise refusal(existing, hashes, differ, other_root(kept, made), NOT_KEPT)
+
+
+def refuse_other_root(dist_dir: Path, import_name: str, full_version: str, opt_path: Path) -> None:
+    """The early check, before the doctor: a wheel in dist/ of this name and version (target and
+    torch are in the version), made on a machine like this one (so the platform tag the compile
+    gives is the same, and so the wheel's file name), compiled for another /opt path."""
+    pattern = f"{glob.escape(import_name)}-{glob.escape(full_version)}-py3-none-*_{platform.machine()}.whl"
+    for existing in sorted(dist_dir.glob(pattern)):
+        kept = read_wheel_manifest(existing)
+        if not kept or kept.get("opt_path") in (None, str(opt_path)) or not _made_like_here(kept):
+            continue
+        made = {"opt_path": str(opt_path)}
+        differ = differences({"opt_path": kept["opt_path"]}, made)
+        stopped = "it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
+        raise refusal(existing, f"sha256 {sha256_file(existing)[:16]}…", differ, other_root(kept, made), stopped)
+
+
+def _made_like_here(kept: dict[str, Any]) -> bool:
+    """The kept wheel was compiled on this machine's kind and glibc: a build here names its wheel alike."""
+    facts = kept.get("platform") or {}
+    return facts.get("machine") == platform.machine() and facts.get("glibc") == platform.libc_ver()[1]
+
+
+def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outcome: str) -> OutputDirError:
+    """The same refusal, early or late: what is kept, what differs, and how to go on."""
+    return OutputDirError(
+        f"{existing} already holds a different build of this version ({hashes})"
+        + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
+        + f"; {outcome}",
+        root_hint
+        or "bump model.version in the spec (or --version) for a changed model, or pass --overwrite to replace it",
+    )
+
+
+def other_root(kept: dict[str, Any] | None, made: dict[str, Any] | None) -> str:
+    """The hint where the kept wheel was compiled for another root ('' otherwise): a wheel holds the
+    /opt path it was compiled at, <root>/<model>/<version>/<target>, so a root of its own is another wheel."""
+    if not kept or not made or kept.get("opt_path") == made.get("opt_path"):
+        return ""
+    folders = Path(str(kept.get("opt_path"))).parents
+    if len(folders) < 3:
+        return ""
+    return (
+        f"the kept wheel was built for the artifact root {folders[2]}: build with --root {folders[2]} to remake it, "
+        "or pass --overwrite to replace it with this root's build"
+    )
