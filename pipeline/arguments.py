@@ -108,6 +108,12 @@ def parser() -> argparse.ArgumentParser:
     for target in targets.all():  # each target's own flags (the cpu target's --cpu-isa)
         TARGET_FLAGS.extend(target.add_arguments(build))
     build.add_argument(
+        "--no-search",
+        action="store_true",
+        help="compile the spec's own options once, with no compile-option search, as `[compile] search = false` "
+        "does (a quicker build; nothing is read from or written to spec.lock.json)",
+    )
+    build.add_argument(
         "--update-lock",
         action="store_true",
         help="run the compile-option search even where the spec's lock file (spec.lock.json beside it) "

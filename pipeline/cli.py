@@ -132,6 +132,7 @@ def _build_many(args: argparse.Namespace, progress: Progress) -> int:
     passthrough += ["--quiet"] if args.quiet else []
     passthrough += ["--keep-debug"] if args.keep_debug else []
     passthrough += ["--update-lock"] if args.update_lock else []
+    passthrough += ["--no-search"] if args.no_search else []
     for flag in TARGET_FLAGS:  # each target's own (--cpu-isa)
         value = getattr(args, flag.dest, None)
         passthrough += (
@@ -182,6 +183,13 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
 def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress) -> int:
     """Build one spec with the command's folders, targets and flags (``build``, or ``publish``
     building what dist/ lacks: its parser has the folders, and the defaults stand for the rest)."""
+    if getattr(args, "no_search", False):
+        if getattr(args, "update_lock", False):
+            raise UsageError(
+                "--no-search and --update-lock contradict each other: --update-lock runs the search again",
+                "give --no-search for one quick compile of the spec's options, or --update-lock to search",
+            )
+        spec_file = with_overrides(spec_file, search=False)
     root = _artifact_root(args.root)
     _check_outputs(args, root)
     layout = WorkLayout(Path(args.build_dir).resolve())

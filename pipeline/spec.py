@@ -225,8 +225,11 @@ def _not_a_file(path: Path) -> str:
     return "is not a regular file" if path.exists() else "does not exist"
 
 
-def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: str | None = None) -> SpecFile:
-    """The spec with a new version and/or weights file (from the command line), validated again."""
+def with_overrides(
+    spec_file: SpecFile, *, version: str | None = None, weights: str | None = None, search: bool | None = None
+) -> SpecFile:
+    """The spec with a new version, weights file and/or search setting (from the command line:
+    --version, --weights, --no-search), validated again."""
     raw = spec_file.spec.model_dump(
         exclude_none=True, exclude_unset=True
     )  # keys left out stay left out: a target may default them
@@ -234,6 +237,8 @@ def with_overrides(spec_file: SpecFile, *, version: str | None = None, weights: 
         raw["model"]["version"] = version
     if weights is not None:
         raw["weights"] = {"file": str(Path(weights).resolve()), "external": spec_file.spec.weights.external}
+    if search is not None:
+        raw.setdefault("compile", {})["search"] = search
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as exc:

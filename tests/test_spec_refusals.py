@@ -9,7 +9,7 @@ import pytest
 from pipeline.errors import SpecError, UsageError
 from pipeline.spec import load_spec
 
-from .conftest import GOOD, REPO, TINY_SPEC, run_cli, spec_copy, spec_error, wheel_manifest
+from .conftest import GOOD, REPO, TINY_SPEC, BuildDirs, run_cli, spec_copy, spec_error, wheel_manifest
 
 # -- spec checks that came late or never ------------------------------------------------
 
@@ -201,3 +201,19 @@ def test_jobs_below_one_is_a_usage_error(tmp_path, jobs):
     assert f"error: -j/--jobs {jobs}: the number of parallel builds must be 1 or more" in ran.err
     assert "hint: " in ran.err
     assert not (tmp_path / "build").exists() and not (tmp_path / "dist").exists()
+
+
+def test_no_search_with_update_lock_is_refused_before_any_work(tmp_path):
+    """--no-search turns the option search off, --update-lock runs it again: both at once is a usage error."""
+    ran = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--no-search",
+        "--update-lock",
+        *BuildDirs(tmp_path / "opt", tmp_path / "dist", tmp_path / "build").args(),
+    )
+    assert ran.code == UsageError.exit_code, ran.err
+    assert "error: --no-search and --update-lock contradict each other" in ran.err
+    assert "hint: give --no-search for one quick compile of the spec's options, or --update-lock to search" in ran.err
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists() and not (tmp_path / "build").exists()

@@ -23,13 +23,21 @@ from .conftest import REPO, BuildDirs, make_venv, pip_install, run_cli
 ZOO = REPO / "tests" / "zoo"
 NAMES = sorted(p.name for p in ZOO.iterdir() if (p / "spec.toml").exists())
 IN_DEFAULT_SUITE = {"hf_resnet", "hf_bert"}  # a small BatchNorm CNN, an attention model
+# In `make test` these two build with --no-search: one compile of the spec's options (16 CPU-s less for
+# hf_bert). The option search is tests/test_tune.py's subject there; `make test-slow` builds the whole
+# zoo, these two included, as the specs say (with the search).
 SPEC_SECTIONS = {"model", "weights", "dims", "inputs", "outputs"}
 TEST_ONLY = {"transformers", "diffusers", "timm", "torchvision", "huggingface-hub", "tokenizers"}
 
 
-def zoo_param(name: str):
-    marks = [pytest.mark.zoo] + ([] if name in IN_DEFAULT_SUITE else [pytest.mark.slow])
-    return pytest.param(name, marks=marks, id=name)
+def zoo_params(name: str) -> list:
+    """(name, build flags): the spec as it is, in `make test-slow`; the default suite's two also
+    with --no-search, in `make test`."""
+    searched = pytest.param(name, [], marks=[pytest.mark.zoo, pytest.mark.slow], id=name)
+    if name not in IN_DEFAULT_SUITE:
+        return [searched]
+    quick = pytest.param(name, ["--no-search"], marks=[pytest.mark.zoo], id=f"{name}-no-search")
+    return [quick, searched]
 
 
 def test_zoo_has_the_architectures_the_issue_names():
@@ -60,11 +68,16 @@ def zoo_venv(tmp_path_factory) -> Path:
     return make_venv(tmp_path_factory.mktemp("zoo-venv") / "env")
 
 
-@pytest.mark.parametrize("name", [zoo_param(n) for n in NAMES])
-def test_zoo_model_builds_installs_and_verifies(name, zoo_venv, tmp_path):
+@pytest.mark.parametrize(("name", "quick"), [p for n in NAMES for p in zoo_params(n)])
+def test_zoo_model_builds_installs_and_verifies(name, quick, zoo_venv, tmp_path):
     dirs = BuildDirs(root=tmp_path / "opt", dist=tmp_path / "dist", build=tmp_path / "build")
-    ran = run_cli("build", "--spec", str(ZOO / name / "spec.toml"), *dirs.args(), timeout=1800)
+    lock = ZOO / name / "spec.lock.json"
+    locked_before = lock.read_bytes() if lock.exists() else None
+    ran = run_cli("build", "--spec", str(ZOO / name / "spec.toml"), *dirs.args(), *quick, timeout=1800)
     assert ran.code == 0, ran.err
+    if quick:  # one compile of the spec's options: no search, and the lock beside the spec is left as it was
+        assert "    chose pinned" in ran.err and "search:" not in ran.err, ran.err
+        assert (lock.read_bytes() if lock.exists() else None) == locked_before
     wheel = next(dirs.dist.glob("*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
