@@ -350,3 +350,30 @@ def test_the_doctor_numbers_its_steps_over_all_its_phases(tmp_path):
     assert all(numbered), progress.steps
     assert [(int(m[1]), int(m[2])) for m in numbered if m] == [(i, 5) for i in range(1, 6)], progress.steps
     assert progress.steps[-1].startswith("5/5: the search's candidates")
+
+
+def test_verify_names_each_case_as_it_runs(warm_dirs, tmp_path):
+    """The unet's verify ran ten cases for 100 s with a status that said only `verify`: how far along
+    it is, is the case it runs of how many. The session build's compiled model, from the build cache."""
+    from pipeline import targets
+    from pipeline.features import tune
+    from pipeline.services.outdir import output_path
+    from pipeline.spec import load_spec
+    from pipeline.stages.compile import compile_model, find_cxx
+    from pipeline.stages.export import prepare
+    from pipeline.stages.loader import load_model
+    from pipeline.stages.verify import verification_cases, verify_model
+
+    spec_file = load_spec(TINY_SPEC)
+    exported = prepare(spec_file, load_model(spec_file), targets.get("cpu"))
+    (_, plan), *_ = tune.plans(exported, find_cxx(), output_path(warm_dirs.root, "tiny", "0.1", "cpu"))[0]
+    plan.compile_dir.mkdir(parents=True)  # the build's claim of the output folder makes it
+    compiled = compile_model(exported, plan, tmp_path / "work", Cache(warm_dirs.build / "cache"))
+    assert compiled.from_cache
+    names = [case.name for case in verification_cases(exported)]
+    for doing in ("", "1/4 spec-options: verifying "):
+        progress = StepsSeen()
+        with reporting(progress):
+            verify_model(exported, compiled, tmp_path / "work", None, doing)
+        assert progress.steps == [f"{doing}case {k}/{len(names)} {name}" for k, name in enumerate(names, 1)]
+    assert len(names) == 10 and names[0] == "seed0"

@@ -201,7 +201,7 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert any(
         re.fullmatch(
             r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
-            r"(compiling|verifying)) · .* · about [\dm]+s left \(estimated here\)",
+            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left \(estimated here\)",
             line,
         )
         for line in lines

@@ -408,9 +408,8 @@ def _compile_and_verify(
             raise
         say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
         return Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]), None
-    step(f"{counter}: verifying")
     try:
-        verify_model(exported, compiled, trial_work, weights_file)
+        verify_model(exported, compiled, trial_work, weights_file, f"{counter}: verifying ")
     except VerificationError as exc:
         say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
         return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc

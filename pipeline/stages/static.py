@@ -116,8 +116,13 @@ def verify_sizes(models: list[StaticModel], weights_file: Path | None, work_dir:
     """Each size verified like the dynamic model, on its own cases at that size."""
     verified: list[VerifiedStatic] = []
     for model in models:
-        step(f"static {model.size}: verifying")
-        result = verify_model(model.exported, model.compiled, work_dir / "static" / folder(model.size), weights_file)
+        result = verify_model(
+            model.exported,
+            model.compiled,
+            work_dir / "static" / folder(model.size),
+            weights_file,
+            f"static {model.size}: verifying ",
+        )
         worst = ", ".join(f"{name} {w['max_abs']:.2g}" for name, w in result.worst().items())
         say(f"    static {folder(model.size)}: {len(result.cases)} cases passed (max abs diff: {worst})")
         verified.append(VerifiedStatic(model.size, model.exported, model.compiled, result))
