@@ -185,6 +185,9 @@ def build_target(ctx: BuildContext) -> BuildResult:
         full_version = f"{model.version}+{local_label(ctx.target.NAME)}"
         dist_guard.refuse_other_root(ctx.dist_dir, ctx.spec_file.spec.import_name, full_version, ctx.out_dir)
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
+    # The last build's compile time, scaled to the compiles this one will make (it may have made one)
+    fresh = sum(not ctx.store.has(plan.key) for _, plan in planned)
+    ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME, compiles=fresh))
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.

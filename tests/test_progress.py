@@ -241,6 +241,7 @@ class _Tty(io.StringIO):
 def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatch):
     cache = Cache(tmp_path / "cache")
     older, newer = tmp_path / "cache" / "build-a", tmp_path / "cache" / "build-b"
+    one_fresh = [{"name": "spec-options", "compile_s": 30.0, "from_cache": False}]
     for entry, compile_s, reused in (
         (older, 99.0, False),
         (newer, 40.0, False),
@@ -252,20 +253,37 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "target": "cpu",
             "build_cache": {"reused": reused},
             "stages_s": {"load": 1.0, "export": 2.0, "compile": compile_s, "verify": 3.0, "package": 4.0},
+            "compile_search": {"candidates": one_fresh},
         }
         (entry / "model_tiny.report.json").write_text(json.dumps(report))
         time.sleep(0.01)
     assert cache.stage_times("tiny", "cpu")["compile"] == 40.0  # the newest not reused
     assert cache.stage_times("tiny", "cuda") == {} and cache.stage_times("other", "cpu") == {}
+    # it compiled one candidate; a build that compiles four (the unet's search) expects four times it
+    assert cache.stage_times("tiny", "cpu", compiles=4)["compile"] == 160.0
+    assert cache.stage_times("tiny", "cpu", compiles=4)["verify"] == 3.0
     progress = Progress(io.StringIO())
     progress.expect(cache.stage_times("tiny", "cpu"))
     clock = [100.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     with progress.stage("compile"):
         clock[0] += 10.0
-        assert progress.left_s() == pytest.approx(30.0 + 3.0 + 4.0)
-        clock[0] += 60.0  # longer than last time: nothing left of it, the later stages remain
-        assert progress.left_s() == pytest.approx(7.0)
+        assert progress.outlook() == "about 37s left (from the last build)"  # 30 of compile, 3 + 4 after it
+        # longer than last time: it says by how much, where it froze at the later stages' 7 s
+        clock[0] += 60.0
+        assert progress.outlook() == (
+            "compile running 30s past the last build's 40s, then about 7s (from the last build)"
+        )
+        clock[0] += 60.0
+        assert progress.outlook() == (
+            "compile running 1m30s past the last build's 40s, then about 7s (from the last build)"
+        )
+        progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
+        assert progress.outlook() == "about 27s left (estimated here)"
+        clock[0] += 25.0
+        assert progress.outlook() == (
+            "compile running 5s past this build's estimate, then about 7s (from the last build)"
+        )
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):

@@ -210,7 +210,10 @@ class Outlook:
         )
         last = expected_s("compile")
         if last:
-            what += f": about {duration(last)} on this machine (the last build's compile stage)"
+            what += (
+                f": about {duration(last)} on this machine (the last build's compile stage, scaled to "
+                f"{len(self.fresh)} compiles where its report says how many it made)"
+            )
         else:
             what += (
                 f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "

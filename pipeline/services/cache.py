@@ -84,6 +84,16 @@ def build_key(
     return "build-" + digest.hexdigest()[:32]
 
 
+
+def fresh_compiles(report: dict) -> int:
+    """How many candidates a build's report says it compiled fresh (not from the compile cache)."""
+    candidates = (report.get("compile_search") or {}).get("candidates") or []
+    return sum(
+        (one.get("compile_s") is not None) if "compile_s" in one else not one.get("from_cache", True)
+        for one in candidates
+        if isinstance(one, dict)
+    )
+
 class Cache:
     """Entries under ``directory``. With ``reuse`` off (--no-cache) nothing is read, but every
     build still stores what it made, replacing older entries, so the next build can reuse it."""
@@ -108,9 +118,12 @@ class Cache:
             restored.append(output_dir / cached.name)
         return tuple(restored)
 
-    def stage_times(self, model: str, target: str) -> dict[str, float]:
+    def stage_times(self, model: str, target: str, compiles: int | None = None) -> dict[str, float]:
         """The stage times of the newest stored build of this model and target ({} if none): the
-        live progress's estimate of what is left. Read even with --no-cache: it is only advice."""
+        live progress's estimate of what is left. Read even with --no-cache: it is only advice.
+        ``compiles``: how many candidates this build compiles fresh; the compile stage's time is
+        scaled from the number the earlier build compiled, where its report says (a build that
+        compiled one, its search stopped on the noise, gave the figure for one that compiles four)."""
         reports = sorted(self.directory.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
         for path in reports:
             try:
@@ -122,7 +135,11 @@ class Cache:
                 and report.get("target") == target
                 and not report.get("build_cache", {}).get("reused")
             ):
-                return {name: float(seconds) for name, seconds in report.get("stages_s", {}).items()}
+                times = {name: float(seconds) for name, seconds in report.get("stages_s", {}).items()}
+                compiled = fresh_compiles(report)
+                if compiles is not None and compiled and "compile" in times:
+                    times["compile"] *= compiles / compiled
+                return times
         return {}
 
     def store(self, key: str, files: tuple[Path, ...]) -> None:

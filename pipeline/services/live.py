@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .progress import left_s, status_text
+from .progress import outlook, status_text
 
 if TYPE_CHECKING:  # plain mode imports no rich
     from rich.console import RenderableType
@@ -76,8 +76,8 @@ class Status:
         if stage is None:
             return None
         (name, began), now, end = stage, time.monotonic(), self.stage_end
-        left = left_s(self.expected, name, now - began, None if end is None else end - now)
-        return status_text(name, self.detail, now - began, now - self.began, left, end is not None)
+        ahead = outlook(self.expected, name, now - began, None if end is None else end - now)
+        return status_text(name, self.detail, now - began, now - self.began, ahead)
 
     def render(self) -> RenderableType:
         from rich.spinner import Spinner
