@@ -279,7 +279,7 @@ def compile_stage(
     locked: options_lock.Locked | None = None,
 ) -> tuple[Tuned, Compiled]:
     say = ctx.progress.say
-    with ctx.progress.stage("compile", f"{len(planned)} candidate(s), chosen one to {ctx.out_dir}"):
+    with ctx.progress.stage("compile", compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
@@ -291,6 +291,15 @@ def compile_stage(
             tuned = tune.as_locked(tuned, locked)
         say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
     return tuned, compiled
+
+
+def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
+    """The compile stage's first line, in counts that add up with the lines after it: a newcomer read
+    "4 candidate(s)", then a fifth "not tried", then "3 other candidate(s)"."""
+    if tried == 1 and not left_out:
+        return f"1 candidate, compiled to {out_dir}"
+    aside = f" (and {len(left_out)} not tried: {', '.join(left_out)}, below)" if left_out else ""
+    return f"{tried} candidate{'s' if tried > 1 else ''} to try{aside}; the chosen one to {out_dir}"
 
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:

@@ -33,7 +33,7 @@ PLAIN_LINES = [
     r"    doctor done in \d+\.\ds",
     r"==> export",
     r"    export done in \d+\.\ds",
-    r"==> compile: 1 candidate\(s\), chosen one to .*/tiny/0\.1/cpu",
+    r"==> compile: 1 candidate, compiled to .*/tiny/0\.1/cpu",
     r"    candidate pinned: \d+(\.\d+)? ms",
     r"    chose pinned",
     r"    compile done in \d+\.\ds",
@@ -395,3 +395,21 @@ def test_verify_names_each_case_as_it_runs(warm_dirs, tmp_path):
             verify_model(exported, compiled, tmp_path / "work", None, doing)
         assert progress.steps == [f"{doing}case {k}/{len(names)} {name}" for k, name in enumerate(names, 1)]
     assert len(names) == 10 and names[0] == "seed0"
+
+
+def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
+    """A newcomer read "compile: 4 candidate(s)", then "candidate bf16-autocast: not tried", then "any of
+    the 3 other candidate(s)": five, four or three? Now four to try, one not tried, three after the first."""
+    from pipeline.build import compile_header
+    from pipeline.features import payback
+    from pipeline.features.rounds import Timed
+
+    out = Path("/opt/m/unet/1.3/cpu")
+    assert compile_header(4, ["bf16-autocast"], out) == (
+        "4 candidates to try (and 1 not tried: bf16-autocast, below); the chosen one to /opt/m/unet/1.3/cpu"
+    )
+    assert compile_header(3, [], out) == "3 candidates to try; the chosen one to /opt/m/unet/1.3/cpu"
+    assert compile_header(1, [], out) == "1 candidate, compiled to /opt/m/unet/1.3/cpu"
+    noise = Timed(rounds_ms=(358.0, 1624.0, 522.0, 395.0, 5740.0))
+    assert "for any of the 3 candidates after spec-options to win" in payback.stopped_line(noise, "spec-options", 3)
+    assert "for the 1 candidate after spec-options to win" in payback.stopped_line(noise, "spec-options", 1)

@@ -619,7 +619,8 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     ), refused
     assert said == [
         "    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here "
-        f"for any of the {len(refused)} other candidate(s) to win (rounds 0.0803 to 205 ms, a 2552.93x spread); "
+        f"for any of the {len(refused)} candidates after spec-options to win (rounds 0.0803 to 205 ms, "
+        "a 2552.93x spread); "
         "build on a quieter machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
     ]
     assert cost.stopped == said[0].strip() and cost.spread == pytest.approx(205.0 / 0.0803)

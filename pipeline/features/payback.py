@@ -137,9 +137,11 @@ NOISY = "cannot win beyond the noise measured before compiling it (the build's r
 
 
 def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
+    """Counted as the compile stage's first line counts ("4 candidates to try": the 3 after the first)."""
+    which = f"any of the {refused} candidates" if refused > 1 else "the 1 candidate"
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
-        f"any of the {refused} other candidate(s) to win (rounds {figure(noise.low_ms)} to "
+        f"{which} after {baseline} to win (rounds {figure(noise.low_ms)} to "
         f"{figure(noise.high_ms)} ms, a {spread(noise):.2f}x spread); build on a quieter machine for a search, "
         "or set `[compile] search_when_noisy = true` to compile them anyway"
     )
