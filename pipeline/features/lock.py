@@ -35,6 +35,15 @@ ABOUT = (
 )
 
 
+def only_at_the_end(does: str) -> str:
+    """After the line saying what the search's choice does to the lock ("adds", "replaces"): when it
+    does not, said before the search, so the build's last line ("nothing locked") breaks no promise."""
+    return (
+        f"    (only where the search runs to its end: one the noise stops before it compiles a candidate {does} "
+        "nothing)"
+    )
+
+
 def lock_path(spec_path: Path) -> Path | None:
     """``models/unet/spec.toml`` -> ``models/unet/spec.lock.json``; None for a spec made from a
     checkpoint folder alone (--hf without --spec): nothing is written into the user's checkpoint."""
@@ -168,6 +177,7 @@ def consult(
     key = Key(target, cpu_kind, torch.__version__, compile_keys(spec_file.spec.compile.model_dump(mode="json")))
     if update:
         say(f"    --update-lock: the option search runs, and its choice replaces this build's entry in {path}")
+        say(only_at_the_end("replaces"))
         return key, None
     locked, why_not = find(path, key)
     if locked:
@@ -177,6 +187,7 @@ def consult(
         )
     elif why_not:
         say(f"    {why_not}: the option search runs, and its choice is added to {path.name}")
+        say(only_at_the_end("adds"))
     return key, locked
 
 

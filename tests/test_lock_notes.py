@@ -1,0 +1,34 @@
+"""What a build says about the compile-options lock before and after its search, in lines that agree
+with each other (test_lock.py has the lock file itself)."""
+
+from __future__ import annotations
+
+from pipeline import targets
+from pipeline.features import lock
+from pipeline.spec import load_spec
+
+from .conftest import GOOD, spec_copy
+
+
+def test_an_ignored_entry_says_the_choice_is_added_only_where_the_search_runs_to_its_end(tmp_path):
+    """A newcomer read "its choice is added to spec.lock.json", then, the search stopped by the noise,
+    "nothing locked in spec.lock.json": the first line now says when the choice is added."""
+    spec = load_spec(spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true")))
+    kind = targets.get("cpu").machine()
+    compile_keys = lock.compile_keys(spec.spec.compile.model_dump(mode="json"))
+    lock.write(tmp_path / "m" / "spec.lock.json", lock.Key("cpu", kind, "2.0.0+cpu", compile_keys), "freezing", {})
+    said: list[str] = []
+    key, locked = lock.consult(spec, "cpu", kind, False, said.append)
+    assert key is not None and locked is None
+    assert said[0].endswith(": ignored: the option search runs, and its choice is added to spec.lock.json"), said
+    assert said[1:] == [
+        "    (only where the search runs to its end: one the noise stops before it compiles a candidate adds nothing)"
+    ]
+    # --update-lock's line says the same of the entry it replaces
+    said.clear()
+    lock.consult(spec, "cpu", kind, True, said.append)
+    assert said[0].startswith("    --update-lock: the option search runs, and its choice replaces this build's entry")
+    assert said[1:] == [
+        "    (only where the search runs to its end: one the noise stops before it compiles a candidate replaces "
+        "nothing)"
+    ]
