@@ -84,7 +84,6 @@ def build_key(
     return "build-" + digest.hexdigest()[:32]
 
 
-
 def fresh_compiles(report: dict) -> int:
     """How many candidates a build's report says it compiled fresh (not from the compile cache)."""
     candidates = (report.get("compile_search") or {}).get("candidates") or []
@@ -93,6 +92,7 @@ def fresh_compiles(report: dict) -> int:
         for one in candidates
         if isinstance(one, dict)
     )
+
 
 class Cache:
     """Entries under ``directory``. With ``reuse`` off (--no-cache) nothing is read, but every
