@@ -17,7 +17,9 @@ from pipeline.services.manifest import sha256_file
 from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
 
 
-def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(tmp_path, warm_dirs, tiny_build):
+def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(
+    tmp_path, warm_dirs, tiny_build, same_root
+):
     """The model's description changes and its version does not: another wheel of the same name.
     The change is one the compiled .so does not depend on, so the build reuses the session build's
     compile (warm_dirs) and runs its doctor, verify and package; what it refuses comes after them."""
