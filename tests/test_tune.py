@@ -384,6 +384,31 @@ def test_a_candidate_whose_runner_raises_is_dropped_and_the_search_goes_on(mlp_s
     }
 
 
+def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search, tmp_path):
+    """The options pinned (search = false, --no-search, a lock entry): nothing to choose between, so
+    the compile stage neither verifies the .so (the verify stage does, on the bytes that ship) nor
+    times it in five rounds: one round gives the build's figure (the unet's spent 70 s and 25 s)."""
+    exported, planned, _, store = searched_mlp(mlp_search, tmp_path)
+    steps, said = [], []
+
+    class Display(progress.Progress):
+        def say(self, text: str) -> None:
+            said.append(text)
+
+        def step(self, text: str) -> None:
+            steps.append(text)
+
+    with progress.reporting(Display()):
+        tuned = tune.tune(exported, planned[:1], [], None, tmp_path / "work", store)
+    assert not [s for s in steps if "verifying" in s], steps
+    assert "timing spec-options in 1 round" in steps, steps
+    [trial] = tuned.trials
+    assert trial.passed and len(trial.rounds_ms) == 1 and trial.median_ms > 0
+    assert [line for line in said if line.startswith("    candidate spec-options: ")] == [
+        f"    candidate spec-options: {progress.figure(trial.median_ms)} ms (cached)"
+    ], said
+
+
 def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
     from pipeline.errors import VerificationError
     from pipeline.stages.verify import Case, _run_compiled

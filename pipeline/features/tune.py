@@ -276,12 +276,29 @@ class _Search:
         first = self.planned[0][0]
         if noise is not None and list(self.passed) == [first]:
             return {first: noise}, cost
+        if len(self.planned) == 1:
+            return self.time_lone(first), cost
         step(f"timing {len(self.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
         started = time.perf_counter()
         timed = rounds.time_in_rounds(
             timed_calls(self.passed, self.weights_file, self.exported.example_inputs), self.exported.target.synchronize
         )
         return timed, dataclasses.replace(cost, timing_s=time.perf_counter() - started)
+
+    def time_lone(self, name: str) -> dict[str, rounds.Timed]:
+        """The pinned options' time, for the build's output: one round, as nothing is compared with
+        it (five took 25 s of the unet's build). Not verified yet (the verify stage does that), so a
+        .so that raises on the example inputs is left untimed, for the verify stage to report."""
+        step(f"timing {name} in 1 round")
+        try:
+            return rounds.time_in_rounds(
+                timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
+                self.exported.target.synchronize,
+                rounds=1,
+            )
+        except Exception as exc:  # noqa: BLE001 (the runner's own error: the verify stage names the case)
+            say(f"    candidate {name}: not timed: it raised on the example inputs ({str(exc).splitlines()[0][:120]})")
+            return {}
 
     def kept_alone(self, cost: payback.Cost) -> str:
         """Why the spec's own options are kept when no other candidate was there to time."""
@@ -328,7 +345,7 @@ class _Search:
         """Every candidate compiled, in the planned order, each one's line said."""
         out = []
         for name, plan in self.planned:
-            if name in self.passed:
+            if name in self.passed and name in timed:
                 t, cached = timed[name], self.passed[name].from_cache
                 # unrounded: the choice is made on them
                 out.append(
@@ -345,6 +362,8 @@ class _Search:
                 )
                 line = t.describe() if shown else f"{figure(t.median_ms)} ms"  # pinned: nothing to compare
                 say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
+            elif name in self.passed:  # a lone candidate that raised while timed: the verify stage says why
+                out.append(Trial(name, plan.options, True, None, self.passed[name].from_cache))
             elif name in self.failed:
                 out.append(self.failed[name])
         return tuple(out)
@@ -408,13 +427,17 @@ def _compile_and_verify(
             raise
         say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
         return Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]), None
+    if counter.startswith("1/1 "):
+        # A lone candidate (the options pinned: search = false, --no-search, a lock entry) has nothing
+        # to be chosen over: the verify stage checks the .so the wheel ships, and verifying it here
+        # too doubled the verification (70 s of the unet's build)
+        return compiled
     try:
         verify_model(exported, compiled, trial_work, weights_file, f"{counter}: verifying ")
     except VerificationError as exc:
         say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
         return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc
-    if not counter.startswith("1/1 "):  # a lone candidate's (pinned) one line is its time
-        say(f"    candidate {name}: verified{' (cached)' if compiled.from_cache else ''}")
+    say(f"    candidate {name}: verified{' (cached)' if compiled.from_cache else ''}")
     return compiled
 
 
