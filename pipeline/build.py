@@ -11,36 +11,25 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from . import targets
-from .errors import BuildInterrupted, OutputDirError, PipelineError
+from .errors import BuildInterrupted, PipelineError
 from .features import lock as options_lock
 from .features import tune
 from .features.candidates import Skipped
 from .features.tune import Tuned
 from .services import cache, dist_guard
-from .services.layout import WorkLayout
-from .services.outdir import claim_output_dir, output_path, refuse_if_held, signals_deferred
-from .services.progress import Progress, Steps, check_stop, reporting, stop_requested
-from .services.writable import (
-    NO_ROOM,
-    NOT_ALLOWED,
-    check_private,
-    made_folders,
-    remove_if_empty,
-    sweep_partials,
-    write_error,
-)
+from .services.layout import WorkLayout, hold_work_dir
+from .services.outdir import claim_output_dir, output_path, refuse_if_held
+from .services.progress import Progress, Steps, reporting, stop_requested
+from .services.writable import NO_ROOM, NOT_ALLOWED, write_error
 from .spec import SpecFile
 from .stages import static
 from .stages.compile import Compiled, CompilePlan, find_cxx, find_strip
+from .stages.deliver import BuildResult, commit, restore_to_dist
 from .stages.doctor import DOCTOR_STEPS, run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
@@ -50,13 +39,6 @@ from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
 from .wheel_template.runtime._schema import CompileSearch, Manifest
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    wheel: Path
-    report_path: Path
-    report: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -355,52 +337,15 @@ def search_record(tuned: Tuned) -> CompileSearch:
     }
 
 
-@contextmanager
-def hold_work_dir(work_dir: Path) -> Iterator[Path]:
-    """Builds into other roots but the same --build-dir would share ``work_dir``: one at a time."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    check_private(work_dir, "--build-dir's work folder")  # the wheel is put together here
-    lock = FileLock(str(WorkLayout.work_lock(work_dir)), blocking=False)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise OutputDirError(
-            f"another build is using the work folder {work_dir}",
-            "wait for it to finish, or give this build its own --build-dir",
-        ) from None
-    try:
-        yield work_dir
-    finally:
-        lock.release()
-
-
 def _reuse_build(ctx: BuildContext, key: str) -> BuildResult:
     """Nothing the wheel depends on changed since it was built and verified: copy it to dist/."""
     # Per process: two builds of one unchanged spec may both take this path at once.
     restored_dir = ctx.work_dir / f"from-cache-{os.getpid()}"
     try:
         restored_dir.mkdir(parents=True)
-        return _restore_to_dist(ctx.store, key, restored_dir, ctx.dist_dir, ctx.progress, ctx.overwrite)
+        return restore_to_dist(ctx.store, key, restored_dir, ctx.dist_dir, ctx.progress, ctx.overwrite)
     finally:
         shutil.rmtree(restored_dir, ignore_errors=True)
-
-
-def _restore_to_dist(
-    store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress, overwrite: bool
-) -> BuildResult:
-    files = store.restore(key, restored_dir) or ()
-    wheel_path = next(p for p in files if p.suffix == ".whl")
-    report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())
-    progress.say(f"    unchanged since the build in cache {key}: reusing its verified wheel (--no-cache rebuilds)")
-    report["stages_s"] = dict(progress.timings)
-    report["build_cache"] = {"key": key, "reused": True}
-    wheel = Wheel(
-        path=wheel_path,
-        sha256=report["wheel"]["sha256"],
-        size=report["wheel"]["size"],
-        platform_tag=report["wheel"]["platform_tag"],
-    )
-    return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
 
 
 def make_report(
@@ -450,55 +395,3 @@ def make_report(
         report["checkpoint"] = {**manifest["checkpoint"], "path": ctx.spec_file.spec.model.hf}
     report["build_cache"] = {"key": build_key, "reused": False}
     return report
-
-
-def commit(
-    wheel: Wheel,
-    report: dict[str, Any],
-    dist_dir: Path,
-    import_name: str,
-    full_version: str,
-    cache_entry: tuple[cache.Cache, str] | None = None,
-    *,
-    overwrite: bool = False,
-) -> BuildResult:
-    """The wheel and its report into dist/, and the build into the cache: all or nothing.
-
-    Everything is written aside first (hidden files in dist/, a staged cache entry), so a full
-    disk or an interrupt while writing leaves nothing; then the renames run together with
-    SIGINT/SIGTERM held. The report goes in before the wheel: a wheel in dist/ has its report.
-    """
-    report_file = wheel.path.parent / f"{import_name}-{full_version}.report.json"
-    try:
-        report_file.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:  # a failed write() names no file
-        exc.filename = exc.filename or str(report_file)
-        raise
-    finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
-    if not overwrite:
-        dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
-    hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
-    made, staged_entry = [], None
-    try:
-        made = made_folders(dist_dir)
-        check_private(dist_dir, "--dist")  # made by another user after the check before the build: theirs
-        sweep_partials(dist_dir)
-        for source, aside in zip((report_file, wheel.path), hidden):
-            shutil.copyfile(source, aside)
-            os.chmod(aside, 0o644)  # whatever the umask: a wheel others install is theirs to read, not to change
-        if cache_entry:
-            staged_entry = cache_entry[0].stage(cache_entry[1], (wheel.path, report_file))
-        check_stop()
-        with signals_deferred(redeliver=False):
-            for aside, final in zip(hidden, finals):
-                os.replace(aside, final)
-            if cache_entry and staged_entry:
-                cache_entry[0].commit(cache_entry[1], staged_entry)
-            made = []
-    finally:
-        for aside in hidden:
-            aside.unlink(missing_ok=True)
-        if staged_entry:
-            shutil.rmtree(staged_entry, ignore_errors=True)
-        remove_if_empty(made)
-    return BuildResult(wheel=finals[1], report_path=finals[0], report=report)

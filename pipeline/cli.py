@@ -37,7 +37,7 @@ from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
 
 if TYPE_CHECKING:  # the build imports torch, which commands that build nothing never load
-    from .build import BuildResult
+    from .stages.deliver import BuildResult
 from .summary import print_report
 
 

@@ -13,7 +13,7 @@ from .services.progress import Progress
 from .stages.package import TORCH_INDEX
 
 if TYPE_CHECKING:  # the build imports torch; the summary is printed from its result only
-    from .build import BuildResult
+    from .stages.deliver import BuildResult
 
 
 def report_lines(result: BuildResult) -> list[str]:

@@ -18,8 +18,7 @@ from .conftest import TINY_SPEC, run_cli
 
 def test_a_work_folder_is_held_by_one_build(tmp_path):
     """Two builds of one model, version and target into other roots but one --build-dir."""
-    from pipeline.build import hold_work_dir
-    from pipeline.services.layout import WorkLayout
+    from pipeline.services.layout import WorkLayout, hold_work_dir
 
     work = WorkLayout(tmp_path / "build").work_dir("tiny", "0.2", "cpu")
     with hold_work_dir(work):

@@ -11,8 +11,15 @@ build/
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from ..errors import OutputDirError
+from .writable import check_private
 
 
 @dataclass(frozen=True)
@@ -40,3 +47,22 @@ class WorkLayout:
     @staticmethod
     def work_lock(work_dir: Path) -> Path:
         return work_dir.parent / f".{work_dir.name}.lock"
+
+
+@contextmanager
+def hold_work_dir(work_dir: Path) -> Iterator[Path]:
+    """Builds into other roots but the same --build-dir would share ``work_dir``: one at a time."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    check_private(work_dir, "--build-dir's work folder")  # the wheel is put together here
+    lock = FileLock(str(WorkLayout.work_lock(work_dir)), blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputDirError(
+            f"another build is using the work folder {work_dir}",
+            "wait for it to finish, or give this build its own --build-dir",
+        ) from None
+    try:
+        yield work_dir
+    finally:
+        lock.release()

@@ -20,7 +20,7 @@ FORMAT = 1
 
 
 class Built(Protocol):
-    """What a finished build hands the record (build.BuildResult, a layer above this one)."""
+    """What a finished build hands the record (stages.deliver.BuildResult, a layer above this one)."""
 
     @property
     def wheel(self) -> Path: ...

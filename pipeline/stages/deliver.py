@@ -1,0 +1,95 @@
+"""What a build delivers: its wheel and report into dist/, and the build into the build cache, all or
+nothing (commit); or an unchanged build's verified wheel taken from that cache (restore_to_dist)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..services import cache, dist_guard
+from ..services.outdir import signals_deferred
+from ..services.progress import Progress, check_stop
+from ..services.writable import check_private, made_folders, remove_if_empty, sweep_partials
+from .package import Wheel
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    wheel: Path
+    report_path: Path
+    report: dict[str, Any]
+
+
+def restore_to_dist(
+    store: cache.Cache, key: str, restored_dir: Path, dist_dir: Path, progress: Progress, overwrite: bool
+) -> BuildResult:
+    """The verified wheel and report of cache entry ``key`` (an unchanged build's) into dist/."""
+    files = store.restore(key, restored_dir) or ()
+    wheel_path = next(p for p in files if p.suffix == ".whl")
+    report = json.loads(next(p for p in files if p.name.endswith(".report.json")).read_text())
+    progress.say(f"    unchanged since the build in cache {key}: reusing its verified wheel (--no-cache rebuilds)")
+    report["stages_s"] = dict(progress.timings)
+    report["build_cache"] = {"key": key, "reused": True}
+    wheel = Wheel(
+        path=wheel_path,
+        sha256=report["wheel"]["sha256"],
+        size=report["wheel"]["size"],
+        platform_tag=report["wheel"]["platform_tag"],
+    )
+    return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
+
+
+def commit(
+    wheel: Wheel,
+    report: dict[str, Any],
+    dist_dir: Path,
+    import_name: str,
+    full_version: str,
+    cache_entry: tuple[cache.Cache, str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> BuildResult:
+    """The wheel and its report into dist/, and the build into the cache: all or nothing.
+
+    Everything is written aside first (hidden files in dist/, a staged cache entry), so a full
+    disk or an interrupt while writing leaves nothing; then the renames run together with
+    SIGINT/SIGTERM held. The report goes in before the wheel: a wheel in dist/ has its report.
+    """
+    report_file = wheel.path.parent / f"{import_name}-{full_version}.report.json"
+    try:
+        report_file.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:  # a failed write() names no file
+        exc.filename = exc.filename or str(report_file)
+        raise
+    finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
+    if not overwrite:
+        dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
+    hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
+    made, staged_entry = [], None
+    try:
+        made = made_folders(dist_dir)
+        check_private(dist_dir, "--dist")  # made by another user after the check before the build: theirs
+        sweep_partials(dist_dir)
+        for source, aside in zip((report_file, wheel.path), hidden):
+            shutil.copyfile(source, aside)
+            os.chmod(aside, 0o644)  # whatever the umask: a wheel others install is theirs to read, not to change
+        if cache_entry:
+            staged_entry = cache_entry[0].stage(cache_entry[1], (wheel.path, report_file))
+        check_stop()
+        with signals_deferred(redeliver=False):
+            for aside, final in zip(hidden, finals):
+                os.replace(aside, final)
+            if cache_entry and staged_entry:
+                cache_entry[0].commit(cache_entry[1], staged_entry)
+            made = []
+    finally:
+        for aside in hidden:
+            aside.unlink(missing_ok=True)
+        if staged_entry:
+            shutil.rmtree(staged_entry, ignore_errors=True)
+        remove_if_empty(made)
+    return BuildResult(wheel=finals[1], report_path=finals[0], report=report)
