@@ -139,7 +139,7 @@ index-stop: $(SETUP)
 	$(PY) -m pipeline index stop
 
 publish: $(SETUP)
-	$(PY) -m pipeline publish --spec $(SPEC) $(ARGS)
+	$(PY) -m pipeline publish --spec $(SPEC)$(if $(strip $(ARGS)), $(ARGS))
 
 matrix: $(SETUP)
 	@$(PY) -m pipeline matrix

@@ -76,9 +76,12 @@ def usage_lines(wheel: Path, import_name: str) -> list[str]:
     dist, variant = manifest["dist_name"], manifest["variant"]
     torch_index = f"{TORCH_INDEX}/{variant}"
     local, version = f"http://127.0.0.1:{DEFAULT_PORT}/{variant}/simple", manifest["version"]
+    # `link` only where the model loads from its /opt path (a CUDA wheel's): a relocatable wheel
+    # loads from its package, and its --help says it has no link to make
+    commands = "verify | info" if manifest.get("relocatable") else "verify | info | link"
     return [
         f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
-        f"  command   {dist} verify | info | link  (installed with the wheel)",
+        f"  command   {dist} {commands}  (installed with the wheel)",
         f"  install   this wheel: pip install {wheel} --extra-index-url {torch_index}",
         f"            once published: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
         f"--extra-index-url {torch_index}",

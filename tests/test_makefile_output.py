@@ -151,3 +151,11 @@ def test_make_build_echoes_its_command_with_single_spaces():
         )
         assert ran.returncode == 0, ran.stderr
         assert ran.stdout == f"python -m pipeline build --spec models/unet/spec.toml{tail}\n", (extra, ran.stdout)
+    for extra, tail in (([], ""), (["ARGS=--index http://127.0.0.1:8765/"], " --index http://127.0.0.1:8765/")):
+        ran = subprocess.run(  # make publish: the same, and no space left at the end of the line
+            ["make", "-n", "--no-print-directory", "publish", "SETUP=", "PY=python", "MODEL=unet", *extra],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert ran.stdout == f"python -m pipeline publish --spec models/unet/spec.toml{tail}\n", (extra, ran.stdout)

@@ -51,7 +51,7 @@ PLAIN_LINES = [
     r"  verified  logits: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  report    .*\.report\.json",
     r"  import    import model_tiny; model = model_tiny\.load\(\)  \(or load_numpy\(\): no torch import\)",
-    r"  command   model-tiny verify \| info \| link  \(installed with the wheel\)",
+    r"  command   model-tiny verify \| info  \(installed with the wheel\)",
     r"  install   this wheel: pip install /.*/model_tiny-0\.1\+cpu.*\.whl "
     r"--extra-index-url https://download\.pytorch\.org/whl/cpu",
     # by name from the user's index, never PyPI's (where anyone may hold the name): --index-url

@@ -183,7 +183,8 @@ class Budget:
 OVER_BUDGET = "over the search's compile budget (the build's report has the seconds)"
 
 SHORTER = (
-    "    to make it shorter: `[compile] search = false` in the spec (one compile, the spec's options), "
+    "    to make it shorter: `build --no-search` or `[compile] search = false` in the spec (one compile, the "
+    "spec's options), "
     "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
     "from the build cache, build/cache)"
 )
@@ -214,7 +215,8 @@ class Outlook:
         if last:
             what += (
                 f": about {duration(last)} on this machine (the last build's compile stage, scaled to "
-                f"{len(self.fresh)} compiles where its report says how many it made)"
+                f"{len(self.fresh)} compile{'s' if len(self.fresh) != 1 else ''} where its report says how many it "
+                "made)"
             )
         else:
             what += (
