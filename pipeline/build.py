@@ -143,6 +143,11 @@ def build_target(ctx: BuildContext) -> BuildResult:
     cxx_version = find_cxx()
     if not ctx.keep_debug:  # checked before minutes of compiling, not after
         find_strip()
+    content = content_hash(ctx.spec_file, loaded)
+    if not ctx.overwrite:  # a kept wheel of another root or content: said now, not after minutes of search
+        model = ctx.spec_file.spec.model
+        full_version = f"{model.version}+{local_label(ctx.target.NAME)}"
+        dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, full_version, ctx.out_dir, content)
     lock_key, locked = (
         (None, ctx.forced)
         if ctx.forced
@@ -151,7 +156,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
         )
     )
     build_key = cache.build_key(
-        content_hash=content_hash(ctx.spec_file, loaded),
+        content_hash=content,
         target=ctx.target.NAME,
         root=str(ctx.out_dir),
         cxx_version=cxx_version,
@@ -162,10 +167,6 @@ def build_target(ctx: BuildContext) -> BuildResult:
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
     refuse_if_held(ctx.out_dir)  # a running build's folder: said now, not after the doctor and export
-    if not ctx.overwrite:  # a kept wheel compiled for another root: said now, not after minutes of search
-        model = ctx.spec_file.spec.model
-        full_version = f"{model.version}+{local_label(ctx.target.NAME)}"
-        dist_guard.refuse_other_root(ctx.dist_dir, ctx.spec_file.spec.import_name, full_version, ctx.out_dir)
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
     # The last build's compile time, scaled to the compiles this one will make (it may have made one)
     fresh = sum(not ctx.store.has(plan.key) for _, plan in planned)

@@ -21,8 +21,9 @@ def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_whee
     tmp_path, warm_dirs, tiny_build, same_root
 ):
     """The model's description changes and its version does not: another wheel of the same name.
-    The change is one the compiled .so does not depend on, so the build reuses the session build's
-    compile (warm_dirs) and runs its doctor, verify and package; what it refuses comes after them."""
+    The spec is part of the content hash the kept wheel's manifest records, so the build is refused
+    before its doctor (a newcomer's changed --hf build was refused only after its search); with
+    --overwrite it reuses the session build's compile (warm_dirs) and replaces the wheel."""
     built, _ = tiny_build
     dist = warm_dirs.dist
     shutil.copytree(built.dist, dist)
@@ -45,11 +46,10 @@ def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_whee
     assert refused.code == OutputDirError.exit_code, refused.err
     assert f"error: {wheel} already holds a different build of this version" in refused.err
     assert "hint: bump model.version" in refused.err and "--overwrite" in refused.err
-    # what differs is said: here the spec's description, with both values
-    assert (
-        "their manifests differ in description: Tiny test model in the kept wheel, "
-        "Tiny test model, trained again in this build;" in refused.err
-    ), refused.err
+    # what differs is said: here the spec, as the content hash; and before any work
+    assert "their manifests differ in the model's code, weights or spec (content_hash " in refused.err, refused.err
+    assert "this build stops here, before the doctor (it wrote nothing)" in refused.err
+    assert "==> doctor" not in refused.err and "spec.lock.json" not in refused.err
     assert sha256_file(wheel) == tested and sorted(p.name for p in dist.iterdir()) == sorted(
         p.name for p in built.dist.iterdir()
     )
@@ -86,11 +86,52 @@ def test_the_early_check_refuses_only_a_wheel_of_this_name_made_here_for_another
     dist.mkdir()
     shutil.copy(wheel, dist)
     name, version = kept["import_name"], kept["full_version"]
-    dist_guard.refuse_other_root(dist, name, version, Path(kept["opt_path"]))  # the same root: the late check's
-    dist_guard.refuse_other_root(dist, name, "0.2+" + version.split("+")[1], tmp_path / "opt" / "tiny" / "0.2" / "cpu")
-    dist_guard.refuse_other_root(tmp_path / "no-dist", name, version, tmp_path / "opt" / "tiny" / "0.1" / "cpu")
+    dist_guard.refuse_early(
+        dist, name, version, Path(kept["opt_path"]), kept["content_hash"]
+    )  # the same root: the late check's
+    dist_guard.refuse_early(
+        dist, name, "0.2+" + version.split("+")[1], tmp_path / "opt" / "tiny" / "0.2" / "cpu", kept["content_hash"]
+    )
+    dist_guard.refuse_early(
+        tmp_path / "no-dist", name, version, tmp_path / "opt" / "tiny" / "0.1" / "cpu", kept["content_hash"]
+    )
     with pytest.raises(OutputDirError) as refused:
-        dist_guard.refuse_other_root(dist, name, version, tmp_path / "opt" / "tiny" / "0.1" / "cpu")
+        dist_guard.refuse_early(dist, name, version, tmp_path / "opt" / "tiny" / "0.1" / "cpu", kept["content_hash"])
     other = tmp_path / "opt" / "tiny" / "0.1" / "cpu"
     assert f"differ in opt_path: {kept['opt_path']} in the kept wheel, {other} in this build" in str(refused.value)
     assert refused.value.hint.startswith("the kept wheel was built for the artifact root ")
+
+
+def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel):
+    """Where the content is the same but the wheel is not (another search's choice, --keep-debug),
+    only the late check, with the new wheel's bytes, can refuse it: it lists what differs."""
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    new_wheel = tmp_path / "new" / wheel.name
+    new_wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "model_tiny/manifest.json":
+                data = json.dumps({**kept, "description": "Tiny test model, trained again"}).encode()
+            made.writestr(item, data)
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
+    assert (
+        "their manifests differ in description: Tiny test model in the kept wheel, "
+        "Tiny test model, trained again in this build;" in str(refused.value)
+    )
+    assert "this build is not kept" in str(refused.value) and refused.value.hint.startswith("bump model.version")
+    dist_guard.keep_what_was_tested(wheel, wheel, sha256_file(wheel))  # the same bytes: kept, nothing said
+
+
+def test_the_early_check_refuses_other_content_and_leaves_the_same_content_to_the_late_check(tmp_path, wheel):
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    shutil.copy(wheel, dist)
+    name, version, opt = kept["import_name"], kept["full_version"], Path(kept["opt_path"])
+    dist_guard.refuse_early(dist, name, version, opt, kept["content_hash"])
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.refuse_early(dist, name, version, opt, "0" * 64)
+    assert "differ in the model's code, weights or spec (content_hash " in str(refused.value)
+    assert refused.value.hint.startswith("bump model.version")

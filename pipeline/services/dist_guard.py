@@ -3,8 +3,9 @@ already there with other contents is the one that was tested, and perhaps publis
 that would replace it is refused (--overwrite replaces it).
 
 Checked twice: before the doctor, where the clash can be known already (a kept wheel compiled for
-another artifact root: its manifest's opt_path is not this build's), so a changed --root is not
-refused only after minutes of searching; and when the wheel is put in dist/, with its bytes.
+another artifact root, or from other code, weights or spec: its manifest's opt_path or
+content_hash is not this build's), so such a build is not refused only after minutes of
+searching; and when the wheel is put in dist/, with its bytes.
 """
 
 from __future__ import annotations
@@ -31,19 +32,36 @@ def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> No
     raise refusal(existing, hashes, differ, other_root(kept, made), NOT_KEPT)
 
 
-def refuse_other_root(dist_dir: Path, import_name: str, full_version: str, opt_path: Path) -> None:
+def refuse_early(dist_dir: Path, import_name: str, full_version: str, opt_path: Path, content_hash: str) -> None:
     """The early check, before the doctor: a wheel in dist/ of this name and version (target and
     torch are in the version), made on a machine like this one (so the platform tag the compile
-    gives is the same, and so the wheel's file name), compiled for another /opt path."""
+    gives is the same, and so the wheel's file name), compiled for another /opt path or from other
+    code, weights or spec (its manifest's content_hash): the late check would refuse this build's
+    wheel, after minutes of search."""
     pattern = f"{glob.escape(import_name)}-{glob.escape(full_version)}-py3-none-*_{platform.machine()}.whl"
     for existing in sorted(dist_dir.glob(pattern)):
         kept = read_wheel_manifest(existing)
-        if not kept or kept.get("opt_path") in (None, str(opt_path)) or not _made_like_here(kept):
+        if not kept or not _made_like_here(kept):
             continue
-        made = {"opt_path": str(opt_path)}
-        differ = differences({"opt_path": kept["opt_path"]}, made)
-        stopped = "it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
-        raise refusal(existing, f"sha256 {sha256_file(existing)[:16]}…", differ, other_root(kept, made), stopped)
+        made = {"opt_path": str(opt_path), "content_hash": content_hash}
+        compared = {key: kept[key] for key in made if kept.get(key) is not None}
+        differ = [_content_named(line) for line in differences(compared, {k: made[k] for k in compared})]
+        if differ:
+            stopped = "it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
+            hashes = f"sha256 {sha256_file(existing)[:16]}…"
+            raise refusal(existing, hashes, differ, other_root(kept, made), stopped)
+
+
+def _content_named(described: str) -> str:
+    """content_hash said as what it hashes."""
+    if not described.startswith("content_hash"):
+        return described
+    kept, _, new = described.removeprefix("content_hash: ").partition(" in the kept wheel, ")
+    return (
+        f"the model's code, weights or spec (content_hash {kept[:16]}… in the kept wheel, {new[:16]}… in this build)"
+        if new
+        else "the model's code, weights or spec (content_hash)"
+    )
 
 
 def _made_like_here(kept: dict[str, Any]) -> bool:
