@@ -154,43 +154,16 @@ def dirs(tmp_path: Path) -> BuildDirs:
     return BuildDirs(root=tmp_path / "opt" / "models", dist=tmp_path / "dist", build=tmp_path / "build")
 
 
-def shared_temp(tmp_path_factory) -> Path:
-    """A folder this test run's processes share: under `make test`'s two workers (pytest-xdist) the
-    parent of each worker's temporary folder; in a run without workers, that run's own."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 @pytest.fixture(scope="session")
 def tiny_build(tmp_path_factory) -> tuple[BuildDirs, Ran]:
-    """The tiny model built once for the test run, through the CLI: the first worker to ask builds
-    it, the other waits for it and reads the same folders (one build fewer: ~20 CPU-s). Tests only
-    read these folders; one that builds with the same --root holds ``same_root`` while it does."""
-    from filelock import FileLock
-
-    shared = shared_temp(tmp_path_factory)
-    base = shared / "tiny-session"
+    """The tiny model built once for the session, through the CLI."""
+    base = tmp_path_factory.mktemp("tiny")
     build_dirs = BuildDirs(root=base / "opt", dist=base / "dist", build=base / "build")
-    record = base / "ran.json"
-    with FileLock(str(shared / "tiny-session.lock")):
-        if not record.is_file():
-            shutil.rmtree(base, ignore_errors=True)
-            ran = run_cli("build", "--spec", str(TINY_SPEC), *build_dirs.args())
-            assert ran.code == 0, ran.err
-            # Checked here, before any test runs the wheel's `link` command (which makes the /opt link under this root).
-            assert not build_dirs.root.exists(), "the build leaves the artifact root as it found it"
-            record.write_text(json.dumps(ran.__dict__))
-    return build_dirs, Ran(**json.loads(record.read_text()))
-
-
-@pytest.fixture
-def same_root(tmp_path_factory):
-    """Held while a test builds with tiny_build's --root: a build locks its output folder under the
-    root, so two such builds at once (one per worker) would refuse each other."""
-    from filelock import FileLock
-
-    with FileLock(str(shared_temp(tmp_path_factory) / "tiny-session-root.lock")):
-        yield
+    ran = run_cli("build", "--spec", str(TINY_SPEC), *build_dirs.args())
+    assert ran.code == 0, ran.err
+    # Checked here, before any test runs the wheel's `link` command (which makes the /opt link under this root).
+    assert not build_dirs.root.exists(), "the build leaves the artifact root as it found it"
+    return build_dirs, ran
 
 
 @pytest.fixture

@@ -17,9 +17,7 @@ from pipeline.services.manifest import sha256_file
 from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
 
 
-def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(
-    tmp_path, warm_dirs, tiny_build, same_root
-):
+def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(tmp_path, warm_dirs, tiny_build):
     """The model's description changes and its version does not: another wheel of the same name.
     The spec is part of the content hash the kept wheel's manifest records, so the build is refused
     before its doctor (a newcomer's changed --hf build was refused only after its search); with

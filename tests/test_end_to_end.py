@@ -7,7 +7,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -482,16 +481,8 @@ def test_fp64_reference_reports_eager_own_error(variant_build):
         assert set(errors) == {"features", "logits"} and all(0 <= e < 1e-3 for e in errors.values())
 
 
-def own_build_dir(tiny_build, tmp_path: Path) -> Path:
-    """A copy of the session build's build folder (its cache whole: compiles and build entries):
-    tiny_build's own is read by both workers' tests, and a build writes into its --build-dir."""
-    shutil.copytree(tiny_build[0].build / "cache", tmp_path / "build" / "cache")
-    return tmp_path / "build"
-
-
-def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path, same_root):
+def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path):
     build_dirs, _ = tiny_build
-    build_dir = own_build_dir(tiny_build, tmp_path)
     again = run_cli(
         "build",
         "--spec",
@@ -501,7 +492,7 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
         "--dist",
         str(tmp_path / "dist"),
         "--build-dir",
-        str(build_dir),
+        str(build_dirs.build),
     )
     assert again.code == 0, again.err
     assert "unchanged since the build in cache build-" in again.err and "reusing its verified wheel" in again.err
@@ -519,7 +510,7 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
         "--dist",
         str(tmp_path / "dist2"),
         "--build-dir",
-        str(build_dir),
+        str(build_dirs.build),
         "--no-cache",
     )
     assert forced.code == 0 and "==> export" in forced.err and "==> compile" in forced.err, forced.err
@@ -529,13 +520,12 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
     assert (tmp_path / "dist2" / wheel.name).read_bytes() == wheel.read_bytes()
 
 
-def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build, tmp_path, same_root):
+def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build, tmp_path):
     from pipeline import doctor_checks
 
     from .conftest import BROKEN
 
     build_dirs, _ = tiny_build
-    build_dir = own_build_dir(tiny_build, tmp_path)
     ran = run_cli(
         "build",
         "--spec",
@@ -549,7 +539,7 @@ def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build
         "--dist",
         str(tmp_path / "dist"),
         "--build-dir",
-        str(build_dir),
+        str(build_dirs.build),
     )
     assert ran.code == doctor_checks.DATA_DEPENDENT.exit_code, ran.err
     assert "1 of 2 builds succeeded" in ran.err and "(2 at a time)" in ran.err
@@ -557,7 +547,7 @@ def test_several_specs_build_in_parallel_and_failures_keep_their_code(tiny_build
     assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [
         wheel.name for wheel in build_dirs.dist.glob("*.whl")
     ]
-    assert sorted(p.name for p in (build_dir / "logs").iterdir()) == [
+    assert sorted(p.name for p in (build_dirs.build / "logs").iterdir()) == [
         "broken-data_dependent.json",
         "broken-data_dependent.log",
         "tiny-spec.json",

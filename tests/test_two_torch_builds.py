@@ -58,7 +58,7 @@ def other_torch_env(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, python
 
 
-def test_pip_picks_the_wheel_built_for_its_torch(tmp_path, tiny_build, other_torch_env, same_root):
+def test_pip_picks_the_wheel_built_for_its_torch(tmp_path, tiny_build, other_torch_env):
     other_torch, other_python = other_torch_env
     first = next(tiny_build[0].dist.glob("*.whl"))
     build = run(
