@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,9 @@ def test_a_link_swapped_by_another_user_never_loads_their_code(linked, restore, 
             staged.symlink_to(targets[i % 2])
             os.replace(staged, link)
             i += 1
+            # about a thousand swaps a second, hundreds during each load: without the pause the loop
+            # took a core of its own (25 CPU-s of the suite) from the loads it races
+            time.sleep(0.001)
 
     swapper = threading.Thread(target=swap, daemon=True)
     swapper.start()
