@@ -35,17 +35,11 @@ venv: $(VENV)/.installed
 
 # torch first: from a wheel pip's own settings already reach offline (a local mirror: no wait on
 # an index), else from PyTorch's index for TORCH_VARIANT; then the rest of the toolchain.
-# What is installed is byte-compiled once, here: every build, test and tool process then loads
-# torch's .pyc files. Python compiles a module it imports on first use only where it may
+# pip byte-compiles what it installs (its default): every build, test and tool process then
+# loads torch's .pyc files. Python compiles a module it imports on first use only where it may
 # write the .pyc: with PYTHONDONTWRITEBYTECODE=1 (this project's machines set it), or in a venv
 # another user owns, each process compiled torch's sources again (torch._dynamo's import: 8.2
 # CPU-s against 3.3).
-# pip compiles one file at a time; the packages are installed with --no-compile and then compiled
-# on every core at once (python -m compileall -j 0: about 17 CPU-s, for torch and requirements.txt).
-# pip's own setting is honoured: with PIP_NO_COMPILE set (pip --no-compile), nothing is compiled.
-# Like pip, a file that does not compile (a package's template or test data) is left as it is.
-BYTE_COMPILE = [ -n "$$PIP_NO_COMPILE" ] || { $(BEAT); beat "byte-compiling" $(PY) -m compileall -qq -j 0 \
-  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true; }
 # The recipe's lines are not echoed (@): a newcomer sees what is being installed, not shell plumbing.
 # EDITABLE_QUIET: setuptools warns on every editable install that a folder named like the package
 # may shadow it; here that folder is the package.
@@ -62,16 +56,15 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	@echo "==> setting up $(VENV) (once, about 2 to 4 minutes): torch $(TORCH_VERSION)+$(TORCH_VARIANT), requirements.txt, modelwheel itself (editable)"
 	@$(PYTHON) -m venv $(VENV)
 	@echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) (about 20 to 60 s)"
-	@$(BEAT); beat "installing torch" $(PY) -m pip install --quiet --no-compile --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
+	@$(BEAT); beat "installing torch" $(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" 2>/dev/null || { \
 	  echo "    torch $(TORCH_VERSION)+$(TORCH_VARIANT) from $(TORCH_INDEX) (no local copy: a download of about 190 MB, about 1 to 3 minutes)"; \
-	  beat "downloading and installing torch" $(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
+	  beat "downloading and installing torch" $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$(TORCH_VARIANT)" --extra-index-url $(TORCH_INDEX) || { \
 	  echo "error: torch $(TORCH_VERSION)+$(TORCH_VARIANT) could not be installed from $(TORCH_INDEX) (pip's reason is above)"; \
 	  echo "hint: where that index cannot be reached, name a mirror of it (make ... TORCH_INDEX=URL), or download the wheel on a machine that reaches it (pip download torch==$(TORCH_VERSION)+$(TORCH_VARIANT) --no-deps --index-url $(TORCH_INDEX) -d DIR) and run make with PIP_FIND_LINKS=DIR"; \
 	  exit 2; }; }
 	@echo "    requirements.txt (about 1 to 3 minutes)"
-	@$(BEAT); beat "installing requirements.txt" $(PY) -m pip install --quiet --no-compile -r requirements.txt
+	@$(BEAT); beat "installing requirements.txt" $(PY) -m pip install --quiet -r requirements.txt
 	@$(EDITABLE_QUIET) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	@$(BYTE_COMPILE)
 	@touch $@
 	@echo "    $(VENV) is ready"
 
