@@ -33,7 +33,7 @@ from .stages.deliver import BuildResult, commit, restore_to_dist
 from .stages.doctor import DOCTOR_STEPS, run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
-from .stages.manifest import build_manifest, local_label
+from .stages.manifest import build_manifest, full_version
 from .stages.package import Wheel, package_wheel
 from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
@@ -145,9 +145,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
         find_strip()
     content = content_hash(ctx.spec_file, loaded)
     if not ctx.overwrite:  # a kept wheel of another root or content: said now, not after minutes of search
-        model = ctx.spec_file.spec.model
-        full_version = f"{model.version}+{local_label(ctx.target.NAME)}"
-        dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, full_version, ctx.out_dir, content)
+        version = full_version(ctx.spec_file.spec.model.version, ctx.target.NAME)
+        dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, version, ctx.out_dir, content)
     lock_key, locked = (
         (None, ctx.forced)
         if ctx.forced

@@ -333,13 +333,13 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
     spec = spec_file.spec
     for name in spec.build.targets:  # before torch is imported, as a build does (the cpu target's ISA)
         targets.get(name).before_torch(spec.build.options(name), args)
-    from .stages.manifest import local_label  # imports torch: the label names its version
+    from .stages.manifest import full_version  # imports torch: the label names its version
 
     dist = Path(args.dist)
     check_private(dist, "--dist")  # the wheels found there are uploaded as they are
     skipped: list[str] = []  # said only where a build runs: publishing what dist/ holds skips nothing
     args.target = targets.buildable_here(list(spec.build.targets), skipped.append)  # what a build here would make
-    wanted = {t: f"{spec.import_name}-{spec.model.version}+{local_label(t)}-" for t in args.target}
+    wanted = {t: f"{spec.import_name}-{full_version(spec.model.version, t)}-" for t in args.target}
     found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
     if not all(found.values()):
         progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")

@@ -31,6 +31,11 @@ def local_label(target: str) -> str:
     return f"{targets.get(target).index_variant()}.torch{torch.__version__.split('+')[0]}"
 
 
+def full_version(version: str, target: str) -> str:
+    """The wheel's version: the model's, with the local label (``1.3+cpu.torch2.13.0``)."""
+    return f"{version}+{local_label(target)}"
+
+
 def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, search: CompileSearch) -> Manifest:
     """``search``: the option search as it ran (build.py's search_record)."""
     spec = exported.spec_file.spec
@@ -43,7 +48,7 @@ def build_manifest(exported: Exported, compiled: Compiled, verified: Verified, s
         dist_name=spec.dist_name,
         import_name=spec.import_name,
         version=spec.model.version,
-        full_version=f"{spec.model.version}+{local_label(compiled.target)}",
+        full_version=full_version(spec.model.version, compiled.target),
         description=spec.model.description,
         license=spec.model.license,
         urls=dict(spec.model.urls),
