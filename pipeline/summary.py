@@ -83,9 +83,10 @@ def usage_lines(wheel: Path, import_name: str) -> list[str]:
         f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
         f"  command   {dist} {commands}  (installed with the wheel)",
         f"  install   this wheel: pip install {wheel} --extra-index-url {torch_index}",
-        f"            once published: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
+        # as docs/publishing.md gives both: the local index sends pip to PyTorch's index for torch itself
+        f"            from make index: pip install {dist}=={version} --index-url {local}",
+        f"            from your index: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
         f"--extra-index-url {torch_index}",
-        f"            (make index's is {local}, which sends pip to PyTorch's index for torch by itself)",
     ]
 
 

@@ -255,7 +255,7 @@ def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
     assert f"  import    import model_hf_{family}; model = model_hf_{family}.load()" in ran.err
     assert f"  command   model-hf-{family} verify | info  (installed with the wheel)" in ran.err  # a CPU wheel: no link
     assert (
-        f"            once published: pip install model-hf-{family}==1.0 --index-url <your index>/cpu/simple "
+        f"            from your index: pip install model-hf-{family}==1.0 --index-url <your index>/cpu/simple "
         "--extra-index-url https://download.pytorch.org/whl/cpu\n" in ran.err
     )
     check_wheel(dirs, folder, family, hf_venv)

@@ -55,10 +55,10 @@ PLAIN_LINES = [
     r"  install   this wheel: pip install /.*/model_tiny-0\.1\+cpu.*\.whl "
     r"--extra-index-url https://download\.pytorch\.org/whl/cpu",
     # by name from the user's index, never PyPI's (where anyone may hold the name): --index-url
-    r"            once published: pip install model-tiny==0\.1 --index-url <your index>/cpu/simple "
+    # publishing.md's two lines: the local index sends pip to PyTorch's index for torch by itself
+    r"            from make index: pip install model-tiny==0\.1 --index-url http://127\.0\.0\.1:8765/cpu/simple",
+    r"            from your index: pip install model-tiny==0\.1 --index-url <your index>/cpu/simple "
     r"--extra-index-url https://download\.pytorch\.org/whl/cpu",
-    r"            \(make index's is http://127\.0\.0\.1:8765/cpu/simple, which sends pip to PyTorch's index for torch "
-    r"by itself\)",
 ]
 
 
