@@ -386,6 +386,7 @@ def make_report(
             "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
             "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
             "cost": dataclasses.asdict(tuned.cost),  # what the search cost and won (payback.py)
+            "graph_ops": tuned.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
         },
     }
     if packaged.sizes.models:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .services.index import DEFAULT_PORT
-from .services.progress import Progress
+from .services.progress import Progress, ratio
 from .stages.package import TORCH_INDEX
 
 if TYPE_CHECKING:  # the build imports torch; the summary is printed from its result only
@@ -44,12 +44,12 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"]):
         return []
     if cost["stopped"]:
-        spent = f"stopped by the noise before compiling a candidate ({cost['spread']:.2f}x spread)"
+        spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
     else:
         side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
         spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}"
     won = (
-        f"won {cost['won']:.2f}x ({search['chosen']} over spec-options)"
+        f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]
         else "won nothing (the spec's options kept)"
     )

@@ -75,7 +75,7 @@ def json_build(tmp_path_factory):
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
 STATUS_LINE = (
     r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
-    r" · (\d+m)?\d+s in all"
+    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left|compile running (\d+m)?\d+s past) .+)?"
 )
 
 
@@ -94,6 +94,16 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     status = [line for line in ran.err.splitlines() if line.startswith("    ... ")]
     assert status and all(re.fullmatch(STATUS_LINE, line) for line in status), status
     assert any(line.startswith("    ... compile 1/1 pinned: compiling · ") for line in status), status
+    # a first build has no earlier one to say how long is left: the compile's figure is guessed from the graph
+    guessed = [line for line in status if " · compile " in line or "left" in line]
+    assert guessed and all(
+        re.search(
+            r" · (about \d+s left|compile running \d+s past the estimate) \(a first guess from the graph's "
+            r"\d+ ops\)$",
+            line,
+        )
+        for line in guessed
+    ), status
 
 
 @pytest.mark.parametrize(
@@ -284,6 +294,52 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         assert progress.outlook() == (
             "compile running 5s past this build's estimate, then about 7s (from the last build)"
         )
+
+
+def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_builds_here(tmp_path, monkeypatch):
+    """A model's first build has no earlier one to time its compile by: the graph's size gives a
+    figure, scaled by how this machine compiled other models (their reports record their size)."""
+    import torch
+
+    from pipeline.features import first_guess
+    from pipeline.targets import cpu
+
+    program = torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.ones(2, 4),))
+    ops = first_guess.graph_ops(program)
+    assert ops == 2  # linear, relu
+    alone = first_guess.first_compile(program, cpu, tmp_path / "cache")
+    assert alone == first_guess.Guess(
+        pytest.approx(cpu.COMPILE_GUESS_S[0] + 2 * cpu.COMPILE_GUESS_S[1]), "a first guess from the graph's 2 ops"
+    )
+    for name, target, graph_ops, seconds, from_cache in (
+        ("slow", "cpu", 100, 2 * first_guess.line_s(cpu, 100), False),  # this machine compiles at half the speed
+        ("gpu", "cuda", 100, 500.0, False),  # another target's
+        ("cached", "cpu", 100, 1.0, True),  # not compiled here
+        ("old", "cpu", None, 1.0, False),  # from before reports recorded the graph's size
+    ):
+        (tmp_path / "cache" / f"build-{name}").mkdir(parents=True)
+        report = {
+            "target": target,
+            "compile_search": {
+                "graph_ops": graph_ops,
+                "candidates": [{"name": "spec-options", "compile_s": seconds, "from_cache": from_cache}],
+            },
+        }
+        (tmp_path / "cache" / f"build-{name}" / "model_x.report.json").write_text(json.dumps(report))
+    scaled = first_guess.first_compile(program, cpu, tmp_path / "cache")
+    assert scaled == first_guess.Guess(
+        pytest.approx(2 * alone.seconds), "a first guess from the graph's 2 ops, scaled by 1 earlier build here"
+    )
+    # shown as the stage's estimate, and what it rests on when the compile runs past it
+    progress = Progress(io.StringIO())
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    with progress.stage("compile"):
+        progress.estimate(30.0, scaled.basis)
+        clock[0] += 10.0
+        assert progress.outlook() == f"about 20s left ({scaled.basis})"
+        clock[0] += 25.0
+        assert progress.outlook() == f"compile running 5s past the estimate ({scaled.basis})"
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):

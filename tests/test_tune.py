@@ -180,10 +180,17 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert "AUTOTUNE" in log.read_text(), "compiled in a worker, its log is still the candidate's"
     # before the search: what it costs here and how to make it shorter; once a compile is timed, how long is left
     lines = ran.err.splitlines()
-    outlook = lines.index(
-        "    search: 3 candidate(s) to compile and verify, then all timed together: each is a full "
-        "compile, so about 3x one compile on this machine (the first's time, compiled now, gives the rest's; "
-        "the search may stop after it where the machine is too noisy for a candidate to win)"
+    # a first build of the MLP here: one compile's time is guessed from the graph
+    outlook = next(
+        i
+        for i, line in enumerate(lines)
+        if re.fullmatch(
+            r"    search: 3 candidate\(s\) to compile and verify, then all timed together: each is a full "
+            r"compile, so about 3x one compile on this machine \(a first guess from the graph's \d+ ops: about "
+            r"\d+s each; the first's time, compiled now, gives the rest's; the search may stop after it where "
+            r"the machine is too noisy for a candidate to win\)",
+            line,
+        )
     )
     assert lines[outlook + 1] == tune.SHORTER and "`[compile] search = false`" in tune.SHORTER
     assert outlook < min(
@@ -251,7 +258,7 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
         won = r"won nothing \(the spec's options kept\)"
     else:
         assert cost["won"] == pytest.approx(spec_median / by_name[search["chosen"]]["median_ms"]) and cost["won"] > 1
-        won = rf"won {cost['won']:.2f}x \({re.escape(search['chosen'])} over spec-options\)"
+        won = rf"won {re.escape(progress.ratio(cost['won']))} \({re.escape(search['chosen'])} over spec-options\)"
     at_a_time = r", 2 at a time: [\d.]+s wall" if cost["workers"] > 1 else ""
     summary = rf"^  search    2 candidate\(s\) compiled in [\d.]+s{at_a_time}; timed [\d.]+s; {won}$"
     assert re.search(summary, ran.err, re.M), ran.err
@@ -279,8 +286,26 @@ def test_budget_scales_with_the_first_compile_and_the_cores():
     budget.spent("freezing", 30.0)
     assert budget.refusal("freezing+channels-last") is None  # 60 + 30 <= 90
     assert (
-        "about 90 s more expected, budget 90 s (the first compile, and 1x it on each of 2 core(s) for the candidates)"
+        "60 s spent, about 90 s more expected for it, budget 90 s (the first compile, and 1x it on each of 2 "
+        "core(s) for the candidates)"
     ) in budget.refusal("max-autotune")
+    # choosing: what is spent (compiled) and what is planned for the candidates before it are said apart
+    fresh = tune.Budget(None, workers=2)
+    fresh.spent("spec-options", 30.0)
+    chosen, over = payback.select(
+        [payback.Expected("freezing", 1.3, 1.0, False), payback.Expected("max-autotune", 1.2, 3.0, False)],
+        fresh,
+        lambda name: False,
+    )
+    assert [e.name for e in chosen] == ["freezing"] and fresh.planned_s == 0.0  # select() plans on a copy
+    assert [(e.name, why) for e, why in over] == [
+        (
+            "max-autotune",
+            "over the search's compile budget: 30 s spent, about 30 s planned for the candidates chosen before "
+            "it, about 90 s more expected for it, budget 90 s (the first compile, and 1x it on each of 2 core(s) "
+            "for the candidates)",
+        )
+    ]
     one = tune.Budget(None, workers=1)  # one core: one candidate's worth (no 60 s floor: a small model's search
     one.spent("spec-options", 5.0)  # cost it three times its build without)
     assert one.refusal("freezing") is None
@@ -637,7 +662,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     assert chosen == [] and {s.name for s in refused} == {name for name, _ in planned[1:]}
     assert all(
         s.recorded == payback.NOISY
-        and "cannot win beyond the noise: spec-options's rounds spread 2552.93x "
+        and "cannot win beyond the noise: spec-options's rounds spread 2553x "
         "(0.0803-205 ms), and it plausibly gains at most"
         in s.reason
         for s in refused
@@ -645,13 +670,13 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     assert said == [
         "    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here "
         f"for any of the {len(refused)} candidates after spec-options to win (rounds 0.0803 to 205 ms, "
-        "a 2552.93x spread); "
+        "a 2553x spread); "
         "build on a quieter machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
     ]
     assert cost.stopped == said[0].strip() and cost.spread == pytest.approx(205.0 / 0.0803)
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "cost": dataclasses.asdict(cost)}
     assert search_lines(record) == [
-        "  search    stopped by the noise before compiling a candidate (2552.93x spread); "
+        "  search    stopped by the noise before compiling a candidate (2553x spread); "
         "timed 0.0s; won nothing (the spec's options kept)"
     ]
     # steady rounds: freezing could win, and is compiled
@@ -663,6 +688,11 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     chosen, refused, cost, said = choose_said(exported, planned, NOISY, tmp_path / "cache")
     assert "freezing" in [e.name for e in chosen] and refused == [] and not cost.stopped and said == []
     assert cost.spread == pytest.approx(205.0 / 0.0803)
+
+
+def test_ratios_read_as_times_do_three_figures_where_two_decimals_printed_1414_02x():
+    shown = [progress.ratio(x) for x in (1.514, 1.5, 12.34, 1414.02, 0.8, float("inf"))]
+    assert shown == ["1.51x", "1.5x", "12.3x", "1414x", "0.8x", "unbounded"]
 
 
 def test_a_search_stopped_by_the_noise_times_nothing_again_and_says_why_it_kept_the_spec_options(tmp_path):
@@ -687,7 +717,7 @@ def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_bein
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
     assert "freezing" not in [e.name for e in chosen]
     why = (
-        "cannot pay back its compile: an earlier build of this model measured it 0.80x spec-options's speed "
+        "cannot pay back its compile: an earlier build of this model measured it 0.8x spec-options's speed "
         "(--no-cache and a fresh build folder forget that)"
     )
     assert f"    candidate freezing: not tried: {why}" in said

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..services.cache import Cache
-from ..services.progress import duration, estimate, expected_s, figure, say
+from ..services.progress import duration, estimate, expected_s, figure, ratio, say
+from .first_guess import Guess
 from .rounds import Timed
 
 
@@ -68,9 +69,9 @@ class Expected:
 
     def source(self) -> str:
         return (
-            f"measured {self.gain:.2f}x in an earlier build of this model"
+            f"measured {ratio(self.gain)} in an earlier build of this model"
             if self.measured
-            else f"plausibly gains at most {self.gain:.2f}x"
+            else f"plausibly gains at most {ratio(self.gain)}"
         )
 
 
@@ -115,7 +116,7 @@ def payback_refusal(expected: Expected, baseline: str) -> str | None:
     if not expected.measured or expected.gain > 1.0:
         return None
     return (
-        f"cannot pay back its compile: an earlier build of this model measured it {expected.gain:.2f}x "
+        f"cannot pay back its compile: an earlier build of this model measured it {ratio(expected.gain)} "
         f"{baseline}'s speed (--no-cache and a fresh build folder forget that)"
     )
 
@@ -126,7 +127,7 @@ def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None
     if expected.gain > needed:
         return None
     return (
-        f"cannot win beyond the noise: {baseline}'s rounds spread {needed:.2f}x ({figure(noise.low_ms)}-"
+        f"cannot win beyond the noise: {baseline}'s rounds spread {ratio(needed)} ({figure(noise.low_ms)}-"
         f"{figure(noise.high_ms)} ms), and it {expected.source()}"
     )
 
@@ -142,7 +143,7 @@ def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
         f"{which} after {baseline} to win (rounds {figure(noise.low_ms)} to "
-        f"{figure(noise.high_ms)} ms, a {spread(noise):.2f}x spread); build on a quieter machine for a search, "
+        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread); build on a quieter machine for a search, "
         "or set `[compile] search_when_noisy = true` to compile them anyway"
     )
 
@@ -152,6 +153,7 @@ class Budget:
 
     def __init__(self, given_s: float | None, workers: int = 1) -> None:
         self.given_s, self.workers, self.spent_s = given_s, workers, 0.0
+        self.planned_s = 0.0  # the expected compiles of the candidates chosen before this one (select())
         self.plain_s: float | None = None
         self.last: tuple[str, float] | None = None  # the latest fresh compile: (its name, its seconds)
 
@@ -166,16 +168,21 @@ class Budget:
             return None
         budget = self.given_s or BUDGET_FACTOR * self.plain_s * (1 + self.workers)
         expected = self.plain_s * (cost if cost is not None else COMPILE_COST.get(name, 1.0))
-        if self.spent_s + expected <= budget:
+        if self.spent_s + self.planned_s + expected <= budget:
             return None
         source = (
             "[compile] search_budget_s"
             if self.given_s
             else f"the first compile, and {BUDGET_FACTOR:g}x it on each of {self.workers} core(s) for the candidates"
         )
+        # Spent and planned apart: counted as one, a newcomer read "28 s spent" beside a line saying
+        # the other candidate would take 19 s more, with only 9 s compiled so far.
+        planned = (
+            f", about {self.planned_s:.0f} s planned for the candidates chosen before it" if self.planned_s else ""
+        )
         return (
-            f"over the search's compile budget: {self.spent_s:.0f} s spent, about {expected:.0f} s more expected, "
-            f"budget {figure(budget)} s ({source})"
+            f"over the search's compile budget: {self.spent_s:.0f} s spent{planned}, about {expected:.0f} s more "
+            f"expected for it, budget {figure(budget)} s ({source})"
         )
 
 
@@ -199,8 +206,19 @@ class Outlook:
         self.fresh = {name for name, plan in planned if not store.has(plan.key)}
         self.workers = workers
         self.plain_s: float | None = None
+        self.guessed = False
 
-    def before_search(self) -> list[str]:
+    def start(self, guess: Guess | None) -> None:
+        """A model's first build here: the graph's guessed compile time is the estimate while the
+        first compile runs (a newcomer's saw none for over a minute), until it is timed."""
+        first = self.order[0]
+        if guess is None or first not in self.fresh:
+            return
+        self.guessed = True
+        basis = guess.basis if len(self.order) == 1 else f"the first compile: {guess.basis}"
+        estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
+
+    def before_search(self, guess: Guess | None = None) -> list[str]:
         """What the search will cost here, said before it starts: from the last build's compile
         stage where there was one, else in compiles (the first one's time gives the estimate)."""
         if len(self.order) < 2 or not self.fresh:
@@ -219,10 +237,11 @@ class Outlook:
                 "made)"
             )
         else:
+            each = f"{guess.basis}: about {duration(guess.seconds)} each; " if guess else ""
             what += (
                 f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
-                "(the first's time, compiled now, gives the rest's; the search may stop after it where the "
-                "machine is too noisy for a candidate to win)"
+                f"({each}the first's time, compiled now, gives the rest's; the search may stop after it where "
+                "the machine is too noisy for a candidate to win)"
             )
         return [what, SHORTER]
 
@@ -238,6 +257,8 @@ class Outlook:
         """The spec's options are compiled and verified: a fresh compile sets the estimate."""
         if not from_cache and name in self.fresh:
             self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
+        if self.guessed:  # timed now: the guess is done with (the noise rounds get no estimate)
+            estimate(None)
 
     def after(self, rest: list[str]) -> None:
         """A candidate is verified: what the ones after it should take (none left: no estimate,
@@ -277,7 +298,7 @@ def select(
             continue
         chosen.append(one)
         if ahead.plain_s is not None:
-            ahead.spent_s += ahead.plain_s * one.cost
+            ahead.planned_s += ahead.plain_s * one.cost
     return chosen, over
 
 

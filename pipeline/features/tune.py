@@ -24,12 +24,12 @@ import torch
 from .. import targets
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import check_stop, figure, say, step
+from ..services.progress import check_stop, expected_s, figure, ratio, say, step
 from ..stages import constants
 from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
-from . import parallel, payback, rounds
+from . import first_guess, parallel, payback, rounds
 from .candidates import Skipped, candidates
 from .lock import Locked
 from .payback import OVER_BUDGET, SHORTER, Budget, Outlook  # noqa: F401 (SHORTER, OVER_BUDGET: the search's, named here too)
@@ -57,6 +57,7 @@ class Tuned:
     skipped: tuple[Skipped, ...] = ()
     why: str = ""  # why the chosen candidate was chosen (pipeline/features/rounds.py)
     cost: payback.Cost = payback.Cost()  # what the search cost and won
+    graph_ops: int | None = None  # the exported graph's size: a later first build's guess (first_guess.py)
 
 
 def plans(
@@ -112,8 +113,14 @@ def tune(
     cores = payback.cores() if exported.target.COMPILES_IN_FORKS else 1
     workers = max(1, min(cores, len(planned) - 1))
     budget, outlook = Budget(spec.compile.search_budget_s, workers), Outlook(planned, store, workers)
-    for line in outlook.before_search():
+    guess = (
+        None
+        if expected_s("compile") is not None  # the last build of this model here says it better
+        else first_guess.first_compile(exported.program, exported.target, store.directory)
+    )
+    for line in outlook.before_search(guess):
         say(line)
+    outlook.start(guess)
     first, plans = planned[0][0], dict(planned)
     search = _Search(exported, planned, weights_file, work_dir, store, budget)
     started = time.perf_counter()
@@ -156,6 +163,7 @@ def tune(
         skipped=tuple(skipped),
         why=why,
         cost=cost,
+        graph_ops=first_guess.graph_ops(exported.program),
     )
 
 
@@ -262,7 +270,7 @@ class _Search:
         )[name]
         self.noise_s = time.perf_counter() - started
         say(
-            f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {payback.spread(timed):.2f}x "
+            f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {ratio(payback.spread(timed))} "
             "faster to win beyond it"
         )
         return timed

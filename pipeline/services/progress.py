@@ -84,22 +84,34 @@ def figure(value: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def ratio(value: float) -> str:
+    """A speed or spread ratio as figure() gives a time (``1.51x``, ``12.3x``, ``1414x``), where
+    ``:.2f`` printed a spread over a stalled round as ``1414.02x``."""
+    return f"{figure(value)}x" if math.isfinite(value) else "unbounded"
+
+
 def outlook(
-    expected: Mapping[str, float], stage: str, in_stage_s: float, stage_left_s: float | None = None
+    expected: Mapping[str, float],
+    stage: str,
+    in_stage_s: float,
+    stage_left_s: float | None = None,
+    basis: str | None = None,
 ) -> str | None:
     """About how long is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's
     stage times; ``stage_left_s``: the stage's own estimate of what is left of it (the search's,
     once its first compile is timed), which replaces the earlier build's for this stage. A stage
     past its estimate says by how much: counted as done, it froze the figure at the later stages'
-    (``about 1m50s left`` for 19 lines while the unet's compile ran 3.5 minutes over)."""
+    (``about 1m50s left`` for 19 lines while the unet's compile ran 3.5 minutes over). ``basis``:
+    what the stage's own estimate rests on, where it is not a measurement of this build's."""
     if stage not in STAGES or (not expected and stage_left_s is None):
         return None
     later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1 :])
     then = f", then about {duration(later)} (from the last build)" if later >= 0.5 else ""
     if stage_left_s is not None:
         if stage_left_s < 0:
-            return f"{stage} running {duration(-stage_left_s)} past this build's estimate" + then
-        return f"about {duration(stage_left_s + later)} left (estimated here)"
+            estimate = "this build's estimate" if basis is None else f"the estimate ({basis})"
+            return f"{stage} running {duration(-stage_left_s)} past {estimate}" + then
+        return f"about {duration(stage_left_s + later)} left ({basis or 'estimated here'})"
     last = expected.get(stage)
     if last is not None and in_stage_s > last:
         return f"{stage} running {duration(in_stage_s - last)} past the last build's {duration(last)}" + then
@@ -131,6 +143,7 @@ class Progress:
         self.current: tuple[str, float] | None = None  # the running stage and when it began
         self.detail = ""
         self.stage_end: float | None = None  # perf_counter() when the stage expects to end, if it said
+        self.basis: str | None = None  # what that estimate rests on, where not this build's measurement
         self.began = self.last_line = time.perf_counter()
         self.every_s = status_every_s()
         self.lock = threading.Lock()  # the heartbeat's lines and the build's never interleave
@@ -163,16 +176,18 @@ class Progress:
     def close(self) -> None:
         pass
 
-    def estimate(self, stage_left_s: float | None) -> None:
+    def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
         """The running stage's own estimate of what is left of it (the search's); None: none now."""
         self.stage_end = None if stage_left_s is None else time.perf_counter() + stage_left_s
+        self.basis = basis
 
     def outlook(self) -> str | None:
         if self.current is None:
             return None
         name, began = self.current
         now = time.perf_counter()
-        return outlook(self.expected, name, now - began, None if self.stage_end is None else self.stage_end - now)
+        left = None if self.stage_end is None else self.stage_end - now
+        return outlook(self.expected, name, now - began, left, self.basis)
 
     def status(self) -> str | None:
         """What the running stage is doing now, as one line (None between stages)."""
@@ -194,7 +209,7 @@ class Progress:
         check_stop()
         self.say(f"==> {name}" + (f": {detail}" if detail else ""))
         start = time.perf_counter()
-        self.current, self.detail, self.stage_end = (name, start), "", None
+        self.current, self.detail, self.stage_end, self.basis = (name, start), "", None, None
         done = threading.Event()
         if self.HEARTBEAT:
             threading.Thread(target=self._heartbeat, args=(done,), name="modelwheel-status", daemon=True).start()
@@ -205,7 +220,7 @@ class Progress:
         check_stop()
         elapsed = time.perf_counter() - start
         self.timings[name] = round(elapsed, 3)
-        self.current, self.detail, self.stage_end = None, "", None
+        self.current, self.detail, self.stage_end, self.basis = None, "", None, None
         self.say(f"    {name} done in {elapsed:.1f}s")
 
 
@@ -254,12 +269,13 @@ class Steps:
         step(f"{self.done}/{self.total}: {text}")
 
 
-def estimate(stage_left_s: float | None) -> None:
+def estimate(stage_left_s: float | None, basis: str | None = None) -> None:
     """About how long the running stage has left, by its own measure (the search's, from its first
-    compile); None where it cannot say (the timing rounds: the estimate counts compiles)."""
+    compile); None where it cannot say (the timing rounds: the estimate counts compiles). ``basis``:
+    what the figure rests on where this build has not measured it (first_guess.py's)."""
     active = _ACTIVE.get()
     if active is not None:
-        active.estimate(stage_left_s)
+        active.estimate(stage_left_s, basis)
 
 
 def expected_s(stage: str) -> float | None:
@@ -375,9 +391,9 @@ class LiveProgress(Progress):
         super().expect(stage_times)
         self._send(expect=self.expected)
 
-    def estimate(self, stage_left_s: float | None) -> None:
-        super().estimate(stage_left_s)
-        self._send(stage_end=None if stage_left_s is None else time.monotonic() + stage_left_s)
+    def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+        super().estimate(stage_left_s, basis)
+        self._send(stage_end=None if stage_left_s is None else time.monotonic() + stage_left_s, basis=basis)
 
     def track(self, key: str, text: str) -> None:
         if not self._send(track=key, text=text):

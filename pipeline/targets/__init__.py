@@ -80,6 +80,9 @@ class Compiling(Protocol):
     # Whether the option search may compile candidates side by side in forked workers: a forked
     # process cannot use an accelerator its parent has initialised (CUDA refuses to, after a fork).
     COMPILES_IN_FORKS: bool
+    # A first build's guess at one plain compile, before anything of the model was timed here:
+    # (seconds for any graph, seconds per operator of the exported graph), features/first_guess.py.
+    COMPILE_GUESS_S: tuple[float, float]
 
     def packed_constant(self, tensor: Any) -> tuple[bytes, dict[str, Any]] | None:
         """A compiled constant (a torch.Tensor) in a layout of the target's own, as the shared

@@ -29,6 +29,7 @@ REFERENCE = "eager, on the fake device"
 RELOCATABLE = True
 SHARED_CONSTANTS = True
 COMPILES_IN_FORKS = True
+COMPILE_GUESS_S = cpu.COMPILE_GUESS_S
 RUNNER: str | list[str] = ["self-hosted", "fake-accelerator"]
 CONTAINER = "registry.example.org/fake-builder:1"
 CONTAINER_OPTIONS = "--device /dev/fake0"

@@ -1,0 +1,70 @@
+"""A first build's estimate of its first compile, made before anything of this model was timed here.
+
+A build's time-left figures come from the last build of the same model here (its stage times)
+and, in the option search, from its own first compile. A model's first build has neither while
+its first compile runs: a newcomer's unet build showed no estimate for that minute or more. The
+guess is a line in the graph's size, ``base + per_op * ops`` (each target's COMPILE_GUESS_S,
+measured on this project's models), times how much slower or faster this machine compiled the
+earlier builds of other models of the target whose reports record their graph's size.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..targets import Target
+
+EARLIER_BUILDS = 5  # the newest reports that scale the guess to this machine
+
+
+@dataclass(frozen=True)
+class Guess:
+    seconds: float  # one plain compile of the graph
+    basis: str  # said beside the estimate: what the figure is made from
+
+
+def graph_ops(program: Any) -> int | None:
+    """The exported graph's operator calls (None without a program: a build that needs no export)."""
+    if program is None:
+        return None
+    return sum(1 for node in program.graph_module.graph.nodes if node.op == "call_function")
+
+
+def line_s(target: Target, ops: int) -> float:
+    base_s, per_op_s = target.COMPILE_GUESS_S
+    return base_s + per_op_s * ops
+
+
+def machine_factor(cache_dir: Path, target: Target) -> tuple[float, int]:
+    """How this machine's fresh plain compiles compared with the line (their median ratio), and of
+    how many earlier builds (1.0, 0 where none recorded its graph's size)."""
+    ratios = []
+    reports = sorted(cache_dir.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in reports:
+        try:
+            report = json.loads(path.read_text())
+            search = report["compile_search"]
+            first = search["candidates"][0]
+            ops, seconds = search.get("graph_ops"), first.get("compile_s")
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue
+        if report.get("target") != target.NAME or not ops or not seconds or first.get("from_cache"):
+            continue
+        ratios.append(seconds / line_s(target, ops))
+        if len(ratios) == EARLIER_BUILDS:
+            break
+    return (statistics.median(ratios), len(ratios)) if ratios else (1.0, 0)
+
+
+def first_compile(program: Any, target: Target, cache_dir: Path) -> Guess | None:
+    """About how long the graph's first plain compile takes here, and what that figure rests on."""
+    ops = graph_ops(program)
+    if not ops:
+        return None
+    factor, builds = machine_factor(cache_dir, target)
+    scaled = f", scaled by {builds} earlier build{'s' if builds != 1 else ''} here" if builds else ""
+    return Guess(line_s(target, ops) * factor, f"a first guess from the graph's {ops} ops{scaled}")
