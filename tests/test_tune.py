@@ -698,11 +698,12 @@ def test_ratios_read_as_times_do_three_figures_where_two_decimals_printed_1414_0
 def test_a_search_stopped_by_the_noise_times_nothing_again_and_says_why_it_kept_the_spec_options(tmp_path):
     """The spec's options, timed alone for the noise, are the timing: a newcomer's unet build spent
     51 s timing them again, alone, then said no candidate was faster beyond the noise."""
+    from pipeline.features.search import Search
     from pipeline.services.cache import Cache
 
     exported, planned, _ = waves(tmp_path)
     _, _, cost, _ = choose_said(exported, planned, NOISY, tmp_path / "cache")
-    search = tune._Search(exported, planned, None, tmp_path / "work", Cache(tmp_path / "cache"), tune.Budget(None))
+    search = Search(exported, planned, None, tmp_path / "work", Cache(tmp_path / "cache"), tune.Budget(None))
     search.passed = {"spec-options": object()}  # compiled and verified; its .so is not opened again
     timed, after = search.time_passed(NOISY, cost)
     assert timed == {"spec-options": NOISY} and after.timing_s == 0.0

@@ -1,0 +1,276 @@
+"""The option search's candidates as they are compiled (or taken from the compile cache), verified
+against eager on every case and timed: those that passed, those dropped, and each one's Trial.
+tune.py decides which candidates to compile and which passed candidate to keep; this module does
+the compiling, verifying and timing it asks for (side by side: parallel.py; rounds: rounds.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import CompileError, ExportError, VerificationError
+from ..services.cache import Cache
+from ..services.progress import check_stop, figure, ratio, say, step
+from ..stages.compile import Compiled, CompilePlan, compile_model
+from ..stages.export import Exported
+from ..stages.verify import open_runner, verify_model
+from . import parallel, payback, rounds
+from .payback import Budget, Outlook
+
+
+@dataclass(frozen=True)
+class Trial:
+    name: str
+    options: dict
+    passed: bool
+    median_ms: float | None  # the median of its rounds' medians
+    from_cache: bool
+    problem: str = ""
+    rounds_ms: tuple[float, ...] = ()  # each timing round's median, in round order
+    spread_ms: tuple[float, float] | None = None  # the fastest and slowest round
+    compile_s: float | None = None  # its fresh compile's seconds (None: from the cache, or not compiled)
+
+
+def timed_calls(compiled: dict[str, Compiled], weights_file: Path | None, inputs: tuple[torch.Tensor, ...]) -> dict:
+    """One call of each candidate's .so, opened as the wheel's load() opens it, by name."""
+    calls = {}
+    for name, one in compiled.items():
+        runner = open_runner(one, weights_file)
+        calls[name] = lambda runner=runner: runner.run(list(inputs))
+    return calls
+
+
+class Search:
+    """The candidates as they are compiled and verified: those that passed, those dropped."""
+
+    def __init__(
+        self,
+        exported: Exported,
+        planned: list[tuple[str, CompilePlan]],
+        weights_file: Path | None,
+        work_dir: Path,
+        store: Cache,
+        budget: Budget,
+    ) -> None:
+        self.exported, self.planned, self.plans = exported, planned, dict(planned)
+        self.weights_file, self.work_dir, self.store, self.budget = weights_file, work_dir, store, budget
+        self.passed: dict[str, Compiled] = {}
+        self.failed: dict[str, Trial] = {}
+        self.compile_s: dict[str, float] = {}
+        self.first_failure: VerificationError | None = None
+        self.noise_s = 0.0
+
+    def from_cache(self, name: str) -> bool:
+        return name in self.passed and self.passed[name].from_cache
+
+    def counter(self, name: str) -> str:
+        return f"{[n for n, _ in self.planned].index(name) + 1}/{len(self.planned)} {name}"
+
+    def compile_and_verify(self, name: str, precompiled: parallel.Done | None = None) -> None:
+        check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
+        index = [n for n, _ in self.planned].index(name)
+        outcome = _compile_and_verify(
+            self.exported,
+            index,
+            name,
+            self.plans[name],
+            self.counter(name),
+            len(self.planned) == 1,
+            self.weights_file,
+            self.work_dir,
+            self.store,
+            self.budget,
+            precompiled,
+        )
+        if isinstance(outcome, tuple):
+            self.failed[name] = outcome[0]
+            self.first_failure = self.first_failure or outcome[1]
+        else:
+            self.passed[name] = outcome
+        if precompiled is not None:
+            self.compile_s[name] = precompiled.seconds
+        elif self.budget.last is not None and self.budget.last[0] == name:
+            self.compile_s[name] = self.budget.last[1]
+
+    def noise(self) -> rounds.Timed:
+        """The spec's own options timed alone, in the search's rounds, before any candidate is compiled."""
+        name = self.planned[0][0]
+        step(f"noise: {name} timed alone in {rounds.ROUNDS} rounds, before any candidate is compiled")
+        started = time.perf_counter()
+        timed = rounds.time_in_rounds(
+            timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
+            self.exported.target.synchronize,
+        )[name]
+        self.noise_s = time.perf_counter() - started
+        say(
+            f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {ratio(payback.spread(timed))} "
+            "faster to win beyond it"
+        )
+        return timed
+
+    def time_passed(
+        self, noise: rounds.Timed | None, cost: payback.Cost
+    ) -> tuple[dict[str, rounds.Timed], payback.Cost]:
+        """Those that passed, timed together in interleaved rounds. Where only the spec's own options
+        passed and were timed alone for the noise already, those rounds are their timing: timing
+        them again would compare them with nothing (a stopped search spent 51 s on it)."""
+        first = self.planned[0][0]
+        if noise is not None and list(self.passed) == [first]:
+            return {first: noise}, cost
+        if len(self.planned) == 1:
+            return self.time_lone(first), cost
+        step(f"timing {len(self.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+        started = time.perf_counter()
+        timed = rounds.time_in_rounds(
+            timed_calls(self.passed, self.weights_file, self.exported.example_inputs), self.exported.target.synchronize
+        )
+        return timed, dataclasses.replace(cost, timing_s=time.perf_counter() - started)
+
+    def time_lone(self, name: str) -> dict[str, rounds.Timed]:
+        """The pinned options' time, for the build's output: one round, as nothing is compared with
+        it (five took 25 s of the unet's build). Not verified yet (the verify stage does that), so a
+        .so that raises on the example inputs is left untimed, for the verify stage to report."""
+        step(f"timing {name} in 1 round")
+        try:
+            return rounds.time_in_rounds(
+                timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
+                self.exported.target.synchronize,
+                rounds=1,
+            )
+        except Exception as exc:  # noqa: BLE001 (the runner's own error: the verify stage names the case)
+            say(f"    candidate {name}: not timed: it raised on the example inputs ({str(exc).splitlines()[0][:120]})")
+            return {}
+
+    def kept_alone(self, cost: payback.Cost) -> str:
+        """Why the spec's own options are kept when no other candidate was there to time."""
+        if cost.stopped:
+            return "the search stopped on the noise before compiling a candidate"
+        if self.failed:
+            return f"no other candidate passed verification ({', '.join(self.failed)} dropped)"
+        return "no other candidate was compiled (the lines above say why)"
+
+    def compile_candidates(self, names: list[str], workers: int, outlook: Outlook, cost: payback.Cost) -> payback.Cost:
+        """Compile the fresh ones side by side where there are cores for it, then verify each."""
+        fresh = [name for name in names if not self.store.has(self.plans[name].key)]
+        done: dict[str, parallel.Done] = {}
+        started = time.perf_counter()
+        if workers > 1 and len(fresh) > 1:
+            step(f"{', '.join(self.counter(n) for n in fresh)}: compiling, {min(workers, len(fresh))} at a time")
+            jobs = [(name, self.plans[name], self.trial_work(name)) for name in fresh]
+            for name, _, work in jobs:
+                shutil.rmtree(work, ignore_errors=True)
+                self.plans[name].compile_dir.mkdir(parents=True, exist_ok=True)
+            done = parallel.compile_all(self.exported, jobs, self.store.directory, min(workers, len(fresh)))
+            for name in fresh:
+                self.budget.spent(name, done[name].seconds)
+        wall_s = time.perf_counter() - started
+        for index, name in enumerate(names):
+            self.compile_and_verify(name, done.get(name))
+            outlook.after([] if done else names[index + 1 :])  # side by side: all compiled already
+        if not done:
+            wall_s = sum(self.compile_s.get(name, 0.0) for name in fresh)
+        spent = sum(self.compile_s.get(name, 0.0) for name in fresh)
+        return dataclasses.replace(
+            cost,
+            compiled=len(fresh),
+            compile_s=spent,
+            compile_wall_s=wall_s,
+            noise_s=self.noise_s,
+            workers=min(workers, max(1, len(fresh))),
+        )
+
+    def trial_work(self, name: str) -> Path:
+        return self.work_dir / "candidates" / name
+
+    def trials(self, timed: dict[str, rounds.Timed], shown: bool) -> tuple[Trial, ...]:
+        """Every candidate compiled, in the planned order, each one's line said."""
+        out = []
+        for name, plan in self.planned:
+            if name in self.passed and name in timed:
+                t, cached = timed[name], self.passed[name].from_cache
+                # unrounded: the choice is made on them
+                out.append(
+                    Trial(
+                        name,
+                        plan.options,
+                        True,
+                        t.median_ms,
+                        cached,
+                        rounds_ms=t.rounds_ms,
+                        spread_ms=(t.low_ms, t.high_ms),
+                        compile_s=self.compile_s.get(name),
+                    )
+                )
+                line = t.describe() if shown else f"{figure(t.median_ms)} ms"  # pinned: nothing to compare
+                say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
+            elif name in self.passed:  # a lone candidate that raised while timed: the verify stage says why
+                out.append(Trial(name, plan.options, True, None, self.passed[name].from_cache))
+            elif name in self.failed:
+                out.append(self.failed[name])
+        return tuple(out)
+
+
+def _compile_and_verify(
+    exported: Exported,
+    index: int,
+    name: str,
+    plan: CompilePlan,
+    counter: str,
+    alone: bool,
+    weights_file: Path | None,
+    work_dir: Path,
+    store: Cache,
+    budget: Budget,
+    precompiled: parallel.Done | None = None,
+) -> Compiled | tuple[Trial, VerificationError | None]:
+    """The candidate compiled and verified, or (the Trial saying why it was dropped, its
+    VerificationError or None): that error is the build's message when every candidate fails.
+    ``precompiled``: a worker compiled it into the cache (parallel.py); it is taken from there."""
+    trial_work = work_dir / "candidates" / name
+    try:
+        if precompiled is not None:
+            if precompiled.problem:
+                raise CompileError(precompiled.problem, "")
+            # The worker's compile, as the cache holds it (read even with --no-cache: it is this build's).
+            compiled = dataclasses.replace(
+                compile_model(exported, plan, trial_work, Cache(store.directory)), from_cache=False
+            )
+        else:
+            compiled = _compile(exported, name, plan, counter, trial_work, store, budget)
+    except (CompileError, ExportError) as exc:
+        if index == 0:  # the spec's own options: their failure is the build's
+            raise
+        say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
+        return Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]), None
+    if alone:
+        # A lone candidate (the options pinned: search = false, --no-search, a lock entry) has nothing
+        # to be chosen over: the verify stage checks the .so the wheel ships, and verifying it here
+        # too doubled the verification (70 s of the unet's build)
+        return compiled
+    try:
+        verify_model(exported, compiled, trial_work, weights_file, f"{counter}: verifying ")
+    except VerificationError as exc:
+        say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
+        return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc
+    say(f"    candidate {name}: verified{' (cached)' if compiled.from_cache else ''}")
+    return compiled
+
+
+def _compile(
+    exported: Exported, name: str, plan: CompilePlan, counter: str, trial_work: Path, store: Cache, budget: Budget
+) -> Compiled:
+    """One candidate compiled here (or taken from the cache), its fresh compile time counted."""
+    step(f"{counter}: compiling")
+    shutil.rmtree(trial_work, ignore_errors=True)
+    plan.compile_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    compiled = compile_model(exported, plan, trial_work, store)
+    if not compiled.from_cache:
+        budget.spent(name, time.perf_counter() - started)
+    return compiled
