@@ -20,7 +20,7 @@ def say(text: str) -> None:
 def step(name: str, what: str) -> Iterator[None]:
     """A long step in this process (an Inductor compile takes minutes): ``==> name: what``, then
     a status line whenever nothing was printed for 10 s, as a build prints them, and its time."""
-    from pipeline.services.progress import for_stream
+    from pipeline.services.live_progress import for_stream
 
     progress = for_stream(sys.stderr)
     try:

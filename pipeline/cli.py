@@ -28,10 +28,11 @@ from .hf import guess_task
 from .hf_tasks import supported
 from .services import index, record
 from .services.layout import WorkLayout
+from .services.live_progress import for_stream
 from .services.outdir import check_trusted, claim_inductor_cache, output_path
 from .services.parallel import build_many, default_jobs
 from .services.proc import RedactingFilter, redact
-from .services.progress import Progress, QuietProgress, for_stream, reporting, stop_requested
+from .services.progress import Progress, QuietProgress, reporting, stop_requested
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema

@@ -27,7 +27,7 @@ SHOW_CURSOR = "\x1b[?25h"
 # Runs under a pty with a live status; writes marks (a word a line) to the fd in argv[1].
 HOLD_THE_GIL = """
     import ctypes, os, sys, threading, time
-    from pipeline.services.progress import for_stream
+    from pipeline.services.live_progress import for_stream
 
     marks = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     progress = for_stream(sys.stderr)
@@ -58,7 +58,7 @@ HOLD_THE_GIL = """
 # Starts a live status, forks a child that keeps the renderer's pipe open, then waits to be killed.
 KILLED_WHILE_LIVE = """
     import os, sys, time
-    from pipeline.services.progress import for_stream
+    from pipeline.services.live_progress import for_stream
 
     marks = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     progress = for_stream(sys.stderr)
@@ -221,7 +221,7 @@ def test_stdout_sent_elsewhere_stays_there_while_the_status_is_live(tmp_path):
 # In a pipe: a stage whose model call holds the GIL for 3 s, status lines every half second.
 PLAIN_HOLD = """
     import ctypes, sys
-    from pipeline.services.progress import for_stream
+    from pipeline.services.live_progress import for_stream
 
     progress = for_stream(sys.stderr)
     with progress.stage("verify"):

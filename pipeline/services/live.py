@@ -4,7 +4,7 @@ A build spends long stretches inside C++ calls that hold the GIL (AOTInductor's 
 for a whole model call, 40-130 ms for unet, called many times back to back while a candidate is
 verified or timed), so a drawing thread in the build's own process is starved and the elapsed
 time stops for seconds. This process owns the terminal while the build runs: the build writes
-one JSON message a line to its stdin (``LiveProgress`` in progress.py), and it prints the lines
+one JSON message a line to its stdin (``LiveProgress`` in live_progress.py), and it prints the lines
 it is sent above a status area that rich redraws four times a second, ticking the time itself.
 
 Messages, in the order the build sent them: ``{"say": text}`` (a line to print above the area),
