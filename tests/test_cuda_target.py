@@ -18,7 +18,7 @@ from pipeline.services.templates import RUNTIME_DIR
 from pipeline.spec import load_spec
 from pipeline.spec_sections import Tolerance as SpecTolerance
 from pipeline.stages.manifest import local_label
-from pipeline.stages.verify import applied_tolerances
+from pipeline.stages.verify_cases import applied_tolerances
 from pipeline.targets import cuda
 from pipeline.wheel_template.runtime import _target_cuda as wheel_cuda
 from pipeline.wheel_template.runtime import _targets as wheel_targets

@@ -436,7 +436,8 @@ def test_verify_names_each_case_as_it_runs(warm_dirs, tmp_path):
     from pipeline.stages.compile import compile_model, find_cxx
     from pipeline.stages.export import prepare
     from pipeline.stages.loader import load_model
-    from pipeline.stages.verify import verification_cases, verify_model
+    from pipeline.stages.verify import verify_model
+    from pipeline.stages.verify_cases import verification_cases
 
     spec_file = load_spec(TINY_SPEC)
     exported = prepare(spec_file, load_model(spec_file), targets.get("cpu"))

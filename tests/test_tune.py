@@ -436,7 +436,8 @@ def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search,
 
 def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
     from pipeline.errors import VerificationError
-    from pipeline.stages.verify import Case, _run_compiled
+    from pipeline.stages.verify import _run_compiled
+    from pipeline.stages.verify_cases import Case
 
     class Raising:  # what torch's runner does when a compiled kernel rejects the sizes
         def run(self, inputs):

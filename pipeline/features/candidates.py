@@ -17,7 +17,8 @@ import torch
 from ..stages import precision
 from ..stages.export import Exported
 from ..stages.loader import call_forward
-from ..stages.verify import as_tuple, tolerances, verification_cases
+from ..stages.verify import as_tuple
+from ..stages.verify_cases import tolerances, verification_cases
 from ..wheel_template.runtime import _compare as wheel_compare
 from .lock import Locked
 

@@ -21,7 +21,8 @@ from ..errors import NoSignalError
 from ..wheel_template.runtime import _inputs as wheel_inputs
 from .export import Exported, export_sizes, spec_inputs
 from .loader import call_forward
-from .verify import SEEDS, as_tuple, tolerances
+from .verify import as_tuple
+from .verify_cases import SEEDS, tolerances
 
 # A trained model's norm scales are near 1; library inits that draw them at std 0.02 give a
 # largest |scale| well under this, and outputs that barely move.
