@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, TextIO
 
 from . import targets
 from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
+from .commands.index_client import resolve_index
 from .commands.matrix import build_matrix, spec_paths
-from .commands.publish import publish, resolve_index
+from .commands.publish import publish
 from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
 from .hf import guess_task
 from .hf_tasks import supported

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline import targets
-from pipeline.commands.publish import Index
+from pipeline.commands.index_client import Index
 from pipeline.errors import SpecError, TargetUnavailableError
 from pipeline.services.templates import RUNTIME_DIR
 from pipeline.spec import load_spec

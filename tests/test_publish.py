@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.commands.publish import is_loopback, require_secure
+from pipeline.commands.index_client import is_loopback, require_secure
 from pipeline.errors import AlreadyPublishedError, IndexServerError, UnverifiedWheelError, UploadError, UsageError
 
 from .conftest import REPO, Ran, make_venv, pip_install, run_cli
@@ -400,7 +400,7 @@ def test_a_state_file_naming_no_local_index_of_this_tool_is_not_used(tiny_build,
 
 
 def test_the_local_index_is_never_sent_twine_credentials(monkeypatch):
-    from pipeline.commands.publish import _authorized_request
+    from pipeline.commands.index_client import _authorized_request
 
     monkeypatch.setenv("TWINE_USERNAME", "deploy")
     monkeypatch.setenv("TWINE_PASSWORD", "s3cret")

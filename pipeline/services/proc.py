@@ -29,7 +29,7 @@ _registered: set[str] = set()
 def split_userinfo(url: str) -> tuple[str, str | None]:
     """(the URL without userinfo, the raw userinfo or None). The userinfo is everything between ://
     and the URL's last @, so a password may hold / @ : # and spaces as typed. It is returned as
-    typed: publish.Credentials.from_userinfo percent-decodes it, once (the one rule, in one place)."""
+    typed: index_client.Credentials.from_userinfo percent-decodes it, once (the one rule, in one place)."""
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url, None
