@@ -1,4 +1,4 @@
-"""The command line's shape: every command, flag and help text of `modelwheel` (cli.py runs them)."""
+"""The command line's shape: every command, flag and help text of `modelwheel` (handlers.py runs them)."""
 
 from __future__ import annotations
 

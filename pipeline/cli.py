@@ -1,57 +1,32 @@
 """`python -m pipeline build --spec PATH`: parse arguments, run the build, turn errors into exit codes.
 
-This is the only place that catches PipelineError; tracebacks are shown only with --verbose.
+This is the only place that catches PipelineError; tracebacks are shown only with --verbose. What
+each command does is handlers.py's (COMMANDS); here: the signals, the progress display, the
+error's message and exit code, and the --json record.
 """
 
 from __future__ import annotations
 
 import _thread
 import argparse
-import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
 import traceback
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-from . import targets
-from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS, parser
-from .commands.index_client import resolve_index
-from .commands.matrix import build_matrix, spec_paths
-from .commands.publish import publish
-from .errors import BuildInterrupted, PackageError, PipelineError, UsageError
-from .hf import guess_task
-from .hf_tasks import supported
-from .services import index, record
+from .arguments import parser
+from .errors import BuildInterrupted, PipelineError
+from .handlers import COMMANDS
+from .services import record
 from .services.layout import WorkLayout
 from .services.live_progress import for_stream
-from .services.outdir import check_trusted, claim_inductor_cache, output_path
-from .services.parallel import build_many, default_jobs
 from .services.proc import RedactingFilter, redact
-from .services.progress import Progress, QuietProgress, reporting, stop_requested
-from .services.writable import check_private, check_writable
-from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
-from .spec_schema import spec_schema
-
-if TYPE_CHECKING:  # the build imports torch, which commands that build nothing never load
-    from .stages.deliver import BuildResult
-from .summary import print_report
-
-
-def _artifact_root(flag: str | None) -> Path:
-    value = flag or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
-    root = Path(value)
-    if not root.is_absolute():
-        raise UsageError(
-            f"artifact root {value!r} is not an absolute path", f"give --root or {ROOT_ENV} an absolute path"
-        )
-    return root
-
+from .services.progress import stop_requested
 
 _settled = threading.Event()
 
@@ -90,13 +65,6 @@ def _settle() -> None:
         signal.signal(signum, lambda number, _frame: stop_requested.append(signal.Signals(number).name))
 
 
-def _print_summary(progress: Progress, result: BuildResult) -> None:
-    if isinstance(progress, QuietProgress):
-        progress.result(str(result.wheel))
-    else:
-        print_report(progress, result)
-
-
 def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
     """A stop outside build() (which says itself what it left): before the build began, or the
     parent of several builds, whose logs say what each left."""
@@ -111,326 +79,6 @@ def _interrupted(args: argparse.Namespace) -> BuildInterrupted:
             "run the build again",
         )
     return BuildInterrupted(f"build stopped by {name} before it wrote anything", "run the build again")
-
-
-def _check_outputs(args: argparse.Namespace, root: Path) -> None:
-    """Every folder the build writes, before any work: a file there, no permission, a full disk."""
-    for folder, flag in ((Path(args.dist), "--dist"), (Path(args.build_dir), "--build-dir")):
-        check_writable(folder, flag)
-        check_private(folder, flag)
-    check_writable(root, f"--root (or ${ROOT_ENV})")
-
-
-def _build_many(args: argparse.Namespace, progress: Progress) -> int:
-    if args.weights or args.version:
-        raise UsageError("--weights and --version apply to one spec", "build the specs one at a time")
-    passthrough = [
-        a
-        for flag, value in (("--root", args.root), ("--dist", args.dist), ("--build-dir", args.build_dir))
-        if value
-        for a in (flag, str(value))
-    ] + (["--no-cache"] if args.no_cache else [])
-    passthrough += [a for target in args.target or [] for a in ("--target", target)]
-    passthrough += ["--quiet"] if args.quiet else []
-    passthrough += ["--keep-debug"] if args.keep_debug else []
-    passthrough += ["--update-lock"] if args.update_lock else []
-    passthrough += ["--no-search"] if args.no_search else []
-    for flag in TARGET_FLAGS:  # each target's own (--cpu-isa)
-        value = getattr(args, flag.dest, None)
-        passthrough += (
-            ([flag.option_strings[0]] if flag.nargs == 0 else [flag.option_strings[0], str(value)]) if value else []
-        )
-    passthrough += ["--overwrite"] if args.overwrite else []
-    _check_outputs(args, _artifact_root(args.root))
-    jobs = args.jobs or default_jobs(len(args.spec))
-    logs: dict[str, Path] = {}
-    try:
-        return build_many(args.spec, passthrough, jobs, WorkLayout(Path(args.build_dir)).logs_dir, progress, logs)
-    finally:
-        args.records.extend(record.children(args.spec, logs))
-
-
-def _build(args: argparse.Namespace, progress: Progress) -> int:
-    jobs = getattr(args, "jobs", None)
-    if jobs is not None and jobs < 1:
-        raise UsageError(
-            f"-j/--jobs {jobs}: the number of parallel builds must be 1 or more",
-            "give -j N with N >= 1, or leave -j out to use one build per core",
-        )
-    if getattr(args, "task", None) == "help":  # asked for, not a mistake: the table, and exit 0
-        print(f"the tasks `build --hf DIR --task TASK` builds from a save_pretrained folder:\n{supported()}")
-        return 0
-    if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
-        return _run_build(_checkpoint_spec(args), args, progress)  # --version and --name are in its spec
-    if not args.spec:
-        raise UsageError(
-            "give --spec PATH, or --hf DIR for a save_pretrained folder",
-            "e.g. modelwheel build --spec my_model/spec.toml, or modelwheel build --hf ./my-vit "
-            "--task image-classification --name my_vit --version 1.0",
-        )
-    if isinstance(args.spec, list) and len(args.spec) > 1:
-        return _build_many(args, progress)
-    spec_file = load_spec(args.spec[0] if isinstance(args.spec, list) else args.spec)
-    weights, version = getattr(args, "weights", None), getattr(args, "version", None)
-    if weights and not version:
-        raise UsageError(
-            "--weights makes a new wheel, so it needs a new version: add --version",
-            f"e.g. --version {spec_file.spec.model.version}.1",
-        )
-    if weights or version:
-        spec_file = with_overrides(spec_file, version=version, weights=weights)
-    return _run_build(spec_file, args, progress)
-
-
-def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress) -> int:
-    """Build one spec with the command's folders, targets and flags (``build``, or ``publish``
-    building what dist/ lacks: its parser has the folders, and the defaults stand for the rest)."""
-    if getattr(args, "no_search", False):
-        if getattr(args, "update_lock", False):
-            raise UsageError(
-                "--no-search and --update-lock contradict each other: --update-lock runs the search again",
-                "give --no-search for one quick compile of the spec's options, or --update-lock to search",
-            )
-        spec_file = with_overrides(spec_file, search=False)
-    root = _artifact_root(args.root)
-    _check_outputs(args, root)
-    layout = WorkLayout(Path(args.build_dir).resolve())
-    model = spec_file.spec.model
-    # TORCH_TRACE is read when torch is imported: set it before the stages import torch.
-    trace_dir = layout.trace_dir(model.name, model.version)
-    os.environ.setdefault("TORCH_TRACE", str(trace_dir))
-    target_names = getattr(args, "target", None) or list(spec_file.spec.build.targets)
-    for name in target_names:  # a root another user controls is refused before any work
-        check_trusted(output_path(root, model.name, model.version, name))
-    claim_inductor_cache()  # and so is a compile cache of theirs (/tmp/torchinductor_<user> taken first)
-    for name in target_names:  # before torch is imported (the cpu target fixes the ISA its kernels use)
-        targets.get(name).before_torch(spec_file.spec.build.options(name), args)
-
-    # Importing torch takes seconds, and was a silent 43 s on a busy machine: a stage of its own,
-    # so its status lines come as in the others (build() clears its time from the build's).
-    with progress.stage("start", "importing torch"):
-        if not getattr(args, "target", None):  # the spec's own list: a target this machine lacks is left out, said
-            target_names = targets.buildable_here(target_names, progress.say)
-        targets.require_available(target_names)  # before anything is written
-        shutil.rmtree(trace_dir, ignore_errors=True)
-        from .build import build  # imports torch, which reads TORCH_TRACE and the target's settings made above
-
-        if not args.verbose:
-            import torch._logging  # torch: imported by the build above already
-
-            # torch logs warnings (graph dumps, guard notes) that our own messages already cover.
-            torch._logging.set_logs(all=logging.ERROR)
-
-    for result in build(
-        spec_file,
-        root=root,
-        dist_dir=Path(args.dist).resolve(),
-        layout=layout,
-        progress=progress,
-        use_cache=not getattr(args, "no_cache", False),
-        target_names=target_names,
-        overwrite=getattr(args, "overwrite", False),
-        keep_debug=getattr(args, "keep_debug", False),
-        update_lock=getattr(args, "update_lock", False),
-        forced=getattr(args, "forced", None),
-    ):
-        _print_summary(progress, result)
-        args.records.append(record.of_build(result))
-    return 0
-
-
-def _checkpoint_spec(args: argparse.Namespace) -> SpecFile:
-    """build --hf DIR --task TASK --name N --version V [--spec overrides.toml]."""
-    if not args.hf:
-        raise UsageError(
-            "--task and --name go with --hf DIR (a save_pretrained folder)",
-            "add --hf DIR, or leave them out and build a spec with --spec",
-        )
-    if not args.task:
-        raise UsageError(
-            f"--hf {args.hf}: needs --task: a checkpoint folder is built for one task", guess_task(args.hf)
-        )
-    if args.spec and len(args.spec) > 1:
-        raise UsageError(
-            "--hf takes at most one --spec (the keys that override the checkpoint's)",
-            "build other specs in a command of their own",
-        )
-    if getattr(args, "weights", None):
-        raise UsageError(
-            "--weights does not apply to --hf: the weights come from the folder's safetensors files",
-            "save the new weights with save_pretrained() into a folder and give it to --hf",
-        )
-    return checkpoint_spec(
-        args.hf, args.task, name=args.name, version=args.version, spec=args.spec[0] if args.spec else None
-    )
-
-
-def _spec_from(args: argparse.Namespace) -> SpecFile:
-    if bool(args.model) == bool(args.spec):
-        raise UsageError(
-            "give a model name or --spec PATH (one of them)",
-            f"e.g. modelwheel {args.command} --spec my_model/spec.toml, "
-            f"or make {args.command} MODEL=unet in a checkout",
-        )
-    return load_spec(args.spec or Path("models") / args.model / "spec.toml")
-
-
-def _doctor(args: argparse.Namespace, progress: Progress) -> int:
-    spec_file = _spec_from(args)
-    from .stages.doctor import run_doctor  # these import torch: commands that load no model start without it
-    from .stages.loader import load_model
-
-    with reporting(progress):
-        findings = run_doctor(spec_file, load_model(spec_file))
-    args.extra["doctor"] = {"model": spec_file.spec.model.name, "warnings": [f.format() for f in findings]}
-    progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({len(findings)} warning(s))")
-    return 0
-
-
-def _index(args: argparse.Namespace, progress: Progress) -> int:
-    if args.action == "stop":
-        progress.say(
-            "local index stopped"
-            if index.stop()
-            else f"no local index was started from this folder ({index.STATE_DIR.resolve()})"
-        )
-        return 0
-    port = index.DEFAULT_PORT if args.port is None else args.port
-    fallback_url: str = index.FALLBACK_URL if args.fallback_url is None else args.fallback_url
-    torch_url: str = args.torch_url or index.TORCH_URL
-    private: tuple[str, ...] = tuple(args.private_prefix)
-    if args.action == "serve":
-        index.serve(
-            Path(args.data),
-            port,
-            fallback_url,
-            torch_url,
-            listening_fd=args.listening_fd,
-            state_dir=Path(args.state_dir),
-            private=private,
-        )
-        return 0
-    state = index.start(Path(args.data), port, fallback_url=fallback_url, torch_url=torch_url, private=private)
-    progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
-    progress.say(
-        f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
-        "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)"
-    )
-    progress.say(
-        f"  torch comes from {state.get('torch_url', index.TORCH_URL)} (redirected), every other package "
-        f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}, except "
-        f"names starting with {' or '.join(state.get('private', index.PRIVATE_PREFIXES))} (never looked up "
-        "elsewhere)"
-    )
-    progress.say(
-        f"  uploads need its password ({index.STATE_DIR / 'upload.secret'}, readable by you alone), "
-        "which publish sends by itself"
-    )
-    return 0
-
-
-def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
-    """The spec's wheels in dist/, built first when one is missing."""
-    spec_file = _spec_from(args)
-    spec = spec_file.spec
-    for name in spec.build.targets:  # before torch is imported, as a build does (the cpu target's ISA)
-        targets.get(name).before_torch(spec.build.options(name), args)
-    from .stages.manifest import full_version  # imports torch: the label names its version
-
-    dist = Path(args.dist)
-    check_private(dist, "--dist")  # the wheels found there are uploaded as they are
-    skipped: list[str] = []  # said only where a build runs: publishing what dist/ holds skips nothing
-    args.target = targets.buildable_here(list(spec.build.targets), skipped.append)  # what a build here would make
-    wanted = {t: f"{spec.import_name}-{full_version(spec.model.version, t)}-" for t in args.target}
-    found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
-    if not all(found.values()):
-        progress.say(f"no wheel for {spec.dist_name} {spec.model.version} in {dist}: building it")
-        for note in skipped:
-            progress.say(note)
-        _run_build(spec_file, args, progress)
-        found = {t: sorted(dist.glob(f"{prefix}*.whl")) for t, prefix in wanted.items()}
-    missing = [f"{prefix}*.whl" for t, prefix in wanted.items() if not found[t]]
-    if missing:
-        raise PackageError(
-            f"the build finished but {dist} holds no {', '.join(missing)}",
-            "report this as a bug, with the build's output above",
-        )
-    return [wheels[-1] for wheels in found.values()]
-
-
-def _publish(args: argparse.Namespace, progress: Progress) -> int:
-    index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
-    wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
-    missing = [str(w) for w in wheels if not w.is_file()]
-    if missing:
-        raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
-    with progress.stage("publish", ", ".join(w.name for w in wheels)):
-        result = publish(
-            wheels, index, progress.say, skip_existing=args.skip_existing, require_report=not args.without_report
-        )
-    args.extra["published"] = {"uploaded": list(result.uploaded), "existing": list(result.existing)}
-    progress.say(f"published {len(result.uploaded)} wheel(s); {len(result.existing)} already on the index")
-    return 0
-
-
-def _matrix(args: argparse.Namespace, progress: Progress) -> int:
-    specs = [Path(s) for s in args.spec] if args.spec else spec_paths(Path(args.models))
-    if not specs:
-        raise UsageError(f"no <model>/spec.toml under {args.models}", "give --models DIR or --spec PATH")
-    print(json.dumps(build_matrix(specs, containers=not args.no_containers, note=progress.say), separators=(",", ":")))
-    return 0
-
-
-def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
-    """Rebuild the wheel as its build did (_run_build, into a temporary folder) and compare."""
-    from .commands import reproduce  # imports torch (it rebuilds)
-
-    plan = reproduce.recipe(Path(args.wheel), args.spec)
-    spec_file = load_spec(plan.spec)
-    work = reproduce.work_folder()
-    vars(args).update(
-        root=str(plan.root),
-        dist=str(work / "dist"),
-        build_dir=str(work / "build"),
-        no_cache=True,
-        target=[plan.target],
-        keep_debug=plan.keep_debug,
-        forced=plan.forced,
-        **plan.rebuild.arguments,
-    )
-    progress.say(reproduce.announce(plan, work))
-    targets.get(plan.target).before_torch(spec_file.spec.build.options(plan.target), args)  # before torch
-    reproduce.must_match(plan.manifest)
-    _run_build(spec_file, args, progress)
-    progress.say(reproduce.verdict(plan, work))  # or NotReproducedError, naming the first file that differs
-    return 0
-
-
-def _schema(args: argparse.Namespace, progress: Progress) -> int:
-    text = json.dumps(spec_schema(), indent=2) + "\n"
-    if args.output is None:
-        print(text, end="")
-        return 0
-    try:
-        Path(args.output).write_text(text)
-    except OSError as exc:
-        raise UsageError(
-            f"--output {args.output}: cannot write it: {exc.strerror}",
-            "give a file in a folder that exists and that you can write",
-        ) from exc
-    progress.say(f"wrote the spec's JSON Schema to {args.output}")
-    return 0
-
-
-COMMANDS = {
-    "build": _build,
-    "doctor": _doctor,
-    "index": _index,
-    "publish": _publish,
-    "matrix": _matrix,
-    "reproduce": _reproduce,
-    "schema": _schema,
-}
 
 
 def json_stdout() -> TextIO:
