@@ -1,15 +1,12 @@
-"""Turn a spec into an eager nn.Module: import the factory, apply seeded init or load weights."""
+"""Turn a spec into an eager nn.Module: import the factory (factory_import.py), apply seeded init or load weights."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import os
-import re
 import shlex
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +20,9 @@ from ..hf_modules import wrapper_of
 from ..hf_tasks import Task, library_install
 from ..hf_wrappers import wrapper_example
 from ..spec import SpecFile
+from .factory_import import describe, factory_hint, import_factory, missing_package, missing_package_error, where_raised
 
 PER_TENSOR_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric)
-# transformers' and diffusers' requires_backends(): "X requires the scipy library but it was not found ..."
-REQUIRES_BACKEND = re.compile(r"requires the (\S+) library but it was not found")
-PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow", "cv2": "opencv-python", "yaml": "pyyaml"}
 
 
 @dataclass(frozen=True)
@@ -35,140 +30,6 @@ class LoadedModel:
     module: torch.nn.Module
     source_files: tuple[Path, ...]
     weights_sha256: str
-
-
-def _where(exc: BaseException) -> str:
-    """``file:line`` in the user's code where ``exc`` arose (a SyntaxError's own position first)."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"{exc.filename}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen ")]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r})"
-    if isinstance(exc, SyntaxError):
-        return f"SyntaxError: {exc.msg}" + (f": {exc.text.strip()}" if exc.text else "")
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _import_factory(spec_file: SpecFile, named: str) -> Callable[..., Any]:
-    """``named`` (the spec's model.factory, 'package.module:callable') imported from beside the spec."""
-    module_name, _, attr = named.partition(":")
-    # Specs that live anywhere can keep their code beside them.
-    spec_dir = str(spec_file.path.parent)
-    if spec_dir not in sys.path:
-        sys.path.insert(0, spec_dir)
-    key = f"{spec_file.path}: key 'model.factory'"
-    _refuse_a_second_pipeline(key, module_name, Path(spec_dir))
-    if module_name.split(".")[0] in sys.stdlib_module_names:  # before importing or calling anything of it
-        raise ModelLoadError(
-            f"{key}: {spec_file.spec.model.factory!r} is from Python's standard library, not a model: a spec's factory "
-            "is called by the build, so it must be your model's own function or nn.Module class",
-            "name the function or class that builds your model (package.module:callable); a spec is code: build "
-            "only specs you trust",
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing and module_name != missing and not module_name.startswith(missing + "."):  # imported by it
-            raise _import_failed(key, module_name, exc) from exc
-        raise ModelLoadError(
-            f"{key}: cannot import module {module_name!r}: {exc}",
-            "make the module importable from the current directory or the spec's folder",
-        ) from exc
-    except (Exception, SystemExit) as exc:  # the module's own top-level code can raise anything
-        raise _import_failed(key, module_name, exc) from exc
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ModelLoadError(
-            f"{key}: module {module_name!r} has no callable {attr!r}",
-            "name a function or nn.Module class that builds the model",
-        )
-    if inspect.isbuiltin(factory) or not (
-        inspect.isfunction(factory)
-        or inspect.ismethod(factory)
-        or (inspect.isclass(factory) and issubclass(factory, torch.nn.Module))
-    ):
-        raise ModelLoadError(
-            f"{key}: {module_name}:{attr} is a {type(factory).__name__}, not a Python function or nn.Module class",
-            "name a function (def build(...)) or an nn.Module subclass that builds the model",
-        )
-    # One the standard library defines, reached through another module that imported it (a package
-    # doing `from subprocess import check_output`): as refused as naming it in its own module.
-    defined_in = getattr(getattr(factory, "__func__", factory), "__module__", None) or ""
-    if defined_in.split(".")[0] in sys.stdlib_module_names:
-        raise ModelLoadError(
-            f"{key}: {module_name}:{attr} is {defined_in}.{getattr(factory, '__qualname__', attr)} from Python's "
-            "standard library, not a model: a spec's factory is called by the build, so it must be your model's "
-            "own function or nn.Module class",
-            "name the function or class that builds your model (package.module:callable); a spec is code: build "
-            "only specs you trust",
-        )
-    return factory
-
-
-def _refuse_a_second_pipeline(key: str, module_name: str, spec_dir: Path) -> None:
-    """``pipeline`` is this tool's own import name and is already imported: a package of the
-    user's by that name (beside the spec, or the factory's own) would never be the one loaded."""
-    theirs = [p for p in (spec_dir / "pipeline", spec_dir / "pipeline.py") if p.exists()]
-    if module_name.split(".")[0] == "pipeline" or theirs:
-        where = theirs[0] if theirs else f"module {module_name!r}"
-        raise ModelLoadError(
-            f"{key}: {where} is named `pipeline`, which is modelwheel's own import package: Python would give your "
-            "model code modelwheel's `pipeline`, not yours",
-            "rename your package (or move the model's code into a folder of another name); see README.md, "
-            '"A package of your own named pipeline"',
-        )
-
-
-def missing_package(exc: BaseException | None) -> str | None:
-    """The import name of the package whose absence raised ``exc`` (or its ``raise … from`` cause),
-    or None. Not ``__context__``: libraries raise unrelated errors while handling an ImportError."""
-    while exc is not None:
-        if isinstance(exc, ModuleNotFoundError) and exc.name:
-            return exc.name.split(".")[0]
-        found = REQUIRES_BACKEND.search(str(exc)) if isinstance(exc, ImportError) else None
-        if found:
-            return found.group(1)
-        exc = exc.__cause__
-    return None
-
-
-def _factory_hint(exc: Exception, has_kwargs: bool) -> str:
-    """A TypeError at the call is most often a kwarg the factory does not take; anything else is
-    the factory's own error, at the line the message gives."""
-    if not has_kwargs:
-        return (
-            "the factory was called with no arguments (the spec has no [model.kwargs]): fix the error at the line given"
-        )
-    if isinstance(exc, TypeError):
-        return "check model.kwargs against the factory's parameters"
-    return "fix the error at the line given (the factory was called with the spec's [model.kwargs])"
-
-
-def _missing_package_error(what: str, package: str, exc: BaseException) -> ModelLoadError:
-    where = _where(exc)
-    said = " ".join(str(exc).split())[:300]
-    return ModelLoadError(
-        f"{what} needs the package {package!r}, which is not installed in this Python ({sys.executable})"
-        f"{f' (at {where})' if where else ''}: {type(exc).__name__}: {said}",
-        f"install it where the build runs: pip install {PIP_NAMES.get(package, package)} (a library often needs a "
-        "package only for a part of the model, e.g. a loss: if you do not use that part, build the model without it)",
-    )
-
-
-def _import_failed(key: str, module_name: str, exc: BaseException) -> ModelLoadError:
-    package = missing_package(exc)
-    if package:
-        return _missing_package_error(f"{key}: importing module {module_name!r}", package, exc)
-    where = _where(exc)
-    return ModelLoadError(
-        f"{key}: importing module {module_name!r} failed{f' at {where}' if where else ''}: {_describe(exc)}",
-        "fix the model's code at the line given (python -c 'import " + module_name + "' shows the same error)",
-    )
 
 
 def _load_weights(spec_file: SpecFile, module: torch.nn.Module) -> None:
@@ -313,29 +174,29 @@ def load_model(spec_file: SpecFile) -> LoadedModel:
     if spec.model.hf is not None:  # a save_pretrained folder: the task's wrapper around from_pretrained
         return load_checkpoint(spec_file)
     assert spec.model.factory is not None  # a spec holds exactly one of factory and hf
-    factory = _import_factory(spec_file, spec.model.factory)
+    factory = import_factory(spec_file, spec.model.factory)
     if spec.weights.seed is not None:
         torch.manual_seed(spec.weights.seed)
     try:
         module = factory(**spec.model.kwargs)
     except SystemExit as exc:  # would end the build with its exit code, 0 included, and no wheel
-        where = _where(exc)
+        where = where_raised(exc)
         raise ModelLoadError(
             f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) "
-            f"{_describe(exc)}{f' at {where}' if where else ''} instead of returning a module",
+            f"{describe(exc)}{f' at {where}' if where else ''} instead of returning a module",
             "the factory must return the nn.Module; remove the sys.exit()/exit() call from it",
         ) from exc
     except Exception as exc:
         package = missing_package(exc)
         if package:
-            raise _missing_package_error(
+            raise missing_package_error(
                 f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs)", package, exc
             ) from exc
-        where = _where(exc)
+        where = where_raised(exc)
         raise ModelLoadError(
             f"{spec_file.path}: key 'model.factory': {spec.model.factory}(**model.kwargs) raised "
-            f"{_describe(exc)}{f' (at {where})' if where else ''}",
-            _factory_hint(exc, bool(spec.model.kwargs)),
+            f"{describe(exc)}{f' (at {where})' if where else ''}",
+            factory_hint(exc, bool(spec.model.kwargs)),
         ) from exc
     if not isinstance(module, torch.nn.Module):
         raise ModelLoadError(
