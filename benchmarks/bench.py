@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 
 from benchmarks import sampling, say, step, write_results
+from benchmarks.artifacts import compile_so, export_once, make_onnx, make_pt2
 from benchmarks.bench_report import LABELS, ONNX_TARGET, VARIANTS, chart, markdown
 from benchmarks.rounds import summarize
 from pipeline import targets as build_targets
 from pipeline.features.rounds import rotated
 from pipeline.spec import load_spec
 from pipeline.stages import precision
-from pipeline.stages.export import dynamic_shapes, export_program, prepare, spec_inputs
-from pipeline.stages.loader import load_model
+from pipeline.stages.export import spec_inputs
 from pipeline.wheel_template.runtime import _inputs as wheel_inputs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,40 +120,6 @@ def wheel_venv(wheel: Path, out: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def export_once(spec_file, target: str = build_targets.DEFAULT):
-    """The model exported as the build exports it: every compile below starts from this."""
-    loaded = load_model(spec_file)
-    return export_program(prepare(spec_file, loaded, build_targets.get(target)), loaded.source_files)
-
-
-def program_for(exported, compile_options: dict) -> tuple:
-    """The exported program for these compile options (under autocast if they say so), and the
-    Inductor options among them."""
-    autocast, options = precision.split_options(compile_options)
-    program = precision.export_autocast(exported, autocast) if autocast else exported.program
-    options = {k: v for k, v in options.items() if not k.startswith("aot_inductor.package")}
-    return program, {**options, **exported.target.graph_passes(options)}
-
-
-def make_pt2(exported, manifest: dict, out: Path) -> Path:
-    program, options = program_for(exported, manifest["compile_options"])
-    path = out / "model.pt2"
-    with step("pt2", "compiling the same model to a .pt2 (aoti_compile_and_package, the wheel's options)"):
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
-    return path
-
-
-def compile_so(exported, compile_options: dict, path: Path) -> Path:
-    program, options = program_for(exported, compile_options)
-    shutil.rmtree(path.parent, ignore_errors=True)
-    path.parent.mkdir(parents=True)
-    with torch.no_grad():
-        torch._inductor.aot_compile(
-            program.module(), exported.example_inputs, options={**options, "aot_inductor.output_path": str(path)}
-        )
-    return path
-
-
 def so_latency(
     spec: Path, library: Path, min_seconds: float | None = None, target: str = build_targets.DEFAULT
 ) -> dict:
@@ -203,18 +169,6 @@ def bf16_comparison(exported, spec: Path, manifest: dict, out: Path) -> dict | N
         "max_abs_diff": diffs,
         "tolerances": {o["name"]: {"rtol": o["rtol"], "atol": o["atol"]} for o in manifest["outputs"]},
     }
-
-
-def make_onnx(exported, out: Path) -> Path:
-    path = out / "model.onnx"
-    with step("onnx", "exporting to ONNX (torch.onnx.export, dynamo)"):
-        program = torch.onnx.export(
-            exported.module, exported.example_inputs, dynamo=True, dynamic_shapes=dynamic_shapes(exported.spec_file)
-        )
-        if program is None:  # dynamo=True returns the program (None is the legacy exporter's)
-            raise SystemExit("bench: torch.onnx.export returned no program")
-        program.save(str(path))
-    return path
 
 
 def variant_cmd(variant: str, spec: Path, artifacts: dict, venv_python: Path) -> list:

@@ -29,16 +29,15 @@ from pathlib import Path
 import torch
 
 from benchmarks import torch_venv
+from benchmarks.artifacts import export_once, make_pt2
 from benchmarks.bench import (
     COLD_REPEATS,
     INDUCTOR_ENV,
     REPO,
     VARIANTS_MODULE,
     build_times,
-    export_once,
     import_torch_s,
     judged,
-    make_pt2,
     run_json,
     say,
 )

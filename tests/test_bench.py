@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench, bench_report, ort_profile, sampling
+from benchmarks import artifacts, bench, bench_report, ort_profile, sampling
 
 from .conftest import REPO, TINY_SPEC
 
@@ -146,7 +146,7 @@ def test_the_benchs_own_compiles_use_the_wheels_graph_passes():
     convolution weights included), or the bench compares against a different model."""
     from types import SimpleNamespace
 
-    program, options = bench.program_for(
+    program, options = artifacts.program_for(
         SimpleNamespace(program="exported", target=bench.build_targets.get("cpu")),
         {"freezing": True, "aot_inductor.package_constants_in_so": False},
     )
