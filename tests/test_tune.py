@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 import shutil
+import time
 import zipfile
 from pathlib import Path
 
@@ -621,14 +622,18 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     shown = progress.Progress(out)
     with progress.reporting(shown):
         budget.spent("spec-options", 100.0)  # the compile: a 300 s budget, max-autotune expected at 300 s more
-        outlook.first("spec-options", 120.0, from_cache=False)  # compiled and verified: 120 s each
+        outlook.first("spec-options", 120.0, from_cache=False, compile_s=100.0)  # and verified in 20 s
         chosen, over = payback.select(payback.expectations(names[1:], {}), budget, lambda name: False)
         assert [e.name for e in chosen] == ["freezing", "freezing+channels-last"]
         outlook.announce("spec-options", 120.0, [e.name for e in chosen], [e.name for e, _ in over])
         assert shown.stage_end is not None
-        outlook.after([])
+        # compiled side by side: what is left is verifying the other, 20 s (it ran out while they were verified)
+        outlook.after(["freezing+channels-last"], compiled=True)
+        assert shown.stage_end - time.perf_counter() == pytest.approx(20.0, abs=1.0)
+        outlook.after([], compiled=True)
+    # two compiles of 100 s on two cores, then two verifications of 20 s one after the other
     assert out.getvalue().splitlines() == [
-        "    candidate spec-options took 2m00s to compile and verify: about 2m00s more for the other 2 candidate(s), "
+        "    candidate spec-options took 2m00s to compile and verify: about 2m20s more for the other 2 candidate(s), "
         "2 at a time; max-autotune would take the search past its compile budget: not compiled, then the timing"
     ]
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"

@@ -205,7 +205,8 @@ class Outlook:
         self.order = [name for name, _ in planned]
         self.fresh = {name for name, plan in planned if not store.has(plan.key)}
         self.workers = workers
-        self.plain_s: float | None = None
+        self.plain_s: float | None = None  # one plain compile, from the first's
+        self.verify_s = 0.0  # one candidate's verification, from the first's
         self.guessed = False
 
     def start(self, guess: Guess | None) -> None:
@@ -245,25 +246,32 @@ class Outlook:
             )
         return [what, SHORTER]
 
-    def left_s(self, names: list[str], costs: dict[str, float] | None = None) -> float | None:
-        """What compiling and verifying the fresh ones of ``names`` should take, side by side."""
+    def left_s(self, names: list[str], costs: dict[str, float] | None = None, compiled: bool = False) -> float | None:
+        """What ``names`` should take: the fresh ones' compiles, side by side (none where they are
+        ``compiled`` already), then each one's verification in turn, as the search runs them. Counted
+        as one, compile and verify spread over the cores: a newcomer's estimate ran out while the
+        candidates were verified one after the other (35 s past it, then none)."""
         if self.plain_s is None:
             return None
         costs = costs or {}
-        total = sum(self.plain_s * costs.get(n, COMPILE_COST.get(n, 1.0)) for n in names if n in self.fresh)
-        return total / max(1, min(self.workers, len(names)))
+        compiles = sum(self.plain_s * costs.get(n, COMPILE_COST.get(n, 1.0)) for n in names if n in self.fresh)
+        side_by_side = 0.0 if compiled else compiles / max(1, min(self.workers, len(names)))
+        return side_by_side + self.verify_s * len(names)
 
-    def first(self, name: str, seconds: float, from_cache: bool) -> None:
-        """The spec's options are compiled and verified: a fresh compile sets the estimate."""
+    def first(self, name: str, seconds: float, from_cache: bool, compile_s: float | None = None) -> None:
+        """The spec's options are compiled and verified in ``seconds``, ``compile_s`` of them the
+        compile: a fresh compile sets the estimate."""
         if not from_cache and name in self.fresh:
-            self.plain_s = seconds / COMPILE_COST.get(name, 1.0)
+            compiled = seconds if compile_s is None else min(compile_s, seconds)
+            self.plain_s = compiled / COMPILE_COST.get(name, 1.0)
+            self.verify_s = seconds - compiled
         if self.guessed:  # timed now: the guess is done with (the noise rounds get no estimate)
             estimate(None)
 
-    def after(self, rest: list[str]) -> None:
+    def after(self, rest: list[str], compiled: bool = False) -> None:
         """A candidate is verified: what the ones after it should take (none left: no estimate,
-        since the timing rounds are not compiles)."""
-        estimate(self.left_s(rest) if rest else None)
+        since the timing rounds are not compiles); ``compiled``: all were, side by side."""
+        estimate(self.left_s(rest, compiled=compiled) if rest else None)
 
     def announce(
         self, first: str, seconds: float, chosen: list[str], skipped: list[str], costs: dict[str, float] | None = None

@@ -172,7 +172,7 @@ class Search:
         wall_s = time.perf_counter() - started
         for index, name in enumerate(names):
             self.compile_and_verify(name, done.get(name))
-            outlook.after([] if done else names[index + 1 :])  # side by side: all compiled already
+            outlook.after(names[index + 1 :], compiled=bool(done))  # side by side: all compiled already
         if not done:
             wall_s = sum(self.compile_s.get(name, 0.0) for name in fresh)
         spent = sum(self.compile_s.get(name, 0.0) for name in fresh)

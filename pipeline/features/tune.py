@@ -103,7 +103,7 @@ def tune(
     started = time.perf_counter()
     search.compile_and_verify(first)
     first_s = time.perf_counter() - started
-    outlook.first(first, first_s, from_cache=search.from_cache(first))
+    outlook.first(first, first_s, from_cache=search.from_cache(first), compile_s=search.compile_s.get(first))
     cost, chosen, noise = payback.Cost(workers=workers), list[payback.Expected](), None
     if len(planned) > 1:
         noise = search.noise() if first in search.passed else None
