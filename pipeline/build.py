@@ -286,7 +286,7 @@ def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:
     with ctx.progress.stage("verify"):
-        return verify_model(exported, compiled, ctx.work_dir, weights_file)
+        return verify_model(exported, compiled, ctx.work_dir, weights_file, stage="verify")
 
 
 def static_stage(

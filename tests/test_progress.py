@@ -18,7 +18,16 @@ import pytest
 
 from pipeline.services.cache import Cache
 from pipeline.services.parallel import last_stage
-from pipeline.services.progress import STATUS_ENV, Progress, QuietProgress, estimate, is_live_terminal, reporting, step
+from pipeline.services.progress import (
+    STATUS_ENV,
+    Progress,
+    QuietProgress,
+    StepClock,
+    estimate,
+    is_live_terminal,
+    reporting,
+    step,
+)
 from pipeline.summary import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -75,7 +84,7 @@ def json_build(tmp_path_factory):
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
 STATUS_LINE = (
     r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
-    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left|compile running (\d+m)?\d+s past) .+)?"
+    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left|\1 stage running (\d+m)?\d+s past) .+)?"
 )
 
 
@@ -98,7 +107,7 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     guessed = [line for line in status if " · compile " in line or "left" in line]
     assert guessed and all(
         re.search(
-            r" · (about \d+s left|compile running \d+s past the estimate) \(a first guess from the graph's "
+            r" · (about \d+s left|compile stage running \d+s past the estimate) \(a first guess from the graph's "
             r"\d+ ops\)$",
             line,
         )
@@ -282,18 +291,51 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         # longer than last time: it says by how much, where it froze at the later stages' 7 s
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile running 30s past the last build's 40s, then about 7s (from the last build)"
+            "compile stage running 30s past the last build's 40s, then about 7s for the stages after it (from the "
+            "last build)"
         )
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile running 1m30s past the last build's 40s, then about 7s (from the last build)"
+            "compile stage running 1m30s past the last build's 40s, then about 7s for the stages after it (from "
+            "the last build)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
         assert progress.outlook() == "about 27s left (estimated here)"
         clock[0] += 25.0
         assert progress.outlook() == (
-            "compile running 5s past this build's estimate, then about 7s (from the last build)"
+            "compile stage running 5s past this build's estimate, then about 7s for the stages after it (from the "
+            "last build)"
         )
+    # a stage the last build did not have (static sizes): what comes after it, not a figure for it
+    with progress.stage("static"):
+        assert progress.outlook() == "about 4s after this stage (from the last build)"
+
+
+def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_figure(monkeypatch):
+    """A --no-search unet build verified in 38 s after a searched build's 2.5 s: 'running 29s past
+    the last build's 2s' was all it said. Past that figure the cases verified so far give it."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    progress = Progress(io.StringIO())
+    progress.expect({"verify": 2.0, "package": 4.0})
+    with reporting(progress), progress.stage("verify"):
+        steps = StepClock("verify", 10)
+        clock[0] += 1.0  # the first case opens the model
+        steps.done(1)
+        clock[0] += 0.4
+        steps.done(2)  # 1.4 s in: the last build's figure holds
+        assert progress.outlook() == "about 5s left (from the last build)"
+        clock[0] += 9.6
+        steps.done(3)  # 11 s in, 5 s a case after the first: 7 cases left
+        assert progress.outlook() == f"about 39s left ({StepClock.BASIS})"  # 35 of verify, 4 of package
+    fresh = Progress(io.StringIO())  # a first build: no figure to run past
+    with reporting(fresh), fresh.stage("verify"):
+        steps = StepClock("verify", 4)
+        clock[0] += 3.0
+        steps.done(1)
+        clock[0] += 2.0
+        steps.done(2)
+        assert fresh.outlook() == f"about 4s left ({StepClock.BASIS})"
 
 
 def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_builds_here(tmp_path, monkeypatch):
@@ -339,7 +381,7 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
         clock[0] += 10.0
         assert progress.outlook() == f"about 20s left ({scaled.basis})"
         clock[0] += 25.0
-        assert progress.outlook() == f"compile running 5s past the estimate ({scaled.basis})"
+        assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis})"
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):

@@ -100,16 +100,20 @@ def outlook(
     if stage not in STAGES or (not expected and stage_left_s is None):
         return None
     later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1 :])
-    then = f", then about {duration(later)} (from the last build)" if later >= 0.5 else ""
+    # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
+    # running" read as if the compiler were
+    then = f", then about {duration(later)} for the stages after it (from the last build)" if later >= 0.5 else ""
     if stage_left_s is not None:
         if stage_left_s < 0:
             estimate = "this build's estimate" if basis is None else f"the estimate ({basis})"
-            return f"{stage} running {duration(-stage_left_s)} past {estimate}" + then
+            return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + then
         return f"about {duration(stage_left_s + later)} left ({basis or 'estimated here'})"
     last = expected.get(stage)
-    if last is not None and in_stage_s > last:
-        return f"{stage} running {duration(in_stage_s - last)} past the last build's {duration(last)}" + then
-    return f"about {duration((last or 0.0) - in_stage_s + later)} left (from the last build)"
+    if last is None:  # the last build had no such stage (static sizes): what comes after it only
+        return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
+    if in_stage_s > last:
+        return f"{stage} stage running {duration(in_stage_s - last)} past the last build's {duration(last)}" + then
+    return f"about {duration(last - in_stage_s + later)} left (from the last build)"
 
 
 def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:
@@ -247,6 +251,32 @@ def step(text: str) -> None:
     active = _ACTIVE.get()
     if active is not None:
         active.step(text)
+
+
+class StepClock:
+    """A stage's own estimate from its steps (the verify stage's cases), said once it runs past the
+    last build's figure, or where there is none: the mean of the steps after the first (which opens
+    and warms the model) times the steps left. A --no-search unet build verified its ten cases in
+    38 s, against the 2.5 s of the last build's, whose search had verified the .so before."""
+
+    BASIS = "from the cases verified so far"
+
+    def __init__(self, stage: str, total: int) -> None:
+        self.stage, self.total = stage, total
+        self.began = time.perf_counter()
+        self.first_s = 0.0
+
+    def done(self, number: int) -> None:
+        """Step ``number`` (from 1) is done."""
+        in_stage_s = time.perf_counter() - self.began
+        if number == 1:
+            self.first_s = in_stage_s
+            return
+        last = expected_s(self.stage)
+        if last is not None and in_stage_s <= last:  # the last build's figure still holds
+            return
+        per_step_s = (in_stage_s - self.first_s) / (number - 1)
+        estimate(per_step_s * (self.total - number), self.BASIS)
 
 
 class Steps:

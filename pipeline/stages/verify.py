@@ -20,7 +20,7 @@ import torch
 
 from .. import targets
 from ..errors import VerificationError
-from ..services.progress import step
+from ..services.progress import StepClock, step
 from ..wheel_template.runtime import _compare as wheel_compare
 from ..wheel_template.runtime import _constants as wheel_constants
 from ..wheel_template.runtime import _integrity as wheel_integrity
@@ -245,11 +245,17 @@ def _large_case_against_fp64(
 
 
 def verify_model(
-    exported: Exported, compiled: Compiled, work_dir: Path, weights_file: Path | None, doing: str = ""
+    exported: Exported,
+    compiled: Compiled,
+    work_dir: Path,
+    weights_file: Path | None,
+    doing: str = "",
+    stage: str | None = None,
 ) -> Verified:
     """``weights_file``: write_weights()'s file for a model with external weights, else None.
     The status names each case as it runs, ``doing`` before it (``1/4 spec-options: verifying ``):
-    the unet's ten cases took 100 s that said only what ran, not how far along it was."""
+    the unet's ten cases took 100 s that said only what ran, not how far along it was. ``stage``:
+    the stage verifying is the whole of, which then estimates what is left from the cases (StepClock)."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
     runner, library_sha256 = open_hashed(compiled, weights_file)
@@ -261,6 +267,7 @@ def verify_model(
     reference = "eager float64" if reference_module is not None else target.REFERENCE
     results, golden = [], {}
     cases = verification_cases(exported)
+    clock = StepClock(stage, len(cases)) if stage else None
     for number, case in enumerate(cases, 1):
         step(f"{doing}case {number}/{len(cases)} {case.name}")
         with torch.no_grad(), targets.reference(target):
@@ -281,6 +288,8 @@ def verify_model(
         if case.golden:
             golden.update({f"{case.name}/inputs/{i.name}": t.cpu() for i, t in zip(spec.inputs, case.inputs)})
             golden.update({f"{case.name}/outputs/{n}": t.contiguous().cpu() for n, t in zip(names, eager)})
+        if clock is not None:
+            clock.done(number)
     golden_cases = tuple(r.case for r in results if r.case.startswith("golden"))
     report_file = work_dir / REPORT_FILE
     report = verification_report(results, applied, reference, golden_cases)
