@@ -47,7 +47,8 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
     else:
         side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
-        spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}"
+        verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
+        spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}{verified}"
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]

@@ -43,7 +43,8 @@ PLAIN_LINES = [
     r"==> export",
     r"    export done in \d+\.\ds",
     r"==> compile: 1 candidate, compiled to .*/tiny/0\.1/cpu",
-    r"    candidate pinned: \d+(\.\d+)? ms",
+    r"    candidate pinned: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
+    r"measures the wheel\)",
     r"    chose pinned",
     r"    compile done in \d+\.\ds",
     r"==> verify",

@@ -317,6 +317,7 @@ class Cost:
     compiled: int = 0  # candidates compiled fresh, the spec's options aside
     compile_s: float = 0.0  # their compile seconds, summed over the cores
     compile_wall_s: float = 0.0  # the wall-clock time they took, side by side
+    verify_s: float = 0.0  # verifying them, one after the other (a newcomer's unet: 63 s the summary left out)
     workers: int = 1
     noise_s: float = 0.0  # timing the spec's options alone, before any candidate
     timing_s: float = 0.0  # the rounds that timed the candidates against each other
