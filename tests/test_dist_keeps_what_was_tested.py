@@ -44,6 +44,7 @@ def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_whee
     assert refused.code == OutputDirError.exit_code, refused.err
     assert f"error: {wheel} already holds a different build of this version" in refused.err
     assert "hint: bump model.version" in refused.err and "--overwrite" in refused.err
+    assert "build into another --dist to keep both" in refused.err
     # what differs is said: here the spec, as the content hash; and before any work
     assert "their manifests differ in the model's code, weights or spec (content_hash " in refused.err, refused.err
     assert "this build stops here, before the doctor (it wrote nothing)" in refused.err
@@ -69,6 +70,7 @@ def test_a_build_for_another_root_says_so_and_how_to_remake_the_kept_wheel(warm_
     assert f"hint: the kept wheel was built for the artifact root {built.root}: build with --root {built.root}" in (
         refused.err
     )
+    assert "into another --dist to keep both" in refused.err  # what a newcomer did next, unprompted
     assert "bump model.version" not in refused.err
     assert sha256_file(wheel) == sha256_file(next(built.dist.glob("*.whl")))
     # refused before the doctor (the unet's newcomer waited out a 5m33s search for it), with nothing written

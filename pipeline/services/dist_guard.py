@@ -77,7 +77,8 @@ def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outc
         + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
         + f"; {outcome}",
         root_hint
-        or "bump model.version in the spec (or --version) for a changed model, or pass --overwrite to replace it",
+        or "bump model.version in the spec (or --version) for a changed model, build into another --dist to keep "
+        "both, or pass --overwrite to replace it",
     )
 
 
@@ -91,5 +92,5 @@ def other_root(kept: dict[str, Any] | None, made: dict[str, Any] | None) -> str:
         return ""
     return (
         f"the kept wheel was built for the artifact root {folders[2]}: build with --root {folders[2]} to remake it, "
-        "or pass --overwrite to replace it with this root's build"
+        "into another --dist to keep both, or pass --overwrite to replace it with this root's build"
     )
