@@ -118,7 +118,7 @@ def resolve_task(name: str, folder: Path | str) -> Task:
             found = folder_task(folder)
             raise UnsupportedTaskError(
                 f"task {name!r} is not one modelwheel builds; did you mean {meant!r}?{_fit_note(found, meant)} "
-                f"It builds:\n{supported()}",
+                f"The tasks it builds:\n{supported()}",
                 f"--task {(found and found[1]) or meant}",
             )
         raise UnsupportedTaskError(

@@ -125,7 +125,7 @@ def test_a_task_typo_gets_did_you_mean(tmp_path):
     assert ran.code == UnsupportedTaskError.exit_code, ran.err
     assert (
         "error: task 'image-classifcation' is not one modelwheel builds; did you mean 'image-classification'? "
-        "It builds:\n"
+        "The tasks it builds:\n"
     ) in ran.err
     assert ran.err.rstrip().endswith("hint: --task image-classification")
 
@@ -138,19 +138,19 @@ def test_a_task_typo_on_a_folder_of_another_task_names_the_task_that_fits(tmp_pa
     assert ran.code == UnsupportedTaskError.exit_code, ran.err
     assert (
         "did you mean 'image-classification'? But its config.json names LlamaForCausalLM, which --task "
-        "text-generation builds. It builds:\n"
+        "text-generation builds. The tasks it builds:\n"
     ) in ran.err
     assert ran.err.rstrip().endswith("hint: --task text-generation")
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
     ran = run_cli("build", "--hf", str(tmp_path), "--task", "image-classifcation", "--name", "v", "--version", "1")
     assert (
         "did you mean 'image-classification'? Its config.json names BertForSequenceClassification: check that "
-        "the task builds that class. It builds:\n"
+        "the task builds that class. The tasks it builds:\n"
     ) in ran.err
     # a text model's base class is feature-extraction's: a typo of that task gets no doubt
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "vocab_size": 100}))
     ran = run_cli("build", "--hf", str(tmp_path), "--task", "feature-extractoin", "--name", "v", "--version", "1")
-    assert "did you mean 'feature-extraction'? It builds:\n" in ran.err
+    assert "did you mean 'feature-extraction'? The tasks it builds:\n" in ran.err
     ran = run_cli("build", "--hf", str(tmp_path))
     assert "its config.json names BertModel: add --task feature-extraction" in ran.err
 
