@@ -225,7 +225,9 @@ def doctor_stage(
     minutes of compiling, since no comparison could verify them), pad = true's gate on eager (a
     model that mixes the batch stops here too) and the search's plans."""
     pads = static.pads(ctx.spec_file.spec)
-    steps = Steps(DOCTOR_STEPS + (3 if pads else 2))  # numbered over the doctor's checks and this stage's own
+    steps = Steps(
+        DOCTOR_STEPS + (3 if pads else 2), stage="doctor"
+    )  # numbered over the doctor's checks and this stage's own
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded, steps)
         # eager calls too (minutes for a large model on a busy machine): the status says which

@@ -23,6 +23,7 @@ from pipeline.services.progress import (
     Progress,
     QuietProgress,
     StepClock,
+    Steps,
     estimate,
     is_live_terminal,
     reporting,
@@ -329,6 +330,16 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         clock[0] += 9.6
         steps.done(3)  # 11 s in, 5 s a case after the first: 7 cases left
         assert progress.outlook() == f"about 39s left ({StepClock.BASIS})"  # 35 of verify, 4 of package
+    doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
+    with reporting(doctor), doctor.stage("doctor"):
+        numbered = Steps(5, stage="doctor")
+        numbered("source")
+        clock[0] += 1.0
+        numbered("graph breaks")  # the first step done: nothing to go by yet
+        assert doctor.outlook() is None
+        clock[0] += 4.0
+        numbered("purity")  # 4 s a step after the first: three to go
+        assert doctor.outlook() == "about 12s left (from the doctor's steps so far)"
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):
         steps = StepClock("verify", 4)

@@ -567,11 +567,14 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     assert [name for name, _ in planned] == ["spec-options", "freezing", "max-autotune"]
     # forked: a spawned loop would import this module, and torch with it, before it loads a core
     context = multiprocessing.get_context("fork")
-    stop, loops, said = context.Event(), [], []
+    stop, loops, said, estimates = context.Event(), [], [], []
 
     class Display(progress.Progress):  # what the search says, and the busy loops started as it starts timing
         def say(self, text: str) -> None:
             said.append(text)
+
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            estimates.append((stage_left_s, basis))
 
         def step(self, text: str) -> None:
             if text.startswith("timing") and not loops:
@@ -591,6 +594,9 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
             if loop.is_alive():
                 loop.terminate()
     assert loops, "the busy loops ran while the candidates were timed"
+    # the timing rounds have an estimate too: the noise rounds' time, for each candidate timed
+    timing = [seconds for seconds, basis in estimates if basis == "the noise rounds' time, for each candidate"]
+    assert len(timing) == 1 and timing[0] > 0, estimates
     assert all(trial.from_cache for trial in tuned.trials), "compiled by the search build, timed here"
     timed = {trial.name: trial for trial in tuned.trials if trial.passed}
     assert {"spec-options", "freezing"} <= set(timed), tuned.trials

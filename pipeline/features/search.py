@@ -16,7 +16,7 @@ import torch
 
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import check_stop, figure, ratio, say, step
+from ..services.progress import check_stop, estimate, figure, ratio, say, step
 from ..stages.compile import Compiled, CompilePlan, compile_model
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
@@ -129,6 +129,8 @@ class Search:
         if len(self.planned) == 1:
             return self.time_lone(first), cost
         step(f"timing {len(self.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+        if self.noise_s:  # the same rounds, for each candidate: a newcomer's unet had 41 s of them unestimated
+            estimate(self.noise_s * len(self.passed), "the noise rounds' time, for each candidate")
         started = time.perf_counter()
         timed = rounds.time_in_rounds(
             timed_calls(self.passed, self.weights_file, self.exported.example_inputs), self.exported.target.synchronize

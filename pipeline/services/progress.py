@@ -261,8 +261,8 @@ class StepClock:
 
     BASIS = "from the cases verified so far"
 
-    def __init__(self, stage: str, total: int) -> None:
-        self.stage, self.total = stage, total
+    def __init__(self, stage: str, total: int, basis: str = BASIS) -> None:
+        self.stage, self.total, self.basis = stage, total, basis
         self.began = time.perf_counter()
         self.first_s = 0.0
 
@@ -276,7 +276,7 @@ class StepClock:
         if last is not None and in_stage_s <= last:  # the last build's figure still holds
             return
         per_step_s = (in_stage_s - self.first_s) / (number - 1)
-        estimate(per_step_s * (self.total - number), self.BASIS)
+        estimate(per_step_s * (self.total - number), self.basis)
 
 
 class Steps:
@@ -284,11 +284,16 @@ class Steps:
     one module: the build's doctor runs the doctor's three checks, then its own (signal, the search's
     candidates), and numbering each part on its own said ``1/3 ... 3/3`` before its two longest steps."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, stage: str | None = None) -> None:
         self.total = total
         self.done = 0
+        # ``stage``: the steps are the whole stage, which estimates what is left from them (a
+        # model's first build showed the doctor's steps for a minute with no time left)
+        self.clock = StepClock(stage, total, f"from the {stage}'s steps so far") if stage else None
 
     def __call__(self, text: str) -> None:
+        if self.clock is not None and self.done:
+            self.clock.done(self.done)  # the step before this one is done
         self.done += 1
         step(f"{self.done}/{self.total}: {text}")
 
