@@ -196,7 +196,9 @@ class Search:
     def trial_work(self, name: str) -> Path:
         return self.work_dir / "candidates" / name
 
-    def trials(self, timed: dict[str, rounds.Timed], shown: bool) -> tuple[Trial, ...]:
+    def trials(
+        self, timed: dict[str, rounds.Timed], shown: bool, noise: rounds.Timed | None = None
+    ) -> tuple[Trial, ...]:
         """Every candidate compiled, in the planned order, each one's line said."""
         out = []
         for name, plan in self.planned:
@@ -217,7 +219,8 @@ class Search:
                 )
                 # pinned: nothing to compare, and one round on a busy machine read like the model's latency
                 line = t.describe() if shown else f"{figure(t.median_ms)} ms a call, one round here ({LONE_CAVEAT})"
-                say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
+                if t is not noise:  # the noise rounds as its timing: their line said it already
+                    say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
             elif name in self.passed:  # a lone candidate that raised while timed: the verify stage says why
                 out.append(Trial(name, plan.options, True, None, self.passed[name].from_cache))
             elif name in self.failed:

@@ -131,7 +131,7 @@ def tune(
         choice, why = rounds.choose(timed, first)
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)
-    trials = search.trials(timed, shown=len(planned) > 1)
+    trials = search.trials(timed, shown=len(planned) > 1, noise=noise)
     return Tuned(
         compiled=search.passed[choice],
         chosen=choice,
