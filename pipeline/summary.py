@@ -38,17 +38,25 @@ def report_lines(result: BuildResult) -> list[str]:
     return lines + usage_lines(result.wheel, report["import_name"])
 
 
+# How payback.Budget's refusals begin (features/ imports torch; the summary is read without it)
+OVER_BUDGET_REASON = "over the search's compile budget"
+
+
 def search_lines(search: dict[str, Any]) -> list[str]:
     """What the option search cost (compile and timing seconds) and what it won, where it ran."""
     cost = search.get("cost")
-    if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"]):
+    over = [s["name"] for s in search.get("not_tried", ()) if s.get("reason", "").startswith(OVER_BUDGET_REASON)]
+    left_out = f" ({', '.join(over)} left out by its compile budget)" if over else ""
+    if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not over):
         return []
     if cost["stopped"]:
         spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
+    elif not cost["compiled"]:
+        spent = f"no candidate compiled{left_out}"
     else:
         side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
         verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
-        spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}{verified}"
+        spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}{verified}{left_out}"
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]

@@ -6,6 +6,7 @@ and the build says why. These tests read, match and write the file; the last bui
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -111,9 +112,17 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
         recorded = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("/manifest.json"))))
     reasons = {s["name"]: s["reason"] for s in recorded["compile_search"]["not_tried"]}
     assert reasons["freezing"] == "over the search's compile budget (the build's report has the seconds)", reasons
+    # the summary names what the budget left out, beside what the search cost
+    assert re.search(
+        r"^  search    no candidate compiled \(.*freezing.* left out by its compile budget\); timed [\d.]+s; "
+        r"won nothing",
+        first.err,
+        re.M,
+    ), first.err
     assert (
         f"    wrote the search's choice (spec-options) to {path}: builds like this one (cpu, CPU kind {kind}, "
-        f"torch {torch.__version__}) use it and run no search"
+        f"torch {torch.__version__}) use it and run no search (commit the file to keep that for everyone who builds "
+        "this spec)"
     ) in first.err.splitlines()
     entries = json.loads(path.read_text())["entries"]
     assert [(e["torch"], e["chosen"]) for e in entries] == [

@@ -200,5 +200,5 @@ def keep_choice(
     write(path, key, search["chosen"], overrides, {k: v for k, v in search.items() if k != "chosen"}, why)
     say(
         f"    wrote the search's choice ({search['chosen']}) to {path}: builds like this one ({key.describe()}) "
-        "use it and run no search"
+        "use it and run no search (commit the file to keep that for everyone who builds this spec)"
     )
