@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .services.index import DEFAULT_PORT
 from .services.progress import Progress, ratio
 from .stages.package import TORCH_INDEX
+from .wheel_template.runtime._bounds import decided_by
 
 if TYPE_CHECKING:  # the build imports torch; the summary is printed from its result only
     from .stages.deliver import BuildResult
@@ -63,16 +64,6 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         else "won nothing (the spec's options kept)"
     )
     return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s; {won}"]
-
-
-def decided_by(max_abs: float, max_rel: float, rtol: float, atol: float) -> str:
-    """Which bound of the allclose rule (|diff| <= atol + rtol * |eager|) let a passed output
-    through: a relative diff above rtol reads like a failure unless the line says atol covered it."""
-    if max_abs <= atol:
-        return f"passed, every diff within atol {atol:g} (rtol {rtol:g} not needed)"
-    if max_rel <= rtol:
-        return f"passed, every relative diff within rtol {rtol:g} (atol {atol:g} where |eager| <= atol)"
-    return f"passed, every diff within atol + rtol·|eager| (atol {atol:g}, rtol {rtol:g}: neither alone)"
 
 
 def usage_lines(wheel: Path, import_name: str) -> list[str]:

@@ -7,6 +7,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -415,6 +416,9 @@ def test_golden_cases_pass_on_the_installed_wheel(installed):
     ran = subprocess.run([str(installed.parent / "model-tiny"), "verify"], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     assert "ok  case golden0: output 'features'" in ran.stdout and "2 golden cases match" in ran.stdout
+    # each ok line says which bound passed it: a rel diff over rtol, marked ok, read as a failure
+    oks = [line for line in ran.stdout.splitlines() if line.startswith("ok  case ")]
+    assert oks and all(re.search(r"\(rtol .*, atol .*\): passed, every .*", line) for line in oks), ran.stdout
     api = run_in(installed, "import model_tiny; print(len(model_tiny.verify()))")
     assert api.returncode == 0 and api.stdout.strip() == "2", api.stderr
 

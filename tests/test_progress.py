@@ -29,7 +29,7 @@ from pipeline.services.progress import (
     reporting,
     step,
 )
-from pipeline.summary import decided_by
+from pipeline.wheel_template.runtime._bounds import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
 
@@ -150,7 +150,7 @@ def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
     for line in status:
         assert re.fullmatch(
             r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
-            r"about 2m0[45]s left \(estimated here\)",
+            r"about 2m0[45]s left \(from this build's compiles\)",
             line,
         ), line
     quiet = io.StringIO()
@@ -302,10 +302,11 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "the last build)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
-        assert progress.outlook() == "about 27s left (estimated here)"
+        assert progress.outlook() == "about 27s left (from this build's compiles)"
         clock[0] += 25.0
         assert progress.outlook() == (
-            "compile stage running 5s past this build's estimate, then about 7s for the stages after it (from the "
+            "compile stage running 5s past the estimate (from this build's compiles), then about 7s for the stages "
+            "after it (from the "
             "last build)"
         )
     # a stage the last build did not have (static sizes): what comes after it, not a figure for it
