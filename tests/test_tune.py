@@ -193,7 +193,11 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
             line,
         )
     )
-    assert lines[outlook + 1] == tune.SHORTER and "`[compile] search = false`" in tune.SHORTER
+    # it names this build's cache, where --build-dir put it (build/cache is only the default)
+    assert (
+        lines[outlook + 1] == tune.shorter(folder / "build" / "cache")
+        and "`[compile] search = false`" in (lines[outlook + 1])
+    )
     assert outlook < min(
         i for i, line in enumerate(lines) if line.startswith("    candidate ") and "not tried" not in line
     )
@@ -209,7 +213,7 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert any(
         re.fullmatch(
             r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
-            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left \(estimated here\)",
+            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left \(from this build's compiles\)",
             line,
         )
         for line in lines

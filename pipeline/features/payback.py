@@ -189,12 +189,15 @@ class Budget:
 # A budget refusal as the manifest records it: its seconds differ run to run (the report has them).
 OVER_BUDGET = "over the search's compile budget (the build's report has the seconds)"
 
-SHORTER = (
-    "    to make it shorter: `build --no-search` or `[compile] search = false` in the spec (one compile, the "
-    "spec's options), "
-    "a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged (compiles come "
-    "from the build cache, build/cache)"
-)
+
+def shorter(cache_dir: Path) -> str:
+    """How to make the search shorter, naming this build's cache (--build-dir moves it: a newcomer's
+    build said build/cache where its cache was another folder)."""
+    return (
+        "    to make it shorter: `build --no-search` or `[compile] search = false` in the spec (one compile, the "
+        "spec's options), a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged "
+        f"(compiles come from the build cache, {cache_dir})"
+    )
 
 
 class Outlook:
@@ -204,6 +207,7 @@ class Outlook:
     def __init__(self, planned: list[tuple[str, Any]], store: Cache, workers: int = 1) -> None:
         self.order = [name for name, _ in planned]
         self.fresh = {name for name, plan in planned if not store.has(plan.key)}
+        self.cache_dir = store.directory
         self.workers = workers
         self.plain_s: float | None = None  # one plain compile, from the first's
         self.verify_s = 0.0  # one candidate's verification, from the first's
@@ -244,7 +248,7 @@ class Outlook:
                 f"({each}the first's time, compiled now, gives the rest's; the search may stop after it where "
                 "the machine is too noisy for a candidate to win)"
             )
-        return [what, SHORTER]
+        return [what, shorter(self.cache_dir)]
 
     def left_s(self, names: list[str], costs: dict[str, float] | None = None, compiled: bool = False) -> float | None:
         """What ``names`` should take: the fresh ones' compiles, side by side (none where they are

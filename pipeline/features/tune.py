@@ -30,7 +30,7 @@ from ..stages.export import Exported
 from . import first_guess, payback, rounds
 from .candidates import Skipped, candidates
 from .lock import Locked
-from .payback import OVER_BUDGET, SHORTER, Budget, Outlook  # noqa: F401 (SHORTER, OVER_BUDGET: the search's, named here too)
+from .payback import OVER_BUDGET, Budget, Outlook, shorter  # noqa: F401 (shorter, OVER_BUDGET: the search's, named here too)
 from .search import Search, Trial
 
 

@@ -84,6 +84,12 @@ def ratio(value: float) -> str:
     return f"{figure(value)}x" if math.isfinite(value) else "unbounded"
 
 
+# What a stage's own estimate rests on where it says nothing else: this build's measured compiles
+# (the search's, from its first). One wording for it, left or past: "estimated here" turned into
+# "this build's estimate" for the same figure.
+MEASURED_HERE = "from this build's compiles"
+
+
 def outlook(
     expected: Mapping[str, float],
     stage: str,
@@ -105,9 +111,9 @@ def outlook(
     then = f", then about {duration(later)} for the stages after it (from the last build)" if later >= 0.5 else ""
     if stage_left_s is not None:
         if stage_left_s < 0:
-            estimate = "this build's estimate" if basis is None else f"the estimate ({basis})"
+            estimate = f"the estimate ({basis or MEASURED_HERE})"
             return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + then
-        return f"about {duration(stage_left_s + later)} left ({basis or 'estimated here'})"
+        return f"about {duration(stage_left_s + later)} left ({basis or MEASURED_HERE})"
     last = expected.get(stage)
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
         return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
