@@ -10,12 +10,12 @@ earlier builds of other models of the target whose reports record their graph's 
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..services.cache import newest_reports
 from ..targets import Target
 
 EARLIER_BUILDS = 5  # the newest reports that scale the guess to this machine
@@ -43,14 +43,12 @@ def machine_factor(cache_dir: Path, target: Target) -> tuple[float, int]:
     """How this machine's fresh plain compiles compared with the line (their median ratio), and of
     how many earlier builds (1.0, 0 where none recorded its graph's size)."""
     ratios = []
-    reports = sorted(cache_dir.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in reports:
+    for report in newest_reports(cache_dir):
         try:
-            report = json.loads(path.read_text())
             search = report["compile_search"]
             first = search["candidates"][0]
             ops, seconds = search.get("graph_ops"), first.get("compile_s")
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, AttributeError):
             continue
         if report.get("target") != target.NAME or not ops or not seconds or first.get("from_cache"):
             continue

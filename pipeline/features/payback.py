@@ -17,14 +17,13 @@ candidates compile side by side (parallel.py).
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..services.cache import Cache
+from ..services.cache import Cache, newest_reports
 from ..services.progress import duration, estimate, expected_s, figure, ratio, say
 from .first_guess import Guess
 from .rounds import Timed
@@ -78,12 +77,7 @@ class Expected:
 def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
     """The compile_search of the newest build of this model and target in the build cache that
     timed its candidates ({} if none). Read even with --no-cache: it is only advice."""
-    reports = sorted(cache_dir.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in reports:
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for report in newest_reports(cache_dir):
         search = report.get("compile_search") or {}
         if report.get("model") == model and report.get("target") == target and len(search.get("candidates", ())) > 1:
             return search

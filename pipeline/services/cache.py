@@ -14,7 +14,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,6 +86,19 @@ def build_key(
     return "build-" + digest.hexdigest()[:32]
 
 
+def newest_reports(cache_dir: Path) -> Iterator[dict[str, Any]]:
+    """The build reports stored in the cache, newest first, each read as JSON (one that cannot be
+    read is passed over): the advice earlier builds give a new one (its stage times, the search's
+    measured candidates, the first compile's guess)."""
+    for path in sorted(cache_dir.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict):
+            yield report
+
+
 def fresh_compiles(report: dict) -> int:
     """How many candidates a build's report says it compiled fresh (not from the compile cache)."""
     candidates = (report.get("compile_search") or {}).get("candidates") or []
@@ -124,12 +139,7 @@ class Cache:
         ``compiles``: how many candidates this build compiles fresh; the compile stage's time is
         scaled from the number the earlier build compiled, where its report says (a build that
         compiled one, its search stopped on the noise, gave the figure for one that compiles four)."""
-        reports = sorted(self.directory.glob("build-*/*.report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for path in reports:
-            try:
-                report = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+        for report in newest_reports(self.directory):
             if (
                 report.get("model") == model
                 and report.get("target") == target
