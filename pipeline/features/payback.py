@@ -267,8 +267,8 @@ class Outlook:
             estimate(None)
 
     def after(self, rest: list[str], compiled: bool = False) -> None:
-        """A candidate is verified: what the ones after it should take (none left: no estimate,
-        since the timing rounds are not compiles); ``compiled``: all were, side by side."""
+        """A candidate is verified: what the ones after it should take (none left: no estimate here;
+        the timing rounds set their own, Search.time_passed); ``compiled``: all were, side by side."""
         estimate(self.left_s(rest, compiled=compiled) if rest else None)
 
     def announce(
@@ -285,7 +285,7 @@ class Outlook:
                 f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more "
                 f"for the other {len(chosen)} candidate(s){side}{over}, then the timing"
             )
-        estimate(left if chosen else None)  # the timing rounds are not compiles: no estimate for them
+        estimate(left if chosen else None)  # none to compile: the timing rounds set their own estimate
 
 
 def select(

@@ -107,7 +107,7 @@ def outlook(
         return None
     later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1 :])
     # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
-    # running" read as if the compiler were
+    # running" read as if the compiler were still running
     then = f", then about {duration(later)} for the stages after it (from the last build)" if later >= 0.5 else ""
     if stage_left_s is not None:
         if stage_left_s < 0:
@@ -306,8 +306,8 @@ class Steps:
 
 def estimate(stage_left_s: float | None, basis: str | None = None) -> None:
     """About how long the running stage has left, by its own measure (the search's, from its first
-    compile); None where it cannot say (the timing rounds: the estimate counts compiles). ``basis``:
-    what the figure rests on where this build has not measured it (first_guess.py's)."""
+    compile, its cases or steps, the noise rounds); None where it cannot say. ``basis``: what the
+    figure rests on, said beside it (default: this build's compiles, MEASURED_HERE)."""
     active = _ACTIVE.get()
     if active is not None:
         active.estimate(stage_left_s, basis)
