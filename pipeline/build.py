@@ -273,7 +273,8 @@ def compile_stage(
             say(f"    reused the compiled model from build cache {compiled.cache_key}: {skipped_too}no recompile")
         if locked:  # the manifest records the search as it ran when its choice was locked
             tuned = tune.as_locked(tuned, locked)
-        say(f"    chose {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
+        verb = "used" if tuned.why == tune.LONE else "chose"  # nothing was chosen between
+        say(f"    {verb} {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
     return tuned, compiled
 
 

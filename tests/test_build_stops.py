@@ -302,7 +302,7 @@ def test_an_interrupt_python_drops_in_a_gc_callback_still_stops_the_compile(tmp_
     ran = run_cli("build", "--spec", str(spec), *folders.args())
     work = stopped_cleanly(ran, tmp_path)
     assert "==> compile" in ran.err and "compile done" not in ran.err
-    candidate = work / "cpu" / "candidates" / "pinned"
+    candidate = work / "cpu" / "candidates" / "spec-options"
     assert "Exception ignored" not in (candidate / "inductor.log").read_text(), "the interrupt was dropped"
     assert not (candidate / "sources").exists(), "AOTInductor was stopped before it finished"
 

@@ -39,7 +39,7 @@ HOLD_THE_GIL = """
             time.sleep(0.01)
 
     with progress.stage("compile", "1 candidate(s)"):
-        progress.step("1/1 pinned: verifying")
+        progress.step("1/1 spec-options: verifying")
         threading.Thread(target=tick, daemon=True).start()
         time.sleep(0.5)
         marks.write("hold\\n")
@@ -64,7 +64,7 @@ KILLED_WHILE_LIVE = """
     progress = for_stream(sys.stderr)
     progress.say("before the kill")
     with progress.stage("compile"):
-        progress.step("1/1 pinned: timing")
+        progress.step("1/1 spec-options: timing")
         forked = os.fork()
         if forked == 0:  # like a worker torch forks: it holds the renderer's pipe (not the terminal)
             devnull = os.open(os.devnull, os.O_RDWR)
@@ -151,7 +151,9 @@ def test_status_ticks_while_a_c_call_holds_the_gil(tmp_path):
     during = [(at, chunk) for at, chunk in chunks if hold < at < held]
     moments = [hold] + [at for at, _ in during] + [held]
     assert max(b - a for a, b in zip(moments, moments[1:])) < 1.0, (marks, chunks)  # redrawn at least once a second
-    drawn = {seconds for _, chunk in during for seconds in re.findall(r"pinned: verifying · (\d+)s in compile", chunk)}
+    drawn = {
+        seconds for _, chunk in during for seconds in re.findall(r"spec-options: verifying · (\d+)s in compile", chunk)
+    }
     assert len(drawn) >= 3, (marks, chunks)  # and the time it shows went on while the build could not run Python
     plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", text)
     said = (

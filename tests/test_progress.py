@@ -44,9 +44,9 @@ PLAIN_LINES = [
     r"==> export",
     r"    export done in \d+\.\ds",
     r"==> compile: 1 candidate, compiled to .*/tiny/0\.1/cpu",
-    r"    candidate pinned: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
+    r"    candidate spec-options: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
     r"measures the wheel\)",
-    r"    chose pinned",
+    r"    used spec-options: the only candidate, as the option search is off",
     r"    compile done in \d+\.\ds",
     r"==> verify",
     r"    verify done in \d+\.\ds",
@@ -104,9 +104,9 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     _, _, ran = json_build
     status = [line for line in ran.err.splitlines() if line.startswith("    ... ")]
     assert status and all(re.fullmatch(STATUS_LINE, line) for line in status), status
-    assert any(line.startswith("    ... compile 1/1 pinned: compiling · ") for line in status), status
+    assert any(line.startswith("    ... compile 1/1 spec-options: compiling · ") for line in status), status
     # a first build has no earlier one to say how long is left: the compile's figure is guessed from the graph
-    guessed = [line for line in status if line.startswith("    ... compile 1/1 pinned: compiling · ")]
+    guessed = [line for line in status if line.startswith("    ... compile 1/1 spec-options: compiling · ")]
     assert guessed and all(
         re.search(
             r" · (about \d+s left|compile stage running \d+s past the estimate) \(a first guess from the graph's "
@@ -239,7 +239,7 @@ def test_live_status_on_a_terminal_shows_the_candidate_and_the_time(tmp_path):
         ]
     )
     assert code == 0, text
-    assert "\x1b[" in text and re.search(r"compile 1/1 pinned: (compiling|verifying|timing)", text)
+    assert "\x1b[" in text and re.search(r"compile 1/1 spec-options: (compiling|verifying|timing)", text)
     seconds = set(re.findall(r"(\d+)s in all", text))
     assert len(seconds) >= 3, seconds  # redrawn as time passes
     assert "==> compile" in text and "built model_tiny-0.1" in text  # the plain lines are still there

@@ -71,7 +71,7 @@ def recipe(wheel: Path, spec: str | None) -> Recipe:
             "give the spec it was built from with --spec PATH",
         )
     search = manifest.get("compile_search") or {}
-    chosen = search.get("chosen", "pinned")
+    chosen = search.get("chosen", "spec-options")
     options = next(
         (c["options"] for c in search.get("candidates", []) if c["name"] == chosen), manifest.get("compile_options", {})
     )
@@ -123,7 +123,7 @@ def work_folder() -> Path:
 def announce(recipe: Recipe, work: Path) -> str:
     return (
         f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} ({recipe.target}, {recipe.rebuild.said}, "
-        f"root {recipe.root}, options {recipe.forced.chosen} as the wheel records them: no option search)"
+        f"root {recipe.root}, the compile options the wheel records ({recipe.forced.chosen}): no option search)"
     )
 
 

@@ -52,8 +52,8 @@ def candidates(exported: Exported, locked: Locked | None = None) -> tuple[list[t
     """The candidates to compile, and those ruled out beforehand (with why). A matching lock
     entry (lock.py) is the one candidate: what the search chose before, with no search."""
     spec = exported.spec_file.spec
-    if not spec.compile.search:
-        return [("pinned", {})], []
+    if not spec.compile.search:  # the spec's options alone, named as the search names them
+        return [("spec-options", {})], []
     if locked is not None:
         return [(locked.chosen, locked.overrides)], []
     found: list[tuple[str, dict]] = [("spec-options", {})]

@@ -69,6 +69,10 @@ def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], outp
     return [plan_in(exported, plan, output_dir) for _, plan in planned if plan.compile_dir != output_dir]
 
 
+# A newcomer's --no-search build said "chose pinned": a choice, of a candidate named nowhere else.
+LONE = "the only candidate, as the option search is off"
+
+
 def tune(
     exported: Exported,
     planned: list[tuple[str, CompilePlan]],
@@ -123,8 +127,8 @@ def tune(
         assert failure is not None  # every candidate failed verification: the first one's error
         raise VerificationError(failure.message + more, failure.hint) from failure
     timed, cost = search.time_passed(noise, cost)
-    if len(planned) == 1:
-        choice, why = first, ""
+    if len(planned) == 1:  # a lock's entry says where it came from (as_locked)
+        choice, why = first, "" if spec.compile.search else LONE
     elif list(timed) == [first]:
         choice, why = first, search.kept_alone(cost)
     else:
