@@ -76,6 +76,26 @@ def test_a_damaged_lock_is_refused_naming_the_file(tmp_path, text):
     assert refused.value.hint == "restore it from version control, or delete it and build with --update-lock"
 
 
+def test_no_search_neither_uses_nor_writes_the_lock(tmp_path):
+    """--no-search (with_overrides(search=False), as the build command applies it) compiles the
+    spec's options alone: a matching entry beside the spec is not used, and nothing is written."""
+    import torch
+
+    from pipeline.spec import with_overrides
+
+    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true"))
+    path = tmp_path / "m" / "spec.lock.json"
+    searched = load_spec(spec)
+    compile_keys = lock.compile_keys(searched.spec.compile.model_dump(mode="json"))
+    kind = targets.get("cpu").machine()
+    lock.write(path, lock.Key("cpu", kind, torch.__version__, compile_keys), "freezing", {"freezing": True})
+    before, said = path.read_bytes(), []
+    assert lock.consult(searched, "cpu", kind, False, said.append)[1].chosen == "freezing"  # found without the flag
+    said.clear()
+    assert lock.consult(with_overrides(searched, search=False), "cpu", kind, False, said.append) == (None, None)
+    assert said == [] and path.read_bytes() == before
+
+
 def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(tmp_path):
     """One fresh compile: the budget stops the search after the spec's own options. The first build
     finds only an entry for another torch (said, ignored), searches and adds its choice; the
