@@ -284,7 +284,10 @@ def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
     if tried == 1 and not left_out:
         return f"1 candidate, compiled to {out_dir}"
     aside = f" (and {len(left_out)} not tried: {', '.join(left_out)}, below)" if left_out else ""
-    return f"{tried} candidate{'s' if tried > 1 else ''} to try{aside}; the chosen one to {out_dir}"
+    # "as ... allows": the budget can leave some out once the first compile is timed (a newcomer read
+    # "4 candidates to try", then saw three tried)
+    allows = ", as the search's budget allows" if tried > 1 else ""
+    return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}"
 
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:

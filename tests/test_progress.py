@@ -518,9 +518,13 @@ def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
 
     out = Path("/opt/m/unet/1.3/cpu")
     assert compile_header(4, ["bf16-autocast"], out) == (
-        "4 candidates to try (and 1 not tried: bf16-autocast, below); the chosen one to /opt/m/unet/1.3/cpu"
+        "4 candidates to try, as the search's budget allows (and 1 not tried: bf16-autocast, below); "
+        "the chosen one to /opt/m/unet/1.3/cpu"
     )
-    assert compile_header(3, [], out) == "3 candidates to try; the chosen one to /opt/m/unet/1.3/cpu"
+    assert (
+        compile_header(3, [], out)
+        == "3 candidates to try, as the search's budget allows; the chosen one to /opt/m/unet/1.3/cpu"
+    )
     assert compile_header(1, [], out) == "1 candidate, compiled to /opt/m/unet/1.3/cpu"
     noise = Timed(rounds_ms=(358.0, 1624.0, 522.0, 395.0, 5740.0))
     assert "for any of the 3 candidates after spec-options to win" in payback.stopped_line(noise, "spec-options", 3)

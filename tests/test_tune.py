@@ -173,6 +173,11 @@ def mlp_search(tmp_path_factory):
     return folder, ran, again
 
 
+def passed_names(err: str) -> set[str]:
+    """The candidates a build's lines say passed verification."""
+    return set(re.findall(r"    candidate ([\w+-]+): verified", err))
+
+
 def test_search_tries_candidates_and_records_the_choice(mlp_search):
     folder, ran, again = mlp_search
     # Inductor's own output (max-autotune's AUTOTUNE tables) goes to each candidate's log, not the terminal
@@ -186,10 +191,10 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
         i
         for i, line in enumerate(lines)
         if re.fullmatch(
-            r"    search: 3 candidate\(s\) to compile and verify, then all timed together: each is a full "
-            r"compile, so about 3x one compile on this machine \(a first guess from the graph's \d+ ops: about "
-            r"\d+s each; the first's time, compiled now, gives the rest's; the search may stop after it where "
-            r"the machine is too noisy for a candidate to win\)",
+            r"    search: 3 candidate\(s\) to compile and verify as its budget allows, then all timed together: "
+            r"each is a full compile, so about 3x one compile on this machine \(a first guess from the graph's "
+            r"\d+ ops: about \d+s each; the first's time, compiled now, gives the rest's; the search may stop "
+            r"after it where the machine is too noisy for a candidate to win\)",
             line,
         )
     )
@@ -221,6 +226,15 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     names = ["spec-options", "freezing", "max-autotune"]
     for name in names:
         assert f"    candidate {name}: " in ran.err
+    # spec-options is timed twice, alone (the noise) and with the others: the line says which figures count
+    together = next(i for i, line in enumerate(lines) if line.startswith("    the ") and "timed together" in line)
+    assert re.fullmatch(
+        rf"    the {len(passed_names(ran.err))} candidates that passed, timed together in 5 interleaved rounds \(the "
+        r"choice goes by these; spec-options's noise figure above was timed alone, before\):",
+        lines[together],
+    )
+    after = next(line for line in lines[together + 1 :] if not line.startswith("    ... "))  # not a status line
+    assert after.startswith("    candidate spec-options: ") and " over 5 rounds " in after
     report = json.loads(next((folder / "dist").glob("*.report.json")).read_text())
     search = report["compile_search"]
     assert [c["name"] for c in search["candidates"]] == names

@@ -226,7 +226,7 @@ class Outlook:
         what = (
             f"    search: {len(self.fresh)} candidate(s) to compile and verify"
             + (f" ({cached} more from the cache)" if cached else "")
-            + ", then all timed together"
+            + " as its budget allows, then all timed together"
         )
         last = expected_s("compile")
         if last:

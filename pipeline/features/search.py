@@ -129,6 +129,12 @@ class Search:
         if len(self.planned) == 1:
             return self.time_lone(first), cost
         step(f"timing {len(self.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+        # A newcomer saw spec-options timed twice, 132 ms then 138 ms, and nothing said which counts.
+        alone = f"; {first}'s noise figure above was timed alone, before" if noise is not None else ""
+        say(
+            f"    the {len(self.passed)} candidates that passed, timed together in {rounds.ROUNDS} interleaved rounds "
+            f"(the choice goes by these{alone}):"
+        )
         if self.noise_s:  # the same rounds, for each candidate: a newcomer's unet had 41 s of them unestimated
             estimate(self.noise_s * len(self.passed), "the noise rounds' time, for each candidate")
         started = time.perf_counter()
@@ -138,7 +144,7 @@ class Search:
         return timed, dataclasses.replace(cost, timing_s=time.perf_counter() - started)
 
     def time_lone(self, name: str) -> dict[str, rounds.Timed]:
-        """The pinned options' time, for the build's output: one round, as nothing is compared with
+        """A lone candidate's time (the options pinned), for the build's output: one round, as nothing is compared with
         it (five took 25 s of the unet's build). Not verified yet (the verify stage does that), so a
         .so that raises on the example inputs is left untimed, for the verify stage to report."""
         step(f"timing {name} in 1 round")
@@ -217,7 +223,7 @@ class Search:
                         compile_s=self.compile_s.get(name),
                     )
                 )
-                # pinned: nothing to compare, and one round on a busy machine read like the model's latency
+                # a lone candidate: nothing to compare, and one round on a busy machine read like the model's latency
                 line = t.describe() if shown else f"{figure(t.median_ms)} ms a call, one round here ({LONE_CAVEAT})"
                 if t is not noise:  # the noise rounds as its timing: their line said it already
                     say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
