@@ -282,8 +282,24 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
     bare = run_in(python, "import model_tiny; print(model_tiny.__version__)")
     assert bare.returncode == 0 and bare.stdout.strip().startswith("0.1+cpu.torch"), bare.stderr
     version = bare.stdout.strip()
-    info = subprocess.run([str(python.parent / "model-tiny"), "info"], capture_output=True, text=True)
+    info = subprocess.run([str(python.parent / "model-tiny"), "info", "--json"], capture_output=True, text=True)
     assert info.returncode == 0 and json.loads(info.stdout)["full_version"] == version, info.stderr
+    # a screenful, not the manifest (162 lines for the unet): what it takes, gives, and how it was built
+    said = subprocess.run([str(python.parent / "model-tiny"), "info"], capture_output=True, text=True, cwd="/")
+    lines = said.stdout.splitlines()
+    assert said.returncode == 0 and len(lines) <= 12, said.stdout + said.stderr
+    assert lines[0] == f"model-tiny {version}: Tiny test model"
+    assert "  inputs    x float32 [batch, 3, 8, 8]; t float32 [batch]" in lines
+    assert "  dims      batch from 1 to 4 (example 2)" in lines
+    assert (
+        "  outputs   features float32 (rtol 0.0001, atol 0.0001); logits float32 (rtol 0.0001, atol 1e-05), "
+        "returned as a tuple in this order"
+    ) in lines
+    assert any(line.startswith("  compiled  spec-options, no option search (") for line in lines), lines
+    assert (
+        "  verified  10 cases against eager at build time: passed; `model-tiny verify` runs its 2 golden cases here"
+    ) in lines
+    assert lines[-1] == "the whole manifest, as JSON: model-tiny info --json"
     no_torch = subprocess.run([str(python.parent / "model-tiny"), "verify"], capture_output=True, text=True)
     assert no_torch.returncode == 6 and "Traceback" not in no_torch.stderr, no_torch.stderr
     assert no_torch.stderr == (

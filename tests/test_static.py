@@ -216,6 +216,10 @@ def test_verify_command_covers_every_size(static_venv):
     for case in ("golden0", "batch2/golden0", "batch2/golden1", "batch3/golden0", "batch3/golden1"):
         assert f"ok  case {case}:" in done.stdout, done.stdout
     assert "6 golden cases match" in done.stdout
+    info = subprocess.run([str(static_venv.parent / "model-tiny-static"), "info"], capture_output=True, text=True)
+    assert info.returncode == 0, info.stderr
+    assert "  static    batch 2, 3, each compiled on its own, the sizes between padded" in info.stdout.splitlines()
+    assert "`model-tiny-static verify` runs its 6 golden cases here" in info.stdout
 
 
 def test_padding_is_refused_for_a_model_that_mixes_the_batch(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ._bounds import decided_by
 from ._deps import MissingDependency
+from ._info import summary
 from ._integrity import IntegrityError, check_artifacts
 from ._link import ensure_link, sweep_dangling
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, IncompatibleRuntime, manifest
@@ -82,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         "from site-packages without it",
     )
     commands.add_parser("verify", help="re-run the golden cases recorded at build time on this machine")
-    commands.add_parser("info", help="print the build manifest as JSON")
+    info = commands.add_parser("info", help="what the wheel holds: its inputs, outputs, build and files")
+    info.add_argument("--json", action="store_true", help="print the whole build manifest as JSON instead")
     args = parser.parse_args(argv)
     try:
         if args.command == "info":
-            print(json.dumps(m, indent=2, sort_keys=True))
+            print(json.dumps(m, indent=2, sort_keys=True) if args.json else "\n".join(summary(m, ARTIFACTS_DIR)))
             return 0
         return _link(m) if args.command == "link" else _verify(m)
     except tuple(EXIT_CODES) as exc:

@@ -1,0 +1,90 @@
+"""``model-<name> info``: what the wheel holds, in a screenful; ``info --json`` prints the manifest.
+
+A newcomer's ``model-unet info`` printed the whole 162-line manifest, every candidate's compile
+options among it, to learn what the model takes and how it was built. Imports neither torch nor
+numpy: the command runs where torch is not installed (``pip install --no-deps``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._schema import Manifest
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def _platform(m: Manifest) -> str:
+    facts: dict[str, Any] = dict(m["platform"])
+    machine = facts.pop("machine", "")
+    return ", ".join([machine] + [f"{key} {value}" for key, value in facts.items()])
+
+
+def _weights(m: Manifest) -> str:
+    weights = m["weights"]
+    if not weights["external"]:
+        return f"in the compiled model (sha256 {weights['sha256'][:16]}…)"
+    size = f", {_megabytes(weights['size'])}" if "size" in weights else ""
+    return (
+        f"{weights.get('file', 'a file')} beside it{size}: another file of the same tensors by "
+        "load(weights=...) or model.swap_weights(...)"
+    )
+
+
+def _compiled(m: Manifest) -> str:
+    search = m["compile_search"]
+    options = ", ".join(f"{key} {value}" for key, value in sorted(m["compile_options"].items()))
+    tried = [c["name"] for c in search["candidates"]]
+    if len(tried) <= 1:
+        return f"{search['chosen']}, no option search ({options})"
+    left_out = [n["name"] for n in search["not_tried"]]
+    among = ", ".join(tried) + (f"; not tried: {', '.join(left_out)}" if left_out else "")
+    return f"{search['chosen']}, the option search's choice among {among} ({options})"
+
+
+def _verified(m: Manifest) -> str:
+    verification, cases = m["verification"], len(m["verification"]["cases"])
+    outcome = "passed" if verification["passed"] else "FAILED"
+    sizes = m["static"]["sizes"].values() if "static" in m else []
+    golden = len(m["golden"]["cases"]) + sum(len(size["golden_cases"]) for size in sizes)
+    return (
+        f"{cases} cases against {verification.get('reference', 'eager')} at build time: {outcome}; "
+        f"`{m['dist_name']} verify` runs its {golden} golden cases here"
+    )
+
+
+def summary(m: Manifest, artifacts_dir: Path) -> list[str]:
+    """The lines ``info`` prints: one a row, the row's name first, as the build's summary has them."""
+    target = m["target"] if m["device"] == m["target"] else f"{m['target']} ({m['device']})"
+    rows = [
+        ("target", f"{target}, torch {m['torch']['version']}, built for {_platform(m)}"),
+        ("inputs", "; ".join(f"{i['name']} {i['dtype']} [{', '.join(map(str, i['shape']))}]" for i in m["inputs"])),
+    ]
+    if m["dims"]:
+        dims = "; ".join(f"{n} from {d['min']} to {d['max']} (example {d['example']})" for n, d in m["dims"].items())
+        rows.append(("dims", dims))
+    outputs = "; ".join(f"{o['name']} {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in m["outputs"])
+    rows.append(("outputs", outputs + (", returned as a tuple in this order" if m["returns_tuple"] else "")))
+    if "static" in m:
+        static = m["static"]
+        sizes = ", ".join(sorted(static["sizes"], key=int))
+        padded = ", the sizes between padded" if static["pad"] else ""
+        rows.append(("static", f"{static['dim']} {sizes}, each compiled on its own{padded}"))
+    if "checkpoint" in m:
+        checkpoint = m["checkpoint"]
+        rows.append(("checkpoint", f"{checkpoint['folder']} ({checkpoint['task']}, {checkpoint['class']})"))
+    rows += [("weights", _weights(m)), ("compiled", _compiled(m)), ("verified", _verified(m))]
+    library = m["artifacts"].get(m["library"])
+    size = f" ({_megabytes(library['size'])})" if library else ""
+    where = "" if m["relocatable"] else f"; its kernels addressed by {m['opt_path']}"
+    rows.append(("files", f"{m['library']}{size} in {artifacts_dir}{where}"))
+    title = f"{m['dist_name']} {m['full_version']}" + (f": {m['description']}" if m["description"] else "")
+    width = max(len(name) for name, _ in rows)
+    return [
+        title,
+        *(f"  {name.ljust(width)}  {text}" for name, text in rows),
+        f"the whole manifest, as JSON: {m['dist_name']} info --json",
+    ]
