@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 import shutil
@@ -455,6 +456,29 @@ def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search,
         f"    candidate spec-options: {progress.figure(trial.median_ms)} ms a call, one round here "
         "(a rough figure for the report: make bench measures the wheel) (cached)"
     ], said
+
+
+def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_search, tmp_path):
+    """A model's first build guesses its first compile from the graph, which leaves out the first
+    candidate's verification: a newcomer saw "compile stage running 14s past the estimate" while
+    it ran. Its cases give that figure; the candidates after it are estimated from the first's time."""
+    from pipeline.features import search
+
+    exported, planned, _, store = searched_mlp(mlp_search, tmp_path)
+    bases: list[tuple[str, str | None]] = []
+
+    class Display(progress.Progress):
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            bases.append((self.current[0] if self.current else "", basis))
+            super().estimate(stage_left_s, basis)
+
+    display = Display(io.StringIO())
+    with progress.reporting(display), display.stage("compile"):
+        tune.tune(exported, planned[:2], [], None, tmp_path / "work", store)
+    first_verify = [i for i, (stage, basis) in enumerate(bases) if basis == search.FIRST_VERIFY]
+    assert first_verify and all(bases[i][0] == "compile" for i in first_verify), bases
+    # only while the first is verified: its own time then estimates the second's
+    assert first_verify[-1] < max(i for i, (_, basis) in enumerate(bases) if basis is None), bases  # MEASURED_HERE
 
 
 def test_a_runner_that_raises_is_a_verification_error_naming_the_case():

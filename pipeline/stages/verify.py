@@ -251,11 +251,13 @@ def verify_model(
     weights_file: Path | None,
     doing: str = "",
     stage: str | None = None,
+    basis: str = StepClock.BASIS,
 ) -> Verified:
     """``weights_file``: write_weights()'s file for a model with external weights, else None.
     The status names each case as it runs, ``doing`` before it (``1/4 spec-options: verifying ``):
     the unet's ten cases took 100 s that said only what ran, not how far along it was. ``stage``:
-    the stage verifying is the whole of, which then estimates what is left from the cases (StepClock)."""
+    the stage verifying is the whole of, which then estimates what is left from the cases (StepClock),
+    ``basis`` said beside that figure."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
     runner, library_sha256 = open_hashed(compiled, weights_file)
@@ -267,7 +269,7 @@ def verify_model(
     reference = "eager float64" if reference_module is not None else target.REFERENCE
     results, golden = [], {}
     cases = verification_cases(exported)
-    clock = StepClock(stage, len(cases)) if stage else None
+    clock = StepClock(stage, len(cases), basis) if stage else None
     for number, case in enumerate(cases, 1):
         step(f"{doing}case {number}/{len(cases)} {case.name}")
         with torch.no_grad(), targets.reference(target):
