@@ -75,6 +75,29 @@ def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):
     assert "cannot import module 'no_such_module_xyz'" in ran.err and "Traceback" not in ran.err
 
 
+def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tmp_path):
+    """`modelwheel doctor unet` in the checkout failed: 'cannot import module models.unet.model'.
+    `python -m pipeline` imports from the current directory, the installed command does not; a
+    spec in the package its factory's dotted name names is now found from any folder."""
+    import subprocess
+    import sys
+
+    package = tmp_path / "checkout" / "models" / "mini"
+    spec = spec_copy(package, GOOD.replace('factory = "tiny_model:build"', 'factory = "models.mini.tiny_model:build"'))
+    command = Path(sys.executable).parent / "modelwheel"
+    ran = subprocess.run([str(command), "doctor", "--spec", str(spec)], capture_output=True, text=True, cwd="/")
+    assert ran.returncode == 0 and "tiny: no problems that stop compilation" in ran.stderr, ran.stderr
+    elsewhere = GOOD.replace('factory = "tiny_model:build"', 'factory = "models.mini.x:build"')
+    apart = spec_copy(tmp_path / "apart", elsewhere)
+    ran = subprocess.run([str(command), "doctor", "--spec", str(apart)], capture_output=True, text=True, cwd="/")
+    assert ran.returncode == ModelLoadError.exit_code, ran.stderr
+    assert (
+        f"hint: put models/mini/x.py beside the spec (in {apart.parent}) or, for a dotted name, the spec in its "
+        "package (models/unet/spec.toml names models.unet.model), or install the module into the Python that runs "
+        "modelwheel"
+    ) in ran.stderr
+
+
 @pytest.mark.parametrize("code", ["0", "3", "None"])
 def test_factory_that_exits_is_refused(tmp_path, code):
     """sys.exit(0) from the factory ended the build with exit 0 and no wheel."""

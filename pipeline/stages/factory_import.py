@@ -41,13 +41,26 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def import_roots(spec_dir: Path, module_name: str) -> list[str]:
+    """Where the factory's module is imported from: the spec's folder (specs that live anywhere keep
+    their code beside them) and, where the spec sits in the package its dotted name names
+    (models/unet/spec.toml naming models.unet.model), the folder that package starts in. The
+    installed `modelwheel` command does not import from the current directory, as `python -m`
+    does: `modelwheel doctor unet` in the checkout could not import models.unet.model."""
+    package = module_name.split(".")[:-1]
+    roots = [str(spec_dir)]
+    if package and spec_dir.parts[-len(package) :] == tuple(package):
+        roots.append(str(spec_dir.parents[len(package) - 1]))
+    return roots
+
+
 def import_factory(spec_file: SpecFile, named: str) -> Callable[..., Any]:
     """``named`` (the spec's model.factory, 'package.module:callable') imported from beside the spec."""
     module_name, _, attr = named.partition(":")
-    # Specs that live anywhere can keep their code beside them.
+    for root in reversed(import_roots(spec_file.path.parent.resolve(), module_name)):
+        if root not in sys.path:
+            sys.path.insert(0, root)
     spec_dir = str(spec_file.path.parent)
-    if spec_dir not in sys.path:
-        sys.path.insert(0, spec_dir)
     key = f"{spec_file.path}: key 'model.factory'"
     _refuse_a_second_pipeline(key, module_name, Path(spec_dir))
     if module_name.split(".")[0] in sys.stdlib_module_names:  # before importing or calling anything of it
@@ -65,7 +78,9 @@ def import_factory(spec_file: SpecFile, named: str) -> Callable[..., Any]:
             raise _import_failed(key, module_name, exc) from exc
         raise ModelLoadError(
             f"{key}: cannot import module {module_name!r}: {exc}",
-            "make the module importable from the current directory or the spec's folder",
+            f"put {module_name.replace('.', '/')}.py beside the spec (in {spec_dir}) or, for a dotted name, the "
+            "spec in its package (models/unet/spec.toml names models.unet.model), or install the module into the "
+            "Python that runs modelwheel",
         ) from exc
     except (Exception, SystemExit) as exc:  # the module's own top-level code can raise anything
         raise _import_failed(key, module_name, exc) from exc
