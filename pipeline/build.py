@@ -30,7 +30,7 @@ from .spec import SpecFile
 from .stages import static
 from .stages.compile import Compiled, CompilePlan, find_cxx, find_strip
 from .stages.deliver import BuildResult, commit, restore_to_dist
-from .stages.doctor import DOCTOR_STEPS, run_doctor
+from .stages.doctor import DOCTOR_STEPS, TRACE_STEP, run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
 from .stages.manifest import build_manifest, full_version
@@ -225,9 +225,9 @@ def doctor_stage(
     minutes of compiling, since no comparison could verify them), pad = true's gate on eager (a
     model that mixes the batch stops here too) and the search's plans."""
     pads = static.pads(ctx.spec_file.spec)
-    steps = Steps(
-        DOCTOR_STEPS + (3 if pads else 2), stage="doctor"
-    )  # numbered over the doctor's checks and this stage's own
+    # numbered over the doctor's checks and this stage's own; the time left is from the eager
+    # calls' steps, not from the dynamo trace (TRACE_STEP), which takes a time of its own
+    steps = Steps(DOCTOR_STEPS + (3 if pads else 2), stage="doctor", unlike=frozenset({TRACE_STEP}))
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded, steps)
         # eager calls too (minutes for a large model on a busy machine): the status says which

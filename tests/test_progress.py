@@ -341,6 +341,18 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         clock[0] += 4.0
         numbered("purity")  # 4 s a step after the first: three to go
         assert doctor.outlook() == "about 12s left (from the doctor's steps so far)"
+    traced = Progress(io.StringIO())  # the build's doctor: its dynamo trace is not an eager call's time
+    with reporting(traced), traced.stage("doctor"):
+        numbered = Steps(5, stage="doctor", unlike=frozenset({2}))
+        numbered("source")
+        clock[0] += 1.0
+        numbered("graph breaks")
+        clock[0] += 5.0
+        numbered("purity")  # the trace done: nothing of the eager steps to go by yet
+        assert traced.outlook() is None
+        clock[0] += 0.5
+        numbered("signal")  # purity's 0.5 s, for each of the two left (5 s each had the trace counted)
+        assert traced.outlook() == "about 1s left (from the doctor's steps so far)"
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):
         steps = StepClock("verify", 4)

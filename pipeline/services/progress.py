@@ -263,26 +263,29 @@ class StepClock:
     """A stage's own estimate from its steps (the verify stage's cases), said once it runs past the
     last build's figure, or where there is none: the mean of the steps after the first (which opens
     and warms the model) times the steps left. A --no-search unet build verified its ten cases in
-    38 s, against the 2.5 s of the last build's, whose search had verified the .so before."""
+    38 s, against the 2.5 s of the last build's, whose search had verified the .so before.
+    ``unlike``: the numbers of steps of another kind, left out of the mean (the doctor's dynamo
+    trace, 5 of the unet's 8 s, made the eager calls after it look three times longer)."""
 
     BASIS = "from the cases verified so far"
 
-    def __init__(self, stage: str, total: int, basis: str = BASIS) -> None:
-        self.stage, self.total, self.basis = stage, total, basis
+    def __init__(self, stage: str, total: int, basis: str = BASIS, unlike: frozenset[int] = frozenset()) -> None:
+        self.stage, self.total, self.basis, self.unlike = stage, total, basis, unlike
         self.began = time.perf_counter()
-        self.first_s = 0.0
+        self.until_s = 0.0  # the stage's seconds when the step before was done
+        self.like_s, self.like = 0.0, 0  # the steps the mean is of: their seconds, their count
 
     def done(self, number: int) -> None:
         """Step ``number`` (from 1) is done."""
         in_stage_s = time.perf_counter() - self.began
-        if number == 1:
-            self.first_s = in_stage_s
+        took_s, self.until_s = in_stage_s - self.until_s, in_stage_s
+        if number == 1 or number in self.unlike:
             return
+        self.like_s, self.like = self.like_s + took_s, self.like + 1
         last = expected_s(self.stage)
         if last is not None and in_stage_s <= last:  # the last build's figure still holds
             return
-        per_step_s = (in_stage_s - self.first_s) / (number - 1)
-        estimate(per_step_s * (self.total - number), self.basis)
+        estimate(self.like_s / self.like * (self.total - number), self.basis)
 
 
 class Steps:
@@ -290,12 +293,12 @@ class Steps:
     one module: the build's doctor runs the doctor's three checks, then its own (signal, the search's
     candidates), and numbering each part on its own said ``1/3 ... 3/3`` before its two longest steps."""
 
-    def __init__(self, total: int, stage: str | None = None) -> None:
+    def __init__(self, total: int, stage: str | None = None, unlike: frozenset[int] = frozenset()) -> None:
         self.total = total
         self.done = 0
         # ``stage``: the steps are the whole stage, which estimates what is left from them (a
         # model's first build showed the doctor's steps for a minute with no time left)
-        self.clock = StepClock(stage, total, f"from the {stage}'s steps so far") if stage else None
+        self.clock = StepClock(stage, total, f"from the {stage}'s steps so far", unlike) if stage else None
 
     def __call__(self, text: str) -> None:
         if self.clock is not None and self.done:

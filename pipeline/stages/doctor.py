@@ -96,6 +96,7 @@ def unique(findings: list[Finding]) -> list[Finding]:
 
 
 DOCTOR_STEPS = 3  # run_doctor's numbered steps: source, graph breaks (diagnose's), purity
+TRACE_STEP = 2  # graph breaks: dynamo traces the model, where the other steps call it eagerly
 
 
 def diagnose(
