@@ -263,7 +263,7 @@ def compile_stage(
     locked: options_lock.Locked | None = None,
 ) -> tuple[Tuned, Compiled]:
     say = ctx.progress.say
-    with ctx.progress.stage("compile", compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
+    with ctx.progress.stage("compile", tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
@@ -276,18 +276,6 @@ def compile_stage(
         verb = "used" if tuned.why == tune.LONE else "chose"  # nothing was chosen between
         say(f"    {verb} {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
     return tuned, compiled
-
-
-def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
-    """The compile stage's first line, in counts that add up with the lines after it: a newcomer read
-    "4 candidate(s)", then a fifth "not tried", then "3 other candidate(s)"."""
-    if tried == 1 and not left_out:
-        return f"1 candidate, compiled to {out_dir}"
-    aside = f" (and {len(left_out)} not tried: {', '.join(left_out)}, below)" if left_out else ""
-    # "as ... allows": the budget can leave some out once the first compile is timed (a newcomer read
-    # "4 candidates to try", then saw three tried)
-    allows = ", as the search's budget allows" if tried > 1 else ""
-    return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}"
 
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:

@@ -524,9 +524,9 @@ def test_verify_names_each_case_as_it_runs(warm_dirs, tmp_path):
 def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
     """A newcomer read "compile: 4 candidate(s)", then "candidate bf16-autocast: not tried", then "any of
     the 3 other candidate(s)": five, four or three? Now four to try, one not tried, three after the first."""
-    from pipeline.build import compile_header
     from pipeline.features import payback
     from pipeline.features.rounds import Timed
+    from pipeline.features.tune import compile_header
 
     out = Path("/opt/m/unet/1.3/cpu")
     assert compile_header(4, ["bf16-autocast"], out) == (

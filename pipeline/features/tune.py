@@ -73,6 +73,18 @@ def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], outp
 LONE = "the only candidate, as the option search is off"
 
 
+def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
+    """The compile stage's first line, in counts that add up with the lines after it: a newcomer read
+    "4 candidate(s)", then a fifth "not tried", then "3 other candidate(s)"."""
+    if tried == 1 and not left_out:
+        return f"1 candidate, compiled to {out_dir}"
+    aside = f" (and {len(left_out)} not tried: {', '.join(left_out)}, below)" if left_out else ""
+    # "as ... allows": the budget can leave some out once the first compile is timed (a newcomer read
+    # "4 candidates to try", then saw three tried)
+    allows = ", as the search's budget allows" if tried > 1 else ""
+    return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}"
+
+
 def tune(
     exported: Exported,
     planned: list[tuple[str, CompilePlan]],
