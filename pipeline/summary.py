@@ -57,7 +57,11 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     else:
         side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
         verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
-        spent = f"{cost['compiled']} candidate(s) compiled in {cost['compile_s']:.1f}s{side}{verified}{left_out}"
+        # "beyond spec-options": the first compile is the build's own; the count read as one short
+        spent = (
+            f"{cost['compiled']} candidate(s) beyond spec-options compiled in {cost['compile_s']:.1f}s"
+            f"{side}{verified}{left_out}"
+        )
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]

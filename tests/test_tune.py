@@ -282,7 +282,7 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
     at_a_time = r", 2 at a time: [\d.]+s wall" if cost["workers"] > 1 else ""
     assert cost["verify_s"] > 0  # verifying them one after the other, apart from the compiles
     summary = (
-        rf"^  search    2 candidate\(s\) compiled in [\d.]+s{at_a_time}, verified in [\d.]+s; timed [\d.]+s; {won}$"
+        rf"^  search    2 candidate\(s\) beyond spec-options compiled in [\d.]+s{at_a_time}, verified in [\d.]+s; timed [\d.]+s; {won}$"
     )
     assert re.search(summary, ran.err, re.M), ran.err
     assert re.search(
