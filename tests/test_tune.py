@@ -282,7 +282,8 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
     at_a_time = r", 2 at a time: [\d.]+s wall" if cost["workers"] > 1 else ""
     assert cost["verify_s"] > 0  # verifying them one after the other, apart from the compiles
     summary = (
-        rf"^  search    2 candidate\(s\) beyond spec-options compiled in [\d.]+s{at_a_time}, verified in [\d.]+s; timed [\d.]+s; {won}$"
+        rf"^  search    2 candidate\(s\) beyond spec-options compiled in [\d.]+s{at_a_time}, verified in [\d.]+s; "
+        rf"timed [\d.]+s; {won}$"
     )
     assert re.search(summary, ran.err, re.M), ran.err
     assert re.search(
@@ -479,6 +480,18 @@ def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_searc
     assert first_verify and all(bases[i][0] == "compile" for i in first_verify), bases
     # only while the first is verified: its own time then estimates the second's
     assert first_verify[-1] < max(i for i, (_, basis) in enumerate(bases) if basis is None), bases  # MEASURED_HERE
+
+
+def test_the_counters_count_the_candidates_the_search_compiles():
+    """A newcomer saw `compile 1/4 spec-options`, then `3/4 freezing+channels-last`, and no 2/4 or
+    4/4: the budget and the noise had left two out. Once chosen, the counters count those."""
+    from pipeline.features.search import Search
+
+    planned = [(name, None) for name in ("spec-options", "freezing", "freezing+channels-last", "max-autotune")]
+    search = Search(None, planned, None, Path("/nonexistent"), None, None)  # only the names are read
+    assert search.counter("spec-options") == "1/4 spec-options"
+    search.narrow(["freezing+channels-last"])
+    assert search.counter("freezing+channels-last") == "2/2 freezing+channels-last"
 
 
 def test_a_runner_that_raises_is_a_verification_error_naming_the_case():

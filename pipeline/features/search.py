@@ -69,12 +69,18 @@ class Search:
         self.compile_s: dict[str, float] = {}
         self.first_failure: VerificationError | None = None
         self.noise_s = 0.0
+        self.order = [name for name, _ in planned]  # what the counters count: narrowed once chosen
+
+    def narrow(self, chosen: list[str]) -> None:
+        """The candidates chosen after the first: the counters count those (a newcomer saw 1/4, then
+        3/4, and no 2/4 or 4/4, where the budget and the noise had left two out)."""
+        self.order = [self.order[0], *chosen]
 
     def from_cache(self, name: str) -> bool:
         return name in self.passed and self.passed[name].from_cache
 
     def counter(self, name: str) -> str:
-        return f"{[n for n, _ in self.planned].index(name) + 1}/{len(self.planned)} {name}"
+        return f"{self.order.index(name) + 1}/{len(self.order)} {name}"
 
     def compile_and_verify(self, name: str, precompiled: parallel.Done | None = None) -> None:
         check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest

@@ -125,6 +125,7 @@ def tune(
         noise = search.noise() if first in search.passed else None
         chosen, refused, cost = choose_candidates(exported, planned, noise, budget, store, cost)
         skipped += refused
+        search.narrow([e.name for e in chosen])
         outlook.announce(
             first,
             first_s,
