@@ -168,8 +168,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
     refuse_if_held(ctx.out_dir)  # a running build's folder: said now, not after the doctor and export
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
     # The last build's compile time, scaled to the compiles this one will make (it may have made one)
-    fresh = sum(not ctx.store.has(plan.key) for _, plan in planned)
-    ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME, compiles=fresh))
+    rounds = tune.expected_rounds(exported, planned, ctx.store)
+    ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME, rounds=rounds))
     exported = export_stage(ctx, exported, loaded, planned)
     # Nothing is written to the work folder before its lock is held; the wheel in it is moved
     # to dist/ and the cache while the lock is still held.

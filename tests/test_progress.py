@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.features import payback
 from pipeline.services.cache import Cache
 from pipeline.services.parallel import last_stage
 from pipeline.services.progress import (
@@ -280,9 +281,32 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         time.sleep(0.01)
     assert cache.stage_times("tiny", "cpu")["compile"] == 40.0  # the newest not reused
     assert cache.stage_times("tiny", "cuda") == {} and cache.stage_times("other", "cpu") == {}
-    # it compiled one candidate; a build that compiles four (the unet's search) expects four times it
-    assert cache.stage_times("tiny", "cpu", compiles=4)["compile"] == 160.0
-    assert cache.stage_times("tiny", "cpu", compiles=4)["verify"] == 3.0
+    # it compiled one candidate; a build whose compiles take four compiles' time expects four times it
+    assert cache.stage_times("tiny", "cpu", rounds=4)["compile"] == 160.0
+    assert cache.stage_times("tiny", "cpu", rounds=4)["verify"] == 3.0
+    # one that compiled three, the two after the first side by side, took two compiles' time
+    three = [*one_fresh, *({"name": n, "compile_s": 30.0} for n in ("freezing", "max-autotune"))]
+    searched = tmp_path / "cache" / "build-d"
+    searched.mkdir()
+    (searched / "model_tiny.report.json").write_text(
+        json.dumps(
+            {
+                "model": "tiny",
+                "target": "cpu",
+                "stages_s": {"compile": 80.0},
+                "compile_search": {"candidates": three, "cost": {"workers": 2}},
+            }
+        )
+    )
+    assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 40.0
+    # what a search should take: the first, then what the default budget (3 compiles on 2 cores) has room for
+    unet = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
+    assert payback.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
+    assert payback.expected_rounds(unet, True, 2, 3600.0) == 3  # a budget in seconds: all, 2 at a time
+    assert payback.expected_rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
+    assert payback.expected_rounds(unet[1:], False, 2, None) == 2  # the first cached: nothing to budget by
+    searched.joinpath("model_tiny.report.json").unlink()
+    searched.rmdir()
     progress = Progress(io.StringIO())
     progress.expect(cache.stage_times("tiny", "cpu"))
     clock = [100.0]

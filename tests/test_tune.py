@@ -187,13 +187,17 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert "AUTOTUNE" in log.read_text(), "compiled in a worker, its log is still the candidate's"
     # before the search: what it costs here and how to make it shorter; once a compile is timed, how long is left
     lines = ran.err.splitlines()
-    # a first build of the MLP here: one compile's time is guessed from the graph
+    # a first build of the MLP here: one compile's time is guessed from the graph; its budget (an hour)
+    # leaves room for both candidates after the first, side by side where there are two cores
+    at_a_time = ", 2 at a time" if payback.cores() > 1 else ""
+    rounds = 2 if payback.cores() > 1 else 3
     outlook = next(
         i
         for i, line in enumerate(lines)
         if re.fullmatch(
             r"    search: 3 candidate\(s\) to compile and verify as its budget allows, then all timed together: "
-            r"each is a full compile, so about 3x one compile on this machine \(a first guess from the graph's "
+            rf"each is a full compile, so about {rounds}x one compile on this machine \(the first, then the candidates "
+            rf"its budget leaves room for{at_a_time}; a first guess from the graph's "
             r"\d+ ops: about \d+s each; the first's time, compiled now, gives the rest's; the search may stop "
             r"after it where the machine is too noisy for a candidate to win\)",
             line,

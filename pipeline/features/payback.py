@@ -194,6 +194,22 @@ def shorter(cache_dir: Path) -> str:
     )
 
 
+def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> int:
+    """How many compiles' time the fresh candidates should take: the first, then those the default
+    budget leaves room for (Budget.refusal, in the first compile's units), ``workers`` at a time.
+    A budget in seconds, or a first compile from the cache (nothing to measure it by), lets all run
+    (then all side by side, where the first is cached)."""
+    if len(fresh) <= 1 or not first_fresh:
+        return -(-len(fresh) // workers) if len(fresh) > 1 else len(fresh)
+    room = BUDGET_FACTOR * (1 + workers) - COMPILE_COST.get(fresh[0], 1.0)
+    fits = 0
+    for name in fresh[1:]:
+        cost = COMPILE_COST.get(name, 1.0)
+        if given_s or cost <= room:
+            room, fits = room - cost, fits + 1
+    return 1 + -(-fits // workers)  # rounded up to whole rounds
+
+
 class Outlook:
     """About how long the search has left, from the time its first fresh compile took (times a
     candidate's cost for each fresh one still to come, shared among the cores compiling them)."""
@@ -217,11 +233,15 @@ class Outlook:
         basis = guess.basis if len(self.order) == 1 else f"the first compile: {guess.basis}"
         estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
 
-    def before_search(self, guess: Guess | None = None) -> list[str]:
+    def before_search(self, guess: Guess | None = None, rounds: int | None = None) -> list[str]:
         """What the search will cost here, said before it starts: from the last build's compile
-        stage where there was one, else in compiles (the first one's time gives the estimate)."""
+        stage where there was one, else in compiles (the first one's time gives the estimate).
+        ``rounds``: the compiles' time it should take (expected_rounds), where the budget counts."""
         if len(self.order) < 2 or not self.fresh:
             return []
+        rounds = rounds or len(self.fresh)
+        side = f", {self.workers} at a time" if self.workers > 1 else ""
+        room = f"the first, then the candidates its budget leaves room for{side}"
         cached = len(self.order) - len(self.fresh)
         what = (
             f"    search: {len(self.fresh)} candidate(s) to compile and verify"
@@ -231,15 +251,14 @@ class Outlook:
         last = expected_s("compile")
         if last:
             what += (
-                f": about {duration(last)} on this machine (the last build's compile stage, scaled to "
-                f"{len(self.fresh)} compile{'s' if len(self.fresh) != 1 else ''} where its report says how many it "
-                "made)"
+                f": about {duration(last)} on this machine (the last build's compile stage, scaled to {rounds} "
+                f"compile{'s' if rounds != 1 else ''}' time: {room})"
             )
         else:
             each = f"{guess.basis}: about {duration(guess.seconds)} each; " if guess else ""
             what += (
-                f": each is a full compile, so about {len(self.fresh)}x one compile on this machine "
-                f"({each}the first's time, compiled now, gives the rest's; the search may stop after it where "
+                f": each is a full compile, so about {rounds}x one compile on this machine ({room}; "
+                f"{each}the first's time, compiled now, gives the rest's; the search may stop after it where "
                 "the machine is too noisy for a candidate to win)"
             )
         return [what, shorter(self.cache_dir)]

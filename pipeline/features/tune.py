@@ -85,6 +85,21 @@ def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
     return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}"
 
 
+def search_workers(exported: Exported, planned: list[tuple[str, CompilePlan]]) -> int:
+    """How many candidates compile side by side: where the target allows it, one on each core (a
+    forked worker cannot use an accelerator its parent has initialised: CUDA refuses to again)."""
+    cores = payback.cores() if exported.target.COMPILES_IN_FORKS else 1
+    return max(1, min(cores, len(planned) - 1))
+
+
+def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> int:
+    """How many compiles' time the planned fresh compiles should take, as the budget runs them."""
+    fresh = [name for name, plan in planned if not store.has(plan.key)]
+    first_fresh = bool(planned) and planned[0][0] in fresh
+    budget_s = exported.spec_file.spec.compile.search_budget_s
+    return payback.expected_rounds(fresh, first_fresh, search_workers(exported, planned), budget_s)
+
+
 def tune(
     exported: Exported,
     planned: list[tuple[str, CompilePlan]],
@@ -101,17 +116,14 @@ def tune(
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     spec, skipped = exported.spec_file.spec, list(skipped)
-    # Side by side where the target allows it: a forked worker cannot use an accelerator its
-    # parent has initialised (CUDA refuses to initialise again after a fork).
-    cores = payback.cores() if exported.target.COMPILES_IN_FORKS else 1
-    workers = max(1, min(cores, len(planned) - 1))
+    workers = search_workers(exported, planned)
     budget, outlook = Budget(spec.compile.search_budget_s, workers), Outlook(planned, store, workers)
     guess = (
         None
         if expected_s("compile") is not None  # the last build of this model here says it better
         else first_guess.first_compile(exported.program, exported.target, store.directory)
     )
-    for line in outlook.before_search(guess):
+    for line in outlook.before_search(guess, expected_rounds(exported, planned, store)):
         say(line)
     outlook.start(guess)
     first, plans = planned[0][0], dict(planned)

@@ -109,6 +109,16 @@ def fresh_compiles(report: dict) -> int:
     )
 
 
+def compile_rounds(report: dict) -> int:
+    """How many compiles' time a build's compile stage took: its first, then the others side by
+    side, its search's workers at a time (compile_search.cost.workers)."""
+    fresh = fresh_compiles(report)
+    if fresh <= 1:
+        return fresh
+    workers = ((report.get("compile_search") or {}).get("cost") or {}).get("workers") or 1
+    return 1 + -(-(fresh - 1) // max(1, int(workers)))  # the others, rounded up to whole rounds
+
+
 class Cache:
     """Entries under ``directory``. With ``reuse`` off (--no-cache) nothing is read, but every
     build still stores what it made, replacing older entries, so the next build can reuse it."""
@@ -133,12 +143,14 @@ class Cache:
             restored.append(output_dir / cached.name)
         return tuple(restored)
 
-    def stage_times(self, model: str, target: str, compiles: int | None = None) -> dict[str, float]:
+    def stage_times(self, model: str, target: str, rounds: int | None = None) -> dict[str, float]:
         """The stage times of the newest stored build of this model and target ({} if none): the
         live progress's estimate of what is left. Read even with --no-cache: it is only advice.
-        ``compiles``: how many candidates this build compiles fresh; the compile stage's time is
-        scaled from the number the earlier build compiled, where its report says (a build that
-        compiled one, its search stopped on the noise, gave the figure for one that compiles four)."""
+        ``rounds``: how many compiles' time this build's compiles should take (payback.expected_rounds);
+        the compile stage's time is scaled from the earlier build's, where its report says (a build
+        that compiled one, its search stopped on the noise, gave the figure for one that compiles
+        four; a --no-search build's one compile, four times over, for a search whose budget let two
+        more run side by side: 3m39s for 2m16s)."""
         for report in newest_reports(self.directory):
             if (
                 report.get("model") == model
@@ -146,9 +158,9 @@ class Cache:
                 and not report.get("build_cache", {}).get("reused")
             ):
                 times = {name: float(seconds) for name, seconds in report.get("stages_s", {}).items()}
-                compiled = fresh_compiles(report)
-                if compiles is not None and compiled and "compile" in times:
-                    times["compile"] *= compiles / compiled
+                compiled = compile_rounds(report)
+                if rounds is not None and compiled and "compile" in times:
+                    times["compile"] *= rounds / compiled
                 return times
         return {}
 
