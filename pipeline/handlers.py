@@ -25,7 +25,7 @@ from .services import index, record
 from .services.layout import WorkLayout
 from .services.outdir import check_trusted, claim_inductor_cache, output_path
 from .services.parallel import build_many, default_jobs
-from .services.progress import Progress, QuietProgress, reporting
+from .services.progress import Progress, QuietProgress, Steps, reporting
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
@@ -216,11 +216,15 @@ def _spec_from(args: argparse.Namespace) -> SpecFile:
 
 def _doctor(args: argparse.Namespace, progress: Progress) -> int:
     spec_file = _spec_from(args)
-    from .stages.doctor import run_doctor  # these import torch: commands that load no model start without it
-    from .stages.loader import load_model
+    from .stages.doctor import DOCTOR_STEPS, TRACE_STEP, run_doctor  # these import torch: commands that
+    from .stages.loader import load_model  # load no model start without it
 
-    with reporting(progress):
-        findings = run_doctor(spec_file, load_model(spec_file))
+    # As the build's doctor stage: what runs, how far along, about how long is left (a newcomer's
+    # `modelwheel doctor unet` printed nothing for its 9 s)
+    detail = f"{spec_file.spec.model.name} ({spec_file.path}): the model loaded and called eagerly"
+    with reporting(progress), progress.stage("doctor", detail):
+        steps = Steps(DOCTOR_STEPS, stage="doctor", unlike=frozenset({TRACE_STEP}))
+        findings = run_doctor(spec_file, load_model(spec_file), steps)
     args.extra["doctor"] = {"model": spec_file.spec.model.name, "warnings": [f.format() for f in findings]}
     progress.say(f"{spec_file.spec.model.name}: no problems that stop compilation ({len(findings)} warning(s))")
     return 0

@@ -3,6 +3,7 @@ hint and exit code, before anything is compiled where possible, and leaves nothi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from pipeline import doctor_checks
 from pipeline.errors import ExportError, PurityError, VerificationError
 
-from .conftest import BROKEN, run_cli
+from .conftest import BROKEN, REPO, run_cli
 
 SOURCE = (BROKEN / "broken_models.py").read_text().splitlines()
 CODES = {check.name: check.exit_code for check in doctor_checks.CHECKS}
@@ -99,6 +100,10 @@ def test_doctor_command_reports_without_building(tmp_path):
     assert ran.code == CODES["self-write"] and "[self-write] forward writes self.calls" in ran.err
     ok = run_cli("doctor", "unet")  # under the suite's OMP_WAIT_POLICY=PASSIVE (tests/__init__.py)
     assert ok.code == 0 and "unet: no problems that stop compilation" in ok.err
+    # what runs, as the build's doctor stage says it (it printed nothing for 9 s)
+    lines = ok.err.splitlines()
+    assert lines[0] == f"==> doctor: unet ({REPO}/models/unet/spec.toml): the model loaded and called eagerly"
+    assert re.fullmatch(r"    doctor done in \d+\.\ds", lines[-2]), lines
 
 
 def test_allowed_check_becomes_a_warning(tmp_path):
