@@ -298,7 +298,8 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             }
         )
     )
-    assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 40.0
+    assert cache.stage_times("tiny", "cpu", rounds=2)["compile"] == 80.0
+    assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 30.0  # one compile: the first's own time
     # what a search should take: the first, then what the default budget (3 compiles on 2 cores) has room for
     unet = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
     assert payback.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
