@@ -314,8 +314,8 @@ def test_budget_scales_with_the_first_compile_and_the_cores():
     budget.spent("freezing", 30.0)
     assert budget.refusal("freezing+channels-last") is None  # 60 + 30 <= 90
     assert (
-        "60 s spent, about 90 s more expected for it, budget 90 s (the first compile, and 1x it on each of 2 "
-        "core(s) for the candidates)"
+        "60 s spent, about 90 s more expected for it (3x the first compile's time), budget 90 s (the first "
+        "compile's time, then 1x it on each of 2 core(s) for the candidates)"
     ) in budget.refusal("max-autotune")
     # choosing: what is spent (compiled) and what is planned for the candidates before it are said apart
     fresh = tune.Budget(None, workers=2)
@@ -330,8 +330,8 @@ def test_budget_scales_with_the_first_compile_and_the_cores():
         (
             "max-autotune",
             "over the search's compile budget: 30 s spent, about 30 s planned for the candidates chosen before "
-            "it, about 90 s more expected for it, budget 90 s (the first compile, and 1x it on each of 2 core(s) "
-            "for the candidates)",
+            "it, about 90 s more expected for it (3x the first compile's time), budget 90 s (the first compile's "
+            "time, then 1x it on each of 2 core(s) for the candidates)",
         )
     ]
     one = tune.Budget(None, workers=1)  # one core: one candidate's worth (no 60 s floor: a small model's search

@@ -161,14 +161,18 @@ class Budget:
         if self.plain_s is None:  # nothing compiled fresh yet: nothing to predict from
             return None
         budget = self.given_s or BUDGET_FACTOR * self.plain_s * (1 + self.workers)
-        expected = self.plain_s * (cost if cost is not None else COMPILE_COST.get(name, 1.0))
+        factor = cost if cost is not None else COMPILE_COST.get(name, 1.0)
+        expected = self.plain_s * factor
         if self.spent_s + self.planned_s + expected <= budget:
             return None
         source = (
             "[compile] search_budget_s"
             if self.given_s
-            else f"the first compile, and {BUDGET_FACTOR:g}x it on each of {self.workers} core(s) for the candidates"
+            else f"the first compile's time, then {BUDGET_FACTOR:g}x it on each of {self.workers} core(s) for the "
+            "candidates"
         )
+        # Its factor said: a newcomer read "73 s more expected for it" beside a first compile of 62 s
+        times = f" ({ratio(factor)} the first compile's time)" if round(factor, 2) != 1.0 else ""
         # Spent and planned apart: counted as one, a newcomer read "28 s spent" beside a line saying
         # the other candidate would take 19 s more, with only 9 s compiled so far.
         planned = (
@@ -176,7 +180,7 @@ class Budget:
         )
         return (
             f"over the search's compile budget: {self.spent_s:.0f} s spent{planned}, about {expected:.0f} s more "
-            f"expected for it, budget {figure(budget)} s ({source})"
+            f"expected for it{times}, budget {figure(budget)} s ({source})"
         )
 
 
