@@ -761,7 +761,11 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     (tmp_path / "anyway").mkdir()
     exported, planned, _ = waves(tmp_path / "anyway", "search_when_noisy = true\n")
     chosen, refused, cost, said = choose_said(exported, planned, NOISY, tmp_path / "cache")
-    assert "freezing" in [e.name for e in chosen] and refused == [] and not cost.stopped and said == []
+    assert "freezing" in [e.name for e in chosen] and refused == [] and not cost.stopped
+    kept = "kept in by `[compile] search_when_noisy = true`, though it cannot win beyond the noise: spec-options's "
+    said_for = {line.split(":")[0].removeprefix("    candidate "): line for line in said}
+    assert set(said_for) == {name for name, _ in planned[1:]}, said
+    assert all(line.startswith(f"    candidate {name}: {kept}rounds spread 2553x") for name, line in said_for.items())
     assert cost.spread == pytest.approx(205.0 / 0.0803)
 
 

@@ -192,8 +192,13 @@ def choose_candidates(
     for one in expected:
         if why := payback.payback_refusal(one, first):
             refused.append(Skipped(one.name, why, payback.NO_PAYBACK))
-        elif why := payback.noise_refusal(one, noise, first) if gate and noise is not None else None:
-            noisy.append(Skipped(one.name, why, payback.NOISY))
+        elif why := payback.noise_refusal(one, noise, first) if noise is not None else None:
+            if gate:
+                noisy.append(Skipped(one.name, why, payback.NOISY))
+                continue
+            # what the setting changed, said (a newcomer who set it saw it nowhere)
+            say(f"    candidate {one.name}: kept in by `[compile] search_when_noisy = true`, though it {why}")
+            open_.append(one)
         else:
             open_.append(one)
     if noise is not None:
