@@ -75,7 +75,7 @@ def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):
     assert "cannot import module 'no_such_module_xyz'" in ran.err and "Traceback" not in ran.err
 
 
-def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tmp_path):
+def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tmp_path, monkeypatch):
     """`modelwheel doctor unet` in the checkout failed: 'cannot import module models.unet.model'.
     `python -m pipeline` imports from the current directory, the installed command does not; a
     spec in the package its factory's dotted name names is now found from any folder."""
@@ -87,15 +87,18 @@ def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tm
     command = Path(sys.executable).parent / "modelwheel"
     ran = subprocess.run([str(command), "doctor", "--spec", str(spec)], capture_output=True, text=True, cwd="/")
     assert ran.returncode == 0 and "tiny: no problems that stop compilation" in ran.stderr, ran.stderr
+    from pipeline.stages.factory_import import import_factory
+
     elsewhere = GOOD.replace('factory = "tiny_model:build"', 'factory = "models.mini.x:build"')
-    apart = spec_copy(tmp_path / "apart", elsewhere)
-    ran = subprocess.run([str(command), "doctor", "--spec", str(apart)], capture_output=True, text=True, cwd="/")
-    assert ran.returncode == ModelLoadError.exit_code, ran.stderr
-    assert (
-        f"hint: put models/mini/x.py beside the spec (in {apart.parent}) or, for a dotted name, the spec in its "
+    apart = load_spec(spec_copy(tmp_path / "apart", elsewhere))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folders it adds, gone after the test
+    with pytest.raises(ModelLoadError) as refused:
+        import_factory(apart, "models.mini.x:build")
+    assert refused.value.hint == (
+        f"put models/mini/x.py beside the spec (in {apart.path.parent}) or, for a dotted name, the spec in its "
         "package (models/unet/spec.toml names models.unet.model), or install the module into the Python that runs "
         "modelwheel"
-    ) in ran.stderr
+    )
 
 
 @pytest.mark.parametrize("code", ["0", "3", "None"])

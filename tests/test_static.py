@@ -75,7 +75,7 @@ def test_a_spec_without_static_sizes_dumps_as_before():
     """Specs hash into cache keys and the content hash: the new keys are left out at their defaults."""
     dumped = load_spec(REPO / "tests" / "models" / "tiny" / "spec.toml").spec.model_dump()
     assert dumped["dims"]["batch"] == {"min": 1, "max": 4, "example": None}
-    assert load_spec(SPEC).spec.dims["batch"].static == [2, 3]
+    assert load_spec(SPEC).spec.dims["batch"].static == [2]
 
 
 @pytest.mark.parametrize(
@@ -128,22 +128,20 @@ def test_build_compiles_and_verifies_every_size(static_build):
     dirs, ran = static_build
     for line in (
         "static batch=2: compiled",
-        "static batch=3: compiled",
         "static batch2: 7 cases passed",
-        "static batch3: 7 cases passed",
         "padding: 1 padded sizes match eager",
     ):
         assert line in ran.err, ran.err
     manifest, names = wheel_manifest(dirs, "model_tiny_static")
     assert manifest["static"]["dim"] == "batch" and manifest["static"]["pad"] is True
-    assert sorted(manifest["static"]["sizes"]) == ["2", "3"]
-    for size in ("2", "3"):
+    assert sorted(manifest["static"]["sizes"]) == ["2"]
+    for size in ("2",):
         record = manifest["static"]["sizes"][size]
         assert record["library"] == f"batch{size}/model.so"
         assert f"model_tiny_static/artifacts/batch{size}/model.so" in names
         assert len(manifest["artifacts"][f"batch{size}/model.so"]["sha256"]) == 64
         assert record["golden_cases"] == [f"batch{size}/golden0", f"batch{size}/golden1"]
-    # One constants store for the three models: each model's constants listed, each blob stored once,
+    # One constants store for the two models: each model's constants listed, each blob stored once,
     # and no .so embeds the weights (their bytes are in the store, in no library).
     assert set(manifest["constants"]) == {"constants.json", "constants.bin"}
     assert names.count("model_tiny_static/constants.bin") == 1
@@ -151,7 +149,7 @@ def test_build_compiles_and_verifies_every_size(static_build):
         index = json.loads(archive.read("model_tiny_static/constants.json"))
         blob = archive.read("model_tiny_static/constants.bin")
         libraries = [archive.read(n) for n in names if n.endswith(".so")]
-    assert sorted(index["models"]) == ["batch2/model.so", "batch3/model.so", "model.so"]
+    assert sorted(index["models"]) == ["batch2/model.so", "model.so"]
     used = [entry["blob"] for model in index["models"].values() for entry in model.values()]
     assert len(set(used)) < len(used) and len(index["blobs"]) == len(
         set(used) | {e.get("md") for m in index["models"].values() for e in m.values()} - {None}
@@ -163,7 +161,7 @@ def test_build_compiles_and_verifies_every_size(static_build):
     report = json.loads(next(dirs.dist.glob("*.report.json")).read_text())
     # The static sizes are one stage of their own, after the dynamic model's verification.
     assert set(report["stages_s"]) == {"load", "doctor", "export", "compile", "verify", "static", "package"}
-    for size in ("2", "3"):
+    for size in ("2",):
         cases = report["static"]["sizes"][size]["verification"]["cases"]
         assert {c["case"] for c in cases} >= {"seed0", "zeros", "large", "golden0"}
         assert all(c["sizes"] == {} and c["outputs"]["logits"]["passed"] for c in cases)
@@ -191,10 +189,8 @@ def test_load_and_load_numpy_dispatch_on_the_batch(static_venv):
     got = {int(k): v for k, v in json.loads(done.stdout).items()}
     assert got[1]["route"] == "static batch=2 (padded from 1)" and got[1]["so"].endswith("/batch2/model.so")
     assert got[2]["route"] == "static batch=2" and got[2]["so"].endswith("/batch2/model.so")
-    assert got[3]["route"] == "static batch=3" and got[3]["so"].endswith("/batch3/model.so")
-    assert got[4]["route"] == "dynamic" and got[4]["so"].endswith(
-        "/artifacts/model.so"
-    )  # a CPU wheel loads from its package
+    assert got[3]["route"] == "dynamic" and got[4]["route"] == "dynamic"  # none as large to pad to
+    assert got[4]["so"].endswith("/artifacts/model.so")  # a CPU wheel loads from its package
     module = load_model(load_spec(SPEC)).module
     for batch, result in got.items():
         assert result["native_so"] == result["so"]
@@ -213,13 +209,13 @@ def test_verify_command_covers_every_size(static_venv):
         [str(static_venv.parent / "model-tiny-static"), "verify"], capture_output=True, text=True, cwd="/"
     )
     assert done.returncode == 0, done.stderr
-    for case in ("golden0", "batch2/golden0", "batch2/golden1", "batch3/golden0", "batch3/golden1"):
+    for case in ("golden0", "batch2/golden0", "batch2/golden1"):
         assert f"ok  case {case}:" in done.stdout, done.stdout
-    assert "6 golden cases match" in done.stdout
+    assert "4 golden cases match" in done.stdout
     info = subprocess.run([str(static_venv.parent / "model-tiny-static"), "info"], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
-    assert "  static    batch 2, 3, each compiled on its own, the sizes between padded" in info.stdout.splitlines()
-    assert "`model-tiny-static verify` runs its 6 golden cases here" in info.stdout
+    assert "  static    batch 2, each compiled on its own, the sizes between padded" in info.stdout.splitlines()
+    assert "`model-tiny-static verify` runs its 4 golden cases here" in info.stdout
 
 
 def test_padding_is_refused_for_a_model_that_mixes_the_batch(tmp_path):
@@ -290,7 +286,7 @@ def test_static_sizes_enter_the_cache_keys(tmp_path):
     from pipeline.stages.static import fixed_spec
 
     ours = load_spec(SPEC)
-    other = load_spec(spec_with(tmp_path, "[dims.batch]\nmin = 1\nmax = 4\nstatic = [2]\npad = true"))
+    other = load_spec(spec_with(tmp_path, "[dims.batch]\nmin = 1\nmax = 4\nstatic = [3]\npad = true"))
     loaded = load_model(ours)
     assert content_hash(ours, loaded) != content_hash(other, loaded)
     keys = {
