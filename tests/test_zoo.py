@@ -2,7 +2,7 @@
 random weights, each with a spec that sets only model, weights, dims, inputs and outputs. Each
 builds, installs into a fresh venv and passes `model-x verify`, in `make test-slow` (marker `zoo`).
 `make test` checks each spec and its outputs here without building; its builds of a BatchNorm CNN
-and of transformers' attention models are test_library_models.py's and test_hf_build.py's."""
+and of a transformers BERT are test_library_models.py's and test_hf_build.py's."""
 
 from __future__ import annotations
 
