@@ -190,14 +190,16 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     # a first build of the MLP here: one compile's time is guessed from the graph; its budget (an hour)
     # leaves room for both candidates after the first, side by side where there are two cores
     at_a_time = ", 2 at a time" if payback.cores() > 1 else ""
-    rounds = 2 if payback.cores() > 1 else 3
+    # the second round side by side, each compile slower beside the other (no earlier search here)
+    times = r"2\.87x" if payback.cores() > 1 else "3x"
+    slower = r", each 1\.87x slower so \(as measured on a 2-core machine\)" if payback.cores() > 1 else ""
     outlook = next(
         i
         for i, line in enumerate(lines)
         if re.fullmatch(
             r"    search: 3 candidate\(s\) to compile and verify as its budget allows, then all timed together: "
-            rf"each is a full compile, so about {rounds}x one compile on this machine \(the first, then the candidates "
-            rf"its budget leaves room for{at_a_time}; a first guess from the graph's "
+            rf"each is a full compile, so about {times} one compile on this machine \(the first, then the candidates "
+            rf"its budget leaves room for{at_a_time}{slower}; a first guess from the graph's "
             r"\d+ ops: about \d+s each; the first's time, compiled now, gives the rest's; the search may stop "
             r"after it where the machine is too noisy for a candidate to win\)",
             line,
@@ -700,12 +702,41 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
         outlook.after(["freezing+channels-last"], compiled=True)
         assert shown.stage_end - time.perf_counter() == pytest.approx(20.0, abs=1.0)
         outlook.after([], compiled=True)
-    # two compiles of 100 s on two cores, then two verifications of 20 s one after the other
+    # two compiles of 100 s on two cores, each 1.87x slower beside the other (no earlier search here
+    # measured it), then two verifications of 20 s one after the other
+    assert outlook.slowdown == payback.SIDE_BY_SIDE_SLOWDOWN == 1.87
     assert out.getvalue().splitlines() == [
-        "    candidate spec-options took 2m00s to compile and verify: about 2m20s more for the other 2 candidate(s), "
+        "    candidate spec-options took 2m00s to compile and verify: about 3m47s more for the other 2 candidate(s), "
         "2 at a time; max-autotune would take the search past its compile budget: not compiled, then the timing"
     ]
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"
+
+
+def test_a_compile_beside_another_is_not_taken_as_its_own_cost(tmp_path):
+    """A newcomer's first search compiled freezing 2 at a time in 107 s, spec-options alone in 57 s;
+    the next build took freezing+channels-last to cost 1.87x a compile and left it out. Times taken
+    side by side give this machine's slowdown instead, not a candidate's cost."""
+    import json
+
+    side_by_side = {
+        "candidates": [
+            {"name": "spec-options", "compile_s": 57.1, "median_ms": 99.0},
+            {"name": "freezing", "compile_s": 106.8, "median_ms": 70.0},
+            {"name": "freezing+channels-last", "compile_s": 107.0, "median_ms": 69.0},
+        ],
+        "cost": {"workers": 2},
+    }
+    costs = {e.name: e.cost for e in payback.expectations(["freezing", "freezing+channels-last"], side_by_side)}
+    assert costs == {"freezing": 1.0, "freezing+channels-last": 1.0}  # the priors
+    alone = {**side_by_side, "cost": {"workers": 1}}  # one core: each compiled alone, its time its own
+    assert payback.expectations(["freezing"], alone)[0].cost == pytest.approx(106.8 / 57.1)
+    cache = tmp_path / "cache"
+    assert payback.side_by_side_slowdown(cache) == (1.87, "as measured on a 2-core machine")
+    (cache / "build-a").mkdir(parents=True)
+    report = {"model": "unet", "target": "cpu", "compile_search": side_by_side}
+    (cache / "build-a" / "model_unet.report.json").write_text(json.dumps(report))
+    slowdown, source = payback.side_by_side_slowdown(cache)
+    assert slowdown == pytest.approx(106.9 / 57.1) and source == "as an earlier search here measured"
 
 
 # -- issue 44: a search that pays for itself ----------------------------------------------------------

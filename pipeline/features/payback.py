@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,20 +85,53 @@ def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
     return {}
 
 
+def compiled_side_by_side(search: dict) -> bool:
+    """Whether a search's candidates after the first were compiled beside each other (their
+    compile_s is then the time each took sharing the cores, not its own)."""
+    fresh = [c for c in search.get("candidates", ())[1:] if isinstance(c, dict) and c.get("compile_s")]
+    return ((search.get("cost") or {}).get("workers") or 1) > 1 and len(fresh) > 1
+
+
 def expectations(names: list[str], earlier: dict) -> list[Expected]:
-    """Each candidate's expected gain and compile cost, best value first (ties keep their order)."""
+    """Each candidate's expected gain and compile cost, best value first (ties keep their order).
+    A compile time measured beside another compile is not taken as its cost: freezing's 107 s,
+    compiled 2 at a time, against spec-options' 57 s alone, made it "1.87x" a compile."""
     found = {c["name"]: c for c in earlier.get("candidates", ())}
     base = found.get("spec-options") or {}
+    shared = compiled_side_by_side(earlier)
     out = []
     for name in names:
         prior, seen = PRIORS.get(name, UNKNOWN), found.get(name) or {}
         gain, cost, measured = prior.gain, prior.cost, False
         if seen.get("median_ms") and base.get("median_ms"):
             gain, measured = base["median_ms"] / seen["median_ms"], True
-        if seen.get("compile_s") and base.get("compile_s"):
+        if seen.get("compile_s") and base.get("compile_s") and not shared:
             cost = seen["compile_s"] / base["compile_s"]
         out.append(Expected(name, gain, max(cost, 0.05), measured))
     return sorted(out, key=lambda e: -e.value)
+
+
+# Two unet compiles side by side on this project's 2-core machine took 107 s each against 57 s for
+# one alone (a lone compile's Inductor threads have both cores): a compile's time beside another,
+# as a factor of its own, where no earlier search here measured it.
+SIDE_BY_SIDE_SLOWDOWN = 1.87
+
+
+def side_by_side_slowdown(cache_dir: Path) -> tuple[float, str]:
+    """How much slower a compile runs beside another than alone here, and where that comes from:
+    the newest earlier search in the build cache that compiled side by side (its candidates'
+    compile_s over its first's, their prior costs taken out), else SIDE_BY_SIDE_SLOWDOWN."""
+    for report in newest_reports(cache_dir):
+        search = report.get("compile_search") or {}
+        candidates = [c for c in search.get("candidates", ()) if isinstance(c, dict)]
+        first_s = candidates[0].get("compile_s") if candidates else None
+        if not first_s or not compiled_side_by_side(search):
+            continue
+        ratios = [
+            c["compile_s"] / (first_s * COMPILE_COST.get(c["name"], 1.0)) for c in candidates[1:] if c.get("compile_s")
+        ]
+        return max(1.0, statistics.median(ratios)), "as an earlier search here measured"
+    return SIDE_BY_SIDE_SLOWDOWN, "as measured on a 2-core machine"
 
 
 def spread(noise: Timed) -> float:
@@ -223,6 +257,7 @@ class Outlook:
         self.fresh = {name for name, plan in planned if not store.has(plan.key)}
         self.cache_dir = store.directory
         self.workers = workers
+        self.slowdown, self.slowdown_source = side_by_side_slowdown(store.directory)
         self.plain_s: float | None = None  # one plain compile, from the first's
         self.verify_s = 0.0  # one candidate's verification, from the first's
         self.guessed = False
@@ -260,8 +295,12 @@ class Outlook:
             )
         else:
             each = f"{guess.basis}: about {duration(guess.seconds)} each; " if guess else ""
+            # the rounds after the first run side by side, each compile slower beside another
+            side_by_side = self.workers > 1 and rounds > 1
+            times = 1 + (rounds - 1) * (self.slowdown if side_by_side else 1.0)
+            slower = f", each {ratio(self.slowdown)} slower so ({self.slowdown_source})" if side_by_side else ""
             what += (
-                f": each is a full compile, so about {rounds}x one compile on this machine ({room}; "
+                f": each is a full compile, so about {ratio(times)} one compile on this machine ({room}{slower}; "
                 f"{each}the first's time, compiled now, gives the rest's; the search may stop after it where "
                 "the machine is too noisy for a candidate to win)"
             )
@@ -276,7 +315,8 @@ class Outlook:
             return None
         costs = costs or {}
         compiles = sum(self.plain_s * costs.get(n, COMPILE_COST.get(n, 1.0)) for n in names if n in self.fresh)
-        side_by_side = 0.0 if compiled else compiles / max(1, min(self.workers, len(names)))
+        at_once = min(self.workers, len([n for n in names if n in self.fresh]))
+        side_by_side = 0.0 if compiled else compiles / max(1, at_once) * (self.slowdown if at_once > 1 else 1.0)
         return side_by_side + self.verify_s * len(names)
 
     def first(self, name: str, seconds: float, from_cache: bool, compile_s: float | None = None) -> None:
