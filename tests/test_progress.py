@@ -354,8 +354,19 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         steps.done(2)  # 1.4 s in: the last build's figure holds
         assert progress.outlook() == "about 5s left (from the last build)"
         clock[0] += 9.6
-        steps.done(3)  # 11 s in, 5 s a case after the first: 7 cases left
-        assert progress.outlook() == f"about 39s left ({StepClock.BASIS})"  # 35 of verify, 4 of package
+        steps.done(3)  # 11 s in: past the last build's figure, but two cases are too few to go by
+        assert progress.outlook().startswith("verify stage running 9s past the last build's 2s")
+        clock[0] += 5.0
+        steps.done(4)  # the median case after the first, 5 s: 6 cases left
+        assert progress.outlook() == f"about 34s left ({StepClock.BASIS})"  # 30 of verify, 4 of package
+    # one slow case, then quick ones (a newcomer's "about 36s left" with 4 s to go): the median holds
+    slow = Progress(io.StringIO())
+    with reporting(slow), slow.stage("verify"):
+        steps = StepClock("verify", 10)
+        for number, took in enumerate((1.0, 5.0, 0.5, 0.5), 1):
+            clock[0] += took
+            steps.done(number)
+        assert slow.outlook() == f"about 3s left ({StepClock.BASIS})"  # 0.5 s for each of 6
     doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
     with reporting(doctor), doctor.stage("doctor"):
         numbered = Steps(5, stage="doctor")

@@ -269,7 +269,8 @@ class Outlook:
         if guess is None or first not in self.fresh:
             return
         self.guessed = True
-        basis = guess.basis if len(self.order) == 1 else f"the first compile: {guess.basis}"
+        # its scope said first: a newcomer read "about 6s left (the first compile: …)" as the stage's
+        basis = guess.basis if len(self.order) == 1 else f"for the first compile only: {guess.basis}"
         estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
 
     def before_search(self, guess: Guess | None = None, rounds: int | None = None) -> list[str]:

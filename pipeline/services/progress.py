@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -259,12 +260,16 @@ def step(text: str) -> None:
         active.step(text)
 
 
+MANY_STEPS = 8  # a stage with this many steps or more estimates from their median (StepClock)
+
+
 class StepClock:
     """A stage's own estimate from its steps (the verify stage's cases), said once it runs past the
-    last build's figure, or where there is none: the mean of the steps after the first (which opens
-    and warms the model) times the steps left. A --no-search unet build verified its ten cases in
-    38 s, against the 2.5 s of the last build's, whose search had verified the .so before.
-    ``unlike``: the numbers of steps of another kind, left out of the mean (the doctor's dynamo
+    last build's figure, or where there is none: a step after the first (which opens and warms
+    the model; their median, where there are MANY_STEPS) times the steps left. A --no-search unet
+    build verified its ten cases in 38 s, against the 2.5 s of the last build's, whose search had
+    verified the .so before.
+    ``unlike``: the numbers of steps of another kind, left out of the figure (the doctor's dynamo
     trace, 5 of the unet's 8 s, made the eager calls after it look three times longer)."""
 
     BASIS = "from the cases verified so far"
@@ -273,7 +278,7 @@ class StepClock:
         self.stage, self.total, self.basis, self.unlike = stage, total, basis, unlike
         self.began = time.perf_counter()
         self.until_s = 0.0  # the stage's seconds when the step before was done
-        self.like_s, self.like = 0.0, 0  # the steps the mean is of: their seconds, their count
+        self.like: list[float] = []  # the seconds of the steps the figure is made from
 
     def done(self, number: int) -> None:
         """Step ``number`` (from 1) is done."""
@@ -281,11 +286,16 @@ class StepClock:
         took_s, self.until_s = in_stage_s - self.until_s, in_stage_s
         if number == 1 or number in self.unlike:
             return
-        self.like_s, self.like = self.like_s + took_s, self.like + 1
+        self.like.append(took_s)
         last = expected_s(self.stage)
         if last is not None and in_stage_s <= last:  # the last build's figure still holds
             return
-        estimate(self.like_s / self.like * (self.total - number), self.basis)
+        # Of many steps, the median of three or more: one slow case after the first made a newcomer's
+        # ten cases "about 36s left" with 4 s to go. Of a few (the doctor's), the mean of what there is.
+        if self.total >= MANY_STEPS and len(self.like) < 3:
+            return
+        per_step_s = statistics.median(self.like) if self.total >= MANY_STEPS else sum(self.like) / len(self.like)
+        estimate(per_step_s * (self.total - number), self.basis)
 
 
 class Steps:
