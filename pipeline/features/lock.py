@@ -167,14 +167,16 @@ def consult(
     import torch
 
     path = lock_path(spec_file.path)
+    key = Key(target, cpu_kind, torch.__version__, compile_keys(spec_file.spec.compile.model_dump(mode="json")))
     if not spec_file.spec.compile.search or path is None:
+        if path is not None and not update:
+            _say_unused(path, key, say)
         if update:
             say(
                 "    --update-lock: nothing to lock, no option search runs here ("
                 + ("the spec says [compile] search = false)" if path else "a spec with no file of its own)")
             )
         return None, None
-    key = Key(target, cpu_kind, torch.__version__, compile_keys(spec_file.spec.compile.model_dump(mode="json")))
     if update:
         say(f"    --update-lock: the option search runs, and its choice replaces this build's entry in {path}")
         say(only_at_the_end("replaces"))
@@ -189,6 +191,21 @@ def consult(
         say(f"    {why_not}: the option search runs, and its choice is added to {path.name}")
         say(only_at_the_end("adds"))
     return key, locked
+
+
+def _say_unused(path: Path, key: Key, say: Callable[[str], None]) -> None:
+    """With the search off (--no-search, search = false), an entry for this build is not used:
+    said, where a newcomer's --no-search build compiled the spec's options with no word of the
+    lock's choice for the same machine."""
+    try:
+        locked, _ = find(path, key)
+    except SpecError:  # a damaged lock is not read here: the search that would read it is off
+        return
+    if locked:
+        say(
+            f"    {path.name} has this build's entry ({locked.chosen}), not used: the option search is off, so "
+            "the spec's own options are compiled"
+        )
 
 
 def keep_choice(
