@@ -260,7 +260,9 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
         "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)"
     )
     progress.say(
-        f"  torch comes from {state.get('torch_url', index.TORCH_URL)} (redirected), every other package "
+        # the template's {variant} said as the line above says it (a newcomer saw both spellings)
+        f"  torch comes from {state.get('torch_url', index.TORCH_URL).replace('{variant}', '<variant>')} "
+        "(redirected), every other package "
         f"it does not hold from {state.get('fallback_url', index.FALLBACK_URL) or 'nowhere'}, except "
         f"names starting with {' or '.join(state.get('private', index.PRIVATE_PREFIXES))} (never looked up "
         "elsewhere)"

@@ -56,6 +56,9 @@ def index(tmp_path_factory):
         "index", "start", "--port", "0", "--data", str(home / "data"), "--private-prefix", "Acme_", cwd=home
     )
     assert started.code == 0, started.err
+    # both lines spell the variant's placeholder one way (a newcomer saw <variant>, then {variant})
+    assert "--index-url http://127.0.0.1:" in started.err and "/<variant>/simple" in started.err, started.err
+    assert "  torch comes from https://download.pytorch.org/whl/<variant>/ (redirected)" in started.err, started.err
     yield home, json.loads((home / "build" / "index" / "state.json").read_text())
     assert run_cli("index", "stop", cwd=home).code == 0
 
