@@ -55,13 +55,16 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     elif not cost["compiled"]:
         spent = f"no candidate compiled{left_out}"
     else:
-        side = f", {cost['workers']} at a time: {cost['compile_wall_s']:.1f}s wall" if cost["workers"] > 1 else ""
+        # the wall time first: the summed seconds, beside the compile stage's, read as more than it took
+        took = (
+            f"{cost['workers']} at a time in {cost['compile_wall_s']:.1f}s wall ({cost['compile_s']:.1f}s of "
+            "compiling summed over the cores)"
+            if cost["workers"] > 1
+            else f"in {cost['compile_s']:.1f}s"
+        )
         verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
         # "beyond spec-options": the first compile is the build's own; the count read as one short
-        spent = (
-            f"{cost['compiled']} candidate(s) beyond spec-options compiled in {cost['compile_s']:.1f}s"
-            f"{side}{verified}{left_out}"
-        )
+        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled {took}{verified}{left_out}"
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]
