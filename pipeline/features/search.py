@@ -118,9 +118,15 @@ class Search:
             self.exported.target.synchronize,
         )[name]
         self.noise_s = time.perf_counter() - started
+        # the setting said where it is read (a newcomer who set it saw it nowhere when nothing was noisy)
+        anyway = (
+            " (`[compile] search_when_noisy = true`: the candidates are compiled whatever the noise)"
+            if self.exported.spec_file.spec.compile.search_when_noisy
+            else ""
+        )
         say(
             f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {ratio(payback.spread(timed))} "
-            "faster to win beyond it"
+            f"faster to win beyond it{anyway}"
         )
         return timed
 
