@@ -273,6 +273,25 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
         ) in lower.stderr
 
 
+def test_info_says_a_search_that_compiled_no_other_candidate(wheel):
+    """A newcomer's `model-unet info` said "no option search" for a build whose search ran and
+    stopped on the noise before compiling a candidate."""
+    import zipfile
+
+    from pipeline.wheel_template.runtime._info import summary
+
+    with zipfile.ZipFile(wheel) as archive:
+        manifest = json.loads(archive.read("model_tiny/manifest.json"))
+    first = manifest["compile_search"]["candidates"][0]
+    noisy = [{"name": name, "reason": "cannot win beyond the noise"} for name in ("freezing", "max-autotune")]
+    manifest["compile_search"] = {"chosen": first["name"], "candidates": [first], "not_tried": noisy}
+    compiled = next(line for line in summary(manifest, Path("/x")) if line.startswith("  compiled  "))
+    assert compiled.startswith(
+        f"  compiled  {first['name']}, the only candidate the option search compiled (not tried: freezing, "
+        "max-autotune; "
+    ), compiled
+
+
 def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_path):
     """numpy, safetensors and filelock are imported where they are used: with none installed (pip
     install --no-deps), import and load() work, and load_numpy() and verify name the package to

@@ -111,10 +111,11 @@ def expectations(names: list[str], earlier: dict) -> list[Expected]:
     return sorted(out, key=lambda e: -e.value)
 
 
-# Two unet compiles side by side on this project's 2-core machine took 107 s each against 57 s for
-# one alone (a lone compile's Inductor threads have both cores): a compile's time beside another,
-# as a factor of its own, where no earlier search here measured it.
-SIDE_BY_SIDE_SLOWDOWN = 1.87
+# A compile's time beside another, as a factor of its own alone (a lone compile's Inductor threads
+# have both cores), where no earlier search here measured it: the median of four newcomers' unet
+# searches on this project's 2-core machine, each pair side by side against the first alone
+# (1.15, 1.25, 1.27 and 1.87, the last on a busy machine).
+SIDE_BY_SIDE_SLOWDOWN = 1.26
 
 
 def side_by_side_slowdown(cache_dir: Path) -> tuple[float, str]:
@@ -213,7 +214,8 @@ class Budget:
             f", about {self.planned_s:.0f} s planned for the candidates chosen before it" if self.planned_s else ""
         )
         return (
-            f"over the search's compile budget: {self.spent_s:.0f} s spent{planned}, about {expected:.0f} s more "
+            f"over the search's compile budget (compile seconds, summed over the cores): {self.spent_s:.0f} s "
+            f"spent{planned}, about {expected:.0f} s more "
             f"expected for it{times}, budget {figure(budget)} s ({source})"
         )
 
@@ -299,7 +301,9 @@ class Outlook:
             # the rounds after the first run side by side, each compile slower beside another
             side_by_side = self.workers > 1 and rounds > 1
             times = 1 + (rounds - 1) * (self.slowdown if side_by_side else 1.0)
-            slower = f", each {ratio(self.slowdown)} slower so ({self.slowdown_source})" if side_by_side else ""
+            slower = (
+                f", each about {ratio(self.slowdown)} as slow as alone ({self.slowdown_source})" if side_by_side else ""
+            )
             what += (
                 f": each is a full compile, so about {ratio(times)} one compile on this machine ({room}{slower}; "
                 f"{each}the first's time, compiled now, gives the rest's; the search may stop after it where "
@@ -342,12 +346,14 @@ class Outlook:
         left = self.left_s(chosen, costs)
         if left is None or first not in self.fresh:
             return
-        over = f"; {', '.join(skipped)} would take the search past its compile budget: not compiled" if skipped else ""
+        over = f"; not compiled: {', '.join(skipped)}, over the search's compile budget" if skipped else ""
         if chosen or skipped:
             side = f", {min(self.workers, len(chosen))} at a time" if min(self.workers, len(chosen)) > 1 else ""
+            # wall time, said as such beside the budget's summed seconds; the counters count from here on
+            counted = f" (counted n/{len(chosen) + 1} from here)" if chosen else ""
             say(
-                f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more "
-                f"for the other {len(chosen)} candidate(s){side}{over}, then the timing"
+                f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more, "
+                f"wall time, for the other {len(chosen)} candidate(s){side}{counted}, then the timing{over}"
             )
         estimate(left if chosen else None)  # none to compile: the timing rounds set their own estimate
 

@@ -38,9 +38,12 @@ def _compiled(m: Manifest) -> str:
     search = m["compile_search"]
     options = ", ".join(f"{key} {value}" for key, value in sorted(m["compile_options"].items()))
     tried = [c["name"] for c in search["candidates"]]
+    left_out = [n["name"] for n in search["not_tried"]]
+    if len(tried) <= 1 and left_out:  # a search that compiled no other (the noise, the budget)
+        only = f"{search['chosen']}, the only candidate the option search compiled"
+        return f"{only} (not tried: {', '.join(left_out)}; {options})"
     if len(tried) <= 1:
         return f"{search['chosen']}, no option search ({options})"
-    left_out = [n["name"] for n in search["not_tried"]]
     among = ", ".join(tried) + (f"; not tried: {', '.join(left_out)}" if left_out else "")
     return f"{search['chosen']}, the option search's choice among {among} ({options})"
 
