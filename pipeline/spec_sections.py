@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
 from packaging.version import InvalidVersion, Version
@@ -290,6 +290,9 @@ BuildSection._LATE_KEYS = tuple(targets.names())
 
 class CompileSection(Frozen):
     _LATE_KEYS = ("search_budget_s", "search_when_noisy")
+    # Whether and how long to search: none of them shapes a compiled model (the compile cache's key
+    # and the lock's leave them out; a --no-search build recompiled what the search had just cached)
+    SEARCH_KEYS: ClassVar[frozenset[str]] = frozenset({"search", "search_budget_s", "search_when_noisy"})
     search: bool = Field(
         True,
         description=(

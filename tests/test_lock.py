@@ -76,7 +76,7 @@ def test_a_damaged_lock_is_refused_naming_the_file(tmp_path, text):
     assert refused.value.hint == "restore it from version control, or delete it and build with --update-lock"
 
 
-def test_no_search_neither_uses_nor_writes_the_lock(tmp_path):
+def test_no_search_neither_uses_nor_writes_the_lock(tmp_path, monkeypatch):
     """--no-search (with_overrides(search=False), as the build command applies it) compiles the
     spec's options alone: a matching entry beside the spec is not used, and nothing is written."""
     import torch
@@ -98,6 +98,21 @@ def test_no_search_neither_uses_nor_writes_the_lock(tmp_path):
         "own options are compiled"
     ]
     assert path.read_bytes() == before
+    # and it compiles what the search compiled first under the same key: a newcomer's --no-search
+    # build recompiled the spec's options a search had cached a minute before
+    import sys
+
+    from pipeline.stages.compile import plan_compile
+    from pipeline.stages.export import prepare
+    from pipeline.stages.loader import load_model
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the spec's folder, added by the factory's import
+    monkeypatch.delitem(sys.modules, "tiny_model", raising=False)  # this spec's copy, not another test's
+    keys = {
+        plan_compile(prepare(spec, load_model(spec), targets.get("cpu")), "g++ 12", tmp_path).key
+        for spec in (searched, with_overrides(searched, search=False))
+    }
+    assert len(keys) == 1, keys
 
 
 def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(tmp_path):

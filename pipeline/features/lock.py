@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import SpecFile
+from ..spec_sections import CompileSection
 
 FORMAT = 1
 SUFFIX = ".lock.json"
@@ -84,9 +85,7 @@ class Locked:
 
 def compile_keys(compile_section: dict[str, Any]) -> dict[str, Any]:
     """The spec's [compile] keys that decide the candidates (not whether or how long to search)."""
-    return {
-        k: v for k, v in sorted(compile_section.items()) if k not in ("search", "search_budget_s", "search_when_noisy")
-    }
+    return {k: v for k, v in sorted(compile_section.items()) if k not in CompileSection.SEARCH_KEYS}
 
 
 def read(path: Path) -> list[dict[str, Any]]:

@@ -159,7 +159,8 @@ def plan_compile(
                 "inputs": True,
                 "outputs": {"__all__": {"name"}},
                 "compile": True,
-            }
+            },
+            exclude={"compile": set(spec.compile.SEARCH_KEYS)},
         ),
         sources_sha256=exported.sources_sha256,
         weights_key=weights_key,
