@@ -300,12 +300,17 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     )
     assert cache.stage_times("tiny", "cpu", rounds=2)["compile"] == 80.0
     assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 30.0  # one compile: the first's own time
+    report = json.loads((searched / "model_tiny.report.json").read_text())  # with its wall time: 1 + 45 / 30 units
+    report["compile_search"]["cost"]["compile_wall_s"] = 45.0
+    (searched / "model_tiny.report.json").write_text(json.dumps(report))
+    assert cache.stage_times("tiny", "cpu", rounds=5)["compile"] == pytest.approx(80.0 / 2.5 * 5)
     # what a search should take: the first, then what the default budget (3 compiles on 2 cores) has room for
     unet = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
     assert payback.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
-    assert payback.expected_rounds(unet, True, 2, 3600.0) == 3  # a budget in seconds: all, 2 at a time
+    assert payback.expected_rounds(unet, True, 2, 3600.0) == 3.5  # a budget in seconds: all, 2 at a time
     assert payback.expected_rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
-    assert payback.expected_rounds(unet[1:], False, 2, None) == 2  # the first cached: nothing to budget by
+    assert payback.expected_rounds(unet[1:], False, 2, None) == 2.5  # the first cached: nothing to budget by
+    assert payback.expected_rounds(["max-autotune"], False, 2, None) == 3.0  # alone, by its cost (it said 52 s)
     searched.joinpath("model_tiny.report.json").unlink()
     searched.rmdir()
     progress = Progress(io.StringIO())

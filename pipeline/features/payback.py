@@ -234,20 +234,21 @@ def shorter(cache_dir: Path) -> str:
     )
 
 
-def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> int:
-    """How many compiles' time the fresh candidates should take: the first, then those the default
-    budget leaves room for (Budget.refusal, in the first compile's units), ``workers`` at a time.
-    A budget in seconds, or a first compile from the cache (nothing to measure it by), lets all run
-    (then all side by side, where the first is cached)."""
-    if len(fresh) <= 1 or not first_fresh:
-        return -(-len(fresh) // workers) if len(fresh) > 1 else len(fresh)
-    room = BUDGET_FACTOR * (1 + workers) - COMPILE_COST.get(fresh[0], 1.0)
-    fits = 0
-    for name in fresh[1:]:
-        cost = COMPILE_COST.get(name, 1.0)
+def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> float:
+    """How many plain compiles' time the fresh candidates should take: the first, then those the
+    default budget leaves room for (Budget.refusal, in the first compile's units), ``workers`` at a
+    time, each by its cost (max-autotune's 3x: a newcomer's build with only it to compile was told
+    one compile's time, 52 s, for 3m46s). A budget in seconds, or a first compile from the cache
+    (nothing to measure it by), lets all run (then all side by side, where the first is cached)."""
+    costs = [COMPILE_COST.get(name, 1.0) for name in fresh]
+    if not first_fresh:
+        return max(costs, default=0.0) if len(costs) <= workers else sum(costs) / workers
+    room, fits = BUDGET_FACTOR * (1 + workers) - costs[0], list[float]()
+    for cost in costs[1:]:
         if given_s or cost <= room:
-            room, fits = room - cost, fits + 1
-    return 1 + -(-fits // workers)  # rounded up to whole rounds
+            room, fits = room - cost, [*fits, cost]
+    later = max(fits, default=0.0) if len(fits) <= workers else sum(fits) / workers
+    return costs[0] + later
 
 
 class Outlook:
@@ -275,7 +276,7 @@ class Outlook:
         basis = guess.basis if len(self.order) == 1 else f"for the first compile only: {guess.basis}"
         estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
 
-    def before_search(self, guess: Guess | None = None, rounds: int | None = None) -> list[str]:
+    def before_search(self, guess: Guess | None = None, rounds: float | None = None) -> list[str]:
         """What the search will cost here, said before it starts: from the last build's compile
         stage where there was one, else in compiles (the first one's time gives the estimate).
         ``rounds``: the compiles' time it should take (expected_rounds), where the budget counts."""
@@ -292,9 +293,10 @@ class Outlook:
         )
         last = expected_s("compile")
         if last:
+            unit = "compiles'" if rounds != 1 else "compile's"
             what += (
-                f": about {duration(last)} on this machine (the last build's compile stage, scaled to {rounds} "
-                f"compile{'s' if rounds != 1 else ''}' time: {room})"
+                f": about {duration(last)} on this machine (the last build's compile stage, scaled to "
+                f"{figure(rounds)} plain {unit} time: {room})"
             )
         else:
             each = f"{guess.basis}: about {duration(guess.seconds)} each; " if guess else ""

@@ -92,7 +92,7 @@ def search_workers(exported: Exported, planned: list[tuple[str, CompilePlan]]) -
     return max(1, min(cores, len(planned) - 1))
 
 
-def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> int:
+def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> float:
     """How many compiles' time the planned fresh compiles should take, as the budget runs them."""
     fresh = [name for name, plan in planned if not store.has(plan.key)]
     first_fresh = bool(planned) and planned[0][0] in fresh

@@ -116,14 +116,18 @@ def first_compile_s(report: dict) -> float | None:
     return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
-def compile_rounds(report: dict) -> int:
-    """How many compiles' time a build's compile stage took: its first, then the others side by
-    side, its search's workers at a time (compile_search.cost.workers)."""
+def compile_rounds(report: dict) -> float:
+    """How many plain compiles' time a build's compile stage took: its first, then the others'
+    wall time in units of the first (compile_search.cost.compile_wall_s), where the report has
+    them; else the others side by side, its search's workers at a time, in whole rounds."""
     fresh = fresh_compiles(report)
     if fresh <= 1:
         return fresh
-    workers = ((report.get("compile_search") or {}).get("cost") or {}).get("workers") or 1
-    return 1 + -(-(fresh - 1) // max(1, int(workers)))  # the others, rounded up to whole rounds
+    cost = (report.get("compile_search") or {}).get("cost") or {}
+    first_s, wall_s = first_compile_s(report), cost.get("compile_wall_s")
+    if first_s and isinstance(wall_s, (int, float)) and wall_s > 0:
+        return 1 + wall_s / first_s
+    return 1 + -(-(fresh - 1) // max(1, int(cost.get("workers") or 1)))  # the others, rounded up
 
 
 class Cache:
@@ -150,7 +154,7 @@ class Cache:
             restored.append(output_dir / cached.name)
         return tuple(restored)
 
-    def stage_times(self, model: str, target: str, rounds: int | None = None) -> dict[str, float]:
+    def stage_times(self, model: str, target: str, rounds: float | None = None) -> dict[str, float]:
         """The stage times of the newest stored build of this model and target ({} if none): the
         live progress's estimate of what is left. Read even with --no-cache: it is only advice.
         ``rounds``: how many compiles' time this build's compiles should take (payback.expected_rounds);
