@@ -98,6 +98,10 @@ def test_no_search_neither_uses_nor_writes_the_lock(tmp_path, monkeypatch):
         "own options are compiled"
     ]
     assert path.read_bytes() == before
+    lock.write(path, lock.Key("cpu", kind, torch.__version__, compile_keys), "spec-options", {})
+    said.clear()  # an entry of the spec's own options is what --no-search compiles: nothing to say
+    assert lock.consult(with_overrides(searched, search=False), "cpu", kind, False, said.append) == (None, None)
+    assert said == []
     # and it compiles what the search compiled first under the same key: a newcomer's --no-search
     # build recompiled the spec's options a search had cached a minute before
     import sys

@@ -200,7 +200,7 @@ def _say_unused(path: Path, key: Key, say: Callable[[str], None]) -> None:
         locked, _ = find(path, key)
     except SpecError:  # a damaged lock is not read here: the search that would read it is off
         return
-    if locked:
+    if locked and locked.overrides:  # an entry of the spec's own options is what this build compiles
         say(
             f"    {path.name} has this build's entry ({locked.chosen}), not used: the option search is off, so "
             "the spec's own options are compiled"
