@@ -37,6 +37,7 @@ class Trial:
     compile_s: float | None = None  # its fresh compile's seconds (None: from the cache, or not compiled)
 
 
+FROM_CACHE = " (compiled earlier, from the build cache)"
 FIRST_VERIFY = "the first candidate's verification, from its cases so far"
 LONE_CAVEAT = "a rough figure for the report: make bench measures the wheel"
 
@@ -239,7 +240,8 @@ class Search:
                 # a lone candidate: nothing to compare, and one round on a busy machine read like the model's latency
                 line = t.describe() if shown else f"{figure(t.median_ms)} ms a call, one round here ({LONE_CAVEAT})"
                 if t is not noise:  # the noise rounds as its timing: their line said it already
-                    say(f"    candidate {name}: {line}{' (cached)' if cached else ''}")
+                    # where its .so came from said first: a trailing "(cached)" read as a cached timing
+                    say(f"    candidate {name}{FROM_CACHE if cached else ''}: {line}")
             elif name in self.passed:  # a lone candidate that raised while timed: the verify stage says why
                 out.append(Trial(name, plan.options, True, None, self.passed[name].from_cache))
             elif name in self.failed:
@@ -292,7 +294,7 @@ def _compile_and_verify(
     except VerificationError as exc:
         say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
         return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc
-    say(f"    candidate {name}: verified{' (cached)' if compiled.from_cache else ''}")
+    say(f"    candidate {name}{FROM_CACHE if compiled.from_cache else ''}: verified")
     return compiled
 
 
