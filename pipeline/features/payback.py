@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..services.cache import Cache, newest_reports
+from ..services.cache import Cache, first_compile_s, newest_reports
 from ..services.progress import duration, estimate, expected_s, figure, ratio, say
 from .first_guess import Guess
 from .rounds import Timed
@@ -125,7 +125,7 @@ def side_by_side_slowdown(cache_dir: Path) -> tuple[float, str]:
     for report in newest_reports(cache_dir):
         search = report.get("compile_search") or {}
         candidates = [c for c in search.get("candidates", ()) if isinstance(c, dict)]
-        first_s = candidates[0].get("compile_s") if candidates else None
+        first_s = first_compile_s(report)
         if not first_s or not compiled_side_by_side(search):
             continue
         ratios = [
