@@ -22,7 +22,7 @@ from .features import tune
 from .features.candidates import Skipped
 from .features.tune import Tuned
 from .services import cache, dist_guard
-from .services.layout import WorkLayout, hold_work_dir
+from .services.layout import WorkLayout, hold_work_dir, refuse_if_work_held
 from .services.outdir import claim_output_dir, output_path, refuse_if_held
 from .services.progress import Progress, Steps, reporting, stop_requested
 from .services.writable import NO_ROOM, NOT_ALLOWED, write_error
@@ -165,7 +165,9 @@ def build_target(ctx: BuildContext) -> BuildResult:
     )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
-    refuse_if_held(ctx.out_dir)  # a running build's folder: said now, not after the doctor and export
+    # A running build's output or work folder: said now, not after the doctor and export
+    refuse_if_held(ctx.out_dir)
+    refuse_if_work_held(ctx.work_dir)
     findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
     # The last build's compile time, scaled to the compiles this one will make (it may have made one)
     rounds = tune.expected_rounds(exported, planned, ctx.store)

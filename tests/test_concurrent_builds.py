@@ -38,3 +38,19 @@ def test_a_build_whose_output_folder_is_held_stops_before_the_doctor(dirs):
     assert ran.code == OutputDirError.exit_code, ran.err
     assert f"another build (pid {os.getpid()}: " in ran.err and "--root DIR" in ran.err, ran.err
     assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err
+
+
+def test_a_build_whose_work_folder_is_held_stops_before_the_doctor(dirs):
+    """Another build into another --root and --dist but the same --build-dir holds the work folder:
+    refused before the doctor too, with the way out, and the holder's folder left as it was."""
+    from pipeline.services.layout import WorkLayout, hold_work_dir
+
+    work = WorkLayout(dirs.build).work_dir("tiny", "0.1", "cpu")
+    with hold_work_dir(work):  # this test process stands for the other build
+        (work / "theirs").write_text("the other build's file")
+        ran = run_cli("build", "--spec", str(TINY_SPEC), *dirs.args())
+        assert (work / "theirs").read_text() == "the other build's file"
+    assert ran.code == OutputDirError.exit_code, ran.err
+    assert f"another build is using the work folder {work}" in ran.err and "--build-dir" in ran.err, ran.err
+    assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err
+    assert dirs.leftovers() == []

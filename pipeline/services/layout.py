@@ -19,6 +19,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
+from .lockpeek import held_elsewhere
 from .writable import check_private
 
 
@@ -49,6 +50,20 @@ class WorkLayout:
         return work_dir.parent / f".{work_dir.name}.lock"
 
 
+def _work_dir_held(work_dir: Path) -> OutputDirError:
+    return OutputDirError(
+        f"another build is using the work folder {work_dir}",
+        "wait for it to finish, or give this build its own --build-dir",
+    )
+
+
+def refuse_if_work_held(work_dir: Path) -> None:
+    """Refused before the doctor and export where a running build holds the work folder (another
+    --root or --dist, but the same --build-dir): only a peek, hold_work_dir takes the lock later."""
+    if held_elsewhere(WorkLayout.work_lock(work_dir)):
+        raise _work_dir_held(work_dir)
+
+
 @contextmanager
 def hold_work_dir(work_dir: Path) -> Iterator[Path]:
     """Builds into other roots but the same --build-dir would share ``work_dir``: one at a time."""
@@ -58,10 +73,7 @@ def hold_work_dir(work_dir: Path) -> Iterator[Path]:
     try:
         lock.acquire()
     except Timeout:
-        raise OutputDirError(
-            f"another build is using the work folder {work_dir}",
-            "wait for it to finish, or give this build its own --build-dir",
-        ) from None
+        raise _work_dir_held(work_dir) from None
     try:
         yield work_dir
     finally:

@@ -9,13 +9,11 @@ link aside, compiles and packages, then removes its folder and puts the link bac
 
 from __future__ import annotations
 
-import fcntl
 import getpass
 import os
 import re
 import shutil
 import signal
-import stat
 import tempfile
 import threading
 import time
@@ -27,6 +25,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
 from ..wheel_template.runtime import _trust as wheel_trust
+from .lockpeek import held_elsewhere
 from .progress import duration, say, stop_requested
 
 MARKER = ".modelwheel-build"
@@ -167,25 +166,11 @@ def _held(path: Path, lock_file: Path) -> OutputDirError:
 
 def refuse_if_held(path: Path) -> None:
     """Refused at once where a running build holds ``path``'s lock, so the doctor and export are not
-    spent on a build that cannot claim it. Only a peek (a shared lock tried and dropped at once, and
-    only where the lock file exists): the lock itself is taken by ``claim_output_dir``, later."""
+    spent on a build that cannot claim it. Only a peek: the lock itself is taken by
+    ``claim_output_dir``, later."""
     lock_file = _lock_file(path)
-    try:  # non-blocking and no links: the folder may be anyone's until claim_output_dir checks it
-        fd = os.open(lock_file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return  # no lock file (a clean release removes it) or none readable: the claim decides
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _held(path, lock_file) from None
-        except OSError:
-            return
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    if held_elsewhere(lock_file):
+        raise _held(path, lock_file)
 
 
 def _take_over_stale(path: Path, lock_file: Path) -> None:
