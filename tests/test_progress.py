@@ -332,7 +332,11 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "the last build)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
-        assert progress.outlook() == "about 27s left (from this build's compiles)"
+        # two bases, said apart: this stage's own figure, and the later stages' from the last build
+        assert progress.outlook() == (
+            "about 27s left: 20s of compile (from this build's compiles), then 7s for the stages after it (from "
+            "the last build)"
+        )
         clock[0] += 25.0
         assert progress.outlook() == (
             "compile stage running 5s past the estimate (from this build's compiles), then about 7s for the stages "
@@ -363,7 +367,9 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert progress.outlook().startswith("verify stage running 9s past the last build's 2s")
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
-        assert progress.outlook() == f"about 34s left ({StepClock.BASIS})"  # 30 of verify, 4 of package
+        assert progress.outlook() == (
+            f"about 34s left: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it (from the last build)"
+        )
     # one slow case, then quick ones (a newcomer's "about 36s left" with 4 s to go): the median holds
     slow = Progress(io.StringIO())
     with reporting(slow), slow.stage("verify"):
@@ -394,6 +400,20 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         clock[0] += 0.5
         numbered("signal")  # purity's 0.5 s, for each of the two left (5 s each had the trace counted)
         assert traced.outlook() == "about 1s left (from the doctor's steps so far)"
+    # a later build (H22's): "about 2m22s left (from the doctor's steps so far)" was the later stages'
+    # figure, from the last build, with 3 s of the doctor left; the two are now said apart
+    later = Progress(io.StringIO())
+    later.expect({"doctor": 1.0, "export": 3.0, "compile": 130.0, "verify": 3.0, "package": 6.0})
+    with reporting(later), later.stage("doctor"):
+        numbered = Steps(5, stage="doctor", unlike=frozenset({2}))
+        for text, took in (("source", 1.0), ("graph breaks", 5.0), ("purity", 1.5)):
+            numbered(text)
+            clock[0] += took
+        numbered("signal")  # purity's 1.5 s for each of the two steps left
+        assert later.outlook() == (
+            "about 2m25s left: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages after it "
+            "(from the last build)"
+        )
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):
         steps = StepClock("verify", 4)

@@ -114,7 +114,14 @@ def outlook(
         if stage_left_s < 0:
             estimate = f"the estimate ({basis or MEASURED_HERE})"
             return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + then
-        return f"about {duration(stage_left_s + later)} left ({basis or MEASURED_HERE})"
+        if later < 0.5:
+            return f"about {duration(stage_left_s)} left ({basis or MEASURED_HERE})"
+        # Two figures of two bases, said apart: "about 2m22s left (from the doctor's steps so far)"
+        # read to a newcomer as the doctor's, 3 s before it ended (the rest was the later stages')
+        return (
+            f"about {duration(stage_left_s + later)} left: {duration(stage_left_s)} of {stage} "
+            f"({basis or MEASURED_HERE}), then {duration(later)} for the stages after it (from the last build)"
+        )
     last = expected.get(stage)
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
         return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
