@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._schema import Manifest
+from ._schema import Manifest, NotTried
+from ._targets import option_notes
 
 
 def _megabytes(size: int) -> str:
@@ -35,17 +36,32 @@ def _weights(m: Manifest) -> str:
 
 
 def _compiled(m: Manifest) -> str:
+    notes = option_notes(m["target"])
+    options = [
+        f"{key} {value}" + (f" ({notes[key]})" if key in notes else "") for key, value in m["compile_options"].items()
+    ]
+    return f"{m['compile_search']['chosen']}: {', '.join(sorted(options))}"
+
+
+def _not_tried(not_tried: list[NotTried]) -> str:
+    """The candidates left out, grouped by why (the noise, the budget, what the model runs): a
+    newcomer's `info` listed them without the reason, where the noise had decided the build."""
+    by_reason: dict[str, list[str]] = {}
+    for entry in not_tried:
+        reason = entry["reason"].split(" (the build's report has", 1)[0]  # the report is not at hand here
+        by_reason.setdefault(reason, []).append(entry["name"])
+    return "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
+
+
+def _search(m: Manifest) -> str:
     search = m["compile_search"]
-    options = ", ".join(f"{key} {value}" for key, value in sorted(m["compile_options"].items()))
     tried = [c["name"] for c in search["candidates"]]
-    left_out = [n["name"] for n in search["not_tried"]]
-    if len(tried) <= 1 and left_out:  # a search that compiled no other (the noise, the budget)
-        only = f"{search['chosen']}, the only candidate the option search compiled"
-        return f"{only} (not tried: {', '.join(left_out)}; {options})"
-    if len(tried) <= 1:
-        return f"{search['chosen']}, no option search ({options})"
-    among = ", ".join(tried) + (f"; not tried: {', '.join(left_out)}" if left_out else "")
-    return f"{search['chosen']}, the option search's choice among {among} ({options})"
+    left_out = f"; not tried: {_not_tried(search['not_tried'])}" if search["not_tried"] else ""
+    if len(tried) > 1:
+        return f"chose {search['chosen']} among {', '.join(tried)}{left_out}"
+    if left_out:  # a search that compiled no other (the noise, the budget)
+        return f"compiled {search['chosen']} only{left_out}"
+    return "off: the spec's options were compiled alone ([compile] search = false, or --no-search)"
 
 
 def _verified(m: Manifest) -> str:
@@ -79,7 +95,7 @@ def summary(m: Manifest, artifacts_dir: Path) -> list[str]:
     if "checkpoint" in m:
         checkpoint = m["checkpoint"]
         rows.append(("checkpoint", f"{checkpoint['folder']} ({checkpoint['task']}, {checkpoint['class']})"))
-    rows += [("weights", _weights(m)), ("compiled", _compiled(m)), ("verified", _verified(m))]
+    rows += [("weights", _weights(m)), ("compiled", _compiled(m)), ("search", _search(m)), ("verified", _verified(m))]
     library = m["artifacts"].get(m["library"])
     size = f" ({_megabytes(library['size'])})" if library else ""
     where = "" if m["relocatable"] else f"; its kernels addressed by {m['opt_path']}"

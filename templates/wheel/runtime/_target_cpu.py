@@ -30,6 +30,13 @@ CONSTANT_LAYOUTS = {"mkldnn": "aoti_torch_layout__mkldnn"}
 # Inductor's CPU code needs at least the vector ISA it was built for; ATen picks its own at run time.
 CPU_CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` builds for by name
+# What `info` says beside a compile option that reads as a mistake: the build plans every model's
+# loops for 8 threads (pipeline/targets/cpu.py's SCHEDULE_THREADS), and a newcomer took
+# "cpp.threads 8" on a 2-core machine for a wrong setting.
+OPTION_NOTES = {
+    "cpp.threads": "the threads its loops are planned for, whatever the build machine had; "
+    "it runs on as many as the serving process has",
+}
 
 
 class CpuPlatform(Platform, total=False):

@@ -71,6 +71,17 @@ def constant_layouts(target: object) -> Mapping[str, str]:
     return cast(ConstantsTarget, target).CONSTANT_LAYOUTS if hasattr(target, "CONSTANT_LAYOUTS") else {}
 
 
+def option_notes(name: str) -> Mapping[str, str]:
+    """What `info` says beside some of target ``name``'s compile options (its module's optional
+    ``OPTION_NOTES``); none where the module is missing, which `info` does not need to describe."""
+    try:
+        module = importlib.import_module(f"{__package__}.{module_name(name)}") if name.isidentifier() else None
+    except ModuleNotFoundError:
+        module = None
+    notes: Mapping[str, str] = getattr(module, "OPTION_NOTES", {})
+    return notes
+
+
 def platform_type(data: object) -> Any:
     """The type of the platform facts of the wheel whose manifest is ``data``, read before it is
     checked: its target module's ``PLATFORM`` (a Platform with the target's keys), else Platform.
