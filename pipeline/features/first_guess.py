@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..services.cache import newest_reports
+from ..services.cache import first_compile_s, newest_reports
 from ..targets import Target
 
 EARLIER_BUILDS = 5  # the newest reports that scale the guess to this machine
@@ -44,13 +44,10 @@ def machine_factor(cache_dir: Path, target: Target) -> tuple[float, int]:
     how many earlier builds (1.0, 0 where none recorded its graph's size)."""
     ratios = []
     for report in newest_reports(cache_dir):
-        try:
-            search = report["compile_search"]
-            first = search["candidates"][0]
-            ops, seconds = search.get("graph_ops"), first.get("compile_s")
-        except (KeyError, IndexError, TypeError, AttributeError):
-            continue
-        if report.get("target") != target.NAME or not ops or not seconds or first.get("from_cache"):
+        search = report.get("compile_search")
+        ops = search.get("graph_ops") if isinstance(search, dict) else None
+        seconds = first_compile_s(report)
+        if report.get("target") != target.NAME or not isinstance(ops, int) or not ops or seconds is None:
             continue
         ratios.append(seconds / line_s(target, ops))
         if len(ratios) == EARLIER_BUILDS:

@@ -111,9 +111,11 @@ def fresh_compiles(report: dict) -> int:
 
 def first_compile_s(report: dict) -> float | None:
     """The seconds the first candidate (the spec's options) took to compile fresh, where recorded."""
-    candidates = (report.get("compile_search") or {}).get("candidates") or [{}]
-    seconds = candidates[0].get("compile_s") if isinstance(candidates[0], dict) else None
-    return float(seconds) if isinstance(seconds, (int, float)) else None
+    search = report.get("compile_search")
+    candidates = (search.get("candidates") if isinstance(search, dict) else None) or [{}]
+    first = candidates[0] if isinstance(candidates, list) and isinstance(candidates[0], dict) else {}
+    seconds = None if first.get("from_cache") else first.get("compile_s")
+    return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
 
 
 def compile_rounds(report: dict) -> float:
