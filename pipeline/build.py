@@ -22,7 +22,7 @@ from .features import tune
 from .features.candidates import Skipped
 from .features.tune import Tuned
 from .services import cache, dist_guard
-from .services.layout import WorkLayout, hold_work_dir, refuse_if_work_held
+from .services.layout import WorkLayout, hold_work_dir
 from .services.outdir import claim_output_dir, output_path, refuse_if_held
 from .services.progress import Progress, Steps, reporting, stop_requested
 from .services.writable import NO_ROOM, NOT_ALLOWED, write_error
@@ -165,17 +165,18 @@ def build_target(ctx: BuildContext) -> BuildResult:
     )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         return _reuse_build(ctx, build_key)
-    # A running build's output or work folder: said now, not after the doctor and export
+    # A running build's output folder: said now, not after the doctor and export. Only a peek: the
+    # claim, later, removes the last build's folder, which installed wheels may still link to.
     refuse_if_held(ctx.out_dir)
-    refuse_if_work_held(ctx.work_dir)
-    findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
-    # The last build's compile time, scaled to the compiles this one will make (it may have made one)
-    rounds = tune.expected_rounds(exported, planned, ctx.store)
-    ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME, rounds=rounds))
-    exported = export_stage(ctx, exported, loaded, planned)
-    # Nothing is written to the work folder before its lock is held; the wheel in it is moved
-    # to dist/ and the cache while the lock is still held.
+    # The work folder is held from here: a second build of it (another --root or --dist, the same
+    # --build-dir) started a few seconds later passed a peek and was refused after its doctor.
     with hold_work_dir(ctx.work_dir):
+        findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
+        # The last build's compile time, scaled to the compiles this one will make (it may have made one)
+        rounds = tune.expected_rounds(exported, planned, ctx.store)
+        ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME, rounds=rounds))
+        exported = export_stage(ctx, exported, loaded, planned)
+        # The wheel in the work folder is moved to dist/ and the cache while its lock is still held.
         with claim_output_dir(ctx.out_dir):
             weights_file = write_weights(exported, ctx.work_dir)
             tuned, compiled = compile_stage(ctx, exported, planned, skipped, weights_file, locked)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from pipeline.errors import OutputDirError
 from pipeline.services.outdir import claim_output_dir
 
-from .conftest import TINY_SPEC, run_cli
+from .conftest import REPO, TINY_SPEC, BuildDirs, run_cli
 
 # Several versions of one model built at once, each its own process, into one --build-dir:
 # test_build_stops.py's test_two_versions_built_at_once_both_succeed (the next builds after a
@@ -54,3 +57,51 @@ def test_a_build_whose_work_folder_is_held_stops_before_the_doctor(dirs):
     assert f"another build is using the work folder {work}" in ran.err and "--build-dir" in ran.err, ran.err
     assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err
     assert dirs.leftovers() == []
+
+
+HELD_IN_DOCTOR = """import os, pathlib, time
+import tiny_model
+
+class Held(tiny_model.Tiny):
+    def forward(self, x, t):
+        folder = os.environ.get("HOLD_IN_FORWARD")
+        if folder:  # the first build: stopped in its doctor's first eager call until the test is done
+            pathlib.Path(folder, "entered").touch()
+            while not pathlib.Path(folder, "go").exists():
+                time.sleep(0.1)
+        return super().forward(x, t)
+
+def build(channels=8):
+    return Held(channels)
+"""
+
+
+def test_a_second_build_started_during_the_firsts_doctor_is_refused_before_its_own(dirs, tmp_path):
+    """H23 started two builds of one model seconds apart (other --root and --dist, one --build-dir):
+    both passed the check for a held work folder, and the second was refused after its 85 s doctor
+    and its export. The work folder is now held from the doctor on."""
+    (tmp_path / "held_model.py").write_text(HELD_IN_DOCTOR)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY_SPEC.read_text().replace('factory = "tiny_model:build"', 'factory = "held_model:build"'))
+    path = os.pathsep.join([str(tmp_path), str(TINY_SPEC.parent)])
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "build", "--spec", str(spec), *dirs.args()],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": path, "HOLD_IN_FORWARD": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "entered").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first build never reached its doctor"
+            time.sleep(0.1)
+        other = BuildDirs(root=tmp_path / "root2", dist=tmp_path / "dist2", build=dirs.build)
+        ran = run_cli("build", "--spec", str(spec), *other.args(), env={"PYTHONPATH": path})
+    finally:
+        (tmp_path / "go").touch()
+        first.kill()
+        first.wait(timeout=60)
+    assert ran.code == OutputDirError.exit_code, ran.err
+    assert "another build is using the work folder" in ran.err, ran.err
+    assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err

@@ -19,7 +19,6 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
-from .lockpeek import held_elsewhere
 from .writable import check_private
 
 
@@ -55,13 +54,6 @@ def _work_dir_held(work_dir: Path) -> OutputDirError:
         f"another build is using the work folder {work_dir}",
         "wait for it to finish, or give this build its own --build-dir",
     )
-
-
-def refuse_if_work_held(work_dir: Path) -> None:
-    """Refused before the doctor and export where a running build holds the work folder (another
-    --root or --dist, but the same --build-dir): only a peek, hold_work_dir takes the lock later."""
-    if held_elsewhere(WorkLayout.work_lock(work_dir)):
-        raise _work_dir_held(work_dir)
 
 
 @contextmanager
