@@ -25,7 +25,10 @@ def test_a_work_folder_is_held_by_one_build(tmp_path):
 
     work = WorkLayout(tmp_path / "build").work_dir("tiny", "0.2", "cpu")
     with hold_work_dir(work):
-        with pytest.raises(OutputDirError, match="another build is using the work folder") as info:
+        with pytest.raises(
+            OutputDirError,
+            match=f"another build \\(pid {os.getpid()}: .*\\) is using the work folder {work}; its lock is ",
+        ) as info:
             with hold_work_dir(work):
                 pass
         assert "--build-dir" in info.value.hint
@@ -54,7 +57,11 @@ def test_a_build_whose_work_folder_is_held_stops_before_the_doctor(dirs):
         ran = run_cli("build", "--spec", str(TINY_SPEC), *dirs.args())
         assert (work / "theirs").read_text() == "the other build's file"
     assert ran.code == OutputDirError.exit_code, ran.err
-    assert f"another build is using the work folder {work}" in ran.err and "--build-dir" in ran.err, ran.err
+    assert (
+        f"another build (pid {os.getpid()}: " in ran.err
+        and f"is using the work folder {work}; its lock is " in ran.err
+        and "--build-dir" in ran.err
+    ), ran.err
     assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err
     assert dirs.leftovers() == []
 
@@ -103,5 +110,5 @@ def test_a_second_build_started_during_the_firsts_doctor_is_refused_before_its_o
         first.kill()
         first.wait(timeout=60)
     assert ran.code == OutputDirError.exit_code, ran.err
-    assert "another build is using the work folder" in ran.err, ran.err
+    assert f"another build (pid {first.pid}: " in ran.err and "is using the work folder" in ran.err, ran.err
     assert "==> doctor" not in ran.err and "==> export" not in ran.err, ran.err

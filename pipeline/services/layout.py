@@ -11,6 +11,7 @@ build/
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
+from .locks import holder
 from .writable import check_private
 
 
@@ -50,8 +52,9 @@ class WorkLayout:
 
 
 def _work_dir_held(work_dir: Path) -> OutputDirError:
+    lock_file = WorkLayout.work_lock(work_dir)
     return OutputDirError(
-        f"another build is using the work folder {work_dir}",
+        f"{holder(lock_file)} is using the work folder {work_dir}; its lock is {lock_file}",
         "wait for it to finish, or give this build its own --build-dir",
     )
 
@@ -66,6 +69,9 @@ def hold_work_dir(work_dir: Path) -> Iterator[Path]:
         lock.acquire()
     except Timeout:
         raise _work_dir_held(work_dir) from None
+    os.truncate(lock.lock_file, 0)
+    with open(lock.lock_file, "a", encoding="ascii") as pid_file:  # the holder a refused build names
+        pid_file.write(f"{os.getpid()}\n")
     try:
         yield work_dir
     finally:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,8 +24,8 @@ from filelock import FileLock, Timeout
 
 from ..errors import OutputDirError
 from ..wheel_template.runtime import _trust as wheel_trust
-from .lockpeek import held_elsewhere
-from .progress import duration, say, stop_requested
+from .locks import held_elsewhere, holder, recorded_pid
+from .progress import say, stop_requested
 
 MARKER = ".modelwheel-build"
 
@@ -123,42 +122,14 @@ def signals_deferred(redeliver: bool = True) -> Iterator[None]:
             stop_requested.append(signal.Signals(pending[0]).name)
 
 
-def _holder(path: Path) -> str:
-    """The pid a lock or marker file records ('' when none)."""
-    try:
-        found = re.search(r"(\d+)\s*$", path.read_text())
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return found.group(1) if found else ""
-
-
 def _lock_file(path: Path) -> Path:
     return path.parent / f".{path.name}.build.lock"
 
 
-def _command_of(pid: str) -> str:
-    """The command line of a running process, from /proc ('' where unreadable: gone, another OS)."""
-    try:
-        words = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    except OSError:
-        return ""
-    # one line, and no control characters (another user's process may name anything)
-    command = " ".join(" ".join(word.decode(errors="replace").split()) for word in words if word)
-    command = "".join(c if c.isprintable() else "?" for c in command)
-    return command if len(command) <= 160 else command[:157] + "..."
-
-
 def _held(path: Path, lock_file: Path) -> OutputDirError:
     """The refusal while another build holds the lock: who holds it, since when, and the ways out."""
-    pid = _holder(lock_file)
-    command = _command_of(pid) if pid else ""
-    try:
-        held = f", for {duration(time.time() - lock_file.stat().st_mtime)}" if pid else ""
-    except OSError:
-        held = ""
-    who = f"another build (pid {pid}{f': {command}' if command else ''}{held})" if pid else "another build"
     return OutputDirError(
-        f"{who} is writing {path}; its lock is {lock_file}",
+        f"{holder(lock_file)} is writing {path}; its lock is {lock_file}",
         "wait for that build to finish, or build elsewhere now: --root DIR (or MODELWHEEL_ROOT=DIR) "
         "puts this build's output folder under another root",
     )
@@ -178,14 +149,14 @@ def _take_over_stale(path: Path, lock_file: Path) -> None:
     loss) is removed, and a link it moved aside is put back, with a line saying so."""
     left = sorted(path.parent.glob(f".{path.name}.new-*")) + sorted(path.parent.glob(f".{path.name}.removing-*"))
     displaced = sorted(p for p in path.parent.glob(f".{path.name}.displaced-*") if p.is_symlink())
-    pid = _holder(lock_file)
+    pid = recorded_pid(lock_file)
     if path.is_dir() and not path.is_symlink():
         if not (path / MARKER).exists():
             raise OutputDirError(
                 f"{path} exists and was not made by a build",
                 "move it away, or build into another root with --root DIR or MODELWHEEL_ROOT",
             )
-        pid = pid or _holder(path / MARKER)
+        pid = pid or recorded_pid(path / MARKER)
         left.append(path)
     if left or displaced or pid:
         who = f"build (pid {pid})" if pid and pid != str(os.getpid()) else "build"
