@@ -304,6 +304,26 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     report["compile_search"]["cost"]["compile_wall_s"] = 45.0
     (searched / "model_tiny.report.json").write_text(json.dumps(report))
     assert cache.stage_times("tiny", "cpu", rounds=5)["compile"] == pytest.approx(80.0 / 2.5 * 5)
+    # a build that compiles nothing, after one that compiled: that one's stage, its compiles taken out
+    # (a newcomer's all-cached search said "running 10s past the last build's 0s" while it verified)
+    assert cache.stage_times("tiny", "cpu", rounds=0)["compile"] == pytest.approx(80.0 - 30.0 * 2.5)
+    # a newer build whose compile came from the cache (1 s) gives no figure for a fresh compile: the
+    # newest that compiled does (a newcomer's said "running 39s past the last build's 1s")
+    time.sleep(0.01)
+    cached = tmp_path / "cache" / "build-e"
+    cached.mkdir()
+    from_cache = {"candidates": [{"name": "spec-options", "from_cache": True}]}
+    (cached / "model_tiny.report.json").write_text(
+        json.dumps({"model": "tiny", "target": "cpu", "stages_s": {"compile": 1.0}, "compile_search": from_cache})
+    )
+    assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 30.0
+    assert cache.stage_times("tiny", "cpu", rounds=0)["compile"] == 1.0  # all from the cache, as that one
+    assert cache.stage_times("tiny", "cpu")["compile"] == 1.0  # unscaled: the newest's own
+    alone = Cache(tmp_path / "alone")  # no build here compiled: no compile figure (the first guess gives one)
+    shutil.copytree(cached, tmp_path / "alone" / "build-e")
+    assert "compile" not in alone.stage_times("tiny", "cpu", rounds=1)
+    cached.joinpath("model_tiny.report.json").unlink()
+    cached.rmdir()
     # what a search should take: the first, then what the default budget (3 compiles on 2 cores) has room for
     unet = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
     assert payback.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit

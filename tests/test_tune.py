@@ -193,16 +193,20 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     # the second round side by side, each compile slower beside the other (no earlier search here)
     # spec-options, then freezing and max-autotune (3x a compile) side by side: 1 + 3 x 1.26
     times = r"4\.78x" if payback.cores() > 1 else "5x"
-    slower = r", each about 1\.26x as slow as alone \(as measured on a 2-core machine\)" if payback.cores() > 1 else ""
+    slower = (
+        r"; side by side, each about 1\.26x as slow as alone \(as measured on a 2-core machine\)"
+        if payback.cores() > 1
+        else ""
+    )
     outlook = next(
         i
         for i, line in enumerate(lines)
         if re.fullmatch(
             r"    search: 3 candidate\(s\) to compile and verify as its budget allows, then all timed together: "
-            rf"each is a full compile, so about {times} one compile on this machine \(the first, then the candidates "
-            rf"its budget leaves room for{at_a_time}{slower}; a first guess from the graph's "
-            r"\d+ ops: about \d+s each; the first's time, compiled now, gives the rest's; the search may stop "
-            r"after it where the machine is too noisy for a candidate to win\)",
+            rf"about (\d+m)?\d+s on this machine, {times} one full compile's time \(the first, then the candidates "
+            rf"its budget leaves room for{at_a_time}, counting max-autotune as 3x a compile{slower}; a first guess "
+            r"from the graph's \d+ ops: about \d+s a compile; the first's time, compiled now, gives the rest's; the "
+            r"search may stop after it where the machine is too noisy for a candidate to win\)",
             line,
         )
     )

@@ -284,7 +284,15 @@ class Outlook:
             return []
         rounds = rounds or len(self.fresh)
         side = f", {self.workers} at a time" if self.workers > 1 else ""
-        room = f"the first, then the candidates its budget leaves room for{side}"
+        # what the compiles' time counts: a first candidate from the cache is not among them, and a
+        # costlier one (max-autotune, alone in a newcomer's build) counts as several compiles
+        first = "the first, then " if self.order[0] in self.fresh else ""
+        costly = [
+            f"{n} as {ratio(COMPILE_COST[n])} a compile" for n in self.order if n in self.fresh and n in COMPILE_COST
+        ]
+        room = f"{first}the candidates its budget leaves room for{side}" + (
+            f", counting {', '.join(costly)}" if costly else ""
+        )
         cached = len(self.order) - len(self.fresh)
         what = (
             f"    search: {len(self.fresh)} candidate(s) to compile and verify"
@@ -299,18 +307,25 @@ class Outlook:
                 f"{figure(rounds)} plain {unit} time: {room})"
             )
         else:
-            each = f"{guess.basis}: about {duration(guess.seconds)} each; " if guess else ""
             # the rounds after the first run side by side, each compile slower beside another
             side_by_side = self.workers > 1 and rounds > 1
             times = 1 + (rounds - 1) * (self.slowdown if side_by_side else 1.0)
             slower = (
-                f", each about {ratio(self.slowdown)} as slow as alone ({self.slowdown_source})" if side_by_side else ""
+                f"; side by side, each about {ratio(self.slowdown)} as slow as alone ({self.slowdown_source})"
+                if side_by_side
+                else ""
             )
-            what += (
-                f": each is a full compile, so about {ratio(times)} one compile on this machine ({room}{slower}; "
-                f"{each}the first's time, compiled now, gives the rest's; the search may stop after it where "
-                "the machine is too noisy for a candidate to win)"
+            rest = (
+                "the first's time, compiled now, gives the rest's; the search may stop after it where the machine "
+                "is too noisy for a candidate to win)"
             )
+            if guess:  # a time, not a ratio the reader multiplies out (a newcomer's "2.26x one compile")
+                what += (
+                    f": about {duration(guess.seconds * times)} on this machine, {ratio(times)} one full compile's "
+                    f"time ({room}{slower}; {guess.basis}: about {duration(guess.seconds)} a compile; {rest}"
+                )
+            else:
+                what += f": each is a full compile, so about {ratio(times)} one compile here ({room}{slower}; {rest}"
         return [what, shorter(self.cache_dir)]
 
     def left_s(self, names: list[str], costs: dict[str, float] | None = None, compiled: bool = False) -> float | None:

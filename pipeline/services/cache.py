@@ -11,10 +11,11 @@ version and compile folder).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,31 @@ def compile_rounds(report: dict) -> float:
     return 1 + -(-(fresh - 1) // max(1, int(cost.get("workers") or 1)))  # the others, rounded up
 
 
+def _compile_stage_s(reports: Iterable[dict], rounds: float) -> float | None:
+    """The compile stage of a build that makes ``rounds`` compiles' time, from the newest of
+    ``reports`` that can tell: one that compiled fresh, scaled, where this one compiles (a build
+    whose compile came from the cache said "running 39s past the last build's 1s" to the fresh
+    compile after it); where this one compiles nothing, what such a build spent verifying and
+    timing (a build that compiled, its compiles taken out, said "past the last build's 0s")."""
+    for report in reports:
+        stage_s = (report.get("stages_s") or {}).get("compile")
+        if not isinstance(stage_s, (int, float)):
+            continue
+        compiled, first_s = compile_rounds(report), first_compile_s(report)
+        if not rounds:
+            if not compiled:
+                return float(stage_s)
+            if first_s:
+                return max(0.0, stage_s - first_s * compiled)
+        elif rounds == 1 and compiled > 1 and first_s:
+            # one compile after a search: its first compile's own time (a newcomer's --no-search
+            # build was told the search's 134.6 s over its 3 compiles, 45 s, for its 55 s)
+            return first_s
+        elif compiled:
+            return stage_s * rounds / compiled
+    return None
+
+
 class Cache:
     """Entries under ``directory``. With ``reuse`` off (--no-cache) nothing is read, but every
     build still stores what it made, replacing older entries, so the next build can reuse it."""
@@ -164,23 +190,24 @@ class Cache:
         that compiled one, its search stopped on the noise, gave the figure for one that compiles
         four; a --no-search build's one compile, four times over, for a search whose budget let two
         more run side by side: 3m39s for 2m16s)."""
-        for report in newest_reports(self.directory):
-            if (
-                report.get("model") == model
-                and report.get("target") == target
-                and not report.get("build_cache", {}).get("reused")
-            ):
-                times = {name: float(seconds) for name, seconds in report.get("stages_s", {}).items()}
-                compiled = compile_rounds(report)
-                first_s = first_compile_s(report)
-                if rounds == 1 and compiled > 1 and first_s and "compile" in times:
-                    # one compile after a search: its first compile's own time (a newcomer's --no-search
-                    # build was told the search's 134.6 s over its 3 compiles, 45 s, for its 55 s)
-                    times["compile"] = first_s
-                elif rounds is not None and compiled and "compile" in times:
-                    times["compile"] *= rounds / compiled
-                return times
-        return {}
+        reports = (  # read lazily: most builds need the newest only
+            report
+            for report in newest_reports(self.directory)
+            if report.get("model") == model
+            and report.get("target") == target
+            and not report.get("build_cache", {}).get("reused")
+        )
+        newest = next(reports, None)
+        if newest is None:
+            return {}
+        times = {name: float(seconds) for name, seconds in newest.get("stages_s", {}).items()}
+        if rounds is not None and "compile" in times:
+            compile_s = _compile_stage_s(itertools.chain([newest], reports), rounds)
+            if compile_s is None:  # no build here compiled as this one will: the first guess says it
+                del times["compile"]
+            else:
+                times["compile"] = compile_s
+        return times
 
     def store(self, key: str, files: tuple[Path, ...]) -> None:
         """Save files under key: written aside and renamed, so an entry is whole or absent, and a
