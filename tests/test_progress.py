@@ -87,7 +87,7 @@ def json_build(tmp_path_factory):
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
 STATUS_LINE = (
     r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
-    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left|\1 stage running (\d+m)?\d+s past) .+)?"
+    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left of [a-z ]+|\1 stage running (\d+m)?\d+s past) .+)?"
 )
 
 
@@ -110,7 +110,7 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     guessed = [line for line in status if line.startswith("    ... compile 1/1 spec-options: compiling · ")]
     assert guessed and all(
         re.search(
-            r" · (about \d+s left|compile stage running \d+s past the estimate) \(a first guess from the graph's "
+            r" · (about \d+s left of compile|compile stage running \d+s past the estimate) \(a first guess from the graph's "
             r"\d+ ops\)$",
             line,
         )
@@ -151,7 +151,7 @@ def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
     for line in status:
         assert re.fullmatch(
             r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
-            r"about 2m0[45]s left \(from this build's compiles\)",
+            r"about 2m0[45]s left of compile \(from this build's compiles\)",
             line,
         ), line
     quiet = io.StringIO()
@@ -339,7 +339,9 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     with progress.stage("compile"):
         clock[0] += 10.0
-        assert progress.outlook() == "about 37s left (from the last build)"  # 30 of compile, 3 + 4 after it
+        assert (
+            progress.outlook() == "about 37s left of the build (from the last build)"
+        )  # 30 of compile, 3 + 4 after it
         # longer than last time: it says by how much, where it froze at the later stages' 7 s
         clock[0] += 60.0
         assert progress.outlook() == (
@@ -354,7 +356,7 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
         # two bases, said apart: this stage's own figure, and the later stages' from the last build
         assert progress.outlook() == (
-            "about 27s left: 20s of compile (from this build's compiles), then 7s for the stages after it (from "
+            "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after it (from "
             "the last build)"
         )
         clock[0] += 25.0
@@ -381,14 +383,14 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         steps.done(1)
         clock[0] += 0.4
         steps.done(2)  # 1.4 s in: the last build's figure holds
-        assert progress.outlook() == "about 5s left (from the last build)"
+        assert progress.outlook() == "about 5s left of the build (from the last build)"
         clock[0] += 9.6
         steps.done(3)  # 11 s in: past the last build's figure, but two cases are too few to go by
         assert progress.outlook().startswith("verify stage running 9s past the last build's 2s")
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
         assert progress.outlook() == (
-            f"about 34s left: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it (from the last build)"
+            f"about 34s left of the build: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it (from the last build)"
         )
     # one slow case, then quick ones (a newcomer's "about 36s left" with 4 s to go): the median holds
     slow = Progress(io.StringIO())
@@ -397,7 +399,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         for number, took in enumerate((1.0, 5.0, 0.5, 0.5), 1):
             clock[0] += took
             steps.done(number)
-        assert slow.outlook() == f"about 3s left ({StepClock.BASIS})"  # 0.5 s for each of 6
+        assert slow.outlook() == f"about 3s left of verify ({StepClock.BASIS})"  # 0.5 s for each of 6
     doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
     with reporting(doctor), doctor.stage("doctor"):
         numbered = Steps(5, stage="doctor")
@@ -407,7 +409,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert doctor.outlook() is None
         clock[0] += 4.0
         numbered("purity")  # 4 s a step after the first: three to go
-        assert doctor.outlook() == "about 12s left (from the doctor's steps so far)"
+        assert doctor.outlook() == "about 12s left of doctor (from the doctor's steps so far)"
     traced = Progress(io.StringIO())  # the build's doctor: its dynamo trace is not an eager call's time
     with reporting(traced), traced.stage("doctor"):
         numbered = Steps(5, stage="doctor", unlike=frozenset({2}))
@@ -419,7 +421,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert traced.outlook() is None
         clock[0] += 0.5
         numbered("signal")  # purity's 0.5 s, for each of the two left (5 s each had the trace counted)
-        assert traced.outlook() == "about 1s left (from the doctor's steps so far)"
+        assert traced.outlook() == "about 1s left of doctor (from the doctor's steps so far)"
     # a later build (H22's): "about 2m22s left (from the doctor's steps so far)" was the later stages'
     # figure, from the last build, with 3 s of the doctor left; the two are now said apart
     later = Progress(io.StringIO())
@@ -431,7 +433,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             clock[0] += took
         numbered("signal")  # purity's 1.5 s for each of the two steps left
         assert later.outlook() == (
-            "about 2m25s left: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages after it "
+            "about 2m25s left of the build: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages after it "
             "(from the last build)"
         )
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
@@ -441,7 +443,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         steps.done(1)
         clock[0] += 2.0
         steps.done(2)
-        assert fresh.outlook() == f"about 4s left ({StepClock.BASIS})"
+        assert fresh.outlook() == f"about 4s left of verify ({StepClock.BASIS})"
 
 
 def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_builds_here(tmp_path, monkeypatch):
@@ -485,7 +487,7 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
     with progress.stage("compile"):
         progress.estimate(30.0, scaled.basis)
         clock[0] += 10.0
-        assert progress.outlook() == f"about 20s left ({scaled.basis})"
+        assert progress.outlook() == f"about 20s left of compile ({scaled.basis})"
         clock[0] += 25.0
         assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis})"
 

@@ -114,12 +114,12 @@ def outlook(
         if stage_left_s < 0:
             estimate = f"the estimate ({basis or MEASURED_HERE})"
             return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + then
-        if later < 0.5:
-            return f"about {duration(stage_left_s)} left ({basis or MEASURED_HERE})"
+        if later < 0.5:  # "of compile": a newcomer could not tell the stage's figure from the build's
+            return f"about {duration(stage_left_s)} left of {stage} ({basis or MEASURED_HERE})"
         # Two figures of two bases, said apart: "about 2m22s left (from the doctor's steps so far)"
         # read to a newcomer as the doctor's, 3 s before it ended (the rest was the later stages')
         return (
-            f"about {duration(stage_left_s + later)} left: {duration(stage_left_s)} of {stage} "
+            f"about {duration(stage_left_s + later)} left of the build: {duration(stage_left_s)} of {stage} "
             f"({basis or MEASURED_HERE}), then {duration(later)} for the stages after it (from the last build)"
         )
     last = expected.get(stage)
@@ -127,7 +127,7 @@ def outlook(
         return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
     if in_stage_s > last:
         return f"{stage} stage running {duration(in_stage_s - last)} past the last build's {duration(last)}" + then
-    return f"about {duration(last - in_stage_s + later)} left (from the last build)"
+    return f"about {duration(last - in_stage_s + later)} left of the build (from the last build)"
 
 
 def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:
