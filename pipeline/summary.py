@@ -50,10 +50,13 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     left_out = f" ({', '.join(over)} left out by its compile budget)" if over else ""
     if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not over):
         return []
+    # the candidates after spec-options whose .so the build cache held: not among those compiled
+    cached = sum(1 for one in search.get("candidates", ())[1:] if one.get("from_cache"))
+    from_cache = f" ({cached} more from the build cache)" if cached else ""
     if cost["stopped"]:
         spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
     elif not cost["compiled"]:
-        spent = f"no candidate compiled{left_out}"
+        spent = f"no candidate compiled{from_cache.replace(' more', '')}{left_out}"
     else:
         # the wall time first: the summed seconds, beside the compile stage's, read as more than it took
         took = (
@@ -64,13 +67,15 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         )
         verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
         # "beyond spec-options": the first compile is the build's own; the count read as one short
-        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled {took}{verified}{left_out}"
+        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled {took}{from_cache}{verified}{left_out}"
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]
         else "won nothing (the spec's options kept)"
     )
-    return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s; {won}"]
+    # the noise's rounds (spec-options alone) apart: a newcomer's "timed 38.5s" was 33 s of them
+    noise = f" ({cost['noise_s']:.1f}s of it spec-options alone, for the noise)" if cost["timing_s"] else ""
+    return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s{noise}; {won}"]
 
 
 def usage_lines(wheel: Path, import_name: str) -> list[str]:

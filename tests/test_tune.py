@@ -230,7 +230,7 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert any(
         re.fullmatch(
             r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
-            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left \(from this build's compiles\)",
+            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left of compile \(from this build's compiles\)",
             line,
         )
         for line in lines
@@ -298,7 +298,7 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
     assert cost["verify_s"] > 0  # verifying them one after the other, apart from the compiles
     summary = (
         rf"^  search    2 candidate\(s\) beyond spec-options compiled {took}, verified in [\d.]+s; "
-        rf"timed [\d.]+s; {won}$"
+        rf"timed [\d.]+s \([\d.]+s of it spec-options alone, for the noise\); {won}$"
     )
     assert re.search(summary, ran.err, re.M), ran.err
     assert re.search(
@@ -473,6 +473,22 @@ def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search,
         f"    candidate spec-options (compiled earlier, from the build cache): {progress.figure(trial.median_ms)} ms "
         "a call, one round here (a rough figure for the report: make bench measures the wheel)"
     ], said
+
+
+def test_a_candidate_from_the_build_cache_says_so_while_it_is_verified(mlp_search, tmp_path):
+    """A newcomer's status read "compile 1/4 spec-options: verifying case 6/10" for 45 s, as if just
+    compiled; only the line after it said the .so had come from the build cache."""
+    exported, planned, _, store = searched_mlp(mlp_search, tmp_path)
+    steps: list[str] = []
+
+    class Display(progress.Progress):
+        def step(self, text: str) -> None:
+            steps.append(text)
+
+    with progress.reporting(Display()):
+        tune.tune(exported, planned[:2], [], None, tmp_path / "work", store)
+    verifying = [s for s in steps if "verifying case" in s]
+    assert verifying and all(re.match(r"\d/\d [\w+-]+ \(from the build cache\): verifying case ", s) for s in verifying)
 
 
 def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_search, tmp_path):
@@ -796,6 +812,16 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     assert search_lines(record) == [
         "  search    stopped by the noise before compiling a candidate (2553x spread); "
         "timed 0.0s; won nothing (the spec's options kept)"
+    ]
+    # one compiled, two from the build cache (a newcomer's summary named only the one), then timed
+    three = [{"name": "spec-options"}, {"name": "freezing", "from_cache": True}]
+    three += [{"name": "max-autotune", "from_cache": False}, {"name": "freezing+channels-last", "from_cache": True}]
+    spent = {**record["cost"], "stopped": "", "compiled": 1, "workers": 1, "compile_s": 187.3, "verify_s": 8.9}
+    spent.update(noise_s=33.0, timing_s=5.5, won=1.27)
+    record = {"chosen": "freezing", "candidates": three, "cost": spent}
+    assert search_lines(record) == [
+        "  search    1 candidate(s) beyond spec-options compiled in 187.3s (2 more from the build cache), verified in "
+        "8.9s; timed 38.5s (33.0s of it spec-options alone, for the noise); won 1.27x (freezing over spec-options)"
     ]
     # steady rounds: freezing could win, and is compiled
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
