@@ -110,8 +110,8 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     guessed = [line for line in status if line.startswith("    ... compile 1/1 spec-options: compiling · ")]
     assert guessed and all(
         re.search(
-            r" · (about \d+s left of compile|compile stage running \d+s past the estimate) \(a first guess from the graph's "
-            r"\d+ ops\)$",
+            r" · (about \d+s left of compile|compile stage running \d+s past the estimate) "
+            r"\(a first guess from the graph's \d+ ops\)$",
             line,
         )
         for line in guessed
@@ -356,8 +356,8 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
         # two bases, said apart: this stage's own figure, and the later stages' from the last build
         assert progress.outlook() == (
-            "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after it (from "
-            "the last build)"
+            "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after "
+            "it (from the last build)"
         )
         clock[0] += 25.0
         assert progress.outlook() == (
@@ -390,7 +390,8 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
         assert progress.outlook() == (
-            f"about 34s left of the build: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it (from the last build)"
+            f"about 34s left of the build: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it "
+            "(from the last build)"
         )
     # one slow case, then quick ones (a newcomer's "about 36s left" with 4 s to go): the median holds
     slow = Progress(io.StringIO())
@@ -433,8 +434,8 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             clock[0] += took
         numbered("signal")  # purity's 1.5 s for each of the two steps left
         assert later.outlook() == (
-            "about 2m25s left of the build: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages after it "
-            "(from the last build)"
+            "about 2m25s left of the build: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages "
+            "after it (from the last build)"
         )
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):

@@ -230,7 +230,8 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert any(
         re.fullmatch(
             r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
-            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left of compile \(from this build's compiles\)",
+            r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left of compile "
+            r"\(from this build's compiles\)",
             line,
         )
         for line in lines
