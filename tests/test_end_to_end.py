@@ -290,7 +290,7 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     manifest["compile_search"] = {"chosen": first["name"], "candidates": [first], "not_tried": not_tried}
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
     assert search == (
-        f"  search    compiled {first['name']} only; not tried: freezing, max-autotune (cannot win beyond the noise "
+        f"  search    tried {first['name']} only; not tried: freezing, max-autotune (cannot win beyond the noise "
         "measured before compiling it); bf16-autocast (this CPU has no native bfloat16 instructions)"
     ), search
     manifest["compile_search"]["candidates"] = [first, {**first, "name": "freezing"}]
@@ -321,6 +321,9 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
         "  outputs   features float32 (rtol 0.0001, atol 0.0001); logits float32 (rtol 0.0001, atol 1e-05), "
         "returned as a tuple in this order"
     ) in lines
+    # the build machine's glibc, said as such beside the manylinux tag's (a newcomer read 2.36 against 2_35)
+    target = next(line for line in lines if line.startswith("  target    cpu, torch "))
+    assert target.endswith(" (the wheel's manylinux tag names the oldest glibc it runs on)"), target
     # the thread count Inductor planned for (8, on this 2-core machine) is said to be no mistake
     compiled = next(line for line in lines if line.startswith("  compiled  spec-options: "))
     assert (

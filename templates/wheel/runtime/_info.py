@@ -21,7 +21,13 @@ def _megabytes(size: int) -> str:
 def _platform(m: Manifest) -> str:
     facts: dict[str, Any] = dict(m["platform"])
     machine = facts.pop("machine", "")
-    return ", ".join([machine] + [f"{key} {value}" for key, value in facts.items()])
+    # the build machine's glibc, not what the wheel needs: a newcomer read "glibc 2.36" against its
+    # manylinux_2_35 tag as a mistake
+    glibc = facts.pop("glibc", None)
+    said = [machine] + [f"{key} {value}" for key, value in facts.items()]
+    if glibc:
+        said.append(f"on glibc {glibc} (the wheel's manylinux tag names the oldest glibc it runs on)")
+    return ", ".join(said)
 
 
 def _weights(m: Manifest) -> str:
@@ -60,7 +66,7 @@ def _search(m: Manifest) -> str:
     if len(tried) > 1:
         return f"chose {search['chosen']} among {', '.join(tried)}{left_out}"
     if left_out:  # a search that compiled no other (the noise, the budget)
-        return f"compiled {search['chosen']} only{left_out}"
+        return f"tried {search['chosen']} only{left_out}"
     return "off: the spec's options were compiled alone ([compile] search = false, or --no-search)"
 
 
