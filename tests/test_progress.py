@@ -331,6 +331,9 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     assert payback.expected_rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
     assert payback.expected_rounds(unet[1:], False, 2, None) == 2.5  # the first cached: nothing to budget by
     assert payback.expected_rounds(["max-autotune"], False, 2, None) == 3.0  # alone, by its cost (it said 52 s)
+    # which of them the figure counts (the opening line names a costly one only where it is counted)
+    assert payback.counted(unet, True, 2, None) == unet[:3]
+    assert payback.counted(unet, True, 2, 3600.0) == unet and payback.counted(unet[3:], False, 2, None) == unet[3:]
     searched.joinpath("model_tiny.report.json").unlink()
     searched.rmdir()
     progress = Progress(io.StringIO())

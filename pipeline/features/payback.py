@@ -234,19 +234,28 @@ def shorter(cache_dir: Path) -> str:
     )
 
 
+def counted(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> list[str]:
+    """The fresh candidates the search should compile: the first, then those the default budget
+    leaves room for (Budget.refusal, in the first compile's units), each by its cost. A budget in
+    seconds, or a first compile from the cache (nothing to measure it by), lets all run."""
+    if not first_fresh or given_s:
+        return list(fresh)
+    room, names = BUDGET_FACTOR * (1 + workers) - COMPILE_COST.get(fresh[0], 1.0), fresh[:1]
+    for name in fresh[1:]:
+        if COMPILE_COST.get(name, 1.0) <= room:
+            room, names = room - COMPILE_COST.get(name, 1.0), [*names, name]
+    return names
+
+
 def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> float:
-    """How many plain compiles' time the fresh candidates should take: the first, then those the
-    default budget leaves room for (Budget.refusal, in the first compile's units), ``workers`` at a
-    time, each by its cost (max-autotune's 3x: a newcomer's build with only it to compile was told
-    one compile's time, 52 s, for 3m46s). A budget in seconds, or a first compile from the cache
-    (nothing to measure it by), lets all run (then all side by side, where the first is cached)."""
-    costs = [COMPILE_COST.get(name, 1.0) for name in fresh]
+    """How many plain compiles' time the fresh candidates should take: those counted(), the first
+    alone, then the others ``workers`` at a time (all side by side, where the first is cached), each
+    by its cost (max-autotune's 3x: a newcomer's build with only it to compile was told one
+    compile's time, 52 s, for 3m46s)."""
+    costs = [COMPILE_COST.get(name, 1.0) for name in counted(fresh, first_fresh, workers, given_s)]
     if not first_fresh:
         return max(costs, default=0.0) if len(costs) <= workers else sum(costs) / workers
-    room, fits = BUDGET_FACTOR * (1 + workers) - costs[0], list[float]()
-    for cost in costs[1:]:
-        if given_s or cost <= room:
-            room, fits = room - cost, [*fits, cost]
+    fits = costs[1:]
     later = max(fits, default=0.0) if len(fits) <= workers else sum(fits) / workers
     return costs[0] + later
 
@@ -276,19 +285,24 @@ class Outlook:
         basis = guess.basis if len(self.order) == 1 else f"for the first compile only: {guess.basis}"
         estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
 
-    def before_search(self, guess: Guess | None = None, rounds: float | None = None) -> list[str]:
+    def before_search(self, guess: Guess | None = None, budget_s: float | None = None) -> list[str]:
         """What the search will cost here, said before it starts: from the last build's compile
         stage where there was one, else in compiles (the first one's time gives the estimate).
-        ``rounds``: the compiles' time it should take (expected_rounds), where the budget counts."""
+        ``budget_s``: the spec's search_budget_s (None: the default budget, in compiles)."""
         if len(self.order) < 2 or not self.fresh:
             return []
-        rounds = rounds or len(self.fresh)
+        fresh, first_fresh = [n for n in self.order if n in self.fresh], self.order[0] in self.fresh
+        rounds = expected_rounds(fresh, first_fresh, self.workers, budget_s)
         side = f", {self.workers} at a time" if self.workers > 1 else ""
         # what the compiles' time counts: a first candidate from the cache is not among them, and a
-        # costlier one (max-autotune, alone in a newcomer's build) counts as several compiles
-        first = "the first, then " if self.order[0] in self.fresh else ""
+        # costlier one (max-autotune, alone in a newcomer's build) counts as several compiles; one
+        # the budget leaves out is not named (a newcomer read "counting max-autotune" in a build
+        # whose budget had no room for it)
+        first = "the first, then " if first_fresh else ""
         costly = [
-            f"{n} as {ratio(COMPILE_COST[n])} a compile" for n in self.order if n in self.fresh and n in COMPILE_COST
+            f"{n} as {ratio(COMPILE_COST[n])} a compile"
+            for n in counted(fresh, first_fresh, self.workers, budget_s)
+            if n in COMPILE_COST
         ]
         room = f"{first}the candidates its budget leaves room for{side}" + (
             f", counting {', '.join(costly)}" if costly else ""

@@ -123,7 +123,7 @@ def tune(
         if expected_s("compile") is not None  # the last build of this model here says it better
         else first_guess.first_compile(exported.program, exported.target, store.directory)
     )
-    for line in outlook.before_search(guess, expected_rounds(exported, planned, store)):
+    for line in outlook.before_search(guess, spec.compile.search_budget_s):
         say(line)
     outlook.start(guess)
     first, plans = planned[0][0], dict(planned)
