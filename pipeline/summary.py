@@ -51,12 +51,13 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not over):
         return []
     # the candidates after spec-options whose .so the build cache held: not among those compiled
-    cached = sum(1 for one in search.get("candidates", ())[1:] if one.get("from_cache"))
-    from_cache = f" ({cached} more from the build cache)" if cached else ""
+    cached = [one["name"] for one in search.get("candidates", ())[1:] if one.get("from_cache")]
+    from_cache = f" (and {', '.join(cached)} from the build cache)" if cached else ""
     if cost["stopped"]:
         spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
     elif not cost["compiled"]:
-        spent = f"no candidate compiled{from_cache.replace(' more', '')}{left_out}"
+        taken = f" ({', '.join(cached)} from the build cache)" if cached else ""
+        spent = f"no candidate compiled{taken}{left_out}"
     else:
         # the wall time first: the summed seconds, beside the compile stage's, read as more than it took
         took = (

@@ -329,7 +329,7 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
     assert (
         "cpp.threads 8 (the threads its loops are planned for, whatever the build machine had; it runs on " in compiled
     )
-    assert "  search    off: the spec's options were compiled alone ([compile] search = false, or --no-search)" in lines
+    assert "  search    off: the spec's options alone ([compile] search = false, or --no-search)" in lines
     assert (
         "  verified  10 cases against eager at build time: passed; `model-tiny verify` runs its 2 golden cases here"
     ) in lines

@@ -440,6 +440,19 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             "about 2m25s left of the build: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages "
             "after it (from the last build)"
         )
+    # before the doctor has planned the compiles, no figure for them: the last build's (a search,
+    # 2m09s) made a cached --no-search build's doctor say "about 2m31s left of the build", 18 s to go
+    unplanned = Progress(io.StringIO())
+    unplanned.expect({"doctor": 8.0, "export": 3.0, "verify": 3.0, "package": 6.0})
+    with reporting(unplanned), unplanned.stage("doctor"):
+        clock[0] += 2.0
+        assert unplanned.outlook() == "about 6s left of doctor (from the last build)"
+        numbered = Steps(5, stage="doctor", unlike=frozenset({2}))
+        for text, took in (("source", 1.0), ("graph breaks", 5.0), ("purity", 1.5)):
+            numbered(text)
+            clock[0] += took
+        numbered("signal")
+        assert unplanned.outlook() == "doctor stage running 2s past the last build's 8s"  # and nothing after it
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):
         steps = StepClock("verify", 4)

@@ -821,8 +821,9 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     spent.update(noise_s=33.0, timing_s=5.5, won=1.27)
     record = {"chosen": "freezing", "candidates": three, "cost": spent}
     assert search_lines(record) == [
-        "  search    1 candidate(s) beyond spec-options compiled in 187.3s (2 more from the build cache), verified in "
-        "8.9s; timed 38.5s (33.0s of it spec-options alone, for the noise); won 1.27x (freezing over spec-options)"
+        "  search    1 candidate(s) beyond spec-options compiled in 187.3s (and freezing, freezing+channels-last from "
+        "the build cache), verified in 8.9s; timed 38.5s (33.0s of it spec-options alone, for the noise); won 1.27x "
+        "(freezing over spec-options)"
     ]
     # steady rounds: freezing could win, and is compiled
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")

@@ -307,10 +307,12 @@ class Outlook:
         room = f"{first}the candidates its budget leaves room for{side}" + (
             f", counting {', '.join(costly)}" if costly else ""
         )
-        cached = len(self.order) - len(self.fresh)
+        # named: "3 more from the cache" here and "2 more" in the summary (which counts beyond
+        # spec-options) read to a newcomer as two different counts
+        cached = [n for n in self.order if n not in self.fresh]
         what = (
             f"    search: {len(self.fresh)} candidate(s) to compile and verify"
-            + (f" ({cached} more from the cache)" if cached else "")
+            + (f" (and {', '.join(cached)} from the build cache, to verify)" if cached else "")
             + " as its budget allows, then all timed together"
         )
         last = expected_s("compile")

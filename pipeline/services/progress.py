@@ -106,7 +106,13 @@ def outlook(
     what the stage's own estimate rests on, where it is not a measurement of this build's."""
     if stage not in STAGES or (not expected and stage_left_s is None):
         return None
-    later = sum(expected.get(s, 0.0) for s in STAGES[STAGES.index(stage) + 1 :])
+    after = STAGES[STAGES.index(stage) + 1 :]
+    # Before the search's plan is known (the doctor makes it), the compile stage has no figure: the
+    # last build's, whose candidates came fresh, made a cached --no-search build's doctor say "about
+    # 2m31s left of the build" with 18 s to go. Then the stage's own figure is all there is to say.
+    if "compile" in after and "compile" not in expected:
+        expected = {name: seconds for name, seconds in expected.items() if name not in after}
+    later = sum(expected.get(s, 0.0) for s in after)
     # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
     # running" read as if the compiler were still running
     then = f", then about {duration(later)} for the stages after it (from the last build)" if later >= 0.5 else ""
@@ -127,7 +133,8 @@ def outlook(
         return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
     if in_stage_s > last:
         return f"{stage} stage running {duration(in_stage_s - last)} past the last build's {duration(last)}" + then
-    return f"about {duration(last - in_stage_s + later)} left of the build (from the last build)"
+    scope = "the build" if later >= 0.5 else stage
+    return f"about {duration(last - in_stage_s + later)} left of {scope} (from the last build)"
 
 
 def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:

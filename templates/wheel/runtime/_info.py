@@ -67,7 +67,7 @@ def _search(m: Manifest) -> str:
         return f"chose {search['chosen']} among {', '.join(tried)}{left_out}"
     if left_out:  # a search that compiled no other (the noise, the budget)
         return f"tried {search['chosen']} only{left_out}"
-    return "off: the spec's options were compiled alone ([compile] search = false, or --no-search)"
+    return "off: the spec's options alone ([compile] search = false, or --no-search)"
 
 
 def _verified(m: Manifest) -> str:
