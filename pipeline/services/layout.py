@@ -69,9 +69,13 @@ def hold_work_dir(work_dir: Path) -> Iterator[Path]:
         lock.acquire()
     except Timeout:
         raise _work_dir_held(work_dir) from None
-    os.truncate(lock.lock_file, 0)
-    with open(lock.lock_file, "a", encoding="ascii") as pid_file:  # the holder a refused build names
-        pid_file.write(f"{os.getpid()}\n")
+    # the holder a refused build names; never through a link (the lock file is ours once locked)
+    pid_file = os.open(lock.lock_file, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.ftruncate(pid_file, 0)
+        os.write(pid_file, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(pid_file)
     try:
         yield work_dir
     finally:
