@@ -102,6 +102,7 @@ $(ACTIONLINT):
 test-deps: $(SETUP)
 	@echo "==> the tests' own packages (requirements-test.txt: transformers, diffusers and the like; pip skips what is installed)"
 	@$(BEAT); beat "installing requirements-test.txt" $(PY) -m pip install --quiet -r requirements-test.txt
+	@echo "    the tests' packages are ready"
 
 # Two test processes (pytest-xdist), each taking a whole test file at a time (--dist loadfile:
 # a file's fixtures, its builds and venvs, are made once). Most of a test's time is one core's:

@@ -7,6 +7,8 @@ numpy: the command runs where torch is not installed (``pip install --no-deps``)
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +20,29 @@ def _megabytes(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
+def _manylinux_tag(dist_name: str) -> str | None:
+    """The installed wheel's manylinux platform tag (``manylinux_2_35``), from its WHEEL file: the
+    manifest is written before auditwheel gives the tag. None where pip did not install it."""
+    try:
+        text = importlib.metadata.distribution(dist_name).read_text("WHEEL") or ""
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = re.search(r"^Tag: \S+-(manylinux_(\d+)_(\d+))_\w+$", text, re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def _platform(m: Manifest) -> str:
     facts: dict[str, Any] = dict(m["platform"])
     machine = facts.pop("machine", "")
     # the build machine's glibc, not what the wheel needs: a newcomer read "glibc 2.36" against its
-    # manylinux_2_35 tag as a mistake
+    # manylinux_2_35 tag as a mistake, and then could not see the tag itself
     glibc = facts.pop("glibc", None)
     said = [machine] + [f"{key} {value}" for key, value in facts.items()]
-    if glibc:
+    tag = _manylinux_tag(m["dist_name"])
+    if glibc and tag:
+        oldest = ".".join(tag.split("_")[1:3])
+        said.append(f"on glibc {glibc} (its {tag} tag: it runs on glibc {oldest} and newer)")
+    elif glibc:
         said.append(f"on glibc {glibc} (the wheel's manylinux tag names the oldest glibc it runs on)")
     return ", ".join(said)
 
@@ -64,7 +81,11 @@ def _search(m: Manifest) -> str:
     tried = [c["name"] for c in search["candidates"]]
     left_out = f"; not tried: {_not_tried(search['not_tried'])}" if search["not_tried"] else ""
     if len(tried) > 1:
-        return f"chose {search['chosen']} among {', '.join(tried)}{left_out}"
+        # its speed-up is not here: timings differ run to run, and the wheel's bytes must not
+        return (
+            f"chose {search['chosen']} among {', '.join(tried)}{left_out} (the timings: the build's summary "
+            "and report; the wheel keeps none, so that a rebuild gives the same bytes)"
+        )
     if left_out:  # a search that compiled no other (the noise, the budget)
         return f"tried {search['chosen']} only{left_out}"
     return "off: the spec's options alone ([compile] search = false, or --no-search)"
