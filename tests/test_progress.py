@@ -44,7 +44,8 @@ PLAIN_LINES = [
     r"    doctor done in \d+\.\ds",
     r"==> export",
     r"    export done in \d+\.\ds",
-    r"==> compile: 1 candidate, compiled to .*/tiny/0\.1/cpu",
+    r"==> compile: 1 candidate, compiled to .*/tiny/0\.1/cpu \(held while the build runs; the wheel carries the "
+    r"files\)",
     r"    candidate spec-options: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
     r"measures the wheel\)",
     r"    used spec-options: the only candidate, as the option search is off",
@@ -111,7 +112,8 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     assert guessed and all(
         re.search(
             r" · (about \d+s left of compile|compile stage running \d+s past the estimate) "
-            r"\(a first guess from the graph's \d+ ops\)$",
+            r"\(a first guess from the graph's \d+ ops\); no figure yet for the stages after it \(this model's "
+            r"first build here\)$",
             line,
         )
         for line in guessed
@@ -151,7 +153,8 @@ def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
     for line in status:
         assert re.fullmatch(
             r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
-            r"about 2m0[45]s left of compile \(from this build's compiles\)",
+            r"about 2m0[45]s left of compile \(from this build's compiles\); no figure yet for the stages after "
+            r"it \(this model's first build here\)",
             line,
         ), line
     quiet = io.StringIO()
@@ -373,6 +376,10 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         assert progress.outlook() == "about 4s after this stage (from the last build)"
 
 
+# A first build's figure is the stage's own: it says so (in the next build it is "left of the build").
+FIRST_BUILD = "; no figure yet for the stages after it (this model's first build here)"
+
+
 def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_figure(monkeypatch):
     """A --no-search unet build verified in 38 s after a searched build's 2.5 s: 'running 29s past
     the last build's 2s' was all it said. Past that figure the cases verified so far give it."""
@@ -403,7 +410,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         for number, took in enumerate((1.0, 5.0, 0.5, 0.5), 1):
             clock[0] += took
             steps.done(number)
-        assert slow.outlook() == f"about 3s left of verify ({StepClock.BASIS})"  # 0.5 s for each of 6
+        assert slow.outlook() == f"about 3s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # 0.5 s for each of 6
     doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
     with reporting(doctor), doctor.stage("doctor"):
         numbered = Steps(5, stage="doctor")
@@ -413,7 +420,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert doctor.outlook() is None
         clock[0] += 4.0
         numbered("purity")  # 4 s a step after the first: three to go
-        assert doctor.outlook() == "about 12s left of doctor (from the doctor's steps so far)"
+        assert doctor.outlook() == "about 12s left of doctor (from the doctor's steps so far)" + FIRST_BUILD
     traced = Progress(io.StringIO())  # the build's doctor: its dynamo trace is not an eager call's time
     with reporting(traced), traced.stage("doctor"):
         numbered = Steps(5, stage="doctor", unlike=frozenset({2}))
@@ -425,7 +432,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert traced.outlook() is None
         clock[0] += 0.5
         numbered("signal")  # purity's 0.5 s, for each of the two left (5 s each had the trace counted)
-        assert traced.outlook() == "about 1s left of doctor (from the doctor's steps so far)"
+        assert traced.outlook() == "about 1s left of doctor (from the doctor's steps so far)" + FIRST_BUILD
     # a later build (H22's): "about 2m22s left (from the doctor's steps so far)" was the later stages'
     # figure, from the last build, with 3 s of the doctor left; the two are now said apart
     later = Progress(io.StringIO())
@@ -460,7 +467,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         steps.done(1)
         clock[0] += 2.0
         steps.done(2)
-        assert fresh.outlook() == f"about 4s left of verify ({StepClock.BASIS})"
+        assert fresh.outlook() == f"about 4s left of verify ({StepClock.BASIS})" + FIRST_BUILD
 
 
 def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_builds_here(tmp_path, monkeypatch):
@@ -504,9 +511,18 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
     with progress.stage("compile"):
         progress.estimate(30.0, scaled.basis)
         clock[0] += 10.0
-        assert progress.outlook() == f"about 20s left of compile ({scaled.basis})"
+        # a first build: the figure is the stage's own, and it says the rest has none yet
+        unknown = FIRST_BUILD
+        assert progress.outlook() == f"about 20s left of compile ({scaled.basis}){unknown}"
         clock[0] += 25.0
-        assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis})"
+        assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis}){unknown}"
+        # no figure now, and what will give one: said, where no last build gives the stage one
+        progress.estimate(None, "first candidate compiled: the time left comes from its verification's first cases")
+        assert progress.outlook() == (
+            f"first candidate compiled: the time left comes from its verification's first cases{unknown}"
+        )
+        progress.expect({"compile": 60.0, "verify": 5.0})
+        assert progress.outlook() == "about 30s left of the build (from the last build)"
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):
@@ -629,15 +645,16 @@ def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
     from pipeline.features.tune import compile_header
 
     out = Path("/opt/m/unet/1.3/cpu")
+    held = " (held while the build runs; the wheel carries the files)"  # a newcomer found the folder empty after it
     assert compile_header(4, ["bf16-autocast"], out) == (
         "4 candidates to try, as the search's budget allows (and 1 not tried: bf16-autocast, below); "
-        "the chosen one to /opt/m/unet/1.3/cpu"
+        "the chosen one to /opt/m/unet/1.3/cpu" + held
     )
     assert (
         compile_header(3, [], out)
-        == "3 candidates to try, as the search's budget allows; the chosen one to /opt/m/unet/1.3/cpu"
+        == "3 candidates to try, as the search's budget allows; the chosen one to /opt/m/unet/1.3/cpu" + held
     )
-    assert compile_header(1, [], out) == "1 candidate, compiled to /opt/m/unet/1.3/cpu"
+    assert compile_header(1, [], out) == "1 candidate, compiled to /opt/m/unet/1.3/cpu" + held
     noise = Timed(rounds_ms=(358.0, 1624.0, 522.0, 395.0, 5740.0))
     assert "for any of the 3 candidates after spec-options to win" in payback.stopped_line(noise, "spec-options", 3)
     assert "for the 1 candidate after spec-options to win" in payback.stopped_line(noise, "spec-options", 1)

@@ -194,26 +194,29 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     # spec-options, then freezing and max-autotune (3x a compile) side by side: 1 + 3 x 1.26
     times = r"4\.78x" if payback.cores() > 1 else "5x"
     slower = (
-        r"; side by side, each about 1\.26x as slow as alone \(as measured on a 2-core machine\)"
+        r"; side by side, each about 1\.26x as slow as alone, as measured on a 2-core machine"
         if payback.cores() > 1
         else ""
     )
-    outlook = next(
-        i
-        for i, line in enumerate(lines)
-        if re.fullmatch(
-            r"    search: 3 candidate\(s\) to compile and verify as its budget allows, then all timed together: "
-            rf"about (\d+m)?\d+s on this machine, {times} one full compile's time \(the first, then the candidates "
-            rf"its budget leaves room for{at_a_time}, counting max-autotune as 3x a compile{slower}; a first guess "
-            r"from the graph's \d+ ops: about \d+s a compile; the first's time, compiled now, gives the rest's; the "
-            r"search may stop after it where the machine is too noisy for a candidate to win\)",
-            line,
-        )
+    # the time first, on a line of its own; then what it counts, and what may change it
+    outlook = lines.index(
+        "    search: 3 candidate(s) to compile and verify as its budget allows, then all timed together: "
+        + re.search(r"about (\d+m)?\d+s on this machine", ran.err)[0]
+    )
+    assert re.fullmatch(
+        rf"    \({times} one full compile's time: the first, then the candidates its budget leaves room for"
+        rf"{at_a_time}, counting max-autotune as 3x a compile{slower}; a compile: about \d+s, a first guess "
+        r"from the graph's \d+ ops\)",
+        lines[outlook + 1],
+    ), lines[outlook : outlook + 3]
+    assert lines[outlook + 2] == (
+        "    the first compile's time, measured now, gives the rest's; the search may stop after it where the "
+        "machine is too noisy for a candidate to win"
     )
     # it names this build's cache, where --build-dir put it (build/cache is only the default)
     assert (
-        lines[outlook + 1] == tune.shorter(folder / "build" / "cache")
-        and "`[compile] search = false`" in (lines[outlook + 1])
+        lines[outlook + 3] == tune.shorter(folder / "build" / "cache")
+        and "`[compile] search = false`" in (lines[outlook + 3])
     )
     assert outlook < min(
         i for i, line in enumerate(lines) if line.startswith("    candidate ") and "not tried" not in line
@@ -222,7 +225,7 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert any(
         re.fullmatch(
             r"    candidate spec-options took [\dm]+s to compile and verify: about [\dm]+s more, wall time, for the "
-            rf"other 2 candidate\(s\){side} \(counted n/3 from here\), then the timing",
+            rf"other 2 candidate\(s\){side} \(counted n/3 from here\) and the timing",
             line,
         )
         for line in lines
@@ -231,7 +234,8 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
         re.fullmatch(
             r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
             r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left of compile "
-            r"\(from this build's compiles\)",
+            r"\(from this build's compiles and noise rounds\); no figure yet for the stages after it \(this "
+            r"model's first build here\)",
             line,
         )
         for line in lines
@@ -511,8 +515,14 @@ def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_searc
         tune.tune(exported, planned[:2], [], None, tmp_path / "work", store)
     first_verify = [i for i, (stage, basis) in enumerate(bases) if basis == search.FIRST_VERIFY]
     assert first_verify and all(bases[i][0] == "compile" for i in first_verify), bases
-    # only while the first is verified: its own time then estimates the second's
-    assert first_verify[-1] < max(i for i, (_, basis) in enumerate(bases) if basis is None), bases  # MEASURED_HERE
+    # until its cases give a figure, the guess that ran out is not left standing: a note says what comes
+    # (a newcomer read "compile stage running 4s past the estimate" while the stage was on time)
+    pending = bases.index(("compile", search.FIRST_VERIFY_PENDING))
+    assert pending < first_verify[0], bases
+    # only while the first is verified: its own time, and the noise rounds', then estimate the second's
+    # (none here, where the first came from the build cache: no note left standing either)
+    later = [basis for _, basis in bases[first_verify[-1] + 1 :]]
+    assert later and set(later) <= {None, tune.rounds.ROUNDS_SO_FAR, "the noise rounds' time, for each candidate"}
 
 
 def test_the_counters_count_the_candidates_the_search_compiles():
@@ -685,6 +695,9 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     # the timing rounds have an estimate too: the noise rounds' time, for each candidate timed
     timing = [seconds for seconds, basis in estimates if basis == "the noise rounds' time, for each candidate"]
     assert len(timing) == 1 and timing[0] > 0, estimates
+    # then the rounds themselves, one figure after each (past the first estimate, a newcomer had none)
+    rounds_left = [seconds for seconds, basis in estimates if basis == tune.rounds.ROUNDS_SO_FAR]
+    assert len(rounds_left) == tune.rounds.ROUNDS and rounds_left[-1] == 0 and rounds_left[0] > 0, estimates
     assert all(trial.from_cache for trial in tuned.trials), "compiled by the search build, timed here"
     timed = {trial.name: trial for trial in tuned.trials if trial.passed}
     assert {"spec-options", "freezing"} <= set(timed), tuned.trials
@@ -735,7 +748,7 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     assert outlook.slowdown == payback.SIDE_BY_SIDE_SLOWDOWN == 1.26
     assert out.getvalue().splitlines() == [
         "    candidate spec-options took 2m00s to compile and verify: about 2m46s more, wall time, for the other 2 "
-        "candidate(s), 2 at a time (counted n/3 from here), then the timing; not compiled: max-autotune, over the "
+        "candidate(s), 2 at a time (counted n/3 from here) and the timing; not compiled: max-autotune, over the "
         "search's compile budget"
     ]
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"
@@ -887,3 +900,29 @@ def test_candidates_are_ordered_by_expected_gain_per_compile_second():
     found = {e.name: e for e in payback.expectations(names, measured)}
     assert (found["max-autotune"].gain, found["max-autotune"].cost, found["max-autotune"].measured) == (2.0, 2.0, True)
     assert [e.name for e in payback.expectations(names, measured)] == ["bf16-autocast", "max-autotune", "freezing"]
+
+
+def test_the_searchs_figure_counts_the_timing_rounds_once_the_noise_was_timed(tmp_path):
+    """A newcomer's build said "about 10s left of compile (from this build's compiles)" 18 s before
+    the stage ended: the figure left out the rounds that time the candidates. Once the spec's options
+    were timed alone, each candidate's rounds are counted at that time."""
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    planned = [(name, SimpleNamespace(key=name)) for name in ("spec-options", "freezing", "max-autotune")]
+    estimates: list[tuple[float | None, str | None]] = []
+
+    class Display(progress.Progress):
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            estimates.append((stage_left_s, basis))
+
+    outlook = payback.Outlook(planned, Cache(tmp_path / "cache"), workers=1)
+    with progress.reporting(Display(io.StringIO())):
+        outlook.first("spec-options", 12.0, from_cache=False, compile_s=10.0)  # a compile 10 s, its verification 2 s
+        outlook.noise(3.0)
+        outlook.announce("spec-options", 12.0, ["freezing"], ["max-autotune"])
+        # freezing's compile and verification, then two candidates' rounds at the noise's 3 s each
+        assert estimates[-1] == (pytest.approx(10.0 + 2.0 + 2 * 3.0), payback.MEASURED_WITH_ROUNDS)
+        outlook.after([])  # the last one verified: the rounds give their own figure from here
+        assert estimates[-1] == (None, None)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..services.cache import Cache, first_compile_s, newest_reports
-from ..services.progress import duration, estimate, expected_s, figure, ratio, say
+from ..services.progress import MEASURED_HERE, duration, estimate, expected_s, figure, ratio, say
 from .first_guess import Guess
 from .rounds import Timed
 
@@ -260,6 +260,9 @@ def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: 
     return costs[0] + later
 
 
+MEASURED_WITH_ROUNDS = "from this build's compiles and noise rounds"
+
+
 class Outlook:
     """About how long the search has left, from the time its first fresh compile took (times a
     candidate's cost for each fresh one still to come, shared among the cores compiling them)."""
@@ -272,6 +275,8 @@ class Outlook:
         self.slowdown, self.slowdown_source = side_by_side_slowdown(store.directory)
         self.plain_s: float | None = None  # one plain compile, from the first's
         self.verify_s = 0.0  # one candidate's verification, from the first's
+        self.round_s = 0.0  # one candidate's timing rounds, from the noise's (the spec's options alone)
+        self.timed = 0  # how many candidates the timing rounds should time
         self.guessed = False
 
     def start(self, guess: Guess | None) -> None:
@@ -315,34 +320,42 @@ class Outlook:
             + (f" (and {', '.join(cached)} from the build cache, to verify)" if cached else "")
             + " as its budget allows, then all timed together"
         )
+        # Three lines, the time first: said as one, the line ran to 500 characters (a newcomer's note)
+        rest = (
+            "    the first compile's time, measured now, gives the rest's; the search may stop after it where the "
+            "machine is too noisy for a candidate to win"
+        )
         last = expected_s("compile")
         if last:
             unit = "compiles'" if rounds != 1 else "compile's"
-            what += (
-                f": about {duration(last)} on this machine (the last build's compile stage, scaled to "
-                f"{figure(rounds)} plain {unit} time: {room})"
+            how = f"    (the last build's compile stage, scaled to {figure(rounds)} plain {unit} time: {room})"
+            return [f"{what}: about {duration(last)} on this machine", how, shorter(self.cache_dir)]
+        # the rounds after the first run side by side, each compile slower beside another
+        side_by_side = self.workers > 1 and rounds > 1
+        times = 1 + (rounds - 1) * (self.slowdown if side_by_side else 1.0)
+        slower = (
+            f"; side by side, each about {ratio(self.slowdown)} as slow as alone, {self.slowdown_source}"
+            if side_by_side
+            else ""
+        )
+        if guess:  # a time, not a ratio the reader multiplies out (a newcomer's "2.26x one compile")
+            how = (
+                f"    ({ratio(times)} one full compile's time: {room}{slower}; a compile: about "
+                f"{duration(guess.seconds)}, {guess.basis})"
             )
-        else:
-            # the rounds after the first run side by side, each compile slower beside another
-            side_by_side = self.workers > 1 and rounds > 1
-            times = 1 + (rounds - 1) * (self.slowdown if side_by_side else 1.0)
-            slower = (
-                f"; side by side, each about {ratio(self.slowdown)} as slow as alone ({self.slowdown_source})"
-                if side_by_side
-                else ""
-            )
-            rest = (
-                "the first's time, compiled now, gives the rest's; the search may stop after it where the machine "
-                "is too noisy for a candidate to win)"
-            )
-            if guess:  # a time, not a ratio the reader multiplies out (a newcomer's "2.26x one compile")
-                what += (
-                    f": about {duration(guess.seconds * times)} on this machine, {ratio(times)} one full compile's "
-                    f"time ({room}{slower}; {guess.basis}: about {duration(guess.seconds)} a compile; {rest}"
-                )
-            else:
-                what += f": each is a full compile, so about {ratio(times)} one compile here ({room}{slower}; {rest}"
-        return [what, shorter(self.cache_dir)]
+            return [
+                f"{what}: about {duration(guess.seconds * times)} on this machine",
+                how,
+                rest,
+                shorter(self.cache_dir),
+            ]
+        how = f"    ({room}{slower})"
+        return [
+            f"{what}: each is a full compile, so about {ratio(times)} one compile here",
+            how,
+            rest,
+            shorter(self.cache_dir),
+        ]
 
     def left_s(self, names: list[str], costs: dict[str, float] | None = None, compiled: bool = False) -> float | None:
         """What ``names`` should take: the fresh ones' compiles, side by side (none where they are
@@ -355,7 +368,16 @@ class Outlook:
         compiles = sum(self.plain_s * costs.get(n, COMPILE_COST.get(n, 1.0)) for n in names if n in self.fresh)
         at_once = min(self.workers, len([n for n in names if n in self.fresh]))
         side_by_side = 0.0 if compiled else compiles / max(1, at_once) * (self.slowdown if at_once > 1 else 1.0)
-        return side_by_side + self.verify_s * len(names)
+        return side_by_side + self.verify_s * len(names) + self.round_s * self.timed
+
+    def basis(self) -> str:
+        """What left_s() rests on: the timing rounds counted too once the noise's were timed (left
+        out, "about 10s left of compile" came 18 s before the stage ended)."""
+        return MEASURED_WITH_ROUNDS if self.round_s else MEASURED_HERE
+
+    def noise(self, seconds: float) -> None:
+        """The spec's options were timed alone in ``seconds``: each candidate's rounds take about as long."""
+        self.round_s = seconds
 
     def first(self, name: str, seconds: float, from_cache: bool, compile_s: float | None = None) -> None:
         """The spec's options are compiled and verified in ``seconds``, ``compile_s`` of them the
@@ -370,12 +392,14 @@ class Outlook:
     def after(self, rest: list[str], compiled: bool = False) -> None:
         """A candidate is verified: what the ones after it should take (none left: no estimate here;
         the timing rounds set their own, Search.time_passed); ``compiled``: all were, side by side."""
-        estimate(self.left_s(rest, compiled=compiled) if rest else None)
+        left = self.left_s(rest, compiled=compiled) if rest else None
+        estimate(left, None if left is None else self.basis())  # a basis alone would be said as a note
 
     def announce(
         self, first: str, seconds: float, chosen: list[str], skipped: list[str], costs: dict[str, float] | None = None
     ) -> None:
         """Once the search knows what it will compile: how long that should take."""
+        self.timed = len(chosen) + 1 if chosen else 0
         left = self.left_s(chosen, costs)
         if left is None or first not in self.fresh:
             return
@@ -386,9 +410,10 @@ class Outlook:
             counted = f" (counted n/{len(chosen) + 1} from here)" if chosen else ""
             say(
                 f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more, "
-                f"wall time, for the other {len(chosen)} candidate(s){side}{counted}, then the timing{over}"
+                f"wall time, for the other {len(chosen)} candidate(s){side}{counted} and the timing{over}"
             )
-        estimate(left if chosen else None)  # none to compile: the timing rounds set their own estimate
+        # none to compile: the timing rounds set their own estimate
+        estimate(left, self.basis()) if chosen else estimate(None)
 
 
 def select(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..services.progress import check_stop, figure
+from ..services.progress import check_stop, estimate, figure, step
 
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds
@@ -64,20 +64,35 @@ def _round_median(call: Callable[[], object], synchronize: Callable[[], object])
     return statistics.median(times)
 
 
+ROUNDS_SO_FAR = "from the timing rounds so far"
+
+
 def time_in_rounds(
-    calls: dict[str, Callable[[], object]], synchronize: Callable[[], object] = lambda: None, rounds: int = ROUNDS
+    calls: dict[str, Callable[[], object]],
+    synchronize: Callable[[], object] = lambda: None,
+    rounds: int = ROUNDS,
+    doing: str = "",
+    last: bool = False,
 ) -> dict[str, Timed]:
     """``calls``: name -> a function running one call of that candidate. Every candidate runs in
-    every round; round r starts at candidate r (mod their number), so none always follows another."""
+    every round; round r starts at candidate r (mod their number), so none always follows another.
+    ``doing``: the live status, said with the round running (``…: round 2/5``); ``last``: the rounds
+    end their stage, whose time left they then give from the rounds so far (a newcomer's build,
+    past the rounds' first estimate, said only how far past it)."""
     names = list(calls)
     for name in names:
         for _ in range(WARMUP_RUNS):
             calls[name]()
     medians: dict[str, list[float]] = {name: [] for name in names}
+    started = time.perf_counter()
     for index in range(rounds):
+        if doing:
+            step(f"{doing}: round {index + 1}/{rounds}")
         for name in rotated(names, index):
             check_stop()
             medians[name].append(_round_median(calls[name], synchronize))
+        if last:
+            estimate((time.perf_counter() - started) / (index + 1) * (rounds - index - 1), ROUNDS_SO_FAR)
     return {name: Timed(tuple(found)) for name, found in medians.items()}
 
 

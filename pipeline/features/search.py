@@ -39,6 +39,9 @@ class Trial:
 
 FROM_CACHE = " (compiled earlier, from the build cache)"
 FIRST_VERIFY = "the first candidate's verification, from its cases so far"
+# Said while the first candidate's cases are too few for a figure: the first compile's guess, run
+# out, read "compile stage running 4s past the estimate" to a newcomer while the stage was on time.
+FIRST_VERIFY_PENDING = "first candidate compiled: the time left comes from its verification's first cases"
 LONE_CAVEAT = "a rough figure for the report: make bench measures the wheel"
 
 
@@ -112,11 +115,13 @@ class Search:
     def noise(self) -> rounds.Timed:
         """The spec's own options timed alone, in the search's rounds, before any candidate is compiled."""
         name = self.planned[0][0]
-        step(f"noise: {name} timed alone in {rounds.ROUNDS} rounds, before any candidate is compiled")
+        doing = f"noise: {name} timed alone, before any candidate is compiled"
+        step(f"{doing}: warming up")
         started = time.perf_counter()
         timed = rounds.time_in_rounds(
             timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
             self.exported.target.synchronize,
+            doing=doing,
         )[name]
         self.noise_s = time.perf_counter() - started
         # the setting said where it is read (a newcomer who set it saw it nowhere when nothing was noisy)
@@ -142,7 +147,8 @@ class Search:
             return {first: noise}, cost
         if len(self.planned) == 1:
             return self.time_lone(first), cost
-        step(f"timing {len(self.passed)} candidate(s) in {rounds.ROUNDS} interleaved rounds")
+        doing = f"timing {len(self.passed)} candidates in interleaved rounds"
+        step(f"{doing}: warming up")
         # A newcomer saw spec-options timed twice, 132 ms then 138 ms, and nothing said which counts.
         alone = f"; {first}'s noise figure above was timed alone, before" if noise is not None else ""
         say(
@@ -153,7 +159,10 @@ class Search:
             estimate(self.noise_s * len(self.passed), "the noise rounds' time, for each candidate")
         started = time.perf_counter()
         timed = rounds.time_in_rounds(
-            timed_calls(self.passed, self.weights_file, self.exported.example_inputs), self.exported.target.synchronize
+            timed_calls(self.passed, self.weights_file, self.exported.example_inputs),
+            self.exported.target.synchronize,
+            doing=doing,
+            last=True,
         )
         return timed, dataclasses.replace(cost, timing_s=time.perf_counter() - started)
 
@@ -290,6 +299,8 @@ def _compile_and_verify(
         # The first candidate's verification: the first compile's guess left it out, and a newcomer saw
         # "running past the estimate" while it ran; its cases give the figure (the rest's comes after it).
         stage, basis = ("compile", FIRST_VERIFY) if index == 0 else (None, StepClock.BASIS)
+        if index == 0:
+            estimate(None, FIRST_VERIFY_PENDING)
         # said from the first case on: a cached candidate read "verifying case 6/10" for 45 s, as if just compiled
         cached = " (from the build cache)" if compiled.from_cache else ""
         verify_model(exported, compiled, trial_work, weights_file, f"{counter}{cached}: verifying ", stage, basis)

@@ -76,13 +76,16 @@ LONE = "the only candidate, as the option search is off"
 def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
     """The compile stage's first line, in counts that add up with the lines after it: a newcomer read
     "4 candidate(s)", then a fifth "not tried", then "3 other candidate(s)"."""
+    # the folder said to be the build's only: a newcomer found it empty after the build, as it is
+    # meant to be, and the compile line had not said so
+    held = " (held while the build runs; the wheel carries the files)"
     if tried == 1 and not left_out:
-        return f"1 candidate, compiled to {out_dir}"
+        return f"1 candidate, compiled to {out_dir}{held}"
     aside = f" (and {len(left_out)} not tried: {', '.join(left_out)}, below)" if left_out else ""
     # "as ... allows": the budget can leave some out once the first compile is timed (a newcomer read
     # "4 candidates to try", then saw three tried)
     allows = ", as the search's budget allows" if tried > 1 else ""
-    return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}"
+    return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}{held}"
 
 
 def search_workers(exported: Exported, planned: list[tuple[str, CompilePlan]]) -> int:
@@ -135,6 +138,7 @@ def tune(
     cost, chosen, noise = payback.Cost(workers=workers), list[payback.Expected](), None
     if len(planned) > 1:
         noise = search.noise() if first in search.passed else None
+        outlook.noise(search.noise_s)
         chosen, refused, cost = choose_candidates(exported, planned, noise, budget, store, cost)
         skipped += refused
         search.narrow([e.name for e in chosen])

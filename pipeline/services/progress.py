@@ -104,9 +104,18 @@ def outlook(
     past its estimate says by how much: counted as done, it froze the figure at the later stages'
     (``about 1m50s left`` for 19 lines while the unet's compile ran 3.5 minutes over). ``basis``:
     what the stage's own estimate rests on, where it is not a measurement of this build's."""
-    if stage not in STAGES or (not expected and stage_left_s is None):
+    if stage not in STAGES:
         return None
     after = STAGES[STAGES.index(stage) + 1 :]
+    # A first build says its figure is the stage's alone: "left of compile" there and "left of the
+    # build" in the next read to a newcomer as the same figure said two ways.
+    unknown = (
+        "; no figure yet for the stages after it (this model's first build here)" if after and not expected else ""
+    )
+    if stage_left_s is None and basis is not None and stage not in expected:
+        return basis + unknown  # no figure yet, and what gives one (the first candidate's cases)
+    if not expected and stage_left_s is None:
+        return None
     # Before the search's plan is known (the doctor makes it), the compile stage has no figure: the
     # last build's, whose candidates came fresh, made a cached --no-search build's doctor say "about
     # 2m31s left of the build" with 18 s to go. Then the stage's own figure is all there is to say.
@@ -119,9 +128,9 @@ def outlook(
     if stage_left_s is not None:
         if stage_left_s < 0:
             estimate = f"the estimate ({basis or MEASURED_HERE})"
-            return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + then
+            return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + (then or unknown)
         if later < 0.5:  # "of compile": a newcomer could not tell the stage's figure from the build's
-            return f"about {duration(stage_left_s)} left of {stage} ({basis or MEASURED_HERE})"
+            return f"about {duration(stage_left_s)} left of {stage} ({basis or MEASURED_HERE})" + unknown
         # Two figures of two bases, said apart: "about 2m22s left (from the doctor's steps so far)"
         # read to a newcomer as the doctor's, 3 s before it ended (the rest was the later stages')
         return (
@@ -334,7 +343,8 @@ class Steps:
 def estimate(stage_left_s: float | None, basis: str | None = None) -> None:
     """About how long the running stage has left, by its own measure (the search's, from its first
     compile, its cases or steps, the noise rounds); None where it cannot say. ``basis``: what the
-    figure rests on, said beside it (default: this build's compiles, MEASURED_HERE)."""
+    figure rests on, said beside it (default: this build's compiles, MEASURED_HERE); with no figure,
+    what will give one, said where the last build gives the stage none."""
     active = _ACTIVE.get()
     if active is not None:
         active.estimate(stage_left_s, basis)
