@@ -252,7 +252,12 @@ def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: 
     alone, then the others ``workers`` at a time (all side by side, where the first is cached), each
     by its cost (max-autotune's 3x: a newcomer's build with only it to compile was told one
     compile's time, 52 s, for 3m46s)."""
-    costs = [COMPILE_COST.get(name, 1.0) for name in counted(fresh, first_fresh, workers, given_s)]
+    return rounds_of(counted(fresh, first_fresh, workers, given_s), first_fresh, workers)
+
+
+def rounds_of(names: list[str], first_fresh: bool, workers: int) -> float:
+    """expected_rounds() of the candidates counted() gave."""
+    costs = [COMPILE_COST.get(name, 1.0) for name in names]
     if not first_fresh:
         return max(costs, default=0.0) if len(costs) <= workers else sum(costs) / workers
     fits = costs[1:]
@@ -297,18 +302,15 @@ class Outlook:
         if len(self.order) < 2 or not self.fresh:
             return []
         fresh, first_fresh = [n for n in self.order if n in self.fresh], self.order[0] in self.fresh
-        rounds = expected_rounds(fresh, first_fresh, self.workers, budget_s)
+        compiles = counted(fresh, first_fresh, self.workers, budget_s)
+        rounds = rounds_of(compiles, first_fresh, self.workers)
         side = f", {self.workers} at a time" if self.workers > 1 else ""
         # what the compiles' time counts: a first candidate from the cache is not among them, and a
         # costlier one (max-autotune, alone in a newcomer's build) counts as several compiles; one
         # the budget leaves out is not named (a newcomer read "counting max-autotune" in a build
         # whose budget had no room for it)
         first = "the first, then " if first_fresh else ""
-        costly = [
-            f"{n} as {ratio(COMPILE_COST[n])} a compile"
-            for n in counted(fresh, first_fresh, self.workers, budget_s)
-            if n in COMPILE_COST
-        ]
+        costly = [f"{n} as {ratio(COMPILE_COST[n])} a compile" for n in compiles if n in COMPILE_COST]
         room = f"{first}the candidates its budget leaves room for{side}" + (
             f", counting {', '.join(costly)}" if costly else ""
         )
