@@ -926,3 +926,37 @@ def test_the_searchs_figure_counts_the_timing_rounds_once_the_noise_was_timed(tm
         assert estimates[-1] == (pytest.approx(10.0 + 2.0 + 2 * 3.0), payback.MEASURED_WITH_ROUNDS)
         outlook.after([])  # the last one verified: the rounds give their own figure from here
         assert estimates[-1] == (None, None)
+
+
+def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_once(tmp_path):
+    """A newcomer's search with one candidate to compile (three from the build cache) read "the
+    candidates its budget leaves room for, 2 at a time"; it is three short lines, the time first."""
+    from types import SimpleNamespace
+
+    from pipeline.features.first_guess import Guess
+    from pipeline.services.cache import Cache
+
+    cache = tmp_path / "cache"
+    for key in ("spec-options", "freezing", "freezing+channels-last"):
+        (cache / key).mkdir(parents=True)
+    cache.chmod(0o700)
+    names = ("spec-options", "freezing", "freezing+channels-last", "max-autotune")
+    planned = [(name, SimpleNamespace(key=name)) for name in names]
+    guess = Guess(50.0, "a first guess from the graph's 700 ops")
+    with progress.reporting(progress.Progress(io.StringIO())):
+        lines = payback.Outlook(planned, Cache(cache), workers=2).before_search(guess)
+    assert lines[0] == (
+        "    search: 1 candidate(s) to compile and verify (and spec-options, freezing, freezing+channels-last from "
+        "the build cache, to verify) as its budget allows, then all timed together: about 2m30s on this machine"
+    )
+    assert lines[1] == (
+        "    (3x one full compile's time: the candidates its budget leaves room for, counting max-autotune as 3x a "
+        "compile; a compile: about 50s, a first guess from the graph's 700 ops)"
+    )
+    assert lines[3] == tune.shorter(cache) and all(len(line) < 260 for line in lines[:3]), lines
+    # two fresh after the first: side by side, and said so
+    (cache / "freezing").rmdir()
+    (cache / "freezing+channels-last").rmdir()
+    with progress.reporting(progress.Progress(io.StringIO())):
+        lines = payback.Outlook(planned[:3], Cache(cache), workers=2).before_search(guess, budget_s=3600.0)
+    assert ", 2 at a time; side by side, each about " in lines[1], lines

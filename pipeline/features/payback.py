@@ -304,7 +304,9 @@ class Outlook:
         fresh, first_fresh = [n for n in self.order if n in self.fresh], self.order[0] in self.fresh
         compiles = counted(fresh, first_fresh, self.workers, budget_s)
         rounds = rounds_of(compiles, first_fresh, self.workers)
-        side = f", {self.workers} at a time" if self.workers > 1 else ""
+        # side by side only where two or more compile at once (a newcomer's one fresh candidate read "2 at a time")
+        at_once = min(self.workers, len(compiles[1:] if first_fresh else compiles))
+        side = f", {at_once} at a time" if at_once > 1 else ""
         # what the compiles' time counts: a first candidate from the cache is not among them, and a
         # costlier one (max-autotune, alone in a newcomer's build) counts as several compiles; one
         # the budget leaves out is not named (a newcomer read "counting max-autotune" in a build
@@ -333,8 +335,9 @@ class Outlook:
             how = f"    (the last build's compile stage, scaled to {figure(rounds)} plain {unit} time: {room})"
             return [f"{what}: about {duration(last)} on this machine", how, shorter(self.cache_dir)]
         # the rounds after the first run side by side, each compile slower beside another
-        side_by_side = self.workers > 1 and rounds > 1
-        times = 1 + (rounds - 1) * (self.slowdown if side_by_side else 1.0)
+        side_by_side = at_once > 1
+        slowed = self.slowdown if side_by_side else 1.0
+        times = 1 + (rounds - 1) * slowed if first_fresh else rounds * slowed  # the first alone, where it compiles
         slower = (
             f"; side by side, each about {ratio(self.slowdown)} as slow as alone, {self.slowdown_source}"
             if side_by_side
