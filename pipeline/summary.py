@@ -50,9 +50,13 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     left_out = f" ({', '.join(over)} left out by its compile budget)" if over else ""
     if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not over):
         return []
-    # the candidates after spec-options whose .so the build cache held: not among those compiled
-    cached = [one["name"] for one in search.get("candidates", ())[1:] if one.get("from_cache")]
-    from_cache = f" (and {', '.join(cached)} from the build cache)" if cached else ""
+    # the candidates whose .so the build cache held, spec-options too: not among those compiled
+    # (a newcomer's summary named neither the one compiled nor spec-options from the cache)
+    candidates = search.get("candidates", ())
+    cached = [one["name"] for one in candidates[1:] if one.get("from_cache")]
+    in_cache = [one["name"] for one in candidates[:1] if one.get("from_cache")] + cached
+    from_cache = f" (and {', '.join(in_cache)} from the build cache)" if in_cache else ""
+    fresh = ", ".join(one["name"] for one in candidates[1:] if not one.get("from_cache"))
     if cost["stopped"]:
         spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
     elif not cost["compiled"]:
@@ -68,7 +72,9 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         )
         verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
         # "beyond spec-options": the first compile is the build's own; the count read as one short
-        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled {took}{from_cache}{verified}{left_out}"
+        named = f" ({fresh})" if fresh else ""
+        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled{named} {took}"
+        spent += f"{from_cache}{verified}{left_out}"
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]

@@ -297,6 +297,13 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     manifest["compile_search"]["not_tried"] = not_tried[1:]
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
     assert search.startswith(f"  search    chose {first['name']} among {first['name']}, freezing; not tried: "), search
+    # what an option does, said only beside one that is on ("freezing False (the weights folded …)" misled)
+    manifest["compile_options"] = {"cpp.dynamic_threads": True, "freezing": False, "max_autotune": True}
+    compiled = next(line for line in summary(manifest, Path("/x")) if line.startswith("  compiled  "))
+    assert compiled == (
+        f"  compiled  {first['name']}: cpp.dynamic_threads True (the thread count read when it runs, not fixed at "
+        "build time), freezing False, max_autotune True (each kernel chosen by timing several at build time)"
+    ), compiled
     # no speed-up in it, and why: the wheel keeps no timing, so that a rebuild gives the same bytes
     assert search.endswith(
         " (the timings: the build's summary and report; the wheel keeps none, so that a rebuild gives the same bytes)"

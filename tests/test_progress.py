@@ -44,7 +44,7 @@ PLAIN_LINES = [
     r"    doctor done in \d+\.\ds",
     r"==> export",
     r"    export done in \d+\.\ds",
-    r"==> compile: 1 candidate, compiled to .*/tiny/0\.1/cpu \(held while the build runs; the wheel carries the "
+    r"==> compile: 1 candidate, into .*/tiny/0\.1/cpu \(held while the build runs; the wheel carries the "
     r"files\)",
     r"    candidate spec-options: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
     r"measures the wheel\)",
@@ -351,12 +351,14 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         # longer than last time: it says by how much, where it froze at the later stages' 7 s
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile stage running 30s past the last build's 40s, then about 7s for the stages after it (from the "
+            "compile stage running 30s past its estimate of 40s (from the last build), then about 7s for the "
+            "stages after it (from the "
             "last build)"
         )
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile stage running 1m30s past the last build's 40s, then about 7s for the stages after it (from "
+            "compile stage running 1m30s past its estimate of 40s (from the last build), then about 7s for the "
+            "stages after it (from "
             "the last build)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
@@ -396,7 +398,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert progress.outlook() == "about 5s left of the build (from the last build)"
         clock[0] += 9.6
         steps.done(3)  # 11 s in: past the last build's figure, but two cases are too few to go by
-        assert progress.outlook().startswith("verify stage running 9s past the last build's 2s")
+        assert progress.outlook().startswith("verify stage running 9s past its estimate of 2s (from the last build)")
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
         assert progress.outlook() == (
@@ -459,7 +461,9 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             numbered(text)
             clock[0] += took
         numbered("signal")
-        assert unplanned.outlook() == "doctor stage running 2s past the last build's 8s"  # and nothing after it
+        assert (
+            unplanned.outlook() == "doctor stage running 2s past its estimate of 8s (from the last build)"
+        )  # and nothing after it
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):
         steps = StepClock("verify", 4)
@@ -654,7 +658,7 @@ def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
         compile_header(3, [], out)
         == "3 candidates to try, as the search's budget allows; the chosen one to /opt/m/unet/1.3/cpu" + held
     )
-    assert compile_header(1, [], out) == "1 candidate, compiled to /opt/m/unet/1.3/cpu" + held
+    assert compile_header(1, [], out) == "1 candidate, into /opt/m/unet/1.3/cpu" + held
     noise = Timed(rounds_ms=(358.0, 1624.0, 522.0, 395.0, 5740.0))
     assert "for any of the 3 candidates after spec-options to win" in payback.stopped_line(noise, "spec-options", 3)
     assert "for the 1 candidate after spec-options to win" in payback.stopped_line(noise, "spec-options", 1)

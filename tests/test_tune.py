@@ -302,7 +302,8 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
     )
     assert cost["verify_s"] > 0  # verifying them one after the other, apart from the compiles
     summary = (
-        rf"^  search    2 candidate\(s\) beyond spec-options compiled {took}, verified in [\d.]+s; "
+        r"^  search    2 candidate\(s\) beyond spec-options compiled \(freezing, max-autotune\) "
+        rf"{took}, verified in [\d.]+s; "
         rf"timed [\d.]+s \([\d.]+s of it spec-options alone, for the noise\); {won}$"
     )
     assert re.search(summary, ran.err, re.M), ran.err
@@ -828,15 +829,15 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
         "timed 0.0s; won nothing (the spec's options kept)"
     ]
     # one compiled, two from the build cache (a newcomer's summary named only the one), then timed
-    three = [{"name": "spec-options"}, {"name": "freezing", "from_cache": True}]
+    three = [{"name": "spec-options", "from_cache": True}, {"name": "freezing", "from_cache": True}]
     three += [{"name": "max-autotune", "from_cache": False}, {"name": "freezing+channels-last", "from_cache": True}]
     spent = {**record["cost"], "stopped": "", "compiled": 1, "workers": 1, "compile_s": 187.3, "verify_s": 8.9}
     spent.update(noise_s=33.0, timing_s=5.5, won=1.27)
     record = {"chosen": "freezing", "candidates": three, "cost": spent}
     assert search_lines(record) == [
-        "  search    1 candidate(s) beyond spec-options compiled in 187.3s (and freezing, freezing+channels-last from "
-        "the build cache), verified in 8.9s; timed 38.5s (33.0s of it spec-options alone, for the noise); won 1.27x "
-        "(freezing over spec-options)"
+        "  search    1 candidate(s) beyond spec-options compiled (max-autotune) in 187.3s (and spec-options, freezing, "
+        "freezing+channels-last from the build cache), verified in 8.9s; timed 38.5s (33.0s of it spec-options "
+        "alone, for the noise); won 1.27x (freezing over spec-options)"
     ]
     # steady rounds: freezing could win, and is compiled
     chosen, refused, cost, said = choose_said(exported, planned, QUIET, tmp_path / "cache")
@@ -960,3 +961,12 @@ def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_on
     with progress.reporting(progress.Progress(io.StringIO())):
         lines = payback.Outlook(planned[:3], Cache(cache), workers=2).before_search(guess, budget_s=3600.0)
     assert ", 2 at a time; side by side, each about " in lines[1], lines
+    # the default budget: what it will likely leave out is said before (max-autotune, 50 s later, surprised)
+    for key in names[:3]:
+        (cache / key).exists() and (cache / key).rmdir()
+    with progress.reporting(progress.Progress(io.StringIO())):
+        lines = payback.Outlook(planned, Cache(cache), workers=2).before_search(guess)
+    assert lines[1].startswith(
+        "    (2.26x one full compile's time: the first, then the candidates its budget leaves room for, 2 at a time; "
+        "likely beyond it: max-autotune (3x a compile); side by side, "
+    ), lines

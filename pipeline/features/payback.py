@@ -316,6 +316,11 @@ class Outlook:
         room = f"{first}the candidates its budget leaves room for{side}" + (
             f", counting {', '.join(costly)}" if costly else ""
         )
+        # said before, not only once the first compile is timed: a newcomer read "4 candidates",
+        # then saw max-autotune dropped by the budget 50 s later
+        beyond = [f"{n} ({ratio(COMPILE_COST.get(n, 1.0))} a compile)" for n in fresh if n not in compiles]
+        if beyond:
+            room += f"; likely beyond it: {', '.join(beyond)}"
         # named: "3 more from the cache" here and "2 more" in the summary (which counts beyond
         # spec-options) read to a newcomer as two different counts
         cached = [n for n in self.order if n not in self.fresh]

@@ -80,7 +80,7 @@ def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
     # meant to be, and the compile line had not said so
     held = " (held while the build runs; the wheel carries the files)"
     if tried == 1 and not left_out:
-        return f"1 candidate, compiled to {out_dir}{held}"
+        return f"1 candidate, into {out_dir}{held}"  # "compiled to" read oddly before "reused the compiled model"
     aside = f" (and {len(left_out)} not tried: {', '.join(left_out)}, below)" if left_out else ""
     # "as ... allows": the budget can leave some out once the first compile is timed (a newcomer read
     # "4 candidates to try", then saw three tried)

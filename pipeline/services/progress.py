@@ -141,7 +141,12 @@ def outlook(
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
         return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
     if in_stage_s > last:
-        return f"{stage} stage running {duration(in_stage_s - last)} past the last build's {duration(last)}" + then
+        # "its estimate", not "the last build's": the compile's is the last build's scaled to this
+        # build's compiles, and a newcomer looked for a 2m22s stage in a last build that took 47 s
+        return (
+            f"{stage} stage running {duration(in_stage_s - last)} past its estimate of {duration(last)} "
+            "(from the last build)" + then
+        )
     scope = "the build" if later >= 0.5 else stage
     return f"about {duration(last - in_stage_s + later)} left of {scope} (from the last build)"
 

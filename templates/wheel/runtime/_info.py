@@ -60,8 +60,11 @@ def _weights(m: Manifest) -> str:
 
 def _compiled(m: Manifest) -> str:
     notes = option_notes(m["target"])
+    # a note says what an option does, so only beside one that is on: "freezing False (the weights
+    # folded into the compiled code …)" read to a newcomer as if they were
     options = [
-        f"{key} {value}" + (f" ({notes[key]})" if key in notes else "") for key, value in m["compile_options"].items()
+        f"{key} {value}" + (f" ({notes[key]})" if key in notes and value is not False else "")
+        for key, value in m["compile_options"].items()
     ]
     return f"{m['compile_search']['chosen']}: {', '.join(sorted(options))}"
 

@@ -36,6 +36,7 @@ NAMED_CPU_KINDS = ("AVX2", "AVX512")  # the kinds `modelwheel build --cpu-isa` b
 OPTION_NOTES = {
     "cpp.threads": "the threads its loops are planned for, whatever the build machine had; "
     "it runs on as many as the serving process has",
+    "cpp.dynamic_threads": "the thread count read when it runs, not fixed at build time",
     "freezing": "the weights folded into the compiled code as constants",
     "force_layout_optimization": "convolutions laid out channels-last",
     "max_autotune": "each kernel chosen by timing several at build time",
