@@ -191,9 +191,19 @@ def parser() -> argparse.ArgumentParser:
         help="publish a wheel built elsewhere, without the build's report beside it (checked then "
         "by its RECORD and manifest alone); by default a wheel needs its report",
     )
-    publish.add_argument("--dist", default="dist")
-    publish.add_argument("--root", default=None)
-    publish.add_argument("--build-dir", default="build")
+    # said: a newcomer passed the build's --root to be safe, not knowing publish needs it only to build
+    publish.add_argument(
+        "--dist", default="dist", help="where the wheels are taken from, and a missing one built to (default: dist)"
+    )
+    publish.add_argument(
+        "--root",
+        default=None,
+        help=f"the artifact root for building a missing wheel, not needed for wheels --dist holds (default: "
+        f"${ROOT_ENV} or {DEFAULT_ROOT})",
+    )
+    publish.add_argument(
+        "--build-dir", default="build", help="the work folder for building a missing wheel (default: build)"
+    )
     reproduce = commands.add_parser(
         "reproduce",
         parents=[_common_flags()],

@@ -135,6 +135,11 @@ def interrupted(
     )
 
 
+def _say_all(ctx: BuildContext, lines: list[str]) -> None:
+    for line in lines:
+        ctx.progress.say(line)
+
+
 def build_target(ctx: BuildContext) -> BuildResult:
     """The stages, in order. A build whose inputs are all unchanged reuses its verified wheel."""
     ctx.progress.timings.clear()
@@ -149,11 +154,14 @@ def build_target(ctx: BuildContext) -> BuildResult:
     if not ctx.overwrite:  # a kept wheel of another root or content: said now, not after minutes of search
         version = full_version(ctx.spec_file.spec.model.version, ctx.target.NAME)
         dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, version, ctx.out_dir, content)
+    # What the lock says is said once this build goes on: a second build refused a moment later
+    # told a newcomer "its choice is added to spec.lock.json" just before its refusal.
+    lock_notes: list[str] = []
     lock_key, locked = (
         (None, ctx.forced)
         if ctx.forced
         else options_lock.consult(
-            ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, ctx.progress.say
+            ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, lock_notes.append
         )
     )
     build_key = cache.build_key(
@@ -166,6 +174,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
         locked=json.dumps(locked.record(), sort_keys=True) if locked else "",
     )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
+        _say_all(ctx, lock_notes)
         return _reuse_build(ctx, build_key)
     # A running build's output folder: said now, not after the doctor and export. Only a peek: the
     # claim, later, removes the last build's folder, which installed wheels may still link to.
@@ -173,6 +182,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
     # The work folder is held from here: a second build of it (another --root or --dist, the same
     # --build-dir) started a few seconds later passed a peek and was refused after its doctor.
     with hold_work_dir(ctx.work_dir):
+        _say_all(ctx, lock_notes)
         findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
         # The last build's compile time, scaled to the compiles this one will make (it may have made one)
         rounds = tune.expected_rounds(exported, planned, ctx.store)

@@ -4,6 +4,7 @@ takes minutes), with the names it relies on checked (the model's version, a task
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import re
@@ -163,7 +164,6 @@ def build_flags_shown() -> dict[tuple[str, ...], str]:
 
 def test_the_quickstart_flag_table_is_the_build_commands_flags():
     """The table lacked --hf, --task, --name, -j and --update-lock, which `build --help` shows."""
-    import argparse
 
     build = next(
         action.choices["build"] for action in parser()._actions if isinstance(action, argparse._SubParsersAction)
@@ -180,3 +180,17 @@ def test_the_quickstart_flag_table_does_not_call_spec_required():
     assert "(required)" not in build_flags_shown()[("--spec",)]
     parsed = parser().parse_args(["build", "--hf", "folder", "--task", "image-classification", "--name", "x"])
     assert parsed.spec in (None, []) and parsed.hf == "folder"
+
+
+def test_every_option_of_every_command_says_what_it_is_for():
+    """A newcomer's `publish --help` listed --dist, --root and --build-dir with no text: whether
+    publish needed the build's --root could only be read in the code."""
+    bare = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for top in parser()._actions
+        if isinstance(top, argparse._SubParsersAction)
+        for name, command in top.choices.items()
+        for action in command._actions
+        if action.option_strings and not action.help and action.help != argparse.SUPPRESS
+    ]
+    assert not bare, bare

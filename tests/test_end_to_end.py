@@ -301,12 +301,14 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     manifest["compile_options"] = {"cpp.dynamic_threads": True, "freezing": False, "max_autotune": True}
     compiled = next(line for line in summary(manifest, Path("/x")) if line.startswith("  compiled  "))
     assert compiled == (
-        f"  compiled  {first['name']}: cpp.dynamic_threads True (the thread count read when it runs, not fixed at "
+        f"  compiled  the {first['name']} candidate's options: cpp.dynamic_threads True (the thread count read "
+        "when it runs, not fixed at "
         "build time), freezing False, max_autotune True (each kernel chosen by timing several at build time)"
     ), compiled
     # no speed-up in it, and why: the wheel keeps no timing, so that a rebuild gives the same bytes
     assert search.endswith(
-        " (the timings: the build's summary and report; the wheel keeps none, so that a rebuild gives the same bytes)"
+        "; its timings are in the build's summary and report (the wheel keeps none, so that a rebuild gives the "
+        "same bytes)"
     ), search
 
 
@@ -339,7 +341,7 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
         r", on glibc [\d.]+ \(its manylinux_(\d+)_(\d+) tag: it runs on glibc \1\.\2 and newer\)$", target
     ), target
     # the thread count Inductor planned for (8, on this 2-core machine) is said to be no mistake
-    compiled = next(line for line in lines if line.startswith("  compiled  spec-options: "))
+    compiled = next(line for line in lines if line.startswith("  compiled  the spec-options candidate's options: "))
     assert (
         "cpp.threads 8 (the threads its loops are planned for, whatever the build machine had; it runs on " in compiled
     )

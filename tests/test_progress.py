@@ -321,6 +321,21 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     )
     assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 30.0
     assert cache.stage_times("tiny", "cpu", rounds=0)["compile"] == 1.0  # all from the cache, as that one
+    # a search whose first came from the cache and whose one fresh compile was max-autotune: its stage
+    # is in no plain compile's units (a newcomer's --no-search build was told its 101.6 s for one compile)
+    time.sleep(0.01)
+    autotuned = tmp_path / "cache" / "build-f"
+    autotuned.mkdir()
+    costly = [{"name": "spec-options", "from_cache": True}, {"name": "max-autotune", "compile_s": 84.0}]
+    (autotuned / "model_tiny.report.json").write_text(
+        json.dumps(
+            {"model": "tiny", "target": "cpu", "stages_s": {"compile": 101.6}, "compile_search": {"candidates": costly}}
+        )
+    )
+    assert cache.stage_times("tiny", "cpu", rounds=1)["compile"] == 30.0  # the newest with a plain compile
+    assert cache.stage_times("tiny", "cpu")["compile"] == 101.6  # unscaled: the newest's own
+    autotuned.joinpath("model_tiny.report.json").unlink()
+    autotuned.rmdir()
     assert cache.stage_times("tiny", "cpu")["compile"] == 1.0  # unscaled: the newest's own
     alone = Cache(tmp_path / "alone")  # no build here compiled: no compile figure (the first guess gives one)
     shutil.copytree(cached, tmp_path / "alone" / "build-e")

@@ -119,6 +119,12 @@ def first_compile_s(report: dict) -> float | None:
     return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
 
 
+def _first_from_cache(report: dict) -> bool:
+    """Whether a build's first candidate (the spec's options) came from the compile cache."""
+    candidates = (report.get("compile_search") or {}).get("candidates") or [{}]
+    return isinstance(candidates[0], dict) and bool(candidates[0].get("from_cache"))
+
+
 def compile_rounds(report: dict) -> float:
     """How many plain compiles' time a build's compile stage took: its first, then the others'
     wall time in units of the first (compile_search.cost.compile_wall_s), where the report has
@@ -144,6 +150,10 @@ def _compile_stage_s(reports: Iterable[dict], rounds: float) -> float | None:
         if not isinstance(stage_s, (int, float)):
             continue
         compiled, first_s = compile_rounds(report), first_compile_s(report)
+        if compiled and first_s is None and _first_from_cache(report):
+            # its fresh compiles are in no plain compile's units: a search whose one fresh compile was
+            # max-autotune gave a newcomer's --no-search build its whole 101.6 s stage for one compile
+            continue
         if not rounds:
             if not compiled:
                 return float(stage_s)

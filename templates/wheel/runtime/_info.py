@@ -66,7 +66,8 @@ def _compiled(m: Manifest) -> str:
         f"{key} {value}" + (f" ({notes[key]})" if key in notes and value is not False else "")
         for key, value in m["compile_options"].items()
     ]
-    return f"{m['compile_search']['chosen']}: {', '.join(sorted(options))}"
+    # "the ... candidate's options": "freezing: …, freezing True" read as the option said twice
+    return f"the {m['compile_search']['chosen']} candidate's options: {', '.join(sorted(options))}"
 
 
 def _not_tried(not_tried: list[NotTried]) -> str:
@@ -86,8 +87,8 @@ def _search(m: Manifest) -> str:
     if len(tried) > 1:
         # its speed-up is not here: timings differ run to run, and the wheel's bytes must not
         return (
-            f"chose {search['chosen']} among {', '.join(tried)}{left_out} (the timings: the build's summary "
-            "and report; the wheel keeps none, so that a rebuild gives the same bytes)"
+            f"chose {search['chosen']} among {', '.join(tried)}{left_out}; its timings are in the build's "
+            "summary and report (the wheel keeps none, so that a rebuild gives the same bytes)"
         )
     if left_out:  # a search that compiled no other (the noise, the budget)
         return f"tried {search['chosen']} only{left_out}"
