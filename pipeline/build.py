@@ -214,7 +214,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
             f"    the search stopped before compiling a candidate: nothing locked in "
             f"{options_lock.lock_path(ctx.spec_file.path)} (the next build searches again)"
         )
-    elif lock_key is not None and locked is None:  # a search ran: its choice is this build's lock entry
+    # a search ran: its choice is this build's lock entry (not where its timing could not tell: it said so)
+    elif lock_key is not None and locked is None and not tuned.cost.undecided:
         options_lock.keep_choice(
             ctx.spec_file.path,
             lock_key,

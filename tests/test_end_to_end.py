@@ -341,7 +341,7 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
         r", on glibc [\d.]+ \(its manylinux_(\d+)_(\d+) tag: it runs on glibc \1\.\2 and newer\)$", target
     ), target
     # the thread count Inductor planned for (8, on this 2-core machine) is said to be no mistake
-    compiled = next(line for line in lines if line.startswith("  compiled  the spec-options candidate's options: "))
+    compiled = next(line for line in lines if line.startswith("  compiled  the spec's own options: "))
     assert (
         "cpp.threads 8 (the threads its loops are planned for, whatever the build machine had; it runs on " in compiled
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.features import outlook as search_time
 from pipeline.features import payback
 from pipeline.services.cache import Cache
 from pipeline.services.parallel import last_stage
@@ -344,14 +345,16 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     cached.rmdir()
     # what a search should take: the first, then what the default budget (3 compiles on 2 cores) has room for
     unet = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
-    assert payback.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
-    assert payback.expected_rounds(unet, True, 2, 3600.0) == 3.5  # a budget in seconds: all, 2 at a time
-    assert payback.expected_rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
-    assert payback.expected_rounds(unet[1:], False, 2, None) == 2.5  # the first cached: nothing to budget by
-    assert payback.expected_rounds(["max-autotune"], False, 2, None) == 3.0  # alone, by its cost (it said 52 s)
+    assert search_time.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
+    assert search_time.expected_rounds(unet, True, 2, 3600.0) == 3.5  # a budget in seconds: all, 2 at a time
+    assert search_time.expected_rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
+    assert search_time.expected_rounds(unet[1:], False, 2, None) == 2.5  # the first cached: nothing to budget by
+    assert search_time.expected_rounds(["max-autotune"], False, 2, None) == 3.0  # alone, by its cost (it said 52 s)
     # which of them the figure counts (the opening line names a costly one only where it is counted)
-    assert payback.counted(unet, True, 2, None) == unet[:3]
-    assert payback.counted(unet, True, 2, 3600.0) == unet and payback.counted(unet[3:], False, 2, None) == unet[3:]
+    assert search_time.counted(unet, True, 2, None) == unet[:3]
+    assert (
+        search_time.counted(unet, True, 2, 3600.0) == unet and search_time.counted(unet[3:], False, 2, None) == unet[3:]
+    )
     searched.joinpath("model_tiny.report.json").unlink()
     searched.rmdir()
     progress = Progress(io.StringIO())
@@ -361,36 +364,33 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     with progress.stage("compile"):
         clock[0] += 10.0
         assert (
-            progress.outlook() == "about 37s left of the build (from the last build)"
+            progress.outlook() == "about 37s left of the build (from earlier builds)"
         )  # 30 of compile, 3 + 4 after it
         # longer than last time: it says by how much, where it froze at the later stages' 7 s
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile stage running 30s past its estimate of 40s (from the last build), then about 7s for the "
-            "stages after it (from the "
-            "last build)"
+            "compile stage running 30s past its estimate of 40s (from earlier builds), then about 7s for the "
+            "stages after it (from earlier builds)"
         )
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile stage running 1m30s past its estimate of 40s (from the last build), then about 7s for the "
-            "stages after it (from "
-            "the last build)"
+            "compile stage running 1m30s past its estimate of 40s (from earlier builds), then about 7s for the "
+            "stages after it (from earlier builds)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
         # two bases, said apart: this stage's own figure, and the later stages' from the last build
         assert progress.outlook() == (
             "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after "
-            "it (from the last build)"
+            "it (from earlier builds)"
         )
         clock[0] += 25.0
         assert progress.outlook() == (
             "compile stage running 5s past the estimate (from this build's compiles), then about 7s for the stages "
-            "after it (from the "
-            "last build)"
+            "after it (from earlier builds)"
         )
     # a stage the last build did not have (static sizes): what comes after it, not a figure for it
     with progress.stage("static"):
-        assert progress.outlook() == "about 4s after this stage (from the last build)"
+        assert progress.outlook() == "about 4s after this stage (from earlier builds)"
 
 
 # A first build's figure is the stage's own: it says so (in the next build it is "left of the build").
@@ -410,15 +410,15 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         steps.done(1)
         clock[0] += 0.4
         steps.done(2)  # 1.4 s in: the last build's figure holds
-        assert progress.outlook() == "about 5s left of the build (from the last build)"
+        assert progress.outlook() == "about 5s left of the build (from earlier builds)"
         clock[0] += 9.6
         steps.done(3)  # 11 s in: past the last build's figure, but two cases are too few to go by
-        assert progress.outlook().startswith("verify stage running 9s past its estimate of 2s (from the last build)")
+        assert progress.outlook().startswith("verify stage running 9s past its estimate of 2s (from earlier builds)")
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
         assert progress.outlook() == (
             f"about 34s left of the build: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it "
-            "(from the last build)"
+            "(from earlier builds)"
         )
     # one slow case, then quick ones (a newcomer's "about 36s left" with 4 s to go): the median holds
     slow = Progress(io.StringIO())
@@ -462,7 +462,7 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         numbered("signal")  # purity's 1.5 s for each of the two steps left
         assert later.outlook() == (
             "about 2m25s left of the build: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages "
-            "after it (from the last build)"
+            "after it (from earlier builds)"
         )
     # before the doctor has planned the compiles, no figure for them: the last build's (a search,
     # 2m09s) made a cached --no-search build's doctor say "about 2m31s left of the build", 18 s to go
@@ -470,14 +470,14 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
     unplanned.expect({"doctor": 8.0, "export": 3.0, "verify": 3.0, "package": 6.0})
     with reporting(unplanned), unplanned.stage("doctor"):
         clock[0] += 2.0
-        assert unplanned.outlook() == "about 6s left of doctor (from the last build)"
+        assert unplanned.outlook() == "about 6s left of doctor (from earlier builds)"
         numbered = Steps(5, stage="doctor", unlike=frozenset({2}))
         for text, took in (("source", 1.0), ("graph breaks", 5.0), ("purity", 1.5)):
             numbered(text)
             clock[0] += took
         numbered("signal")
         assert (
-            unplanned.outlook() == "doctor stage running 2s past its estimate of 8s (from the last build)"
+            unplanned.outlook() == "doctor stage running 2s past its estimate of 8s (from earlier builds)"
         )  # and nothing after it
     fresh = Progress(io.StringIO())  # a first build: no figure to run past
     with reporting(fresh), fresh.stage("verify"):
@@ -541,7 +541,7 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
             f"first candidate compiled: the time left comes from its verification's first cases{unknown}"
         )
         progress.expect({"compile": 60.0, "verify": 5.0})
-        assert progress.outlook() == "about 30s left of the build (from the last build)"
+        assert progress.outlook() == "about 30s left of the build (from earlier builds)"
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):
@@ -659,7 +659,6 @@ def test_verify_names_each_case_as_it_runs(warm_dirs, tmp_path):
 def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
     """A newcomer read "compile: 4 candidate(s)", then "candidate bf16-autocast: not tried", then "any of
     the 3 other candidate(s)": five, four or three? Now four to try, one not tried, three after the first."""
-    from pipeline.features import payback
     from pipeline.features.rounds import Timed
     from pipeline.features.tune import compile_header
 

@@ -139,7 +139,7 @@ def screen_autocast(exported: Exported) -> str | None:
             diff = wheel_compare.compare(name, g, w, *tols[name])
             if not diff.passed:
                 return (
-                    f"the spec's tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, "
+                    f"the output tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, "
                     f"case {case.name}: {diff.describe()}"
                 )
     return None

@@ -16,12 +16,13 @@ import torch
 
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import StepClock, check_stop, estimate, figure, ratio, say, step
+from ..services.progress import StepClock, check_stop, estimate, figure, say, step
 from ..stages.compile import Compiled, CompilePlan, compile_model
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
 from . import parallel, payback, rounds
-from .payback import Budget, Outlook
+from .outlook import Outlook
+from .payback import Budget
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,7 @@ class Search:
             if self.exported.spec_file.spec.compile.search_when_noisy
             else ""
         )
-        say(
-            f"    noise: {name} timed alone: {timed.describe()}: a candidate must be {ratio(payback.spread(timed))} "
-            f"faster to win beyond it{anyway}"
-        )
+        say(f"    noise: {name} timed alone: {timed.describe()}: {payback.needed_to_win(timed)}{anyway}")
         return timed
 
     def time_passed(

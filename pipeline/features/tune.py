@@ -1,7 +1,8 @@
 """Choosing compile options: compile and verify each candidate, then time those that pass together
 (pipeline/features/rounds.py): the spec's own options stay unless another wins beyond the measured noise.
-What the search may spend, and on which candidates, is payback.py's; the compiles side by side, parallel.py's;
-each candidate's compile, verification and timing, search.py's.
+What the search may spend, and on which candidates, is payback.py's; how long it should take,
+outlook.py's; the compiles side by side, parallel.py's; each candidate's compile, verification and
+timing, search.py's.
 
 The candidates, and those ruled out before compiling, are candidates.py's (with `[compile]
 search = true`, the default; `search = false` pins the spec's options). Each is compiled (or
@@ -28,9 +29,11 @@ from ..stages import constants
 from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
 from . import first_guess, payback, rounds
+from . import outlook as search_time
 from .candidates import Skipped, candidates
 from .lock import Locked
-from .payback import OVER_BUDGET, Budget, Outlook, shorter  # noqa: F401 (shorter, OVER_BUDGET: the search's, named here too)
+from .outlook import Outlook, shorter  # noqa: F401 (shorter: the search's, named here too)
+from .payback import OVER_BUDGET, Budget  # noqa: F401 (OVER_BUDGET: the search's, named here too)
 from .search import Search, Trial
 
 
@@ -100,7 +103,7 @@ def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], 
     fresh = [name for name, plan in planned if not store.has(plan.key)]
     first_fresh = bool(planned) and planned[0][0] in fresh
     budget_s = exported.spec_file.spec.compile.search_budget_s
-    return payback.expected_rounds(fresh, first_fresh, search_workers(exported, planned), budget_s)
+    return search_time.expected_rounds(fresh, first_fresh, search_workers(exported, planned), budget_s)
 
 
 def tune(
@@ -162,6 +165,9 @@ def tune(
         choice, why = first, search.kept_alone(cost)
     else:
         choice, why = rounds.choose(timed, first)
+        if choice == first and (doubt := payback.undecided(timed, first)):
+            say(doubt)
+            cost = dataclasses.replace(cost, undecided=doubt.strip())
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)
     trials = search.trials(timed, shown=len(planned) > 1, noise=noise)

@@ -195,7 +195,7 @@ class Cache:
     def stage_times(self, model: str, target: str, rounds: float | None = None) -> dict[str, float]:
         """The stage times of the newest stored build of this model and target ({} if none): the
         live progress's estimate of what is left. Read even with --no-cache: it is only advice.
-        ``rounds``: how many compiles' time this build's compiles should take (payback.expected_rounds);
+        ``rounds``: how many compiles' time this build's compiles should take (outlook.expected_rounds);
         the compile stage's time is scaled from the earlier build's, where its report says (a build
         that compiled one, its search stopped on the noise, gave the figure for one that compiles
         four; a --no-search build's one compile, four times over, for a search whose budget let two

@@ -124,7 +124,7 @@ def outlook(
     later = sum(expected.get(s, 0.0) for s in after)
     # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
     # running" read as if the compiler were still running
-    then = f", then about {duration(later)} for the stages after it (from the last build)" if later >= 0.5 else ""
+    then = f", then about {duration(later)} for the stages after it (from earlier builds)" if later >= 0.5 else ""
     if stage_left_s is not None:
         if stage_left_s < 0:
             estimate = f"the estimate ({basis or MEASURED_HERE})"
@@ -135,20 +135,20 @@ def outlook(
         # read to a newcomer as the doctor's, 3 s before it ended (the rest was the later stages')
         return (
             f"about {duration(stage_left_s + later)} left of the build: {duration(stage_left_s)} of {stage} "
-            f"({basis or MEASURED_HERE}), then {duration(later)} for the stages after it (from the last build)"
+            f"({basis or MEASURED_HERE}), then {duration(later)} for the stages after it (from earlier builds)"
         )
     last = expected.get(stage)
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
-        return f"about {duration(later)} after this stage (from the last build)" if later >= 0.5 else None
+        return f"about {duration(later)} after this stage (from earlier builds)" if later >= 0.5 else None
     if in_stage_s > last:
         # "its estimate", not "the last build's": the compile's is the last build's scaled to this
         # build's compiles, and a newcomer looked for a 2m22s stage in a last build that took 47 s
         return (
             f"{stage} stage running {duration(in_stage_s - last)} past its estimate of {duration(last)} "
-            "(from the last build)" + then
+            "(from earlier builds)" + then
         )
     scope = "the build" if later >= 0.5 else stage
-    return f"about {duration(last - in_stage_s + later)} left of {scope} (from the last build)"
+    return f"about {duration(last - in_stage_s + later)} left of {scope} (from earlier builds)"
 
 
 def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:

@@ -66,8 +66,12 @@ def _compiled(m: Manifest) -> str:
         f"{key} {value}" + (f" ({notes[key]})" if key in notes and value is not False else "")
         for key, value in m["compile_options"].items()
     ]
-    # "the ... candidate's options": "freezing: …, freezing True" read as the option said twice
-    return f"the {m['compile_search']['chosen']} candidate's options: {', '.join(sorted(options))}"
+    # "the ... candidate's options": "freezing: …, freezing True" read as the option said twice; with
+    # the search off there were no candidates, only the spec's options
+    search = m["compile_search"]
+    alone = len(search["candidates"]) == 1 and not search["not_tried"]
+    whose = "the spec's own options" if alone else f"the {search['chosen']} candidate's options"
+    return f"{whose}: {', '.join(sorted(options))}"
 
 
 def _not_tried(not_tried: list[NotTried]) -> str:
