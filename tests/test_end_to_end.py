@@ -287,11 +287,15 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     noisy = "cannot win beyond the noise measured before compiling it (the build's report has the spread)"
     not_tried = [{"name": name, "reason": noisy} for name in ("freezing", "max-autotune")]
     not_tried.append({"name": "bf16-autocast", "reason": "this CPU has no native bfloat16 instructions"})
+    # a reason with figures (bf16's diffs, under autocast in a spec that sets it): said without them, not "…))"
+    tolerances = "the output tolerances refuse it: case seed0: output 'y': max abs diff 0.02 (rtol 0.001, atol 0.0001)"
+    not_tried.append({"name": "bf16-pinned", "reason": tolerances})
     manifest["compile_search"] = {"chosen": first["name"], "candidates": [first], "not_tried": not_tried}
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
     assert search == (
         f"  search    tried {first['name']} only; not tried: freezing, max-autotune (cannot win beyond the noise "
-        "measured before compiling it); bf16-autocast (this CPU has no native bfloat16 instructions)"
+        "measured before compiling it); bf16-autocast (this CPU has no native bfloat16 instructions); "
+        "bf16-pinned (the output tolerances refuse it)"
     ), search
     manifest["compile_search"]["candidates"] = [first, {**first, "name": "freezing"}]
     manifest["compile_search"]["not_tried"] = not_tried[1:]
