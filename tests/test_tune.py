@@ -575,9 +575,23 @@ def test_a_candidate_replaces_the_spec_options_only_beyond_the_measured_spread()
     assert chosen == "max-autotune", "the lower median of freezing is within spec-options' spread"
     # freezing's lower median is said, and why it did not count (a newcomer saw 80.2 ms lose to 89.3 ms)
     assert why == (
-        "its slowest round (9 ms) is faster than spec-options's fastest (10 ms); freezing's median was lower "
-        "(7 ms), but its slowest round (10.5 ms) was not"
+        "its slowest round (9 ms) is faster than spec-options's fastest (10 ms), and its median is the lowest of "
+        "those that are; freezing's median was lower (7 ms), but its slowest round (10.5 ms) was not"
     )
+    # two that won, a median apart by 1%: the other is named with how close it came (two builds of one
+    # model locked one and the other)
+    _, why = tune.rounds.choose(
+        {
+            "spec-options": spec,
+            "freezing": tune.rounds.Timed((6.9, 7.07)),
+            "max-autotune": tune.rounds.Timed((6.8, 7.0)),
+        },
+        "spec-options",
+    )
+    assert why.endswith("those that are; freezing won too, with a median 1.01x as long"), why
+    # none won, and the spec's options were the quickest too: said (freezing 2.5x slower read as a near miss)
+    _, why = tune.rounds.choose({"spec-options": spec, "freezing": tune.rounds.Timed((25.0, 30.0))}, "spec-options")
+    assert why.endswith("under spec-options's fastest (10 ms); it has the lowest median too"), why
     assert (
         tune.rounds.choose({"freezing": fast_but_noisy, "max-autotune": clearly_fast}, "spec-options")[0] == "freezing"
     )
@@ -599,7 +613,9 @@ def test_a_multi_second_round_time_reads_without_an_exponent():
     assert spec.describe() == "2901 ms [2748-3012] over 3 rounds (2748, 2901, 3012)"
     assert freezing.describe() == "0.0811 ms [0.0803-0.0825] over 3 rounds (0.0803, 0.0811, 0.0825)"
     _, why = tune.rounds.choose({"spec-options": spec, "freezing": tune.rounds.Timed((2810.0, 2999.0))}, "spec-options")
-    assert why.endswith("none has its slowest round under spec-options's fastest (2748 ms)")
+    assert why.endswith(
+        "none has its slowest round under spec-options's fastest (2748 ms); it has the lowest median too"
+    )
     assert "e+" not in payback.stopped_line(spec, "spec-options", 3)
 
 

@@ -193,7 +193,10 @@ class Search:
         done: dict[str, parallel.Done] = {}
         started = time.perf_counter()
         if workers > 1 and len(fresh) > 1:
-            step(f"{', '.join(self.counter(n) for n in fresh)}: compiling, {min(workers, len(fresh))} at a time")
+            # "in turn": a newcomer's three named beside "2 at a time" could not tell which two ran
+            at_once = min(workers, len(fresh))
+            turn = ", in this order" if len(fresh) > at_once else ""
+            step(f"{', '.join(self.counter(n) for n in fresh)}: compiling, {at_once} at a time{turn}")
             jobs = [(name, self.plans[name], self.trial_work(name)) for name in fresh]
             for name, _, work in jobs:
                 shutil.rmtree(work, ignore_errors=True)
