@@ -291,6 +291,8 @@ def compile_stage(
             tuned = tune.as_locked(tuned, locked)
         verb = "used" if tuned.why == tune.LONE else "chose"  # nothing was chosen between
         say(f"    {verb} {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
+        if tuned.cost.undecided:  # why nothing is locked, after the choice it qualifies
+            say(f"    {tuned.cost.undecided}")
     return tuned, compiled
 
 

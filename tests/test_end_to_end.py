@@ -300,7 +300,14 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     manifest["compile_search"]["candidates"] = [first, {**first, "name": "freezing"}]
     manifest["compile_search"]["not_tried"] = not_tried[1:]
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
-    assert search.startswith(f"  search    chose {first['name']} among {first['name']}, freezing; not tried: "), search
+    assert search.startswith(
+        f"  search    kept {first['name']} among {first['name']}, freezing, none faster beyond the timing noise; "
+        "not tried: "
+    ), search
+    manifest["compile_search"]["chosen"] = "freezing"  # another won: chosen, as such
+    search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
+    assert search.startswith(f"  search    chose freezing among {first['name']}, freezing; not tried: "), search
+    manifest["compile_search"]["chosen"] = first["name"]
     # what an option does, said only beside one that is on ("freezing False (the weights folded …)" misled)
     manifest["compile_options"] = {"cpp.dynamic_threads": True, "freezing": False, "max_autotune": True}
     compiled = next(line for line in summary(manifest, Path("/x")) if line.startswith("  compiled  "))

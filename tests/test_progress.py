@@ -21,6 +21,7 @@ from pipeline.features import payback
 from pipeline.services.cache import Cache
 from pipeline.services.parallel import last_stage
 from pipeline.services.progress import (
+    FIRST_COMPILE,
     STATUS_ENV,
     Progress,
     QuietProgress,
@@ -542,6 +543,20 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
         )
         progress.expect({"compile": 60.0, "verify": 5.0})
         assert progress.outlook() == "about 30s left of the build (from earlier builds)"
+    # in a search, the guess is the first compile's alone, and said so: "left of compile (for the first
+    # compile only: …)" read to a newcomer as the stage's
+    searching = Progress(io.StringIO())
+    with searching.stage("compile"):
+        searching.estimate(30.0, FIRST_COMPILE + scaled.basis)
+        clock[0] += 10.0
+        assert searching.outlook() == (
+            f"about 20s left of the first compile ({scaled.basis}); the stage's figure comes once it is timed"
+        )
+        clock[0] += 25.0
+        assert searching.outlook() == (
+            f"the first compile running 5s past its estimate ({scaled.basis}); the stage's figure comes once it is "
+            "timed"
+        )
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):

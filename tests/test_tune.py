@@ -1014,9 +1014,9 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     }
     line = payback.undecided(noisy, "spec-options")
     assert line == (
-        "    the timing rounds could not tell them apart: spec-options's spread 1.57x (284-447 ms), more than any of "
-        "them plausibly gains (1.3x at best); spec-options is kept, and nothing is locked (the next build searches "
-        "again)"
+        "    too noisy to decide: spec-options's own rounds spread 1.57x (284-447 ms), wider than the 1.3x a candidate "
+        "here is expected to gain at best, so no median here can be trusted; spec-options is kept, and nothing is "
+        "locked (the next build searches again)"
     )
     # steady rounds, where a candidate could have shown: decided, and locked as ever
     steady = {"spec-options": tune.rounds.Timed((92.9, 95.0, 97.0)), "freezing": tune.rounds.Timed((93.0, 94.0))}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..services.cache import Cache, first_compile_s, newest_reports
-from ..services.progress import MEASURED_HERE, duration, estimate, expected_s, figure, ratio, say
+from ..services.progress import FIRST_COMPILE, MEASURED_HERE, duration, estimate, expected_s, figure, ratio, say
 from .first_guess import Guess
 from .payback import BUDGET_FACTOR, COMPILE_COST, compiled_side_by_side
 
@@ -107,7 +107,7 @@ class Outlook:
             return
         self.guessed = True
         # its scope said first: a newcomer read "about 6s left (the first compile: …)" as the stage's
-        basis = guess.basis if len(self.order) == 1 else f"for the first compile only: {guess.basis}"
+        basis = guess.basis if len(self.order) == 1 else f"{FIRST_COMPILE}{guess.basis}"
         estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
 
     def before_search(self, guess: Guess | None = None, budget_s: float | None = None) -> list[str]:

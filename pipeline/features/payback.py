@@ -153,10 +153,13 @@ def undecided(timed: dict[str, Timed], baseline: str) -> str | None:
     needed, best = spread(timed[baseline]), max(PRIORS.get(n, UNKNOWN).gain for n in timed if n != baseline)
     if needed < best:
         return None
+    # no claim of what a candidate gains: "more than any plausibly gains (1.3x)" beside a median 1.39x
+    # lower read to a newcomer as a contradiction; in rounds this wide, no median can be trusted
     return (
-        f"    the timing rounds could not tell them apart: {baseline}'s spread {ratio(needed)} "
-        f"({figure(timed[baseline].low_ms)}-{figure(timed[baseline].high_ms)} ms), more than any of them plausibly "
-        f"gains ({ratio(best)} at best); {baseline} is kept, and nothing is locked (the next build searches again)"
+        f"    too noisy to decide: {baseline}'s own rounds spread {ratio(needed)} ({figure(timed[baseline].low_ms)}-"
+        f"{figure(timed[baseline].high_ms)} ms), wider than the {ratio(best)} a candidate here is expected to gain at "
+        f"best, so no median here can be trusted; {baseline} is kept, and nothing is locked (the next build "
+        "searches again)"
     )
 
 

@@ -165,8 +165,7 @@ def tune(
         choice, why = first, search.kept_alone(cost)
     else:
         choice, why = rounds.choose(timed, first)
-        if choice == first and (doubt := payback.undecided(timed, first)):
-            say(doubt)
+        if choice == first and (doubt := payback.undecided(timed, first)):  # said after the choice (build.py)
             cost = dataclasses.replace(cost, undecided=doubt.strip())
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)

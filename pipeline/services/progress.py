@@ -91,6 +91,11 @@ def ratio(value: float) -> str:
 MEASURED_HERE = "from this build's compiles"
 
 
+# A basis that begins so is the first compile's figure alone, in a search: said as "left of the first
+# compile", as "left of compile (for the first compile only: …)" read to a newcomer as the stage's.
+FIRST_COMPILE = "for the first compile only: "
+
+
 def outlook(
     expected: Mapping[str, float],
     stage: str,
@@ -125,6 +130,11 @@ def outlook(
     # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
     # running" read as if the compiler were still running
     then = f", then about {duration(later)} for the stages after it (from earlier builds)" if later >= 0.5 else ""
+    if stage_left_s is not None and basis is not None and basis.startswith(FIRST_COMPILE):
+        guess, rest = basis[len(FIRST_COMPILE) :], "the stage's figure comes once it is timed"
+        if stage_left_s < 0:
+            return f"the first compile running {duration(-stage_left_s)} past its estimate ({guess}); {rest}"
+        return f"about {duration(stage_left_s)} left of the first compile ({guess}); {rest}"
     if stage_left_s is not None:
         if stage_left_s < 0:
             estimate = f"the estimate ({basis or MEASURED_HERE})"

@@ -91,9 +91,12 @@ def _search(m: Manifest) -> str:
     tried = [c["name"] for c in search["candidates"]]
     left_out = f"; not tried: {_not_tried(search['not_tried'])}" if search["not_tried"] else ""
     if len(tried) > 1:
-        # its speed-up is not here: timings differ run to run, and the wheel's bytes must not
+        # "kept": "chose spec-options" read as if it had won; its speed-up is not here: timings differ
+        # run to run, and the wheel's bytes must not
+        verb = "kept" if search["chosen"] == tried[0] else "chose"
+        why = ", none faster beyond the timing noise" if verb == "kept" else ""
         return (
-            f"chose {search['chosen']} among {', '.join(tried)}{left_out}; its timings are in the build's "
+            f"{verb} {search['chosen']} among {', '.join(tried)}{why}{left_out}; its timings are in the build's "
             "summary and report (the wheel keeps none, so that a rebuild gives the same bytes)"
         )
     if left_out:  # a search that compiled no other (the noise, the budget)
