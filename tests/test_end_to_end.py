@@ -301,21 +301,24 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     manifest["compile_search"]["not_tried"] = not_tried[1:]
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
     assert search.startswith(
-        f"  search    kept {first['name']} among {first['name']}, freezing, none faster beyond the timing noise; "
+        f"  search    kept {first['name']} (none faster beyond the timing noise) among {first['name']}, freezing; "
         "not tried: "
     ), search
     manifest["compile_search"]["chosen"] = "freezing"  # another won: chosen, as such
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
     assert search.startswith(f"  search    chose freezing among {first['name']}, freezing; not tried: "), search
-    manifest["compile_search"]["chosen"] = first["name"]
     # what an option does, said only beside one that is on ("freezing False (the weights folded …)" misled)
     manifest["compile_options"] = {"cpp.dynamic_threads": True, "freezing": False, "max_autotune": True}
     compiled = next(line for line in summary(manifest, Path("/x")) if line.startswith("  compiled  "))
     assert compiled == (
-        f"  compiled  the {first['name']} candidate's options: cpp.dynamic_threads True (the thread count read "
+        "  compiled  the freezing candidate's options: cpp.dynamic_threads True (the thread count read "
         "when it runs, not fixed at "
         "build time), freezing False, max_autotune True (each kernel chosen by timing several at build time)"
     ), compiled
+    # kept (or the search off): the spec's own options, one phrasing for both
+    manifest["compile_search"]["chosen"] = first["name"]
+    compiled = next(line for line in summary(manifest, Path("/x")) if line.startswith("  compiled  "))
+    assert compiled.startswith("  compiled  the spec's own options: cpp.dynamic_threads True"), compiled
     # no speed-up in it, and why: the wheel keeps no timing, so that a rebuild gives the same bytes
     assert search.endswith(
         "; its timings are in the build's summary and report (the wheel keeps none, so that a rebuild gives the "

@@ -69,8 +69,8 @@ def _compiled(m: Manifest) -> str:
     # "the ... candidate's options": "freezing: …, freezing True" read as the option said twice; with
     # the search off there were no candidates, only the spec's options
     search = m["compile_search"]
-    alone = len(search["candidates"]) == 1 and not search["not_tried"]
-    whose = "the spec's own options" if alone else f"the {search['chosen']} candidate's options"
+    own = search["chosen"] == search["candidates"][0]["name"]  # kept, or the search off: one phrasing for both
+    whose = "the spec's own options" if own else f"the {search['chosen']} candidate's options"
     return f"{whose}: {', '.join(sorted(options))}"
 
 
@@ -94,9 +94,9 @@ def _search(m: Manifest) -> str:
         # "kept": "chose spec-options" read as if it had won; its speed-up is not here: timings differ
         # run to run, and the wheel's bytes must not
         verb = "kept" if search["chosen"] == tried[0] else "chose"
-        why = ", none faster beyond the timing noise" if verb == "kept" else ""
+        why = " (none faster beyond the timing noise)" if verb == "kept" else ""
         return (
-            f"{verb} {search['chosen']} among {', '.join(tried)}{why}{left_out}; its timings are in the build's "
+            f"{verb} {search['chosen']}{why} among {', '.join(tried)}{left_out}; its timings are in the build's "
             "summary and report (the wheel keeps none, so that a rebuild gives the same bytes)"
         )
     if left_out:  # a search that compiled no other (the noise, the budget)
