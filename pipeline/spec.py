@@ -173,8 +173,13 @@ def read_spec_toml(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if spec_path.is_dir():
         spec_path = spec_path / "spec.toml"
     if not spec_path.is_file():
+        # the models beside it named: `make build MODEL=nosuch` got a hint of --spec, which make users never type
+        models = spec_path.parent.parent
+        known = sorted(p.parent.name for p in models.glob("*/spec.toml")) if spec_path.name == "spec.toml" else []
+        beside = f"; the models in {models}: {', '.join(known)} (with make: MODEL=<name>)" if known else ""
         raise SpecError(
-            f"{path}: no such spec file", "pass --spec PATH to a model's spec.toml, or the folder that holds it"
+            f"{path}: no such spec file",
+            f"pass --spec PATH to a model's spec.toml, or the folder that holds it{beside}",
         )
     try:
         # utf-8-sig: a byte-order mark (Windows editors write one) is read past, not a TOML error

@@ -117,6 +117,12 @@ def test_cli_reports_spec_error_with_hint_and_exit_code(tmp_path):
 def test_cli_missing_spec_file(tmp_path):
     ran = run_cli("build", "--spec", str(tmp_path / "nope.toml"))
     assert ran.code == SpecError.exit_code and "no such spec file" in ran.err
+    # a model name that is not one (`make build MODEL=nosuch`): the models there, and make's way to name one
+    (tmp_path / "models" / "unet").mkdir(parents=True)
+    (tmp_path / "models" / "unet" / "spec.toml").write_text("")
+    ran = run_cli("build", "--spec", str(tmp_path / "models" / "nosuch" / "spec.toml"))
+    assert ran.code == SpecError.exit_code, ran.err
+    assert f"the models in {tmp_path / 'models'}: unet (with make: MODEL=<name>)" in ran.err, ran.err
 
 
 @pytest.mark.parametrize("name", ["seed", "device", "not-an-identifier"])
