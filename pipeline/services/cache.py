@@ -110,19 +110,18 @@ def fresh_compiles(report: dict) -> int:
     )
 
 
-def first_compile_s(report: dict) -> float | None:
-    """The seconds the first candidate (the spec's options) took to compile fresh, where recorded."""
+def _first_candidate(report: dict) -> dict:
+    """A build report's first candidate (the spec's options) as recorded ({} where it has none)."""
     search = report.get("compile_search")
     candidates = (search.get("candidates") if isinstance(search, dict) else None) or [{}]
-    first = candidates[0] if isinstance(candidates, list) and isinstance(candidates[0], dict) else {}
+    return candidates[0] if isinstance(candidates, list) and isinstance(candidates[0], dict) else {}
+
+
+def first_compile_s(report: dict) -> float | None:
+    """The seconds the first candidate (the spec's options) took to compile fresh, where recorded."""
+    first = _first_candidate(report)
     seconds = None if first.get("from_cache") else first.get("compile_s")
     return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
-
-
-def _first_from_cache(report: dict) -> bool:
-    """Whether a build's first candidate (the spec's options) came from the compile cache."""
-    candidates = (report.get("compile_search") or {}).get("candidates") or [{}]
-    return isinstance(candidates[0], dict) and bool(candidates[0].get("from_cache"))
 
 
 def compile_rounds(report: dict) -> float:
@@ -150,7 +149,7 @@ def _compile_stage_s(reports: Iterable[dict], rounds: float) -> float | None:
         if not isinstance(stage_s, (int, float)):
             continue
         compiled, first_s = compile_rounds(report), first_compile_s(report)
-        if compiled and first_s is None and _first_from_cache(report):
+        if compiled and first_s is None and _first_candidate(report).get("from_cache"):
             # its fresh compiles are in no plain compile's units: a search whose one fresh compile was
             # max-autotune gave a newcomer's --no-search build its whole 101.6 s stage for one compile
             continue
