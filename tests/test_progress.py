@@ -36,26 +36,29 @@ from pipeline.wheel_template.runtime._bounds import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
 
+# A stage's time: in ms where it would read 0.0s
+TOOK = r"(\d+\.\ds|\d+ms)"
+
 # Every line a plain build of the tiny model prints, in order.
 PLAIN_LINES = [
     r"==> start: importing torch",
-    r"    start done in \d+\.\ds",
+    rf"    start done in {TOOK}",
     r"==> load: tiny_model:build \(.*/tests/models/tiny/spec.toml\)",
-    r"    load done in \d+\.\ds",
+    rf"    load done in {TOOK}",
     r"==> doctor",
-    r"    doctor done in \d+\.\ds",
+    rf"    doctor done in {TOOK}",
     r"==> export",
-    r"    export done in \d+\.\ds",
+    rf"    export done in {TOOK}",
     r"==> compile: 1 candidate, into .*/tiny/0\.1/cpu \(held while the build runs; the wheel carries the "
     r"files\)",
     r"    candidate spec-options: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
     r"measures the wheel\)",
     r"    used spec-options: the only candidate, as the option search is off",
-    r"    compile done in \d+\.\ds",
+    rf"    compile done in {TOOK}",
     r"==> verify",
-    r"    verify done in \d+\.\ds",
+    rf"    verify done in {TOOK}",
     r"==> package",
-    r"    package done in \d+\.\ds",
+    rf"    package done in {TOOK}",
     r"",
     r"built model_tiny-0\.1\+cpu\.torch[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl",
     r"  wheel     .*\.whl  0\.\d MB  sha256 [0-9a-f]{16}…",
@@ -137,6 +140,19 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
 def test_the_verified_line_says_which_bound_let_a_diff_through(max_abs, max_rel, decided):
     """A max rel diff above rtol on a passing output reads like a failure unless atol is named."""
     assert decided_by(max_abs, max_rel, rtol=1e-3, atol=1e-5) == decided
+
+
+def test_a_stage_that_took_under_a_twentieth_of_a_second_says_its_time_in_ms():
+    """A tiny model's "verify done in 0.0s" read to a newcomer as a check that never ran."""
+    out = io.StringIO()
+    progress = Progress(out)
+    with progress.stage("verify"):
+        pass
+    with progress.stage("package"):
+        time.sleep(0.2)
+    done = [line for line in out.getvalue().splitlines() if " done in " in line]
+    assert re.fullmatch(r"    verify done in [1-4]?\dms", done[0]), done
+    assert re.fullmatch(r"    package done in 0\.[2-9]s", done[1]), done
 
 
 def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):

@@ -264,7 +264,9 @@ class Progress:
         elapsed = time.perf_counter() - start
         self.timings[name] = round(elapsed, 3)
         self.current, self.detail, self.stage_end, self.basis = None, "", None, None
-        self.say(f"    {name} done in {elapsed:.1f}s")
+        # in ms where it would read 0.0s: a newcomer read a tiny model's "verify done in 0.0s" as a skipped check
+        took = f"{elapsed:.1f}s" if elapsed >= 0.05 else f"{max(1, round(elapsed * 1000))}ms"
+        self.say(f"    {name} done in {took}")
 
 
 # The display the running command reports to: stages and the features under them say what they
