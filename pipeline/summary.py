@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .services.index import DEFAULT_PORT
-from .services.progress import Progress, ratio
+from .services.progress import Progress, ratio, took
 from .stages.package import TORCH_INDEX
 from .wheel_template.runtime._bounds import decided_by
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the build imports torch; the summary is printed from its re
 def report_lines(result: BuildResult) -> list[str]:
     report = result.report
     mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
-    stages = " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stages_s"].items())
+    stages = " · ".join(f"{name} {took(seconds)}" for name, seconds in report["stages_s"].items())
     lines = [
         f"\nbuilt {report['wheel']['name']}",
         f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",

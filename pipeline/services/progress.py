@@ -62,6 +62,12 @@ def is_live_terminal(stream: TextIO, environ: Mapping[str, str] = os.environ) ->
     )
 
 
+def took(seconds: float) -> str:
+    """A stage's time, in ms where it would read 0.0s: a newcomer read a tiny model's "verify done
+    in 0.0s" as a skipped check."""
+    return f"{seconds:.1f}s" if seconds >= 0.05 else f"{max(1, round(seconds * 1000))}ms"
+
+
 def duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -264,9 +270,7 @@ class Progress:
         elapsed = time.perf_counter() - start
         self.timings[name] = round(elapsed, 3)
         self.current, self.detail, self.stage_end, self.basis = None, "", None, None
-        # in ms where it would read 0.0s: a newcomer read a tiny model's "verify done in 0.0s" as a skipped check
-        took = f"{elapsed:.1f}s" if elapsed >= 0.05 else f"{max(1, round(elapsed * 1000))}ms"
-        self.say(f"    {name} done in {took}")
+        self.say(f"    {name} done in {took(elapsed)}")
 
 
 # The display the running command reports to: stages and the features under them say what they
