@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +158,34 @@ class SpecFile(BaseModel):
         return None if file is None else (self.path.parent / file).resolve()
 
 
+def _keys_beside(loc: tuple[object, ...]) -> list[str]:
+    """The keys the spec takes where ``loc``'s last key stands: those its "did you mean" picks
+    from (a newcomer's ``atoll`` and ``serach`` got only "check its spelling")."""
+    kinds: list[Any] = [Spec]
+    for part in loc[:-1]:
+        inner: list[Any] = []
+        for kind in kinds:
+            if _is_section(kind) and (field := kind.model_fields.get(str(part))):
+                inner += _unwrapped(field.annotation)
+            elif typing.get_origin(kind) in (list, dict):  # an index or a table's own key (dims.<name>)
+                inner += _unwrapped(typing.get_args(kind)[-1])
+        kinds = inner
+    return sorted({key for kind in kinds if _is_section(kind) for key in kind.model_fields})
+
+
+def _is_section(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+
+def _unwrapped(annotation: Any) -> list[Any]:
+    """``X | None`` and ``Annotated[X, …]`` as the X (or Xs) they hold."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _unwrapped(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [kind for arg in typing.get_args(annotation) for kind in _unwrapped(arg)]
+    return [annotation]
+
+
 def _key(loc: tuple[object, ...]) -> str:
     key = ""
     for part in loc:
@@ -210,7 +241,9 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
             if not loc and (nested := TOP_LEVEL_KEY.match(message)):
                 loc, message = (nested.group(1),), nested.group(2)
             if err["type"] == "extra_forbidden":
-                message = "unknown key (check its spelling; see docs/quickstart.md for the spec keys)"
+                near = difflib.get_close_matches(str(loc[-1]), _keys_beside(loc), n=1, cutoff=0.75)
+                spelling = f"did you mean '{near[0]}'?" if near else "check its spelling;"
+                message = f"unknown key ({spelling} see docs/quickstart.md for the spec keys)"
             problems.append(f"  key '{_key(loc)}': {message}")
         raise SpecError(
             f"{where}: invalid spec\n" + "\n".join(problems),

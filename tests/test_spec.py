@@ -57,7 +57,10 @@ def test_the_shipped_specs_are_valid():
         ),
         ("max = 4", "max = 0", "dims.batch.max", "greater than or equal to 1"),
         ("max = 4", "max = 4\nexample = 9", "dims.batch", "outside"),
-        ('name = "logits"\nrtol', 'name = "logits"\nrtl', "outputs[1].rtl", "unknown key"),
+        ('name = "logits"\nrtol', 'name = "logits"\nrtl', "outputs[1].rtl", "unknown key (did you mean 'rtol'?"),
+        ("[dims.batch]", "[dim.batch]", "dim", "unknown key (did you mean 'dims'?"),
+        ("max = 4", "maxx = 4\nmax = 4", "dims.batch.maxx", "unknown key (did you mean 'max'?"),
+        ("seed = 0", "seed = 0\nzzzz = 1", "weights.zzzz", "unknown key (check its spelling;"),
         ('version = "0.1"', 'version = "0.1"\nlicense = "Apache 2"', "model.license", "not an SPDX license expression"),
         (
             'version = "0.1"',
@@ -85,6 +88,14 @@ def test_bad_spec_names_file_and_key(tmp_path, old, new, key, says):
 def test_repeated_names_are_refused(tmp_path):
     message = spec_error(tmp_path, GOOD.replace('name = "logits"', 'name = "features"'))
     assert "key 'outputs': names repeat: features" in message
+
+
+def test_a_misspelt_key_in_a_targets_section_gets_the_key_it_likely_meant(tmp_path):
+    message = spec_error(tmp_path, GOOD.replace("search = false", "serach = false") + '\n[build]\ntarget = ["cpu"]\n')
+    assert "key 'build.target': unknown key (did you mean 'targets'?" in message
+    assert "key 'compile.serach': unknown key (did you mean 'search'?" in message
+    message = spec_error(tmp_path, GOOD + "\n[build.cpu]\nisaa = 'avx2'\n")
+    assert "key 'build.cpu.isaa': unknown key (did you mean 'isa'?" in message
 
 
 def test_unknown_or_repeated_targets_are_refused(tmp_path):
