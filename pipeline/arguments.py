@@ -209,8 +209,8 @@ def parser() -> argparse.ArgumentParser:
         parents=[_common_flags()],
         help="rebuild a wheel from its source and the options it records, and say whether it is identical",
         description="Rebuild WHEEL from the spec its report names (or --spec), with the options, CPU kind and root "
-        "it records, into a temporary folder, and compare: `identical`, or the first file inside the wheel "
-        "that differs (exit 28). torch, the compiler and the CPU kind must match the build's "
+        "it records, into a temporary folder, and compare: `identical`, or the files inside the wheel "
+        "that differ (exit 28). torch, the compiler and the CPU kind must match the build's "
         "(docs/how-a-build-works.md#reproducible-wheels).",
     )
     reproduce.add_argument("wheel", help="a wheel modelwheel built (its report beside it names the spec)")

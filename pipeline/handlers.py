@@ -347,7 +347,7 @@ def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     targets.get(plan.target).before_torch(spec_file.spec.build.options(plan.target), args)  # before torch
     reproduce.must_match(plan.manifest)
     _run_build(spec_file, args, progress)
-    progress.say(reproduce.verdict(plan, work))  # or NotReproducedError, naming the first file that differs
+    progress.say(reproduce.verdict(plan, work))  # or NotReproducedError, naming the files that differ
     return 0
 
 

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.errors import NotReproducedError
 
-from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
+from .conftest import GOOD, TINY_SPEC, one_input_spec, run_cli, spec_copy
 
 
 def test_the_session_wheel_is_identical_to_its_rebuild(wheel):
@@ -34,9 +34,11 @@ def test_a_changed_model_source_names_the_first_file_that_differs(wheel, tmp_pat
     assert ran.code == NotReproducedError.exit_code == 28, ran.err
     assert "candidate freezing" not in ran.err and "search:" not in ran.err
     error, hint = ran.err.splitlines()[-2:]
+    # every file that differs, where the first alone named the manifest or the goldens and hid the .so
     assert error.startswith(
-        f"error: {wheel.name} is not identical to its rebuild from {spec}: the first file that "
-        "differs is model_tiny/golden.safetensors (the rebuild is kept: "
+        f"error: {wheel.name} is not identical to its rebuild from {spec}: the files that differ: "
+        "model_tiny/golden.safetensors, model_tiny/manifest.json, model_tiny/artifacts/model.so, "
+        f"model_tiny-0.1+cpu.torch{torch.__version__.split('+')[0]}.dist-info/RECORD (the rebuild is kept: "
     ), error
     assert hint.startswith(
         "hint: a changed spec, model code or weights, or another modelwheel (the runtime files every "
@@ -58,3 +60,30 @@ def test_the_compiled_model_holds_no_path_of_the_torch_that_built_it(wheel):
             assert b"torch/include/torch/csrc/inductor/aoti_runtime/model_container.h" in data, name
             assert torch_dir not in data, f"{name} holds {torch_dir.decode()}"
             assert b"/.torch/" not in data, f"{name} holds the path of the link it was compiled through"
+
+
+# Linear then ReLU: with freezing, oneDNN's linear with the ReLU fused in, a kernel of freezing's
+# pattern matcher.
+FUSED_MODEL = """
+from torch import nn
+
+
+def build():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+"""
+
+
+def test_a_frozen_model_holds_no_python_address_so_its_rebuild_is_identical(dirs, tmp_path):
+    """Freezing's pattern matcher makes kernels that Inductor names, in its size asserts, by the
+    repr of a functools.partial: '<function …fn at 0x7f722ca3b2e0>', another address in every
+    process. The generated sources are named by a hash of their text, so every compile of a frozen
+    unet gave a .so of other bytes and `reproduce` failed on a wheel just built (exit 28)."""
+    (tmp_path / "model.py").write_text(FUSED_MODEL)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(one_input_spec("fused", '["batch", 8]') + "\n[compile]\nsearch = false\nfreezing = true\n")
+    ran = run_cli("build", "--spec", str(spec), *dirs.args())
+    assert ran.code == 0, ran.err
+    with zipfile.ZipFile(next(dirs.dist.glob("*.whl"))) as archive:
+        library = archive.read("model_fused/artifacts/model.so")
+    assert b"functools.partial(<function " in library, "no kernel of freezing's pattern matcher to check"
+    assert not re.search(rb" at 0x[0-9a-fA-F]{6,}", library), "the .so holds a Python object's address"

@@ -101,18 +101,21 @@ def must_match(manifest: dict[str, Any]) -> None:
         )
 
 
-def first_difference(wheel: Path, rebuilt: Path) -> str | None:
-    """The first file, in the wheel's order, whose bytes differ from the rebuild's (or that one of
-    them lacks); "the zip archive itself" where every file is the same but the archives are not;
-    None where the two are the same bytes."""
+def differences(wheel: Path, rebuilt: Path) -> list[str]:
+    """The files, in the wheel's order, whose bytes differ from the rebuild's (or that one of them
+    lacks): all of them, where naming the first named the manifest (which records the others'
+    sha256) and hid the .so that made it differ. ["the zip archive itself"] where every file is
+    the same but the archives are not; [] where the two are the same bytes."""
     if wheel.read_bytes() == rebuilt.read_bytes():
-        return None
+        return []
     with zipfile.ZipFile(wheel) as ours, zipfile.ZipFile(rebuilt) as theirs:
         names, rebuilt_names = ours.namelist(), theirs.namelist()
-        for name in names + [n for n in rebuilt_names if n not in names]:
-            if name not in names or name not in rebuilt_names or ours.read(name) != theirs.read(name):
-                return name
-    return "the zip archive itself (its member order, timestamps or modes)"
+        differ = [
+            name
+            for name in names + [n for n in rebuilt_names if n not in names]
+            if name not in names or name not in rebuilt_names or ours.read(name) != theirs.read(name)
+        ]
+    return differ or ["the zip archive itself (its member order, timestamps or modes)"]
 
 
 def work_folder() -> Path:
@@ -128,11 +131,11 @@ def announce(recipe: Recipe, work: Path) -> str:
 
 
 def verdict(recipe: Recipe, work: Path) -> str:
-    """``identical: ...`` (the rebuild's folder removed), or NotReproducedError naming the first file
-    that differs (the rebuild kept, to look at)."""
+    """``identical: ...`` (the rebuild's folder removed), or NotReproducedError naming the files
+    that differ (the rebuild kept, to look at)."""
     rebuilt = next((work / "dist").glob("*.whl"))
-    differs = first_difference(recipe.wheel, rebuilt)
-    if differs is None:
+    differs = differences(recipe.wheel, rebuilt)
+    if not differs:
         shutil.rmtree(work, ignore_errors=True)
         return f"identical: {recipe.wheel.name} is byte for byte its rebuild from {recipe.spec}"
     report = recipe.wheel.with_name(f"{recipe.manifest['import_name']}-{recipe.manifest['full_version']}.report.json")
@@ -144,8 +147,9 @@ def verdict(recipe: Recipe, work: Path) -> str:
         else f"the compiler ({cxx})"
     )
     raise NotReproducedError(
-        f"{recipe.wheel.name} is not identical to its rebuild from {recipe.spec}: the first file that differs is "
-        f"{differs} (the rebuild is kept: {rebuilt})",
+        f"{recipe.wheel.name} is not identical to its rebuild from {recipe.spec}: "
+        + ("the files that differ: " if len(differs) > 1 else "the file that differs: ")
+        + f"{', '.join(differs)} (the rebuild is kept: {rebuilt})",
         f"a changed spec, model code or weights, or another modelwheel (the runtime files every wheel carries), make "
         f"another wheel; else compare what must match: torch, {compilers}, {recipe.rebuild.must_match}",
     )

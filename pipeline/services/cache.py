@@ -26,7 +26,8 @@ from .progress import check_stop
 from .writable import check_private, sweep_partials
 
 # 2: compiled .so files no longer hold the path of the torch that built them (compile.torch_seen_at).
-CACHE_VERSION = "2"
+# 3: nor the addresses of Python objects in a frozen model's kernel names (compile.op_names_without_addresses).
+CACHE_VERSION = "3"
 
 
 def compile_key(

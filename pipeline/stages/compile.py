@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -220,6 +221,7 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
 # after), and what it writes for their paths (__FILE__ in the runtime's error messages).
 TORCH_ALIAS = ".torch"
 TORCH_PATH_IN_LIBRARY = "torch"
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # a Python object's address, in its default repr
 
 
 @contextlib.contextmanager
@@ -273,6 +275,31 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
         alias.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def op_names_without_addresses() -> Iterator[None]:
+    """Inductor names each extern kernel in its size asserts' messages, and a kernel that
+    freezing's pattern matcher made is named by the repr of a ``functools.partial``, which holds
+    a function's address (``<function …fn at 0x7f722ca3b2e0>``): another in every process. The
+    generated sources carry those strings, and are named by a hash of their text, so every
+    compile of a frozen model gave a .so of other bytes (`modelwheel reproduce` said so, exit 28).
+    The names lose the address; a torch without the hook has nothing to patch."""
+    from torch._inductor import ir
+
+    original = getattr(ir.ExternKernel, "get_op_name", None)
+    if original is None:
+        yield
+        return
+
+    def without_address(kernel: Any) -> str:
+        return ADDRESS.sub("", original(kernel))
+
+    ir.ExternKernel.get_op_name = without_address  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        ir.ExternKernel.get_op_name = original  # type: ignore[method-assign]
+
+
 def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path, library: Path) -> tuple[Path, ...]:
     output_dir = library.parent
     sources_dir = work_dir / "sources"
@@ -296,6 +323,7 @@ def _aot_compile(exported: Exported, target: str, options: dict, work_dir: Path,
             contextlib.redirect_stdout(log),
             torch.no_grad(),
             torch_seen_at(output_dir),
+            op_names_without_addresses(),
             capturing as captured,
         ):
             produced = torch._inductor.aot_compile(
