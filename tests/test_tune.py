@@ -1024,6 +1024,16 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     steady = {"spec-options": tune.rounds.Timed((92.9, 95.0, 97.0)), "freezing": tune.rounds.Timed((93.0, 94.0))}
     assert payback.undecided(steady, "spec-options") is None
     assert payback.undecided({"spec-options": noisy["spec-options"]}, "spec-options") is None  # nothing to tell apart
+    # as wide, but every candidate slower in its fastest round than spec-options in its slowest (a
+    # newcomer's ViT): the rounds told them apart, so the choice is decided and locked
+    losers = {
+        "spec-options": tune.rounds.Timed((0.138, 0.139, 0.145, 0.196, 0.175)),
+        "freezing": tune.rounds.Timed((0.299, 0.303, 0.356, 0.394, 0.363)),
+        "freezing+channels-last": tune.rounds.Timed((0.303, 0.305, 0.308, 0.365, 0.363)),
+    }
+    assert payback.undecided(losers, "spec-options") is None
+    overlapping = {**losers, "freezing": tune.rounds.Timed((0.19, 0.303, 0.356, 0.394, 0.363))}
+    assert payback.undecided(overlapping, "spec-options") is not None
     cost = dataclasses.asdict(payback.Cost(compiled=1, compile_s=50.0, undecided=line.strip()))
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}, {"name": "freezing"}], "cost": cost}
     assert search_lines(record)[0].endswith("won nothing (the spec's options kept; the rounds could not tell)")

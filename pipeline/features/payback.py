@@ -153,6 +153,10 @@ def undecided(timed: dict[str, Timed], baseline: str) -> str | None:
     needed, best = spread(timed[baseline]), max(PRIORS.get(n, UNKNOWN).gain for n in timed if n != baseline)
     if needed < best:
         return None
+    # every candidate slower in its fastest round than the spec's options in their slowest: the rounds
+    # told them apart (a newcomer's ViT: 0.299 ms and up against 0.138-0.196 ms, yet "too noisy")
+    if all(one.low_ms > timed[baseline].high_ms for name, one in timed.items() if name != baseline):
+        return None
     # no claim of what a candidate gains: "more than any plausibly gains (1.3x)" beside a median 1.39x
     # lower read to a newcomer as a contradiction; in rounds this wide, no median can be trusted
     return (
