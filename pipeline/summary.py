@@ -103,7 +103,9 @@ def usage_lines(wheel: Path, import_name: str) -> list[str]:
         f"  command   {dist} {commands}  (installed with the wheel)",
         f"  install   this wheel: pip install {wheel} --extra-index-url {torch_index}",
         # as docs/publishing.md gives both: the local index sends pip to PyTorch's index for torch itself
-        f"            from make index: pip install {dist}=={version} --index-url {local}",
+        # "make index" alone sent a pip-installed tool's user looking for a Makefile they do not have
+        f"            from the local index (modelwheel index start; make index in a checkout): pip install "
+        f"{dist}=={version} --index-url {local}",
         f"            from your index: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
         f"--extra-index-url {torch_index}",
     ]

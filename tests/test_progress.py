@@ -74,7 +74,8 @@ PLAIN_LINES = [
     r"--extra-index-url https://download\.pytorch\.org/whl/cpu",
     # by name from the user's index, never PyPI's (where anyone may hold the name): --index-url
     # publishing.md's two lines: the local index sends pip to PyTorch's index for torch by itself
-    r"            from make index: pip install model-tiny==0\.1 --index-url http://127\.0\.0\.1:8765/cpu/simple",
+    r"            from the local index \(modelwheel index start; make index in a checkout\): pip install "
+    r"model-tiny==0\.1 --index-url http://127\.0\.0\.1:8765/cpu/simple",
     r"            from your index: pip install model-tiny==0\.1 --index-url <your index>/cpu/simple "
     r"--extra-index-url https://download\.pytorch\.org/whl/cpu",
 ]

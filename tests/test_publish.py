@@ -35,6 +35,8 @@ def index(tmp_path_factory):
     home = tmp_path_factory.mktemp("index")
     started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
     assert started.code == 0, started.err
+    # how to stop it, said where it starts (a newcomer found it in docs/publishing.md only)
+    assert started.err.splitlines()[-1] == "  stop it: modelwheel index stop (make index-stop in a checkout)"
     state = json.loads((home / "build" / "index" / "state.json").read_text())
     yield home, state
     assert run_cli("index", "stop", cwd=home).code == 0
@@ -55,6 +57,8 @@ def published(index, tiny_build):
     ran = publish(home, wheel)
     assert ran.code == 0, ran.err
     assert f"{wheel.name}: uploaded to the cpu index" in ran.err
+    # what to type next: the local index sends pip to PyTorch's index for torch itself
+    assert f"      install it: pip install model-tiny==0.1 --index-url {state['url']}cpu/simple\n" in ran.err, ran.err
     return home, state, wheel
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError
 from ..services import proc
+from ..stages.package import TORCH_INDEX
 from ..wheel_template.runtime import _integrity as wheel_integrity
 from ..wheel_template.runtime import _targets as wheel_targets
 from .index_client import UNREACHABLE_HINT, Index, on_index, one_line, published_sha256, require_secure
@@ -77,6 +78,13 @@ def _unreachable_reason(output: str) -> str | None:
         if found:
             return found[-1].strip()
     return one_line(last)[-200:]
+
+
+def install_line(manifest: dict[str, Any], page: str, local: bool) -> str:
+    """The pip command that installs the wheel just uploaded: the local index sends pip to
+    PyTorch's index for torch itself; another index needs it named beside."""
+    torch_index = "" if local else f" --extra-index-url {TORCH_INDEX}/{wheel_targets.variant(manifest)}"
+    return f"pip install {manifest['dist_name']}=={manifest['version']} --index-url {page.rstrip('/')}{torch_index}"
 
 
 def _destination(index: Index, target: str) -> str:
@@ -197,6 +205,8 @@ def _publish(
             existing.append(wheel.name)
         else:
             say(f"    {wheel.name}: uploaded to the {target} index")
+            if page is not None:  # what to type next, where the index's pages are known
+                say(f"      install it: {install_line(manifest, page, index.local)}")
             uploaded.append(wheel.name)
     if existing and (skip_existing or not uploaded):
         raise _refusal(existing, uploaded, skip_existing)
