@@ -117,7 +117,7 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     guessed = [line for line in status if line.startswith("    ... compile 1/1 spec-options: compiling · ")]
     assert guessed and all(
         re.search(
-            r" · (about \d+s left of compile|compile stage running \d+s past the estimate) "
+            r" · (about \d+s left of compile|compile stage (running \d+s past|finishing, at) the estimate) "
             r"\(a first guess from the graph's \d+ ops\); no figure yet for the stages after it \(this model's "
             r"first build here\)$",
             line,
@@ -403,7 +403,13 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after "
             "it (from earlier builds)"
         )
-        clock[0] += 25.0
+        clock[0] += 20.2
+        # at the estimate, within half a second: "running 0s past" read as a warning, "about 0s left" as a stall
+        assert progress.outlook() == (
+            "compile stage finishing, at the estimate (from this build's compiles), then about 7s for the stages "
+            "after it (from earlier builds)"
+        )
+        clock[0] += 4.8
         assert progress.outlook() == (
             "compile stage running 5s past the estimate (from this build's compiles), then about 7s for the stages "
             "after it (from earlier builds)"

@@ -138,10 +138,14 @@ def outlook(
     then = f", then about {duration(later)} for the stages after it (from earlier builds)" if later >= 0.5 else ""
     if stage_left_s is not None and basis is not None and basis.startswith(FIRST_COMPILE):
         guess, rest = basis[len(FIRST_COMPILE) :], "the stage's figure comes once it is timed"
+        if _at_estimate(stage_left_s):
+            return f"the first compile finishing, at its estimate ({guess}); {rest}"
         if stage_left_s < 0:
             return f"the first compile running {duration(-stage_left_s)} past its estimate ({guess}); {rest}"
         return f"about {duration(stage_left_s)} left of the first compile ({guess}); {rest}"
     if stage_left_s is not None:
+        if _at_estimate(stage_left_s):
+            return f"{stage} stage finishing, at the estimate ({basis or MEASURED_HERE})" + (then or unknown)
         if stage_left_s < 0:
             estimate = f"the estimate ({basis or MEASURED_HERE})"
             return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + (then or unknown)
@@ -156,6 +160,8 @@ def outlook(
     last = expected.get(stage)
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
         return f"about {duration(later)} after this stage (from earlier builds)" if later >= 0.5 else None
+    if _at_estimate(last - in_stage_s):
+        return f"{stage} stage finishing, at its estimate of {duration(last)} (from earlier builds)" + then
     if in_stage_s > last:
         # "its estimate", not "the last build's": the compile's is the last build's scaled to this
         # build's compiles, and a newcomer looked for a 2m22s stage in a last build that took 47 s
@@ -165,6 +171,12 @@ def outlook(
         )
     scope = "the build" if later >= 0.5 else stage
     return f"about {duration(last - in_stage_s + later)} left of {scope} (from earlier builds)"
+
+
+def _at_estimate(left_s: float) -> bool:
+    """Within half a second of the estimate, either side: "running 0s past the estimate" read to a
+    newcomer as a warning, and "about 0s left" as a stall."""
+    return abs(left_s) < 0.5
 
 
 def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:
