@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import targets
 from .services.index import DEFAULT_PORT
 from .services.progress import Progress, ratio, took
 from .stages.package import TORCH_INDEX
@@ -26,6 +27,9 @@ def report_lines(result: BuildResult) -> list[str]:
         f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
     ]
     lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
+    manifest = wheel_manifest(result.wheel, report["import_name"])
+    if manifest is not None:  # before it is published: a default (native) build runs on CPUs of this kind only
+        lines.append(f"  runs on   {targets.get(manifest['target']).where_it_runs(manifest)}")
     lines.append(f"  stages    {stages}")
     lines += search_lines(report.get("compile_search") or {})
     cases = len(report["verification"]["cases"])

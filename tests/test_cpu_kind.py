@@ -118,3 +118,31 @@ def test_a_refusal_below_avx2_names_a_build_that_exists(installed):
         cwd="/",
     )
     assert ran.stdout.split() == [kind.upper() for kind in ISA_CHOICES if kind != "native"], ran.stderr
+
+
+def test_the_summary_and_info_say_which_machines_a_wheel_runs_on():
+    """A newcomer's default build ran on AVX-512 CPUs only, and only `info`'s cpu_capability said so:
+    they would have published it for AVX2 hosts. Each target says it in words, the build's summary
+    (through the build's target) and `info` (through the wheel's runtime module) alike."""
+    from pipeline import targets
+    from pipeline.wheel_template.runtime import _target_cuda
+
+    def cpu_wheel(**platform: str) -> dict:
+        return {"target": "cpu", "platform": {"machine": "x86_64", **platform}}
+
+    runs_on = targets.get("cpu").where_it_runs
+    assert runs_on(cpu_wheel(cpu_capability="AVX512")) == (
+        "x86-64 CPUs with AVX512, the build machine's kind (native; --cpu-isa avx2 builds one for any x86-64 CPU "
+        "with AVX2)"
+    )
+    assert runs_on(cpu_wheel(cpu_capability="AVX2")) == "x86-64 CPUs with AVX2, the build machine's kind (native)"
+    assert runs_on(cpu_wheel(cpu_capability="AVX2", onednn_max_isa="AVX2")) == (
+        "x86-64 CPUs with AVX2 (built for that kind by name: --cpu-isa avx2)"
+    )
+    assert runs_on({"target": "cpu", "platform": {"machine": "aarch64"}}) == "aarch64 CPUs like the build machine's"
+    needs = _target_cuda.requirements("13.0", (9, 0))
+    assert targets.get("cuda").where_it_runs({"cuda": {**needs, "multi_arch": False}}) == (
+        "NVIDIA GPUs of compute capability 9.0 (sm_90) only (the build GPU's), with a driver for CUDA 13.0 "
+        f"({needs['min_driver']} or newer)"
+    )
+    assert "(sm_90) and newer (its PTX)" in _target_cuda.where_it_runs({"cuda": {**needs, "multi_arch": True}})

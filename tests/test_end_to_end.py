@@ -350,6 +350,12 @@ def test_runs_with_only_torch_installed_and_names_what_is_missing(wheel, tmp_pat
     ) in lines
     # the build machine's glibc, said as such beside the manylinux tag's (a newcomer read 2.36 against 2_35)
     target = next(line for line in lines if line.startswith("  target    cpu, torch "))
+    # which CPUs it runs on, in words: a newcomer's native build ran on AVX-512 CPUs only, and only the
+    # target's cpu_capability said so
+    assert any(
+        re.fullmatch(r"  runs on   x86-64 CPUs with AVX(2|512), the build machine's kind \(native.*\)", line)
+        for line in lines
+    )
     # and the tag itself, from the installed wheel's WHEEL file (the manifest is written before auditwheel tags it)
     assert re.search(
         r", on glibc [\d.]+ \(its manylinux_(\d+)_(\d+) tag: it runs on glibc \1\.\2 and newer\)$", target

@@ -64,6 +64,8 @@ PLAIN_LINES = [
     r"built model_tiny-0\.1\+cpu\.torch[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl",
     r"  wheel     .*\.whl  0\.\d MB  sha256 [0-9a-f]{16}…",
     r"  artifact  model\.so  \d+\.\d MB",
+    r"  runs on   x86-64 CPUs with AVX(2|512), the build machine's kind \(native(; --cpu-isa avx2 builds one for any "
+    r"x86-64 CPU with AVX2)?\)",
     rf"  stages    load {TOOK} · doctor {TOOK} · export {TOOK} · compile {TOOK} · verify {TOOK} · package {TOOK}",
     r"  verified  features: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  verified  logits: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",

@@ -126,6 +126,10 @@ class Packaging(Protocol):
         """Top-level manifest entries describing what the wheel needs to run: the target's own
         facts (a CPU's instruction set, a GPU's architecture), which only its runtime module reads."""
 
+    def where_it_runs(self, manifest: Mapping[str, Any]) -> str:
+        """Which machines a wheel of this manifest runs on, in words: the build's summary says it
+        before the wheel is published, as its runtime module's does in ``info``."""
+
 
 class Running(Protocol):
     """Where the model runs, on the build machine (export, verification, timing) and in the wheel."""

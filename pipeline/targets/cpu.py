@@ -12,13 +12,15 @@ import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field
 
 from ..errors import UsageError
 from ..services.frozen import Frozen
 from ..services.templates import RUNTIME_DIR
+from ..wheel_template.runtime import _target_cpu as wheel_cpu
+from ..wheel_template.runtime._schema import Manifest
 from . import cpu_isa
 from .views import CompiledFiles, Rebuild, SpecKeys
 
@@ -190,6 +192,10 @@ def bf16_native() -> bool:
     import torch
 
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def where_it_runs(manifest: Mapping[str, Any]) -> str:
+    return wheel_cpu.where_it_runs(cast(Manifest, manifest))
 
 
 def manifest_facts(compiled: CompiledFiles) -> dict[str, Any]:

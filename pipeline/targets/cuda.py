@@ -169,6 +169,10 @@ def bf16_native() -> bool:
     return bool(torch.cuda.is_bf16_supported())
 
 
+def where_it_runs(manifest: Mapping[str, Any]) -> str:
+    return wheel_cuda.where_it_runs(dict(manifest))
+
+
 def manifest_facts(compiled: CompiledFiles) -> dict[str, Any]:
     import torch
     import triton

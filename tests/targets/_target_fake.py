@@ -25,6 +25,10 @@ def problems_here(m: dict[str, Any], device: str) -> list[str]:
     return ["the fake device refuses the label 'refused'"] if m["fake"]["label"] == "refused" else []
 
 
+def where_it_runs(m: dict[str, Any]) -> str:
+    return f"the fake device, label {m['fake']['label']}"
+
+
 def before_open(m: dict[str, Any]) -> None:
     pass
 

@@ -110,5 +110,9 @@ def manifest_facts(compiled: Any) -> dict[str, Any]:
     }
 
 
+def where_it_runs(manifest: Any) -> str:
+    return f"the fake device, label {manifest['fake']['label']}"
+
+
 def synchronize() -> None:
     pass

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ._schema import Manifest, NotTried
-from ._targets import option_notes
+from ._targets import for_manifest, option_notes
 
 
 def _megabytes(size: int) -> str:
@@ -120,6 +120,7 @@ def summary(m: Manifest, artifacts_dir: Path) -> list[str]:
     target = m["target"] if m["device"] == m["target"] else f"{m['target']} ({m['device']})"
     rows = [
         ("target", f"{target}, torch {m['torch']['version']}, built for {_platform(m)}"),
+        ("runs on", for_manifest(m).where_it_runs(m)),
         ("inputs", "; ".join(f"{i['name']} {i['dtype']} [{', '.join(map(str, i['shape']))}]" for i in m["inputs"])),
     ]
     if m["dims"]:

@@ -77,6 +77,20 @@ def problems_on(m: Manifest, have: str) -> list[str]:
     return [_cpu_kind_problem(have, needed)] if needed is not None and _lacks(have, needed) else []
 
 
+def where_it_runs(m: Manifest) -> str:
+    """Which CPUs the wheel runs on, said before it is published (a newcomer's default build ran on
+    AVX-512 CPUs only, and only ``info`` said so)."""
+    facts = platform_facts(m)
+    needed, machine = facts.get("cpu_capability", "DEFAULT"), m["platform"].get("machine", "")
+    if machine != "x86_64":
+        return f"{machine} CPUs like the build machine's"
+    cpus = "any x86-64 CPU" if needed == "DEFAULT" else f"x86-64 CPUs with {needed}"
+    if "onednn_max_isa" in facts:  # a named kind (--cpu-isa)
+        return f"{cpus} (built for that kind by name: --cpu-isa {needed.lower()})"
+    wider = "" if needed in ("DEFAULT", "AVX2") else "; --cpu-isa avx2 builds one for any x86-64 CPU with AVX2"
+    return f"{cpus}, the build machine's kind (native{wider})"
+
+
 def platform_facts(m: Manifest) -> CpuPlatform:
     """The manifest's platform facts, which the load checked against PLATFORM."""
     return cast(CpuPlatform, m["platform"])

@@ -75,6 +75,16 @@ def runs_on(needs: dict[str, Any], capability: tuple[int, int]) -> bool:
     return capability == built or (needs.get("multi_arch", False) and capability > built)
 
 
+def where_it_runs(m: dict[str, Any]) -> str:
+    """Which GPUs the wheel runs on (the build's summary and ``info``)."""
+    needs = m["cuda"]
+    newer = " and newer (its PTX)" if needs.get("multi_arch") else " only (the build GPU's)"
+    return (
+        f"NVIDIA GPUs of compute capability {needs['capability']} ({needs['arch']}){newer}, with a driver "
+        f"for CUDA {needs['version']} ({needs['min_driver']} or newer)"
+    )
+
+
 def problems(
     m: dict[str, Any],
     *,

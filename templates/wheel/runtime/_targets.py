@@ -36,6 +36,9 @@ class RuntimeTarget(Protocol):
     def before_open(self, m: Manifest) -> None:
         """Set the process up for the model once it passed the gate, before it is opened."""
 
+    def where_it_runs(self, m: Manifest) -> str:
+        """Which machines the wheel runs on, in words (``info``; the build's summary asks the build's target)."""
+
 
 class NumpyTarget(RuntimeTarget, Protocol):
     """A target load_numpy() can run (``NUMPY``): its problems read without importing torch."""
