@@ -152,7 +152,10 @@ def test_status_ticks_while_a_c_call_holds_the_gil(tmp_path):
     moments = [hold] + [at for at, _ in during] + [held]
     assert max(b - a for a, b in zip(moments, moments[1:])) < 1.0, (marks, chunks)  # redrawn at least once a second
     drawn = {
-        seconds for _, chunk in during for seconds in re.findall(r"spec-options: verifying · (\d+)s in compile", chunk)
+        # two rows: what runs, then its times (one row was cut off narrow terminals)
+        seconds
+        for _, chunk in during
+        for seconds in re.findall(r"spec-options: verifying\r?\n  (\d+)s in compile", chunk)
     }
     assert len(drawn) >= 3, (marks, chunks)  # and the time it shows went on while the build could not run Python
     plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", text)
@@ -251,3 +254,29 @@ def test_in_a_pipe_status_lines_come_while_a_c_call_holds_the_gil(tmp_path):
     status = r"    \.\.\. verify case large · \ds in verify · \ds in all"
     assert all(re.fullmatch(status, line) for line in during), during
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", ran.stderr), ran.stderr  # no control characters in a pipe
+
+
+def test_the_live_area_says_the_time_left_in_its_second_row_without_its_basis(monkeypatch):
+    """In one row, 'compile 2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time · 45s in
+    compile · 54s in all · about 1m00s left of compile (from this build's compiles and noise rounds);
+    no figure yet …' was cut before its figure on an 80-column terminal; the scrolled lines say the basis."""
+    from pipeline.services import live
+    from pipeline.services.progress import brief
+
+    clock = [1000.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    status = live.Status(began=955.0)
+    status.apply({"stage": "compile", "began": 991.0})
+    status.apply({"step": "2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"})
+    status.apply({"stage_end": 1060.0, "basis": "from this build's compiles and noise rounds"})
+    head, times = status.area().split("\n")
+    assert head == "compile 2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"
+    assert times == "  9s in compile · 45s in all · about 1m00s left of compile"
+    assert "(from this build's compiles and noise rounds)" in status.line()  # the scrolled status keeps it
+    assert brief(
+        "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after it "
+        "(from earlier builds)"
+    ) == ("about 27s left of the build: 20s of compile, then 7s for the stages after it")
+    assert brief(
+        "about 56s left of the first compile (a first guess from the graph's 734 ops); the stage's figure"
+    ) == ("about 56s left of the first compile")

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .progress import outlook, status_text
+from .progress import brief, duration, outlook, status_text
 
 if TYPE_CHECKING:  # plain mode imports no rich
     from rich.console import RenderableType
@@ -81,6 +81,18 @@ class Status:
         ahead = outlook(self.expected, name, now - began, None if end is None else end - now, self.basis)
         return status_text(name, self.detail, now - began, now - self.began, ahead)
 
+    def area(self) -> str | None:
+        """The live area's two rows: what runs, then the times and the figure left, without what the
+        figure rests on (the scrolled lines say that). In one row, 'about 56s left' was cut off an
+        80-column terminal, and at 220 the tail still was."""
+        stage = self.stage
+        if stage is None:
+            return None
+        (name, began), now, end = stage, time.monotonic(), self.stage_end
+        ahead = brief(outlook(self.expected, name, now - began, None if end is None else end - now, self.basis))
+        times = [f"{duration(now - began)} in {name}", f"{duration(now - self.began)} in all"]
+        return f"{name}{f' {self.detail}' if self.detail else ''}\n  " + " · ".join(times + ([ahead] if ahead else []))
+
     def render(self) -> RenderableType:
         from rich.spinner import Spinner
         from rich.text import Text
@@ -90,10 +102,10 @@ class Status:
         if self.tracks:
             self.spinner.update(text=Text("\n".join(f"{key}: {text}" for key, text in self.tracks.items())))
             return self.spinner
-        line = self.line()
-        if line is None:
+        area = self.area()
+        if area is None:
             return Text("")
-        self.spinner.update(text=Text(line))
+        self.spinner.update(text=Text(area))
         return self.spinner
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import sys
 import threading
@@ -177,6 +178,16 @@ def _at_estimate(left_s: float) -> bool:
     """Within half a second of the estimate, either side: "running 0s past the estimate" read to a
     newcomer as a warning, and "about 0s left" as a stall."""
     return abs(left_s) < 0.5
+
+
+def brief(ahead: str | None) -> str | None:
+    """outlook()'s figure without what it rests on: its parentheses and what follows a ';'."""
+    if ahead is None:
+        return None
+    text, shorter = ahead.split("; ")[0], ""
+    while shorter != text:  # nested parentheses, innermost first
+        shorter, text = text, re.sub(r" \([^()]*\)", "", text)
+    return text
 
 
 def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:
