@@ -226,7 +226,8 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert any(
         re.fullmatch(
             r"    candidate spec-options took [\dm]+s to compile and verify: about [\dm]+s more, wall time, for the "
-            rf"other 2 candidate\(s\){side} \(counted n/3 from here\) and the timing",
+            r"other 2 candidate\(s\) \(2/3 (freezing|max-autotune), 3/3 (freezing|max-autotune)\)"
+            rf"{side} and the timing",
             line,
         )
         for line in lines
@@ -782,7 +783,8 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     assert outlook.slowdown == search_time.SIDE_BY_SIDE_SLOWDOWN == 1.26
     assert out.getvalue().splitlines() == [
         "    candidate spec-options took 2m00s to compile and verify: about 2m46s more, wall time, for the other 2 "
-        "candidate(s), 2 at a time (counted n/3 from here) and the timing; not compiled: max-autotune, over the "
+        "candidate(s) (2/3 freezing, 3/3 freezing+channels-last), 2 at a time and the timing; not compiled: "
+        "max-autotune, over the "
         "search's compile budget"
     ]
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"

@@ -231,11 +231,13 @@ class Outlook:
         over = f"; not compiled: {', '.join(skipped)}, over the search's compile budget" if skipped else ""
         if chosen or skipped:
             side = f", {min(self.workers, len(chosen))} at a time" if min(self.workers, len(chosen)) > 1 else ""
-            # wall time, said as such beside the budget's summed seconds; the counters count from here on
-            counted = f" (counted n/{len(chosen) + 1} from here)" if chosen else ""
+            # wall time, said as such beside the budget's summed seconds; each named with the counter it has
+            # from here on ("counted n/3 from here" was cryptic to a newcomer)
+            total = len(chosen) + 1
+            counted = f" ({', '.join(f'{n}/{total} {name}' for n, name in enumerate(chosen, 2))})" if chosen else ""
             say(
                 f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more, "
-                f"wall time, for the other {len(chosen)} candidate(s){side}{counted} and the timing{over}"
+                f"wall time, for the other {len(chosen)} candidate(s){counted}{side} and the timing{over}"
             )
         # none to compile: the timing rounds set their own estimate
         estimate(left, self.basis()) if chosen else estimate(None)
