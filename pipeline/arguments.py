@@ -13,6 +13,9 @@ ROOT_ENV = "MODELWHEEL_ROOT"
 TARGET_FLAGS: list[argparse.Action] = []
 
 
+DOCS_NOTE = "docs/… names a guide in modelwheel's source repository (the docs folder of its checkout)."
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("modelwheel")
@@ -236,4 +239,8 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run every job on its runner itself, not in the target's container (a local run under act)",
     )
+    # the tool installed with pip has no docs/ beside it: a newcomer looked for the files its help named
+    for command in commands.choices.values():
+        command.epilog = DOCS_NOTE
+    parser.epilog = f"{parser.epilog} {DOCS_NOTE}"
     return parser

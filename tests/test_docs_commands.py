@@ -194,3 +194,12 @@ def test_every_option_of_every_command_says_what_it_is_for():
         if action.option_strings and not action.help and action.help != argparse.SUPPRESS
     ]
     assert not bare, bare
+
+
+def test_every_commands_help_says_where_the_docs_it_names_are():
+    """The tool installed with pip has no docs/ beside it: a newcomer looked for the
+    docs/how-a-build-works.md its `build --help` named."""
+    commands = next(top for top in parser()._actions if isinstance(top, argparse._SubParsersAction)).choices
+    said = [" ".join(command.format_help().split()) for command in [parser(), *commands.values()]]
+    note = "docs/… names a guide in modelwheel's source repository (the docs folder of its checkout)."
+    assert all(text.endswith(note) for text in said), said
