@@ -24,7 +24,7 @@ def test_the_session_wheel_is_identical_to_its_rebuild(wheel):
     assert not Path(rebuilt_in).exists(), "an identical rebuild leaves nothing behind"
 
 
-def test_a_changed_model_source_names_the_first_file_that_differs(wheel, tmp_path):
+def test_a_changed_model_source_names_the_files_that_differ(wheel, tmp_path):
     """The copy also turns the option search on: the rebuild still compiles the options the wheel
     records, and no other candidate."""
     spec = spec_copy(tmp_path / "src", GOOD.replace("search = false", "search = true"))
@@ -87,3 +87,15 @@ def test_a_frozen_model_holds_no_python_address_so_its_rebuild_is_identical(dirs
         library = archive.read("model_fused/artifacts/model.so")
     assert b"functools.partial(<function " in library, "no kernel of freezing's pattern matcher to check"
     assert not re.search(rb" at 0x[0-9a-fA-F]{6,}", library), "the .so holds a Python object's address"
+
+
+def test_a_wheel_name_that_is_not_there_gets_the_wheels_beside_it(wheel):
+    """The docs' example named a manylinux_2_28 wheel; this machine tags manylinux_2_35: 'not a
+    readable wheel: [Errno 2]' and 'give a wheel modelwheel built' left a newcomer to find the name."""
+    missing = wheel.with_name(re.sub(r"manylinux_\d+_\d+", "manylinux_2_1", wheel.name))
+    ran = run_cli("reproduce", str(missing))
+    assert ran.code == 15, ran.err
+    assert ran.err.splitlines()[-2:] == [
+        f"error: {missing}: no such file",
+        f"hint: the wheels in {wheel.parent}: {', '.join(p.name for p in sorted(wheel.parent.glob('*.whl')))}",
+    ]

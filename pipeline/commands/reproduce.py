@@ -44,6 +44,14 @@ class Recipe:
 
 def read_wheel_manifest(wheel: Path) -> dict[str, Any]:
     """``<import_name>/manifest.json`` inside the wheel."""
+    if not wheel.is_file():  # a wheel name copied from the docs, with another machine's tag
+        near = sorted(wheel.parent.glob("*.whl")) if wheel.parent.is_dir() else []
+        raise UnverifiedWheelError(
+            f"{wheel}: no such file",
+            f"the wheels in {wheel.parent}: {', '.join(p.name for p in near)}"
+            if near
+            else f"{wheel.parent} holds no wheel: give the path of one modelwheel built",
+        )
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/manifest.json")]
