@@ -143,7 +143,7 @@ def _say_all(ctx: BuildContext, lines: list[str]) -> None:
 def build_target(ctx: BuildContext) -> BuildResult:
     """The stages, in order. A build whose inputs are all unchanged reuses its verified wheel."""
     ctx.progress.timings.clear()
-    # No compile figure until the doctor has planned the compiles (progress.outlook says why)
+    # No compile figure until the doctor has planned the compiles (wording.outlook says why)
     last_times = ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME)
     ctx.progress.expect({stage: seconds for stage, seconds in last_times.items() if stage != "compile"})
     loaded = load_stage(ctx)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import targets
 from .services.index import DEFAULT_PORT
-from .services.progress import Progress, ratio, took
+from .services.progress import Progress
+from .services.wording import ratio, took
 from .stages.package import TORCH_INDEX
 from .wheel_template.runtime._bounds import decided_by
 

@@ -261,7 +261,7 @@ def test_the_live_area_says_the_time_left_in_its_second_row_without_its_basis(mo
     compile · 54s in all · about 1m00s left of compile (from this build's compiles and noise rounds);
     no figure yet …' was cut before its figure on an 80-column terminal; the scrolled lines say the basis."""
     from pipeline.services import live
-    from pipeline.services.progress import brief
+    from pipeline.services.wording import brief
 
     clock = [1000.0]
     monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])

@@ -21,7 +21,6 @@ from pipeline.features import payback
 from pipeline.services.cache import Cache
 from pipeline.services.parallel import last_stage
 from pipeline.services.progress import (
-    FIRST_COMPILE,
     STATUS_ENV,
     Progress,
     QuietProgress,
@@ -31,8 +30,8 @@ from pipeline.services.progress import (
     is_live_terminal,
     reporting,
     step,
-    took,
 )
+from pipeline.services.wording import FIRST_COMPILE, took
 from pipeline.wheel_template.runtime._bounds import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -96,7 +95,7 @@ def json_build(tmp_path_factory):
 # What a plain build prints while a stage is silent: the stage, what it does, its time, the build's.
 STATUS_LINE = (
     r"    \.\.\. (start|load|doctor|export|compile|verify|package)( .+)? · (\d+m)?\d+s in \1"
-    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left of [a-z ]+|\1 stage running (\d+m)?\d+s past) .+)?"
+    r" · (\d+m)?\d+s in all( · (about (\d+m)?\d+s left of [a-z ]+|\1 stage (running (\d+m)?\d+s past|finishing,)) .+)?"
 )
 
 

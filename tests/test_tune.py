@@ -16,7 +16,7 @@ import pytest
 from pipeline import targets
 from pipeline.features import outlook as search_time
 from pipeline.features import payback, tune
-from pipeline.services import progress
+from pipeline.services import progress, wording
 from pipeline.spec import load_spec
 from pipeline.stages.export import prepare
 from pipeline.stages.loader import load_model
@@ -298,7 +298,7 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
         won = rf"won nothing \(the spec's options kept{re.escape(could_not_tell)}\)"
     else:
         assert cost["won"] == pytest.approx(spec_median / by_name[search["chosen"]]["median_ms"]) and cost["won"] > 1
-        won = rf"won {re.escape(progress.ratio(cost['won']))} \({re.escape(search['chosen'])} over spec-options\)"
+        won = rf"won {re.escape(wording.ratio(cost['won']))} \({re.escape(search['chosen'])} over spec-options\)"
     took = (
         r"2 at a time in [\d.]+s wall \([\d.]+s of compiling summed over the cores\)"
         if cost["workers"] > 1
@@ -480,7 +480,7 @@ def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search,
     [trial] = tuned.trials
     assert trial.passed and len(trial.rounds_ms) == 1 and trial.median_ms > 0
     assert [line for line in said if line.startswith("    candidate spec-options")] == [
-        f"    candidate spec-options (compiled earlier, from the build cache): {progress.figure(trial.median_ms)} ms "
+        f"    candidate spec-options (compiled earlier, from the build cache): {wording.figure(trial.median_ms)} ms "
         "a call, one round here (a rough figure for the report: make bench measures the wheel)"
     ], said
 
@@ -890,7 +890,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
 
 
 def test_ratios_read_as_times_do_three_figures_where_two_decimals_printed_1414_02x():
-    shown = [progress.ratio(x) for x in (1.514, 1.5, 12.34, 1414.02, 0.8, float("inf"))]
+    shown = [wording.ratio(x) for x in (1.514, 1.5, 12.34, 1414.02, 0.8, float("inf"))]
     assert shown == ["1.51x", "1.5x", "12.3x", "1414x", "0.8x", "unbounded"]
 
 

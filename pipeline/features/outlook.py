@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..services.cache import Cache, first_compile_s, newest_reports
-from ..services.progress import FIRST_COMPILE, MEASURED_HERE, duration, estimate, expected_s, figure, ratio, say
+from ..services.progress import estimate, expected_s, say
+from ..services.wording import FIRST_COMPILE, MEASURED_HERE, duration, figure, ratio
 from .first_guess import Guess
 from .payback import BUDGET_FACTOR, COMPILE_COST, compiled_side_by_side
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..services.cache import newest_reports
-from ..services.progress import figure, ratio
+from ..services.wording import figure, ratio
 from .rounds import Timed
 
 

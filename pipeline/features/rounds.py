@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..services.progress import check_stop, estimate, figure, ratio, step
+from ..services.progress import check_stop, estimate, step
+from ..services.wording import figure, ratio
 
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds

@@ -16,7 +16,8 @@ import torch
 
 from ..errors import CompileError, ExportError, VerificationError
 from ..services.cache import Cache
-from ..services.progress import StepClock, check_stop, estimate, figure, say, step
+from ..services.progress import StepClock, check_stop, estimate, say, step
+from ..services.wording import figure
 from ..stages.compile import Compiled, CompilePlan, compile_model
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .progress import brief, duration, outlook, status_text
+from .wording import brief, duration, outlook, status_text
 
 if TYPE_CHECKING:  # plain mode imports no rich
     from rich.console import RenderableType
@@ -72,26 +72,30 @@ class Status:
         elif "track" in message:
             self.tracks[message["track"]] = message["text"]
 
-    def line(self) -> str | None:
-        """The running stage's status, as Progress.status() words it (None between stages)."""
+    def _now(self) -> tuple[str, float, float, str | None] | None:
+        """The running stage, its seconds so far, the build's, and outlook()'s figure (None between stages)."""
         stage = self.stage
         if stage is None:
             return None
         (name, began), now, end = stage, time.monotonic(), self.stage_end
         ahead = outlook(self.expected, name, now - began, None if end is None else end - now, self.basis)
-        return status_text(name, self.detail, now - began, now - self.began, ahead)
+        return name, now - began, now - self.began, ahead
+
+    def line(self) -> str | None:
+        """The running stage's status, as Progress.status() words it (None between stages)."""
+        now = self._now()
+        return None if now is None else status_text(now[0], self.detail, *now[1:])
 
     def area(self) -> str | None:
         """The live area's two rows: what runs, then the times and the figure left, without what the
         figure rests on (the scrolled lines say that). In one row, 'about 56s left' was cut off an
         80-column terminal, and at 220 the tail still was."""
-        stage = self.stage
-        if stage is None:
+        now = self._now()
+        if now is None:
             return None
-        (name, began), now, end = stage, time.monotonic(), self.stage_end
-        ahead = brief(outlook(self.expected, name, now - began, None if end is None else end - now, self.basis))
-        times = [f"{duration(now - began)} in {name}", f"{duration(now - self.began)} in all"]
-        return f"{name}{f' {self.detail}' if self.detail else ''}\n  " + " · ".join(times + ([ahead] if ahead else []))
+        name, in_stage_s, in_all_s, ahead = now
+        times = [f"{duration(in_stage_s)} in {name}", f"{duration(in_all_s)} in all", *filter(None, [brief(ahead)])]
+        return f"{name}{f' {self.detail}' if self.detail else ''}\n  " + " · ".join(times)
 
     def render(self) -> RenderableType:
         from rich.spinner import Spinner

@@ -15,7 +15,7 @@ import stat
 import time
 from pathlib import Path
 
-from .progress import duration
+from .wording import duration
 
 
 def held_elsewhere(lock_file: Path) -> bool:

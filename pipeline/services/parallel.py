@@ -13,8 +13,9 @@ from pathlib import Path
 
 from ..errors import PipelineError
 from . import proc
-from .progress import Progress, duration
+from .progress import Progress
 from .record import record_path
+from .wording import duration
 
 
 def _log_path(log_dir: Path, spec: str) -> Path:

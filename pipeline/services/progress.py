@@ -15,9 +15,7 @@
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import statistics
 import sys
 import threading
@@ -27,11 +25,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TextIO
 
+from .wording import outlook, status_text, took
+
 # The signal that asked the build to stop, if any. A signal handler's exception can land where
 # Python swallows it (a weakref callback inside torch), so stages also check this at each boundary.
 stop_requested: list[str] = []
-
-STAGES = ("load", "doctor", "export", "compile", "verify", "static", "package")  # static: only with static sizes
 
 
 # A plain build says what it is doing when it printed nothing for this long (a pipe has no
@@ -61,146 +59,6 @@ def is_live_terminal(stream: TextIO, environ: Mapping[str, str] = os.environ) ->
         and environ.get("TERM", "") != "dumb"
         and environ.get("CI", "").lower() not in ("1", "true", "yes")
     )
-
-
-def took(seconds: float) -> str:
-    """A stage's time, in ms where it would read 0.0s: a newcomer read a tiny model's "verify done
-    in 0.0s" as a skipped check."""
-    return f"{seconds:.1f}s" if seconds >= 0.05 else f"{max(1, round(seconds * 1000))}ms"
-
-
-def duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def figure(value: float) -> str:
-    """A measured time (the caller adds its unit) as a user reads it: three significant digits,
-    whole numbers from 100 up, never an exponent (``2748``, ``27.5``, ``9``, ``0.0803``), where
-    ``:.3g`` printed a 2.7 s timing round as ``2.75e+03`` ms."""
-    rounded = float(f"{value:.3g}")  # 99.97 is 100: its decimals follow the rounded value
-    if not math.isfinite(rounded) or rounded == 0:
-        return f"{rounded:g}"
-    decimals = min(6, max(0, 2 - math.floor(math.log10(abs(rounded)))))
-    text = f"{value:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def ratio(value: float) -> str:
-    """A speed or spread ratio as figure() gives a time (``1.51x``, ``12.3x``, ``1414x``), where
-    ``:.2f`` printed a spread over a stalled round as ``1414.02x``."""
-    return f"{figure(value)}x" if math.isfinite(value) else "unbounded"
-
-
-# What a stage's own estimate rests on where it says nothing else: this build's measured compiles
-# (the search's, from its first). One wording for it, left or past: "estimated here" turned into
-# "this build's estimate" for the same figure.
-MEASURED_HERE = "from this build's compiles"
-
-
-# A basis that begins so is the first compile's figure alone, in a search: said as "left of the first
-# compile", as "left of compile (for the first compile only: …)" read to a newcomer as the stage's.
-FIRST_COMPILE = "for the first compile only: "
-
-
-def outlook(
-    expected: Mapping[str, float],
-    stage: str,
-    in_stage_s: float,
-    stage_left_s: float | None = None,
-    basis: str | None = None,
-) -> str | None:
-    """About how long is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's
-    stage times; ``stage_left_s``: the stage's own estimate of what is left of it (the search's,
-    once its first compile is timed), which replaces the earlier build's for this stage. A stage
-    past its estimate says by how much: counted as done, it froze the figure at the later stages'
-    (``about 1m50s left`` for 19 lines while the unet's compile ran 3.5 minutes over). ``basis``:
-    what the stage's own estimate rests on, where it is not a measurement of this build's."""
-    if stage not in STAGES:
-        return None
-    after = STAGES[STAGES.index(stage) + 1 :]
-    # A first build says its figure is the stage's alone: "left of compile" there and "left of the
-    # build" in the next read to a newcomer as the same figure said two ways.
-    unknown = (
-        "; no figure yet for the stages after it (this model's first build here)" if after and not expected else ""
-    )
-    if stage_left_s is None and basis is not None and stage not in expected:
-        return basis + unknown  # no figure yet, and what gives one (the first candidate's cases)
-    if not expected and stage_left_s is None:
-        return None
-    # Before the search's plan is known (the doctor makes it), the compile stage has no figure: the
-    # last build's, whose candidates came fresh, made a cached --no-search build's doctor say "about
-    # 2m31s left of the build" with 18 s to go. Then the stage's own figure is all there is to say.
-    if "compile" in after and "compile" not in expected:
-        expected = {name: seconds for name, seconds in expected.items() if name not in after}
-    later = sum(expected.get(s, 0.0) for s in after)
-    # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
-    # running" read as if the compiler were still running
-    then = f", then about {duration(later)} for the stages after it (from earlier builds)" if later >= 0.5 else ""
-    if stage_left_s is not None and basis is not None and basis.startswith(FIRST_COMPILE):
-        guess, rest = basis[len(FIRST_COMPILE) :], "the stage's figure comes once it is timed"
-        if _at_estimate(stage_left_s):
-            return f"the first compile finishing, at its estimate ({guess}); {rest}"
-        if stage_left_s < 0:
-            return f"the first compile running {duration(-stage_left_s)} past its estimate ({guess}); {rest}"
-        return f"about {duration(stage_left_s)} left of the first compile ({guess}); {rest}"
-    if stage_left_s is not None:
-        if _at_estimate(stage_left_s):
-            return f"{stage} stage finishing, at the estimate ({basis or MEASURED_HERE})" + (then or unknown)
-        if stage_left_s < 0:
-            estimate = f"the estimate ({basis or MEASURED_HERE})"
-            return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + (then or unknown)
-        if later < 0.5:  # "of compile": a newcomer could not tell the stage's figure from the build's
-            return f"about {duration(stage_left_s)} left of {stage} ({basis or MEASURED_HERE})" + unknown
-        # Two figures of two bases, said apart: "about 2m22s left (from the doctor's steps so far)"
-        # read to a newcomer as the doctor's, 3 s before it ended (the rest was the later stages')
-        return (
-            f"about {duration(stage_left_s + later)} left of the build: {duration(stage_left_s)} of {stage} "
-            f"({basis or MEASURED_HERE}), then {duration(later)} for the stages after it (from earlier builds)"
-        )
-    last = expected.get(stage)
-    if last is None:  # the last build had no such stage (static sizes): what comes after it only
-        return f"about {duration(later)} after this stage (from earlier builds)" if later >= 0.5 else None
-    if _at_estimate(last - in_stage_s):
-        return f"{stage} stage finishing, at its estimate of {duration(last)} (from earlier builds)" + then
-    if in_stage_s > last:
-        # "its estimate", not "the last build's": the compile's is the last build's scaled to this
-        # build's compiles, and a newcomer looked for a 2m22s stage in a last build that took 47 s
-        return (
-            f"{stage} stage running {duration(in_stage_s - last)} past its estimate of {duration(last)} "
-            "(from earlier builds)" + then
-        )
-    scope = "the build" if later >= 0.5 else stage
-    return f"about {duration(last - in_stage_s + later)} left of {scope} (from earlier builds)"
-
-
-def _at_estimate(left_s: float) -> bool:
-    """Within half a second of the estimate, either side: "running 0s past the estimate" read to a
-    newcomer as a warning, and "about 0s left" as a stall."""
-    return abs(left_s) < 0.5
-
-
-def brief(ahead: str | None) -> str | None:
-    """outlook()'s figure without what it rests on: its parentheses and what follows a ';'."""
-    if ahead is None:
-        return None
-    text, shorter = ahead.split("; ")[0], ""
-    while shorter != text:  # nested parentheses, innermost first
-        shorter, text = text, re.sub(r" \([^()]*\)", "", text)
-    return text
-
-
-def status_text(name: str, detail: str, in_stage_s: float, in_all_s: float, ahead: str | None) -> str:
-    """One status: the stage and what it does (``compile 2/4 freezing: compiling``), its time, the
-    build's, and ``ahead``: about how long is left (outlook())."""
-    parts = [
-        name + (f" {detail}" if detail else ""),
-        f"{duration(in_stage_s)} in {name}",
-        f"{duration(in_all_s)} in all",
-    ]
-    if ahead is not None:
-        parts.append(ahead)
-    return " · ".join(parts)
 
 
 class Progress:
