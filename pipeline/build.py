@@ -171,6 +171,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
         cxx_version=cxx_version,
         machine=ctx.target.machine(),
         debug_info="kept" if ctx.keep_debug else "stripped",
+        search=ctx.spec_file.spec.compile.model_dump_json(include=set(ctx.spec_file.spec.compile.SEARCH_KEYS)),
         locked=json.dumps(locked.record(), sort_keys=True) if locked else "",
     )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for

@@ -332,7 +332,7 @@ def _reproduce(args: argparse.Namespace, progress: Progress) -> int:
     from .commands import reproduce  # imports torch (it rebuilds)
 
     plan = reproduce.recipe(Path(args.wheel), args.spec)
-    spec_file = load_spec(plan.spec)
+    spec_file = reproduce.source(plan)
     work = reproduce.work_folder()
     vars(args).update(
         root=str(plan.root),

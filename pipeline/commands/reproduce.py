@@ -24,6 +24,7 @@ from typing import Any
 from .. import targets
 from ..errors import NotReproducedError, UnverifiedWheelError, UsageError
 from ..features.lock import Locked
+from ..spec import SpecFile, checkpoint_spec, load_spec
 from ..stages.compile import find_cxx
 from ..targets.views import Rebuild
 
@@ -38,6 +39,7 @@ class Recipe:
     target: str
     root: Path
     rebuild: Rebuild  # what its target builds it again with (a CPU wheel's CPU kind), and says of it
+    checkpoint: dict[str, Any] | None  # a --hf build's folder and task (the report's), else None
     forced: Locked  # the options the manifest records, as a lock entry: one candidate, no search
     keep_debug: bool  # built with --keep-debug (the report says; without a report, stripped as by default)
 
@@ -93,7 +95,20 @@ def recipe(wheel: Path, spec: str | None) -> Recipe:
         rebuild=targets.get(manifest["target"]).rebuild(manifest),
         forced=Locked(wheel, chosen, dict(options), {k: v for k, v in search.items() if k != "chosen"}),
         keep_debug=report.get("debug_info") == "kept",
+        checkpoint=report.get("checkpoint") if "checkpoint" in manifest else None,
     )
+
+
+def source(recipe: Recipe) -> SpecFile:
+    """The spec the wheel was built from. A --hf build's is made again from its folder, as `build
+    --hf` made it, with the override spec it was given, if any: its report names the folder's
+    config.json, which was read as a spec (a newcomer's ViT got "config.json: not valid TOML")."""
+    if recipe.checkpoint is None:
+        return load_spec(recipe.spec)
+    folder = Path(recipe.checkpoint["path"])
+    overrides = None if recipe.spec == folder / "config.json" else str(recipe.spec)
+    name, version = recipe.manifest["name"], recipe.manifest["version"]
+    return checkpoint_spec(str(folder), recipe.checkpoint["task"], name=name, version=version, spec=overrides)
 
 
 def must_match(manifest: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from .progress import check_stop
 from .writable import check_private, sweep_partials
 
 # 2: compiled .so files no longer hold the path of the torch that built them (compile.torch_seen_at).
-# 3: nor the addresses of Python objects in a frozen model's kernel names (compile.op_names_without_addresses).
+# 3: nor Python addresses in kernel names, nor the padding of packed weights' descriptors (compile.py).
 CACHE_VERSION = "3"
 
 
@@ -67,10 +67,20 @@ def pipeline_sha256() -> str:
 
 
 def build_key(
-    *, content_hash: str, target: str, root: str, cxx_version: str, machine: str, debug_info: str, locked: str = ""
+    *,
+    content_hash: str,
+    target: str,
+    root: str,
+    cxx_version: str,
+    machine: str,
+    debug_info: str,
+    search: str,
+    locked: str = "",
 ) -> str:
-    """``debug_info``: "stripped" or "kept" (--keep-debug), which makes another wheel. ``locked``:
-    the options a lock entry pins (features/lock.py), which decide the wheel as the search would."""
+    """``debug_info``: "stripped" or "kept" (--keep-debug), which makes another wheel. ``search``:
+    the spec's search keys (the content hash leaves them out): a --no-search build makes the spec's
+    options, not the wheel a search chose. ``locked``: the options a lock entry pins
+    (features/lock.py), which decide the wheel as the search would."""
     digest = hashlib.sha256()
     for part in (
         CACHE_VERSION,
@@ -82,6 +92,7 @@ def build_key(
         machine,
         pipeline_sha256(),
         debug_info,
+        search,
         *([locked] if locked else []),
     ):  # no lock: the keys of earlier builds stand
         digest.update(part.encode() + b"\0")

@@ -235,7 +235,9 @@ def _sources_sha256(loaded: LoadedModel) -> str:
 
 def content_hash(spec_file: SpecFile, loaded: LoadedModel) -> str:
     digest = hashlib.sha256()
-    digest.update(spec_file.spec.model_dump_json().encode())
+    # Not whether or how long the search ran (the manifest records the options it chose): a wheel
+    # built with --no-search had another hash than its rebuild from the spec, which `reproduce` said.
+    digest.update(spec_file.spec.model_dump_json(exclude={"compile": set(spec_file.spec.compile.SEARCH_KEYS)}).encode())
     digest.update(loaded.weights_sha256.encode())
     digest.update(_sources_sha256(loaded).encode())
     return "sha256:" + digest.hexdigest()
