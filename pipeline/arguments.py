@@ -228,7 +228,11 @@ def parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("-o", "--output", metavar="FILE", help="write it to FILE instead of printing it")
     matrix = commands.add_parser(
-        "matrix", help="print the CI build matrix (models x targets) as JSON", parents=[_common_flags()]
+        "matrix",
+        help="print the CI build matrix (models x targets) as JSON",
+        description="Print the CI build matrix, one job per model and target, as JSON: what the release "
+        "workflow builds (docs/publishing.md).",
+        parents=[_common_flags()],
     )
     matrix.add_argument(
         "--spec", action="append", help="a spec.toml to include (repeatable; default: every models/*/spec.toml)"

@@ -271,7 +271,7 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
         f"  uploads need its password ({index.STATE_DIR / 'upload.secret'}, readable by you alone), "
         "which publish sends by itself"
     )
-    progress.say("  stop it: modelwheel index stop (make index-stop in a checkout)")
+    progress.say("  stop it: make index-stop in a checkout, else modelwheel index stop")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 import types
 import typing
@@ -17,6 +18,7 @@ from .hf import complete_spec, suggested_name
 from .services.frozen import Frozen
 from .spec_sections import (
     MAX_INPUT_ELEMENTS,
+    NAME_RE,
     TOP_LEVEL_KEY,
     BuildSection,
     CompileSection,
@@ -158,6 +160,12 @@ class SpecFile(BaseModel):
         return None if file is None else (self.path.parent / file).resolve()
 
 
+def _not_one_of(value: object, expected: str) -> str:
+    """``'flaot32' is not one of 'float32', …; did you mean 'float32'?``"""
+    near = difflib.get_close_matches(str(value), re.findall(r"'([^']*)'", expected), n=1, cutoff=0.6)
+    return f"{value!r} is not one of {expected}" + (f"; did you mean '{near[0]}'?" if near else "")
+
+
 def _keys_beside(loc: tuple[object, ...]) -> list[str]:
     """The keys the spec takes where ``loc``'s last key stands: those its "did you mean" picks
     from (a newcomer's ``atoll`` and ``serach`` got only "check its spelling")."""
@@ -240,6 +248,8 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
             loc = err["loc"]
             if not loc and (nested := TOP_LEVEL_KEY.match(message)):
                 loc, message = (nested.group(1),), nested.group(2)
+            if err["type"] == "literal_error":  # pydantic named neither the value nor the likely one
+                message = _not_one_of(err["input"], err.get("ctx", {}).get("expected", ""))
             if err["type"] == "extra_forbidden":
                 near = difflib.get_close_matches(str(loc[-1]), _keys_beside(loc), n=1, cutoff=0.75)
                 spelling = f"did you mean '{near[0]}'?" if near else "check its spelling;"
@@ -300,6 +310,11 @@ def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None
     model = raw.setdefault("model", {})
     if not isinstance(model, dict):
         raise SpecError(f"{spec_path}: key 'model': must be a table ([model])", "write [model] as a TOML table")
+    if name and not NAME_RE.fullmatch(name):  # said as the flag it came from, not as a spec key
+        raise UsageError(
+            f"--name {name}: must be lowercase letters, digits and '_', starting with a letter",
+            f"e.g. --name {suggested_name(Path(name))}",
+        )
     model.update({key: value for key, value in (("name", name), ("version", version)) if value})
     missing = [flag for flag, key in (("--name", "name"), ("--version", "version")) if key not in model]
     if missing:

@@ -69,16 +69,16 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         spent = f"no candidate compiled{taken}{left_out}"
     else:
         # the wall time first: the summed seconds, beside the compile stage's, read as more than it took
-        took = (
+        compiled_in = (
             f"{cost['workers']} at a time in {cost['compile_wall_s']:.1f}s wall ({cost['compile_s']:.1f}s of "
             "compiling summed over the cores)"
             if cost["workers"] > 1
             else f"in {cost['compile_s']:.1f}s"
         )
-        verified = f", verified in {cost['verify_s']:.1f}s" if cost.get("verify_s") else ""  # not in older reports
+        verified = f", verified in {took(cost['verify_s'])}" if cost.get("verify_s") else ""  # not in older reports
         # "beyond spec-options": the first compile is the build's own; the count read as one short
         named = f" ({fresh})" if fresh else ""
-        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled{named} {took}"
+        spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled{named} {compiled_in}"
         spent += f"{from_cache}{verified}{left_out}"
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"

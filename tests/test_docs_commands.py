@@ -203,3 +203,11 @@ def test_every_commands_help_says_where_the_docs_it_names_are():
     said = [" ".join(command.format_help().split()) for command in [parser(), *commands.values()]]
     note = "docs/… names a guide in modelwheel's source repository (the docs folder of its checkout)."
     assert all(text.endswith(note) for text in said), said
+
+
+def test_make_alone_says_what_to_type():
+    """A newcomer's `make` said only "Nothing to be done for 'venv'"."""
+    ran = subprocess.run(["make", "--no-print-directory"], cwd=REPO, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("make build MODEL=unet ") and lines[1].startswith("make test "), lines

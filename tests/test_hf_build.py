@@ -413,6 +413,12 @@ def test_hf_needs_task_name_and_version(tmp_path):
     assert "its config.json names ViTForImageClassification: add --task image-classification" in ran.err
     ran = run_cli("build", "--hf", str(folder), "--task", "image-classification")
     assert ran.code == 2 and "--hf needs --name and --version" in ran.err, ran.err
+    # said as the flag it came from (it was "key 'model.name'" of a spec the user never wrote)
+    ran = run_cli("build", "--hf", str(folder), "--task", "image-classification", "--name", "my-vit", "--version", "1")
+    assert ran.code == 2 and ran.err.splitlines()[-2:] == [
+        "error: --name my-vit: must be lowercase letters, digits and '_', starting with a letter",
+        "hint: e.g. --name my_vit",
+    ], ran.err
     ran = run_cli("build", "--task", "image-classification")
     assert ran.code == 2 and "go with --hf DIR" in ran.err, ran.err
     ran = run_cli("build")

@@ -36,7 +36,7 @@ def index(tmp_path_factory):
     started = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
     assert started.code == 0, started.err
     # how to stop it, said where it starts (a newcomer found it in docs/publishing.md only)
-    assert started.err.splitlines()[-1] == "  stop it: modelwheel index stop (make index-stop in a checkout)"
+    assert started.err.splitlines()[-1] == "  stop it: make index-stop in a checkout, else modelwheel index stop"
     state = json.loads((home / "build" / "index" / "state.json").read_text())
     yield home, state
     assert run_cli("index", "stop", cwd=home).code == 0

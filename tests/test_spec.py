@@ -51,6 +51,13 @@ def test_the_shipped_specs_are_valid():
         ('shape = ["batch", 3, 8, 8]', 'shape = ["batch", 3, 8, 8]\ndtype = "float8"', "inputs[0].dtype", "float32"),
         (
             'shape = ["batch", 3, 8, 8]',
+            'shape = ["batch", 3, 8, 8]\ndtype = "flaot32"',
+            "inputs[0].dtype",
+            "'flaot32' is not one of 'float32', 'float64', 'float16', 'bfloat16', 'int32' or 'int64'; did you mean "
+            "'float32'?",
+        ),
+        (
+            'shape = ["batch", 3, 8, 8]',
             'shape = ["frames", 3, 8, 8]',
             "inputs[0].shape[0]",
             "not declared under [dims]",

@@ -88,7 +88,7 @@ class Status:
 
     def area(self) -> str | None:
         """The live area's two rows: what runs, then the times and the figure left, without what the
-        figure rests on (the scrolled lines say that). In one row, 'about 56s left' was cut off an
+        figure rests on (the scrolled lines say that). In one row, 'about 56s left' was cut off on an
         80-column terminal, and at 220 the tail still was."""
         now = self._now()
         if now is None:
