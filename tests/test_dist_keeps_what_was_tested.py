@@ -120,8 +120,19 @@ def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel
         "their manifests differ in description: Tiny test model in the kept wheel, "
         "Tiny test model, trained again in this build;" in str(refused.value)
     )
-    assert "this build is not kept" in str(refused.value) and refused.value.hint.startswith("bump model.version")
+    assert "this build's wheel is not kept (its compiled model is in the build cache)" in str(refused.value)
+    assert refused.value.hint.startswith("bump model.version")
     dist_guard.keep_what_was_tested(wheel, wheel, sha256_file(wheel))  # the same bytes: kept, nothing said
+    # another CPU kind (the README's --cpu-isa avx2 after a native build): the same model, another --dist
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "model_tiny/manifest.json":
+                data = json.dumps({**kept, "platform": {**kept["platform"], "onednn_max_isa": "AVX2"}}).encode()
+            made.writestr(item, data)
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
+    assert refused.value.hint.startswith("the two are for other machines (another CPU kind): build into another --dist")
 
 
 def test_the_early_check_refuses_other_content_and_leaves_the_same_content_to_the_late_check(tmp_path, wheel):

@@ -18,7 +18,9 @@ from typing import Any
 from ..errors import OutputDirError
 from .manifest import differences, read_wheel_manifest, sha256_file
 
-NOT_KEPT = "it is left as it is, and this build is not kept (not in dist/, not in the build cache)"
+# Its compile is in the build cache all the same: "not in the build cache" was untrue, and a build
+# into another --dist took it from there at once.
+NOT_KEPT = "it is left as it is, and this build's wheel is not kept (its compiled model is in the build cache)"
 
 
 def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> None:
@@ -72,13 +74,20 @@ def _made_like_here(kept: dict[str, Any]) -> bool:
 
 def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outcome: str) -> OutputDirError:
     """The same refusal, early or late: what is kept, what differs, and how to go on."""
+    # another CPU kind (--cpu-isa avx2 beside a native build): the same model, so not "bump the version"
+    for_other_machines = any(line.split(":")[0] == "platform" for line in differ)
     return OutputDirError(
         f"{existing} already holds a different build of this version ({hashes})"
         + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
         + f"; {outcome}",
         root_hint
-        or "bump model.version in the spec (or --version) for a changed model, build into another --dist to keep "
-        "both, or pass --overwrite to replace it",
+        or (
+            "the two are for other machines (another CPU kind): build into another --dist to keep both, or pass "
+            "--overwrite to replace it"
+            if for_other_machines
+            else "bump model.version in the spec (or --version) for a changed model, build into another --dist to "
+            "keep both, or pass --overwrite to replace it"
+        ),
     )
 
 
