@@ -45,11 +45,11 @@ def _artifact_root(flag: str | None) -> Path:
     return root
 
 
-def _print_summary(progress: Progress, result: BuildResult) -> None:
+def _print_summary(progress: Progress, result: BuildResult, rebuild: bool) -> None:
     if isinstance(progress, QuietProgress):
         progress.result(str(result.wheel))
     else:
-        print_report(progress, result)
+        print_report(progress, result, usage=not rebuild)
 
 
 def _check_outputs(args: argparse.Namespace, root: Path) -> None:
@@ -173,7 +173,7 @@ def _run_build(spec_file: SpecFile, args: argparse.Namespace, progress: Progress
         update_lock=getattr(args, "update_lock", False),
         forced=getattr(args, "forced", None),
     ):
-        _print_summary(progress, result)
+        _print_summary(progress, result, rebuild=getattr(args, "forced", None) is not None)
         args.records.append(record.of_build(result))
     return 0
 

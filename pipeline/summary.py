@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # the build imports torch; the summary is printed from its re
     from .stages.deliver import BuildResult
 
 
-def report_lines(result: BuildResult) -> list[str]:
+def report_lines(result: BuildResult, usage: bool = True) -> list[str]:
+    """``usage``: with what to type next (the import, the command, the installs); not for the
+    throwaway rebuild of `reproduce`, whose install lines read as an invitation to install it."""
     report = result.report
     mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
     stages = " · ".join(f"{name} {took(seconds)}" for name, seconds in report["stages_s"].items())
@@ -41,7 +43,7 @@ def report_lines(result: BuildResult) -> list[str]:
             f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}"
         )
     lines.append(f"  report    {result.report_path}")
-    return lines + usage_lines(result.wheel, report["import_name"])
+    return lines + (usage_lines(result.wheel, report["import_name"]) if usage else [])
 
 
 # How payback.Budget's refusals begin (features/ imports torch; the summary is read without it)
@@ -125,6 +127,6 @@ def wheel_manifest(wheel: Path, import_name: str) -> dict[str, Any] | None:
         return None
 
 
-def print_report(progress: Progress, result: BuildResult) -> None:
-    for line in report_lines(result):
+def print_report(progress: Progress, result: BuildResult, usage: bool = True) -> None:
+    for line in report_lines(result, usage):
         progress.say(line)

@@ -20,6 +20,8 @@ def test_the_session_wheel_is_identical_to_its_rebuild(wheel):
     assert ran.code == 0, ran.err
     assert "the compile options the wheel records (spec-options): no option search" in ran.err
     assert ran.err.splitlines()[-1] == f"identical: {wheel.name} is byte for byte its rebuild from {TINY_SPEC}"
+    # no install lines for the throwaway rebuild: they read as an invitation to install it
+    assert "  report    " in ran.err and "  install   " not in ran.err and "  import    " not in ran.err
     rebuilt_in = re.search(r" in (\S+modelwheel-reproduce-\S+) \(", ran.err)[1]
     assert not Path(rebuilt_in).exists(), "an identical rebuild leaves nothing behind"
 
