@@ -425,6 +425,18 @@ def test_hf_needs_task_name_and_version(tmp_path):
     assert ran.code == 2 and "give --spec PATH, or --hf DIR" in ran.err, ran.err
 
 
+def test_a_task_that_does_not_fit_the_folder_names_the_one_that_does(tmp_path):
+    """A newcomer's BERT built as image-classification got transformers' error and a wrapper to
+    write; the class its config names says the task that builds it."""
+    folder = save_bert(tmp_path / "bert")
+    ran = run_cli(
+        "build", "--hf", str(folder), "--task", "image-classification", "--name", "b", "--version", "1",
+        "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build"),
+    )  # fmt: skip
+    hint = next(line for line in ran.err.splitlines() if line.startswith("hint: "))
+    assert ran.code == 18 and hint.startswith("hint: its config.json names BertModel: use --task feature-extraction; ")
+
+
 def test_a_task_of_the_other_library_is_refused(tmp_path):
     folder = save_vit(tmp_path / "vit")
     ran = run_cli("build", "--hf", str(folder), "--task", "denoising", "--name", "v", "--version", "1")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, ModelLoadError
-from ..hf import Checkpoint, inspect_checkpoint, resolve_task
+from ..hf import Checkpoint, folder_task, inspect_checkpoint, resolve_task
 from ..hf_modules import wrapper_of
 from ..hf_tasks import Task, library_install
 from ..hf_wrappers import wrapper_example
@@ -233,10 +233,18 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task) -> tuple[torch.nn.Modul
         )
         return loaded
     except Exception as exc:  # the libraries raise ValueError, OSError, KeyError… for a folder they cannot load
+        # the task the saved class names first, where it is another: a newcomer's BERT built as
+        # image-classification was sent to write a wrapper
+        fits = folder_task(checkpoint.folder)
+        other = (
+            f"its config.json names {fits[0]}: use --task {fits[1]}; "
+            if fits and fits[1] not in (None, task.name)
+            else ""
+        )
         raise CheckpointError(
             f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
             f"task {task.name!r}: {type(exc).__name__}: {exc}",
-            "check that the task fits the model (the tasks are listed by --task help) and that the "
+            f"{other}check that the task fits the model (the tasks are listed by --task help) and that the "
             f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
             + wrapper_example(checkpoint.folder),
         ) from exc
