@@ -563,10 +563,8 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
         clock[0] += 25.0
         assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis}){unknown}"
         # no figure now, and what will give one: said, where no last build gives the stage one
-        progress.estimate(None, "first candidate compiled: the time left comes from its verification's first cases")
-        assert progress.outlook() == (
-            f"first candidate compiled: the time left comes from its verification's first cases{unknown}"
-        )
+        progress.estimate(None, "time left: once its first cases are verified")
+        assert progress.outlook() == (f"time left: once its first cases are verified{unknown}")
         progress.expect({"compile": 60.0, "verify": 5.0})
         assert progress.outlook() == "about 30s left of the build (from earlier builds)"
     # in a search, the guess is the first compile's alone, and said so: "left of compile (for the first

@@ -43,7 +43,7 @@ FROM_CACHE = " (compiled earlier, from the build cache)"
 FIRST_VERIFY = "the first candidate's verification, from its cases so far"
 # Said while the first candidate's cases are too few for a figure: the first compile's guess, run
 # out, read "compile stage running 4s past the estimate" to a newcomer while the stage was on time.
-FIRST_VERIFY_PENDING = "first candidate compiled: the time left comes from its verification's first cases"
+FIRST_VERIFY_PENDING = "time left: once its first cases are verified"  # short: a row of an 80-column terminal
 LONE_CAVEAT = "a rough figure for the report: make bench measures the wheel"
 
 
@@ -117,7 +117,7 @@ class Search:
     def noise(self) -> rounds.Timed:
         """The spec's own options timed alone, in the search's rounds, before any candidate is compiled."""
         name = self.planned[0][0]
-        doing = f"noise: {name} timed alone, before any candidate is compiled"
+        doing = f"noise: {name} timed alone, before the candidates"  # short: a row of an 80-column terminal
         step(f"{doing}: warming up")
         started = time.perf_counter()
         timed = rounds.time_in_rounds(
