@@ -248,7 +248,7 @@ def doctor_stage(
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded, steps)
         # eager calls too (minutes for a large model on a busy machine): the status says which
-        steps("signal: eager on the seeded inputs, whose outputs must differ (the verification's gate)")
+        steps("signal: eager's outputs on the seeded inputs must differ")  # fits a row of 80 columns
         exported = prepare(ctx.spec_file, loaded, ctx.target)
         signal = check_signal(exported)
         if pads:  # a model that mixes the batch is refused before the compiles
@@ -256,7 +256,7 @@ def doctor_stage(
             static.check_padding_eager(exported)
         # Planning runs eager under bfloat16 autocast against the spec's tolerances: 34 s for the
         # unet on a busy machine, silent between two stages when it ran outside one.
-        steps("the search's candidates: eager under bfloat16 autocast, held to the spec's tolerances")
+        steps("bf16 candidate: eager under autocast, within the tolerances?")  # fits a row of 80 columns
         return findings, exported, signal, tune.plans(exported, cxx_version, ctx.out_dir, ctx.keep_debug, locked)
 
 

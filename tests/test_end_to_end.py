@@ -251,7 +251,9 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
     code = (
         "import numpy as np, model_tiny\nm = model_tiny.load_numpy()\n"
         "x, t = np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, np.float32)\n"
-        "for args in [(x,), (x[:, :2], t), (x, t[:1]), (x.astype(np.float64), t), (x.tolist(), t)]:\n"
+        "import torch\n"
+        "for args in [(x,), (x[:, :2], t), (x, t[:1]), (x.astype(np.float64), t), (x.tolist(), t), "
+        "(torch.from_numpy(x), t)]:\n"
         "    try:\n        m(*args)\n    except ValueError as e:\n        print(e)\n"
     )
     ran = run_in(installed, code)
@@ -262,6 +264,7 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
         "input 't': dim 0 (batch) is 1, but input 'x' has batch=2",
         "input 'x': expected dtype float32, got float64",
         "input 'x': expected a numpy.ndarray, got list",
+        "input 'x': expected a numpy.ndarray, got Tensor (a torch tensor: pass t.numpy(), or use load())",
     ]
     needed = json.loads(run_in(installed, "import model_tiny, json; print(json.dumps(model_tiny.manifest()))").stdout)
     if needed["platform"]["cpu_capability"] == "AVX512":  # ATen and load_numpy() both honour the variable

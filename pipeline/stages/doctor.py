@@ -162,7 +162,7 @@ def run_doctor(spec_file: SpecFile, loaded: LoadedModel, steps: Steps | None = N
             say(finding.format())
     raise_on_errors(findings, spec_file.spec.model.name)  # diagnose() ran inputs_fit() unless there is one
     check_signature(spec_file, loaded.module)
-    steps("purity (the same inputs give the same outputs, nothing kept between calls)")
+    steps("purity: the same inputs, the same outputs, no state kept")  # fits a row of 80 columns
     check_purity(
         loaded.module,
         inputs,

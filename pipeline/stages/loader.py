@@ -241,9 +241,11 @@ def _from_pretrained(checkpoint: Checkpoint, task: Task) -> tuple[torch.nn.Modul
             if fits and fits[1] not in (None, task.name)
             else ""
         )
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # not the library's list of 40 classes
+        said = said if len(said) <= 200 else said[:200] + "…"
         raise CheckpointError(
             f"{checkpoint.folder}: {task.library}.{task.loader}.from_pretrained cannot load it for "
-            f"task {task.name!r}: {type(exc).__name__}: {exc}",
+            f"task {task.name!r}: {type(exc).__name__}: {said}",
             f"{other}check that the task fits the model (the tasks are listed by --task help) and that the "
             f"folder is complete; or write a small wrapper for {checkpoint.class_name}:\n"
             + wrapper_example(checkpoint.folder),

@@ -155,7 +155,9 @@ def _check_array(spec: Mapping[str, Any], arg: object) -> None:
     """Refuse what no conversion can make right: not an array, a masked array, another dtype."""
     name = spec["name"]
     if not isinstance(arg, np.ndarray):
-        raise ValueError(f"input {name!r}: expected a numpy.ndarray, got {type(arg).__name__}")
+        # a newcomer passed load_numpy() the example_inputs() of the README's load() line: torch tensors
+        tensor = " (a torch tensor: pass t.numpy(), or use load())" if type(arg).__name__ == "Tensor" else ""
+        raise ValueError(f"input {name!r}: expected a numpy.ndarray, got {type(arg).__name__}{tensor}")
     if isinstance(arg, np.ma.MaskedArray):
         # The C interface sees the data under the mask, never the mask itself.
         raise ValueError(f"input {name!r}: expected a plain numpy.ndarray, got a masked array: pass a.filled(value)")
