@@ -129,15 +129,15 @@ def test_packed_weights_descriptors_lose_their_padding_bytes():
     held whatever memory held in two 4-byte padding holes (0x7f8f in the search's worker, 0x7f71 in
     reproduce's process): 33 of 202 differed, and so did the .so. The holes are where torch's
     serialization puts them (checked on a real descriptor), and are written as 0."""
-    from pipeline.stages import compile as compile_stage
+    from pipeline.stages import same_bytes
 
     real = torch.ops.mkldnn._get_mkldnn_serialized_md(torch.randn(8, 3, 3, 3).to_mkldnn()).tolist()
-    assert len(real) == compile_stage.MKLDNN_MD_SIZE
+    assert len(real) == same_bytes.MKLDNN_MD_SIZE
     assert real[4] == 4 and real[104] == 3 and real[312] == 2  # ndims, data_type f32, format_kind blocked
     garbage = real[:108] + [143, 127, 0, 0] + real[112:316] + [199, 92, 146, 198] + real[320:]
     line = f"    constants_info_[7].opaque_metadata = {{{', '.join(f'{v}L' for v in garbage)}}};"
-    cleaned = compile_stage._without_padding(line)
+    cleaned = same_bytes._without_padding(line)
     values = [int(v.rstrip("L")) for v in cleaned.split(" = {")[1].removesuffix("};").split(", ")]
     assert values[108:112] == values[316:320] == [0, 0, 0, 0]
     assert values[:108] == real[:108] and values[112:316] == real[112:316] and values[320:] == real[320:]
-    assert compile_stage._without_padding(line.replace("{1L, ", "{")) == line.replace("{1L, ", "{")  # another size
+    assert same_bytes._without_padding(line.replace("{1L, ", "{")) == line.replace("{1L, ", "{")  # another size

@@ -26,7 +26,7 @@ from .progress import check_stop
 from .writable import check_private, sweep_partials
 
 # 2: compiled .so files no longer hold the path of the torch that built them (compile.torch_seen_at).
-# 3: nor Python addresses in kernel names, nor the padding of packed weights' descriptors (compile.py).
+# 3: nor Python addresses in kernel names, nor the padding of packed weights' descriptors (stages/same_bytes.py).
 CACHE_VERSION = "3"
 
 
