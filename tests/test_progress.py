@@ -664,7 +664,7 @@ def test_the_doctor_numbers_its_steps_over_all_its_phases(tmp_path):
     numbered = [re.match(r"(\d+)/(\d+): ", text) for text in progress.steps]
     assert all(numbered), progress.steps
     assert [(int(m[1]), int(m[2])) for m in numbered if m] == [(i, 5) for i in range(1, 6)], progress.steps
-    assert progress.steps[-1].startswith("5/5: the search's candidates")
+    assert progress.steps[-1].startswith("5/5: bf16 candidate: ")
 
 
 def test_verify_names_each_case_as_it_runs(warm_dirs, tmp_path):
