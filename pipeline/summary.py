@@ -3,13 +3,12 @@ passed verification, and what a user types next (the import, the wheel's command
 
 from __future__ import annotations
 
-import json
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import targets
 from .services.index import DEFAULT_PORT
+from .services.manifest import read_wheel_manifest
 from .services.progress import Progress
 from .services.wording import ratio, took
 from .stages.package import TORCH_INDEX
@@ -30,7 +29,7 @@ def report_lines(result: BuildResult, usage: bool = True) -> list[str]:
         f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
     ]
     lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
-    manifest = wheel_manifest(result.wheel, report["import_name"])
+    manifest = read_wheel_manifest(result.wheel)  # read once: the runs-on line and the usage lines
     if manifest is not None:  # before it is published: a default (native) build runs on CPUs of this kind only
         lines.append(f"  runs on   {targets.get(manifest['target']).where_it_runs(manifest)}")
     lines.append(f"  stages    {stages}")
@@ -43,7 +42,7 @@ def report_lines(result: BuildResult, usage: bool = True) -> list[str]:
             f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}"
         )
     lines.append(f"  report    {result.report_path}")
-    return lines + (usage_lines(result.wheel, report["import_name"]) if usage else [])
+    return lines + (usage_lines(result.wheel, manifest) if usage and manifest is not None else [])
 
 
 # How payback.Budget's refusals begin (features/ imports torch; the summary is read without it)
@@ -92,13 +91,11 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s{noise}; {won}"]
 
 
-def usage_lines(wheel: Path, import_name: str) -> list[str]:
+def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:
     """The import, the console command and the installs, from the wheel's own manifest. The
     install by name names the user's index: without --index-url, pip looks the model up on PyPI,
     where anyone may have registered that name (dependency confusion, docs/publishing.md)."""
-    manifest = wheel_manifest(wheel, import_name)
-    if manifest is None:
-        return []
+    import_name = manifest["import_name"]
     dist, variant = manifest["dist_name"], manifest["variant"]
     torch_index = f"{TORCH_INDEX}/{variant}"
     local, version = f"http://127.0.0.1:{DEFAULT_PORT}/{variant}/simple", manifest["version"]
@@ -116,15 +113,6 @@ def usage_lines(wheel: Path, import_name: str) -> list[str]:
         f"            from your index: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
         f"--extra-index-url {torch_index}",
     ]
-
-
-def wheel_manifest(wheel: Path, import_name: str) -> dict[str, Any] | None:
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            manifest: dict[str, Any] = json.loads(archive.read(f"{import_name}/manifest.json"))
-            return manifest
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):  # the summary never fails a built wheel
-        return None
 
 
 def print_report(progress: Progress, result: BuildResult, usage: bool = True) -> None:

@@ -103,12 +103,15 @@ def test_wheel_is_labelled_for_its_cuda_and_carries_every_kernel(cuda_wheel):
 def test_the_build_summary_names_link_for_a_wheel_that_loads_from_its_opt_path(cuda_wheel, wheel):
     """A CUDA wheel loads from its /opt path (`model-x link` makes it); a CPU wheel loads from its
     package, so its summary leaves `link` out."""
+    from pipeline.services.manifest import read_wheel_manifest
     from pipeline.summary import usage_lines
 
     assert "  command   model-tiny verify | info | link  (installed with the wheel)" in usage_lines(
-        cuda_wheel[0], "model_tiny"
+        cuda_wheel[0], read_wheel_manifest(cuda_wheel[0])
     )
-    assert "  command   model-tiny verify | info  (installed with the wheel)" in usage_lines(wheel, "model_tiny")
+    assert "  command   model-tiny verify | info  (installed with the wheel)" in usage_lines(
+        wheel, read_wheel_manifest(wheel)
+    )
 
 
 def test_its_readme_names_pytorchs_index_for_its_cuda(cuda_wheel):
