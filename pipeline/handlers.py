@@ -49,7 +49,7 @@ def _print_summary(progress: Progress, result: BuildResult, rebuild: bool) -> No
     if isinstance(progress, QuietProgress):
         progress.result(str(result.wheel))
     else:
-        print_report(progress, result, usage=not rebuild)
+        print_report(progress, result, rebuild=rebuild)
 
 
 def _check_outputs(args: argparse.Namespace, root: Path) -> None:

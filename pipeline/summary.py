@@ -18,15 +18,17 @@ if TYPE_CHECKING:  # the build imports torch; the summary is printed from its re
     from .stages.deliver import BuildResult
 
 
-def report_lines(result: BuildResult, usage: bool = True) -> list[str]:
-    """``usage``: with what to type next (the import, the command, the installs); not for the
-    throwaway rebuild of `reproduce`, whose install lines read as an invitation to install it."""
+def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
+    """``rebuild``: the throwaway rebuild of `reproduce`, which says nothing of what to type next
+    (its install lines read as an invitation to install it) and names no path in its temporary
+    folder (a newcomer looked for a wheel and a report that `identical` had removed)."""
     report = result.report
     mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
     stages = " · ".join(f"{name} {took(seconds)}" for name, seconds in report["stages_s"].items())
+    where = "the rebuild, compared below" if rebuild else str(result.wheel)
     lines = [
         f"\nbuilt {report['wheel']['name']}",
-        f"  wheel     {result.wheel}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
+        f"  wheel     {where}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
     ]
     lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
     manifest = read_wheel_manifest(result.wheel)  # read once: the runs-on line and the usage lines
@@ -41,8 +43,10 @@ def report_lines(result: BuildResult, usage: bool = True) -> list[str]:
             f"  verified  {name}: {cases} cases, max abs diff {worst['max_abs']:.2e}, max rel diff "
             f"{worst['max_rel']:.2e}: {decided_by(worst['max_abs'], worst['max_rel'], tol['rtol'], tol['atol'])}"
         )
+    if rebuild:
+        return lines
     lines.append(f"  report    {result.report_path}")
-    return lines + (usage_lines(result.wheel, manifest) if usage and manifest is not None else [])
+    return lines + (usage_lines(result.wheel, manifest) if manifest is not None else [])
 
 
 # How payback.Budget's refusals begin (features/ imports torch; the summary is read without it)
@@ -115,6 +119,6 @@ def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:
     ]
 
 
-def print_report(progress: Progress, result: BuildResult, usage: bool = True) -> None:
-    for line in report_lines(result, usage):
+def print_report(progress: Progress, result: BuildResult, rebuild: bool = False) -> None:
+    for line in report_lines(result, rebuild):
         progress.say(line)

@@ -21,9 +21,12 @@ def test_the_session_wheel_is_identical_to_its_rebuild(wheel):
     assert "the compile options the wheel records (spec-options): no option search" in ran.err
     assert ran.err.splitlines()[-1] == f"identical: {wheel.name} is byte for byte its rebuild from {TINY_SPEC}"
     # no install lines for the throwaway rebuild: they read as an invitation to install it
-    assert "  report    " in ran.err and "  install   " not in ran.err and "  import    " not in ran.err
-    rebuilt_in = re.search(r" in (\S+modelwheel-reproduce-\S+) \(", ran.err)[1]
+    assert "  install   " not in ran.err and "  import    " not in ran.err
+    rebuilt_in = re.search(r" in (\S+modelwheel-reproduce-\S+) \(removed if identical, ", ran.err)[1]
     assert not Path(rebuilt_in).exists(), "an identical rebuild leaves nothing behind"
+    # and its summary names no file there: a newcomer looked for the wheel and report it had removed
+    assert [line for line in ran.err.splitlines() if rebuilt_in in line] == [ran.err.splitlines()[0]]
+    assert "  wheel     the rebuild, compared below  " in ran.err and "  report    " not in ran.err
 
 
 def test_a_changed_model_source_names_the_files_that_differ(wheel, tmp_path):
