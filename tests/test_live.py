@@ -273,6 +273,10 @@ def test_the_live_area_says_the_time_left_in_its_second_row_without_its_basis(mo
     assert head == "compile 2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"
     assert times == "  9s in compile · 45s in all · about 1m00s left of compile"
     assert "(from this build's compiles and noise rounds)" in status.line()  # the scrolled status keeps it
+    clock[0] = 1070.0  # past it, then a new estimate: the build says it is a revised one (Progress.estimate)
+    assert status.area().endswith("· compile stage running 10s past the estimate")
+    status.apply({"stage_end": 1070.2, "basis": None, "revised": True})
+    assert status.area().endswith("· compile stage finishing, at the revised estimate"), status.area()
     assert brief(
         "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after it "
         "(from earlier builds)"

@@ -31,7 +31,7 @@ from pipeline.services.progress import (
     reporting,
     step,
 )
-from pipeline.services.wording import FIRST_COMPILE, took
+from pipeline.services.wording import FIRST_COMPILE, brief, took
 from pipeline.wheel_template.runtime._bounds import decided_by
 
 from .conftest import REPO, TINY_SPEC, run_cli
@@ -399,22 +399,25 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "stages after it (from earlier builds)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
-        # two bases, said apart: this stage's own figure, and the later stages' from the last build
+        # two bases, said apart: this stage's own figure, and the later stages' from the last build; and
+        # "revised", as the stage ran past the last one: "running 1m30s past", then "finishing, at the
+        # estimate" read to a newcomer as a clock going backwards
         assert progress.outlook() == (
-            "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after "
-            "it (from earlier builds)"
+            "about 27s left of the build: 20s of compile (revised, from this build's compiles), then 7s for the "
+            "stages after it (from earlier builds)"
         )
         clock[0] += 20.2
         # at the estimate, within half a second: "running 0s past" read as a warning, "about 0s left" as a stall
         assert progress.outlook() == (
-            "compile stage finishing, at the estimate (from this build's compiles), then about 7s for the stages "
-            "after it (from earlier builds)"
+            "compile stage finishing, at the revised estimate (from this build's compiles), then about 7s for the "
+            "stages after it (from earlier builds)"
         )
         clock[0] += 4.8
         assert progress.outlook() == (
-            "compile stage running 5s past the estimate (from this build's compiles), then about 7s for the stages "
-            "after it (from earlier builds)"
+            "compile stage running 5s past the revised estimate (from this build's compiles), then about 7s for the "
+            "stages after it (from earlier builds)"
         )
+        assert brief(progress.outlook()).startswith("compile stage running 5s past the revised estimate, then about 7s")
     # a stage the last build did not have (static sizes): what comes after it, not a figure for it
     with progress.stage("static"):
         assert progress.outlook() == "about 4s after this stage (from earlier builds)"
@@ -444,8 +447,8 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
         assert progress.outlook() == (
-            f"about 34s left of the build: 30s of verify ({StepClock.BASIS}), then 4s for the stages after it "
-            "(from earlier builds)"
+            f"about 34s left of the build: 30s of verify (revised, {StepClock.BASIS}), then 4s for the stages after "
+            "it (from earlier builds)"
         )
     # one slow case, then quick ones (a newcomer's "about 36s left" with 4 s to go): the median holds
     slow = Progress(io.StringIO())
@@ -488,8 +491,8 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             clock[0] += took
         numbered("signal")  # purity's 1.5 s for each of the two steps left
         assert later.outlook() == (
-            "about 2m25s left of the build: 3s of doctor (from the doctor's steps so far), then 2m22s for the stages "
-            "after it (from earlier builds)"
+            "about 2m25s left of the build: 3s of doctor (revised, from the doctor's steps so far), then 2m22s for "
+            "the stages after it (from earlier builds)"  # revised: past the last build's 1 s
         )
     # before the doctor has planned the compiles, no figure for them: the last build's (a search,
     # 2m09s) made a cached --no-search build's doctor say "about 2m31s left of the build", 18 s to go

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TextIO
 
-from .wording import outlook, status_text, took
+from .wording import outlook, overran, status_text, took
 
 # The signal that asked the build to stop, if any. A signal handler's exception can land where
 # Python swallows it (a weakref callback inside torch), so stages also check this at each boundary.
@@ -74,6 +74,7 @@ class Progress:
         self.detail = ""
         self.stage_end: float | None = None  # perf_counter() when the stage expects to end, if it said
         self.basis: str | None = None  # what that estimate rests on, where not this build's measurement
+        self.revised = False  # the stage ran past an estimate before the one it has now
         self.began = self.last_line = time.perf_counter()
         self.every_s = status_every_s()
         self.lock = threading.Lock()  # the heartbeat's lines and the build's never interleave
@@ -108,7 +109,11 @@ class Progress:
 
     def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
         """The running stage's own estimate of what is left of it (the search's); None: none now."""
-        self.stage_end = None if stage_left_s is None else time.perf_counter() + stage_left_s
+        now = time.perf_counter()
+        if self.current is not None and not self.revised:
+            in_stage_s, left_s = now - self.current[1], None if self.stage_end is None else self.stage_end - now
+            self.revised = overran(self.expected, self.current[0], in_stage_s, left_s)
+        self.stage_end = None if stage_left_s is None else now + stage_left_s
         self.basis = basis
 
     def outlook(self) -> str | None:
@@ -117,7 +122,7 @@ class Progress:
         name, began = self.current
         now = time.perf_counter()
         left = None if self.stage_end is None else self.stage_end - now
-        return outlook(self.expected, name, now - began, left, self.basis)
+        return outlook(self.expected, name, now - began, left, self.basis, self.revised)
 
     def status(self) -> str | None:
         """What the running stage is doing now, as one line (None between stages)."""
@@ -139,7 +144,7 @@ class Progress:
         check_stop()
         self.say(f"==> {name}" + (f": {detail}" if detail else ""))
         start = time.perf_counter()
-        self.current, self.detail, self.stage_end, self.basis = (name, start), "", None, None
+        self.current, self.detail, self.stage_end, self.basis, self.revised = (name, start), "", None, None, False
         done = threading.Event()
         if self.HEARTBEAT:
             threading.Thread(target=self._heartbeat, args=(done,), name="modelwheel-status", daemon=True).start()

@@ -57,13 +57,17 @@ def outlook(
     in_stage_s: float,
     stage_left_s: float | None = None,
     basis: str | None = None,
+    revised: bool = False,
 ) -> str | None:
     """About how long is left of a build in ``stage`` for ``in_stage_s``, from an earlier build's
     stage times; ``stage_left_s``: the stage's own estimate of what is left of it (the search's,
     once its first compile is timed), which replaces the earlier build's for this stage. A stage
     past its estimate says by how much: counted as done, it froze the figure at the later stages'
     (``about 1m50s left`` for 19 lines while the unet's compile ran 3.5 minutes over). ``basis``:
-    what the stage's own estimate rests on, where it is not a measurement of this build's."""
+    what the stage's own estimate rests on, where it is not a measurement of this build's.
+    ``revised``: the stage ran past an estimate before this one (overran()), said as "the revised
+    estimate": "running 12s past the estimate", then "finishing, at the estimate", read to a
+    newcomer as a clock going backwards."""
     if stage not in STAGES:
         return None
     after = STAGES[STAGES.index(stage) + 1 :]
@@ -85,26 +89,30 @@ def outlook(
     # "stage": the compile stage runs past its figure while it verifies a candidate, and "compile
     # running" read as if the compiler were still running
     then = f", then about {duration(later)} for the stages after it (from earlier builds)" if later >= 0.5 else ""
+    # past or at it, "the revised estimate (basis)"; a figure left, "(revised, basis)"
+    the_estimate = f"the {'revised ' if revised else ''}estimate ({basis or MEASURED_HERE})"
+    basis_said = f"revised, {basis or MEASURED_HERE}" if revised else basis or MEASURED_HERE
     if stage_left_s is not None and basis is not None and basis.startswith(FIRST_COMPILE):
         guess, rest = basis[len(FIRST_COMPILE) :], "the stage's figure comes once it is timed"
+        its = "its revised estimate" if revised else "its estimate"
         if _at_estimate(stage_left_s):
-            return f"the first compile finishing, at its estimate ({guess}); {rest}"
+            return f"the first compile finishing, at {its} ({guess}); {rest}"
         if stage_left_s < 0:
-            return f"the first compile running {duration(-stage_left_s)} past its estimate ({guess}); {rest}"
+            return f"the first compile running {duration(-stage_left_s)} past {its} ({guess}); {rest}"
+        guess = f"revised, {guess}" if revised else guess
         return f"about {duration(stage_left_s)} left of the first compile ({guess}); {rest}"
     if stage_left_s is not None:
         if _at_estimate(stage_left_s):
-            return f"{stage} stage finishing, at the estimate ({basis or MEASURED_HERE})" + (then or unknown)
+            return f"{stage} stage finishing, at {the_estimate}" + (then or unknown)
         if stage_left_s < 0:
-            estimate = f"the estimate ({basis or MEASURED_HERE})"
-            return f"{stage} stage running {duration(-stage_left_s)} past {estimate}" + (then or unknown)
+            return f"{stage} stage running {duration(-stage_left_s)} past {the_estimate}" + (then or unknown)
         if later < 0.5:  # "of compile": a newcomer could not tell the stage's figure from the build's
-            return f"about {duration(stage_left_s)} left of {stage} ({basis or MEASURED_HERE})" + unknown
+            return f"about {duration(stage_left_s)} left of {stage} ({basis_said})" + unknown
         # Two figures of two bases, said apart: "about 2m22s left (from the doctor's steps so far)"
         # read to a newcomer as the doctor's, 3 s before it ended (the rest was the later stages')
         return (
             f"about {duration(stage_left_s + later)} left of the build: {duration(stage_left_s)} of {stage} "
-            f"({basis or MEASURED_HERE}), then {duration(later)} for the stages after it (from earlier builds)"
+            f"({basis_said}), then {duration(later)} for the stages after it (from earlier builds)"
         )
     last = expected.get(stage)
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
@@ -120,6 +128,14 @@ def outlook(
         )
     scope = "the build" if later >= 0.5 else stage
     return f"about {duration(last - in_stage_s + later)} left of {scope} (from earlier builds)"
+
+
+def overran(expected: Mapping[str, float], stage: str, in_stage_s: float, stage_left_s: float | None) -> bool:
+    """Whether outlook() says now that ``stage`` runs past its estimate (its own, else the last
+    build's figure): a new estimate after that is a revised one."""
+    last = expected.get(stage) if stage_left_s is None else None
+    left_s = stage_left_s if stage_left_s is not None else None if last is None else last - in_stage_s
+    return left_s is not None and left_s < 0 and not _at_estimate(left_s)
 
 
 def _at_estimate(left_s: float) -> bool:
