@@ -148,7 +148,8 @@ def work_folder() -> Path:
 
 def announce(recipe: Recipe, work: Path) -> str:
     return (
-        f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} (removed if identical, kept if not; {recipe.target}, {recipe.rebuild.said}, "
+        f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} (removed if identical, kept if not; "
+        f"{recipe.target}, {recipe.rebuild.said}, "
         f"root {recipe.root}, the compile options the wheel records ({recipe.forced.chosen}): no option search)"
     )
 
