@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..services.contention import OthersBusy
 from ..services.progress import check_stop, estimate, step
 from ..services.wording import figure, ratio
 
@@ -26,6 +27,9 @@ WARMUP_RUNS = 2
 @dataclass(frozen=True)
 class Timed:
     rounds_ms: tuple[float, ...]  # each round's median, in round order
+    # how many of this process's cores other processes kept busy, on average, while the rounds ran
+    # (services/contention.py; None where it could not tell): what the spread is said with
+    others_cores: float | None = None
 
     @property
     def median_ms(self) -> float:
@@ -85,7 +89,7 @@ def time_in_rounds(
         for _ in range(WARMUP_RUNS):
             calls[name]()
     medians: dict[str, list[float]] = {name: [] for name in names}
-    started = time.perf_counter()
+    started, others = time.perf_counter(), OthersBusy()
     for index in range(rounds):
         if doing:
             step(f"{doing}: round {index + 1}/{rounds}")
@@ -94,7 +98,8 @@ def time_in_rounds(
             medians[name].append(_round_median(calls[name], synchronize))
         if last:
             estimate((time.perf_counter() - started) / (index + 1) * (rounds - index - 1), ROUNDS_SO_FAR)
-    return {name: Timed(tuple(found)) for name, found in medians.items()}
+    others_cores = others.cores()
+    return {name: Timed(tuple(found), others_cores) for name, found in medians.items()}
 
 
 def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:

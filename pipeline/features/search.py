@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CompileError, ExportError, VerificationError
+from ..services import contention
 from ..services.cache import Cache
 from ..services.progress import StepClock, check_stop, estimate, say, step
 from ..services.wording import figure
@@ -132,7 +133,8 @@ class Search:
             if self.exported.spec_file.spec.compile.search_when_noisy
             else ""
         )
-        say(f"    noise: {name} timed alone: {timed.describe()}: {payback.needed_to_win(timed)}{anyway}")
+        busy = contention.said(timed.others_cores)
+        say(f"    noise: {name} timed alone: {timed.describe()}: {payback.needed_to_win(timed)}{busy}{anyway}")
         return timed
 
     def time_passed(

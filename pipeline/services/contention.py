@@ -1,0 +1,63 @@
+"""How many of this process's cores other processes kept busy over a stretch of time: the cause a
+timing's spread is said with. A newcomer read a ViT's timing rounds of 0.14 ms and 150 ms, taken
+while a test suite ran beside the build, as a fault of ours; the rounds were right, the machine
+was busy.
+
+It reads the kernel's per-CPU counters (``/proc/stat``, the CPUs this process may run on) and
+takes out this process's own CPU time: no library reads both for one set of CPUs with less.
+Where they cannot be read (not Linux), it says nothing rather than guess."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+PROC_STAT = Path("/proc/stat")
+IDLE_FIELDS = (3, 4)  # idle, iowait: of "user nice system idle iowait irq softirq steal guest guest_nice"
+BUSY_FIELDS = 8  # guest and guest_nice are counted in user and nice already
+SAID_FROM_CORES = 0.5  # less than this, on average, is not worth a word
+
+
+def _busy_s(cpus: frozenset[int]) -> float | None:
+    """The seconds ``cpus`` spent busy since boot (steal included: a VM's host taking the core)."""
+    try:
+        lines = PROC_STAT.read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks += sum(int(value) for index, value in enumerate(fields[:BUSY_FIELDS]) if index not in IDLE_FIELDS)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+MEASURED_FROM_S = 0.5  # the counters tick 100 times a second: a shorter stretch says little
+
+
+class OthersBusy:
+    """Started when made; ``cores()``: the mean number of this process's cores that other processes
+    kept busy since (None where it cannot tell)."""
+
+    def __init__(self) -> None:
+        self.cpus = frozenset(os.sched_getaffinity(0))
+        self.started = (time.monotonic(), _busy_s(self.cpus), time.process_time())
+
+    def cores(self) -> float | None:
+        wall, busy, own = time.monotonic(), _busy_s(self.cpus), time.process_time()
+        wall_0, busy_0, own_0 = self.started
+        if busy is None or busy_0 is None or wall - wall_0 < MEASURED_FROM_S:
+            return None
+        return max(0.0, (busy - busy_0) - (own - own_0)) / (wall - wall_0)
+
+
+def said(others_cores: float | None) -> str:
+    """``"; other processes kept 1.9 of the 2 cores busy meanwhile (…)"``, or "" on a quiet machine
+    (or where it could not tell)."""
+    if others_cores is None or others_cores < SAID_FROM_CORES:
+        return ""
+    return (
+        f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy meanwhile, "
+        "so the rounds spread (a quieter machine times steadily)"
+    )
