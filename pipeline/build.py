@@ -7,7 +7,6 @@ values or the version changed) reuses the compiled .so and skips export and comp
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ from .stages.package import Wheel, package_wheel
 from .stages.signal_check import Signal, check_signal
 from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
-from .wheel_template.runtime._schema import CompileSearch, Manifest
+from .wheel_template.runtime._schema import Manifest
 
 
 @dataclass(frozen=True)
@@ -333,21 +332,15 @@ def package_stage(
 ) -> Packaged:
     with ctx.progress.stage("package"):
         manifest, shared, static_libraries = static.package(
-            build_manifest(exported, compiled, verified, search_record(tuned)), exported, compiled, sizes, ctx.work_dir
+            build_manifest(exported, compiled, verified, tuned.manifest_record()),
+            exported,
+            compiled,
+            sizes,
+            ctx.work_dir,
         )
         extras = [verified.golden_file, *shared] + ([verified.weights_file] if verified.weights_file else [])
         artifacts = list(compiled.artifacts) + static_libraries
         return Packaged(package_wheel(manifest, artifacts, extras, ctx.work_dir), manifest, sizes)
-
-
-def search_record(tuned: Tuned) -> CompileSearch:
-    """The manifest's record of the option search (its timings stay in the report: in the
-    manifest they would make every wheel's bytes differ)."""
-    return {
-        "chosen": tuned.chosen,
-        "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in tuned.trials],
-        "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in tuned.skipped],
-    }
 
 
 def _reuse_build(ctx: BuildContext, key: str) -> BuildResult:
@@ -393,14 +386,7 @@ def make_report(
         "content_hash": manifest["content_hash"],
         "weights": {k: v for k, v in manifest["weights"].items() if k != "tensors"},
         "compile_cache": {"key": manifest["compile_cache_key"], "reused": all(t.from_cache for t in tuned.trials)},
-        "compile_search": {
-            "chosen": tuned.chosen,
-            "why": tuned.why,
-            "candidates": [dataclasses.asdict(trial) for trial in tuned.trials],
-            "not_tried": [dataclasses.asdict(skip) for skip in tuned.skipped],
-            "cost": dataclasses.asdict(tuned.cost),  # what the search cost and won (payback.py)
-            "graph_ops": tuned.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
-        },
+        "compile_search": tuned.report_record(),
     }
     if packaged.sizes.models:
         report["static"] = static.report(packaged.sizes)

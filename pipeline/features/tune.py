@@ -28,6 +28,7 @@ from ..services.progress import expected_s, say
 from ..stages import constants
 from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
+from ..wheel_template.runtime._schema import CompileSearch
 from . import first_guess, payback, rounds
 from . import outlook as search_time
 from .candidates import Skipped, candidates
@@ -47,6 +48,26 @@ class Tuned:
     why: str = ""  # why the chosen candidate was chosen (pipeline/features/rounds.py)
     cost: payback.Cost = payback.Cost()  # what the search cost and won
     graph_ops: int | None = None  # the exported graph's size: a later first build's guess (first_guess.py)
+
+    def manifest_record(self) -> CompileSearch:
+        """The manifest's record of the search (its timings stay in the report: in the manifest
+        they would make every wheel's bytes differ)."""
+        return {
+            "chosen": self.chosen,
+            "candidates": [{"name": t.name, "options": t.options, "verified": t.passed} for t in self.trials],
+            "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in self.skipped],
+        }
+
+    def report_record(self) -> dict[str, Any]:
+        """The report's record of the search: the manifest's, with why, the timings and the cost."""
+        return {
+            "chosen": self.chosen,
+            "why": self.why,
+            "candidates": [dataclasses.asdict(trial) for trial in self.trials],
+            "not_tried": [dataclasses.asdict(skip) for skip in self.skipped],
+            "cost": dataclasses.asdict(self.cost),  # what the search cost and won (payback.py)
+            "graph_ops": self.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
+        }
 
 
 def plans(
