@@ -249,10 +249,8 @@ def check_wheel(dirs: BuildDirs, folder: Path, family: str, venv_python: Path) -
 # classifier's pixel_values) in `make test-slow`: what this test checks beyond its spec (the summary's
 # lines, the wheel's record and install) is the same for both, and a build is half a minute of CPU.
 @pytest.mark.parametrize("family", [pytest.param("vit", marks=pytest.mark.slow), "bert"])
-def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
-    overrides = tmp_path / "overrides.toml"
-    overrides.write_text(NO_SEARCH)
-    dirs, ran, folder = hf_build(tmp_path, family, "--spec", str(overrides))
+def test_checkpoint_builds_installs_verifies_and_reproduces(family, hf_venv, tmp_path):
+    dirs, ran, folder = hf_build(tmp_path, family, "--no-search")
     assert ran.code == 0, ran.err
     # --name hf_vit: the summary names the import, the wheel's command (run below) and its install
     assert f"  import    import model_hf_{family}; model = model_hf_{family}.load()" in ran.err
@@ -262,6 +260,14 @@ def test_checkpoint_builds_installs_and_verifies(family, hf_venv, tmp_path):
         "--extra-index-url https://download.pytorch.org/whl/cpu\n" in ran.err
     )
     check_wheel(dirs, folder, family, hf_venv)
+    # A --hf build's report names the folder's config.json as its spec, and reproduce read that as
+    # TOML ('config.json: not valid TOML', exit 3): it makes the spec again from the folder, as
+    # `build --hf` did.
+    wheel = next(dirs.dist.glob("*.whl"))
+    again = run_cli("reproduce", str(wheel), timeout=1800)
+    assert again.code == 0, again.err
+    last = again.err.splitlines()[-1]
+    assert last == f"identical: {wheel.name} is byte for byte its rebuild from {folder / 'config.json'}", last
 
 
 @pytest.mark.slow

@@ -106,27 +106,6 @@ def test_a_wheel_name_that_is_not_there_gets_the_wheels_beside_it(wheel):
     ]
 
 
-def test_a_checkpoint_wheel_is_rebuilt_from_its_folder(dirs, tmp_path):
-    """A --hf build's report names the folder's config.json as its spec, and reproduce read that as
-    TOML ('config.json: not valid TOML', exit 3): it makes the spec again from the folder, as `build
-    --hf` did."""
-    from .test_hf_build import save_bert
-
-    folder = save_bert(tmp_path / "bert")
-    ran = run_cli(
-        "build", "--hf", str(folder), "--task", "feature-extraction", "--name", "hf_bert", "--version", "1.0",
-        "--no-search", *dirs.args(),
-    )  # fmt: skip
-    assert ran.code == 0, ran.err
-    wheel = next(dirs.dist.glob("*.whl"))
-    again = run_cli("reproduce", str(wheel))
-    assert again.code == 0, again.err
-    assert (
-        again.err.splitlines()[-1]
-        == f"identical: {wheel.name} is byte for byte its rebuild from {folder / 'config.json'}"
-    )
-
-
 def test_packed_weights_descriptors_lose_their_padding_bytes():
     """A frozen unet's packed weights' oneDNN descriptors, which the sources carry byte for byte,
     held whatever memory held in two 4-byte padding holes (0x7f8f in the search's worker, 0x7f71 in
