@@ -253,11 +253,12 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
             if err["type"] == "extra_forbidden":
                 near = difflib.get_close_matches(str(loc[-1]), _keys_beside(loc), n=1, cutoff=0.75)
                 spelling = f"did you mean '{near[0]}'?" if near else "check its spelling;"
-                message = f"unknown key ({spelling} see docs/quickstart.md for the spec keys)"
+                message = f"unknown key ({spelling} `modelwheel schema` lists the spec keys)"
             problems.append(f"  key '{_key(loc)}': {message}")
         raise SpecError(
             f"{where}: invalid spec\n" + "\n".join(problems),
-            "fix the keys listed above; docs/quickstart.md describes every spec key",
+            "fix the keys listed above; docs/quickstart.md describes every spec key, and `modelwheel schema` prints "
+            "them (where the tool was installed without its docs)",
         ) from exc
     spec_file = SpecFile(path=spec_path, spec=spec)
     weights = spec_file.weights_path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,12 @@ def test_repeated_names_are_refused(tmp_path):
 def test_a_misspelt_key_in_a_targets_section_gets_the_key_it_likely_meant(tmp_path):
     message = spec_error(tmp_path, GOOD.replace("search = false", "serach = false") + '\n[build]\ntarget = ["cpu"]\n')
     assert "key 'build.target': unknown key (did you mean 'targets'?" in message
-    assert "key 'compile.serach': unknown key (did you mean 'search'?" in message
+    assert (
+        "key 'compile.serach': unknown key (did you mean 'search'? `modelwheel schema` lists the spec keys)" in message
+    )
+    # where the docs are not (a pip-installed tool), the schema the message names holds the key
+    schema = json.loads(run_cli("schema").out)
+    assert "search" in schema["definitions"]["CompileSection"]["properties"]
     message = spec_error(tmp_path, GOOD + "\n[build.cpu]\nisaa = 'avx2'\n")
     assert "key 'build.cpu.isaa': unknown key (did you mean 'isa'?" in message
 
