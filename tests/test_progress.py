@@ -584,6 +584,9 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
             f"the first compile running 5s past its estimate ({scaled.basis}); the stage's figure comes once it is "
             "timed"
         )
+        # the stage's first figure, once the first compile is timed: not a revision of the first compile's
+        searching.estimate(40.0)
+        assert searching.outlook() == "about 40s left of compile (from this build's compiles)" + FIRST_BUILD
 
 
 def test_parallel_builds_each_give_their_record(json_build, tmp_path):

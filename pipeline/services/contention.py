@@ -10,10 +10,12 @@ Where they cannot be read (not Linux), it says nothing rather than guess."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
+PER_CPU = re.compile(r"cpu(\d+)")  # one CPU's counters (the first line sums them all)
 IDLE_FIELDS = (3, 4)  # idle, iowait: of "user nice system idle iowait irq softirq steal guest guest_nice"
 BUSY_FIELDS = 8  # guest and guest_nice are counted in user and nice already
 SAID_FROM_CORES = 0.5  # less than this, on average, is not worth a word
@@ -28,7 +30,7 @@ def _busy_s(cpus: frozenset[int]) -> float | None:
     ticks = 0
     for line in lines:
         name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+        if (one := PER_CPU.fullmatch(name)) and int(one[1]) in cpus:
             ticks += sum(int(value) for index, value in enumerate(fields[:BUSY_FIELDS]) if index not in IDLE_FIELDS)
     return ticks / os.sysconf("SC_CLK_TCK")
 

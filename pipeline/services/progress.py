@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TextIO
 
-from .wording import outlook, overran, status_text, took
+from .wording import FIRST_COMPILE, outlook, overran, status_text, took
 
 # The signal that asked the build to stop, if any. A signal handler's exception can land where
 # Python swallows it (a weakref callback inside torch), so stages also check this at each boundary.
@@ -110,7 +110,12 @@ class Progress:
     def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
         """The running stage's own estimate of what is left of it (the search's); None: none now."""
         now = time.perf_counter()
-        if self.current is not None and not self.revised:
+        # The first compile's guess overrun is no stage figure revised: the stage's first comes after it
+        # (every line of a newcomer's search said "revised" once its first compile was timed).
+        first_compile_ends = (self.basis or "").startswith(FIRST_COMPILE) and not (basis or "").startswith(
+            FIRST_COMPILE
+        )
+        if self.current is not None and not self.revised and not first_compile_ends:
             in_stage_s, left_s = now - self.current[1], None if self.stage_end is None else self.stage_end - now
             self.revised = overran(self.expected, self.current[0], in_stage_s, left_s)
         self.stage_end = None if stage_left_s is None else now + stage_left_s
