@@ -16,7 +16,9 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from .arguments import parser
@@ -31,10 +33,36 @@ from .services.progress import stop_requested
 _settled = threading.Event()
 
 
-def _raise_interrupted(signum: int, _frame: object) -> None:
+# Where a KeyboardInterrupt must not be raised: a dispatch mode's Python code, called from torch's
+# C++. Raised there while a build traced, it left FakeTensorMode set twice, and the process ended
+# in "terminate called after throwing an instance of 'c10::Error'" (SIGABRT), not with its exit code.
+IN_TORCH_DISPATCH = frozenset({"__torch_dispatch__", "__torch_function__"})
+REDELIVER_S = 0.01
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     # KeyboardInterrupt, not an Exception: torch's own `except Exception` handlers must not swallow it.
-    stop_requested.append(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if name not in stop_requested:
+        stop_requested.append(name)
+    if _in_torch_dispatch(frame):  # a moment later, outside it
+        _later(_interrupt_main_unless_settled, signal.Signals(signum))
+        return
     raise KeyboardInterrupt
+
+
+def _in_torch_dispatch(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name in IN_TORCH_DISPATCH:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _later(function: Callable[[signal.Signals], None], signum: signal.Signals) -> None:
+    timer = threading.Timer(REDELIVER_S, function, args=(signum,))
+    timer.daemon = True
+    timer.start()
 
 
 def _redeliver_swallowed_interrupt(unraisable: sys.UnraisableHookArgs) -> None:
@@ -44,9 +72,7 @@ def _redeliver_swallowed_interrupt(unraisable: sys.UnraisableHookArgs) -> None:
     a moment later, so it lands in the build's own code."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and stop_requested:
         # Not from here: raised inside this hook, Python would drop it again.
-        timer = threading.Timer(0.01, _interrupt_main_unless_settled, args=(signal.Signals[stop_requested[0]],))
-        timer.daemon = True
-        timer.start()
+        _later(_interrupt_main_unless_settled, signal.Signals[stop_requested[0]])
         return
     sys.__unraisablehook__(unraisable)
 

@@ -94,6 +94,40 @@ def test_interrupt_redelivered_after_the_outcome_does_not_kill_the_process():
     assert "error: matrix stopped by SIGINT" in ran.stderr
 
 
+def test_an_interrupt_inside_a_torch_dispatch_mode_waits_until_it_returns():
+    """A parallel build stopped by Ctrl-C while it traced ended in "terminate called after throwing an
+    instance of 'c10::Error' … trying to set the current FakeTensorMode, but one already exists"
+    (SIGABRT), not with its exit code: the KeyboardInterrupt was raised inside a dispatch mode's
+    Python code, called from torch's C++. It is raised a moment later, outside it."""
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from pipeline import cli
+
+        class Interrupted(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, at the next bytecode
+                for _ in range(1000):
+                    pass
+                return func(*args, **(kwargs or {}))
+
+        signal.signal(signal.SIGINT, cli._raise_interrupted)
+        with Interrupted():
+            out = torch.ones(3) + 1
+        print("the op returned", out.tolist(), flush=True)
+        try:
+            time.sleep(5)
+        except KeyboardInterrupt:
+            print("interrupted after it", flush=True)
+            sys.exit(0)
+        sys.exit(3)
+    """)
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.splitlines() == ["the op returned [2.0, 2.0, 2.0]", "interrupted after it"], ran.stdout
+
+
 # -- Ctrl-C to a parallel build ----------------------------------------------------------
 
 
