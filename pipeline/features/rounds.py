@@ -114,7 +114,7 @@ def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
         # said where true: "no candidate is faster beyond the noise" undersold a freezing 2.5x slower
         lowest = "; it has the lowest median too" if min(timed, key=lambda n: timed[n].median_ms) == baseline else ""
         return baseline, (
-            f"no candidate is faster beyond the noise measured in this run: none has its slowest round "
+            f"no candidate is faster beyond the noise its rounds measured: none has its slowest round "
             f"under {baseline}'s fastest ({figure(base.low_ms)} ms){lowest}"
         )
     best = min(winners, key=lambda name: timed[name].median_ms)

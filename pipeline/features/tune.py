@@ -272,7 +272,12 @@ def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
         for c in recorded
     )
     skipped = tuple(Skipped(s["name"], s["reason"]) for s in locked.search.get("not_tried", []))
-    why = f"locked in {locked.path.name}" + (f" (the search there: {locked.why})" if locked.why else "")
+    # "the search that wrote it": the reason's figures are that search's, not this build's (a newcomer's
+    # AVX2 build quoted "the noise measured in this run", though it measured nothing)
+    source = (
+        f"the options {locked.path.name} records" if locked.path.suffix == ".whl" else f"locked in {locked.path.name}"
+    )
+    why = source + (f" (the search that wrote it: {locked.why})" if locked.why else "")
     return dataclasses.replace(tuned, trials=trials, skipped=skipped, why=why)
 
 
