@@ -166,6 +166,17 @@ def _not_one_of(value: object, expected: str) -> str:
     return f"{value!r} is not one of {expected}" + (f"; did you mean '{near[0]}'?" if near else "")
 
 
+def _likely_key(typed: str, beside: list[str], lacking: list[str]) -> str | None:
+    """The key ``typed`` likely meant: one with the same letters, of those the spec lacks there first
+    (a newcomer's ``mxa`` for a missing ``max``, 0.67 alike by difflib's measure, under its cutoff),
+    else the closest of the keys beside it."""
+    for key in [*lacking, *beside]:
+        if sorted(key) == sorted(typed):
+            return key
+    near = difflib.get_close_matches(typed, beside, n=1, cutoff=0.75)
+    return near[0] if near else None
+
+
 def _keys_beside(loc: tuple[object, ...]) -> list[str]:
     """The keys the spec takes where ``loc``'s last key stands: those its "did you mean" picks
     from (a newcomer's ``atoll`` and ``serach`` got only "check its spelling")."""
@@ -242,17 +253,21 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
+        problems, errors = [], exc.errors()
+        missing = [err["loc"] for err in errors if err["type"] == "missing"]
+        for err in errors:
             message = err["msg"].removeprefix("Value error, ")
             loc = err["loc"]
             if not loc and (nested := TOP_LEVEL_KEY.match(message)):
                 loc, message = (nested.group(1),), nested.group(2)
             if err["type"] == "literal_error":  # pydantic named neither the value nor the likely one
                 message = _not_one_of(err["input"], err.get("ctx", {}).get("expected", ""))
+            if err["type"] == "missing":  # pydantic's "Field required", the one capitalised message
+                message = "required, and not given"
             if err["type"] == "extra_forbidden":
-                near = difflib.get_close_matches(str(loc[-1]), _keys_beside(loc), n=1, cutoff=0.75)
-                spelling = f"did you mean '{near[0]}'?" if near else "check its spelling;"
+                lacking = [str(m[-1]) for m in missing if m[:-1] == loc[:-1]]
+                near = _likely_key(str(loc[-1]), _keys_beside(loc), lacking)
+                spelling = f"did you mean '{near}'?" if near else "check its spelling;"
                 message = f"unknown key ({spelling} `modelwheel schema` lists the spec keys)"
             problems.append(f"  key '{_key(loc)}': {message}")
         raise SpecError(

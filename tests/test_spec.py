@@ -107,6 +107,10 @@ def test_a_misspelt_key_in_a_targets_section_gets_the_key_it_likely_meant(tmp_pa
     # where the docs are not (a pip-installed tool), the schema the message names holds the key
     schema = json.loads(run_cli("schema").out)
     assert "search" in schema["definitions"]["CompileSection"]["properties"]
+    # a transposition, beside the key it stands for, now missing: difflib alone found 'mxa' too far from 'max'
+    message = spec_error(tmp_path, GOOD.replace("max = 4", "mxa = 4"))
+    assert "key 'dims.batch.mxa': unknown key (did you mean 'max'?" in message
+    assert "key 'dims.batch.max': required, and not given" in message  # not pydantic's "Field required"
     message = spec_error(tmp_path, GOOD + "\n[build.cpu]\nisaa = 'avx2'\n")
     assert "key 'build.cpu.isaa': unknown key (did you mean 'isa'?" in message
 
