@@ -256,12 +256,13 @@ def test_in_a_pipe_status_lines_come_while_a_c_call_holds_the_gil(tmp_path):
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", ran.stderr), ran.stderr  # no control characters in a pipe
 
 
-def test_the_live_area_says_the_time_left_in_its_second_row_without_its_basis(monkeypatch):
+def test_the_live_area_says_the_time_left_in_its_own_row_without_its_basis(monkeypatch):
     """In one row, 'compile 2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time · 45s in
     compile · 54s in all · about 1m00s left of compile (from this build's compiles and noise rounds);
-    no figure yet …' was cut before its figure on an 80-column terminal; the scrolled lines say the basis."""
+    no figure yet …' was cut before its figure on an 80-column terminal, and beside the times,
+    '… · compile stage finishing, at the revised esti' was; the scrolled lines say the basis."""
     from pipeline.services import live
-    from pipeline.services.wording import brief
+    from pipeline.services.wording import FIRST_COMPILE, brief, part_only
 
     clock = [1000.0]
     monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
@@ -269,18 +270,30 @@ def test_the_live_area_says_the_time_left_in_its_second_row_without_its_basis(mo
     status.apply({"stage": "compile", "began": 991.0})
     status.apply({"step": "2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"})
     status.apply({"stage_end": 1060.0, "basis": "from this build's compiles and noise rounds"})
-    head, times = status.area().split("\n")
-    assert head == "compile 2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"
-    assert times == "  9s in compile · 45s in all · about 1m00s left of compile"
+    assert status.area().split("\n") == [
+        "compile 2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time",
+        "  9s in compile · 45s in all",
+        "  about 1m00s left of compile",
+    ]
     assert "(from this build's compiles and noise rounds)" in status.line()  # the scrolled status keeps it
     clock[0] = 1070.0  # past it, then a new estimate: the build says it is a revised one (Progress.estimate)
-    assert status.area().endswith("· compile stage running 10s past the estimate")
+    assert status.area().endswith("\n  running 10s past the estimate")  # the row above names the stage
     status.apply({"stage_end": 1070.2, "basis": None, "revised": True})
-    assert status.area().endswith("· compile stage finishing, at the revised estimate"), status.area()
+    assert status.area().endswith("\n  finishing, at the revised estimate"), status.area()
+    status.apply({"stage_end": 1100.0, "basis": "from this build's compiles", "revised": True})
+    assert status.area().endswith("\n  about 30s left of compile, revised"), status.area()
+    clock[0] = 4000.0  # minutes in: every row still fits 80 columns
+    assert all(len(row) <= 80 for row in status.area().split("\n")), status.area()
+    # a part's figure says the part: "about 2s left of compile" was the first candidate's verification,
+    # said on a terminal 3 minutes before the stage ended
+    part = part_only("the first candidate's verification") + "from its cases so far"
+    status.apply({"stage_end": 4002.0, "basis": part, "revised": False})
+    assert status.area().endswith("\n  about 2s left of the first candidate's verification"), status.area()
     assert brief(
-        "about 27s left of the build: 20s of compile (from this build's compiles), then 7s for the stages after it "
-        "(from earlier builds)"
-    ) == ("about 27s left of the build: 20s of compile, then 7s for the stages after it")
+        "about 27s left of the build: 20s of compile (revised, from this build's compiles), then 7s for the stages "
+        "after it (from earlier builds)"
+    ) == ("about 27s left of the build: 20s of compile, revised, then 7s after it")
     assert brief(
         "about 56s left of the first compile (a first guess from the graph's 734 ops); the stage's figure"
     ) == ("about 56s left of the first compile")
+    assert FIRST_COMPILE == part_only("the first compile")

@@ -417,7 +417,21 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "compile stage running 5s past the revised estimate (from this build's compiles), then about 7s for the "
             "stages after it (from earlier builds)"
         )
-        assert brief(progress.outlook()).startswith("compile stage running 5s past the revised estimate, then about 7s")
+        assert brief(progress.outlook()) == "running 5s past the revised estimate, then about 7s after it"
+    # a new figure that ends much later than the last one is revised too: "about 9s left", then
+    # "about 1m12s left" of the timing rounds, with no word of it
+    rounds = Progress(io.StringIO())
+    with rounds.stage("compile"):
+        rounds.estimate(9.0, "the noise rounds' time, for each candidate")
+        clock[0] += 2.0
+        rounds.estimate(70.0, "from the timing rounds so far")
+        assert rounds.outlook() == "about 1m10s left of compile (revised, from the timing rounds so far)" + FIRST_BUILD
+    steady = Progress(io.StringIO())
+    with steady.stage("compile"):
+        steady.estimate(60.0)
+        clock[0] += 10.0
+        steady.estimate(55.0)  # 5 s later than the last said: no revision worth a word
+        assert steady.outlook() == "about 55s left of compile (from this build's compiles)" + FIRST_BUILD
     # a stage the last build did not have (static sizes): what comes after it, not a figure for it
     with progress.stage("static"):
         assert progress.outlook() == "about 4s after this stage (from earlier builds)"

@@ -18,7 +18,7 @@ from ..errors import CompileError, ExportError, VerificationError
 from ..services import contention
 from ..services.cache import Cache
 from ..services.progress import StepClock, check_stop, estimate, say, step
-from ..services.wording import figure
+from ..services.wording import figure, part_only
 from ..stages.compile import Compiled, CompilePlan, compile_model
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
@@ -41,7 +41,7 @@ class Trial:
 
 
 FROM_CACHE = " (compiled earlier, from the build cache)"
-FIRST_VERIFY = "the first candidate's verification, from its cases so far"
+FIRST_VERIFY = part_only("the first candidate's verification") + "from its cases so far"
 # Said while the first candidate's cases are too few for a figure: the first compile's guess, run
 # out, read "compile stage running 4s past the estimate" to a newcomer while the stage was on time.
 FIRST_VERIFY_PENDING = "time left: once its first cases are verified"  # short: a row of an 80-column terminal

@@ -89,15 +89,18 @@ class Status:
         return None if now is None else status_text(now[0], self.detail, *now[1:])
 
     def area(self) -> str | None:
-        """The live area's two rows: what runs, then the times and the figure left, without what the
-        figure rests on (the scrolled lines say that). In one row, 'about 56s left' was cut off on an
-        80-column terminal, and at 220 the tail still was."""
+        """The live area's rows: what runs, the times, then the figure left, without what it rests on
+        (the scrolled lines say that). In one row, 'about 56s left' was cut off on an 80-column
+        terminal; beside the times, 'compile stage finishing, at the revised estimate' was too."""
         now = self._now()
         if now is None:
             return None
         name, in_stage_s, in_all_s, ahead = now
-        times = [f"{duration(in_stage_s)} in {name}", f"{duration(in_all_s)} in all", *filter(None, [brief(ahead)])]
-        return f"{name}{f' {self.detail}' if self.detail else ''}\n  " + " · ".join(times)
+        rows = [
+            name + (f" {self.detail}" if self.detail else ""),
+            f"  {duration(in_stage_s)} in {name} · {duration(in_all_s)} in all",
+        ]
+        return "\n".join(rows + [f"  {short}" for short in [brief(ahead)] if short])
 
     def render(self) -> RenderableType:
         from rich.spinner import Spinner

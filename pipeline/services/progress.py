@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TextIO
 
-from .wording import FIRST_COMPILE, outlook, overran, status_text, took
+from .wording import PART_ONLY, outlook, overran, status_text, took
 
 # The signal that asked the build to stop, if any. A signal handler's exception can land where
 # Python swallows it (a weakref callback inside torch), so stages also check this at each boundary.
@@ -110,16 +110,23 @@ class Progress:
     def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
         """The running stage's own estimate of what is left of it (the search's); None: none now."""
         now = time.perf_counter()
-        # The first compile's guess overrun is no stage figure revised: the stage's first comes after it
-        # (every line of a newcomer's search said "revised" once its first compile was timed).
-        first_compile_ends = (self.basis or "").startswith(FIRST_COMPILE) and not (basis or "").startswith(
-            FIRST_COMPILE
-        )
-        if self.current is not None and not self.revised and not first_compile_ends:
-            in_stage_s, left_s = now - self.current[1], None if self.stage_end is None else self.stage_end - now
-            self.revised = overran(self.expected, self.current[0], in_stage_s, left_s)
+        if self.current is not None and not self.revised:
+            self.revised = self._revises(now, stage_left_s, basis)
         self.stage_end = None if stage_left_s is None else now + stage_left_s
         self.basis = basis
+
+    def _revises(self, now: float, stage_left_s: float | None, basis: str | None) -> bool:
+        """Whether a new estimate revises the stage's figure: the last one ran out (overran()), or this
+        one ends much later than it did (a newcomer's "about 9s left", then "about 1m12s left"). The
+        end of one part's figure (the first compile's guess, the first candidate's verification) is
+        no revision: the stage's own figure comes after it."""
+        if PART_ONLY.match(self.basis or "") and basis != self.basis:
+            return False
+        assert self.current is not None
+        left_s = None if self.stage_end is None else self.stage_end - now
+        if overran(self.expected, self.current[0], now - self.current[1], left_s):
+            return True
+        return left_s is not None and stage_left_s is not None and stage_left_s - left_s > max(10.0, left_s / 2)
 
     def outlook(self) -> str | None:
         if self.current is None:

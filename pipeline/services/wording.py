@@ -46,9 +46,19 @@ def ratio(value: float) -> str:
 MEASURED_HERE = "from this build's compiles"
 
 
-# A basis that begins so is the first compile's figure alone, in a search: said as "left of the first
-# compile", as "left of compile (for the first compile only: …)" read to a newcomer as the stage's.
-FIRST_COMPILE = "for the first compile only: "
+# A basis that begins "for <part> only: " is a figure of that part of the stage alone, in a search:
+# said as "left of the first compile", as "left of compile (for the first compile only: …)" read
+# to a newcomer as the stage's; and "about 2s left of compile", the first candidate's verification
+# alone, said on a terminal 3 minutes before the stage ended.
+PART_ONLY = re.compile(r"for (.+?) only: (.*)")
+
+
+def part_only(part: str) -> str:
+    """The start of a basis of ``part``'s figure alone (PART_ONLY)."""
+    return f"for {part} only: "
+
+
+FIRST_COMPILE = part_only("the first compile")
 
 
 def outlook(
@@ -92,15 +102,16 @@ def outlook(
     # past or at it, "the revised estimate (basis)"; a figure left, "(revised, basis)"
     the_estimate = f"the {'revised ' if revised else ''}estimate ({basis or MEASURED_HERE})"
     basis_said = f"revised, {basis or MEASURED_HERE}" if revised else basis or MEASURED_HERE
-    if stage_left_s is not None and basis is not None and basis.startswith(FIRST_COMPILE):
-        guess, rest = basis[len(FIRST_COMPILE) :], "the stage's figure comes once it is timed"
+    if stage_left_s is not None and basis is not None and (part := PART_ONLY.fullmatch(basis)):
+        what, guess = part[1], part[2]
+        rest = "the stage's figure comes " + ("once it is timed" if basis.startswith(FIRST_COMPILE) else "after it")
         its = "its revised estimate" if revised else "its estimate"
         if _at_estimate(stage_left_s):
-            return f"the first compile finishing, at {its} ({guess}); {rest}"
+            return f"{what} finishing, at {its} ({guess}); {rest}"
         if stage_left_s < 0:
-            return f"the first compile running {duration(-stage_left_s)} past {its} ({guess}); {rest}"
+            return f"{what} running {duration(-stage_left_s)} past {its} ({guess}); {rest}"
         guess = f"revised, {guess}" if revised else guess
-        return f"about {duration(stage_left_s)} left of the first compile ({guess}); {rest}"
+        return f"about {duration(stage_left_s)} left of {what} ({guess}); {rest}"
     if stage_left_s is not None:
         if _at_estimate(stage_left_s):
             return f"{stage} stage finishing, at {the_estimate}" + (then or unknown)
@@ -145,12 +156,20 @@ def _at_estimate(left_s: float) -> bool:
 
 
 def brief(ahead: str | None) -> str | None:
-    """outlook()'s figure without what it rests on: its parentheses and what follows a ';'."""
+    """outlook()'s figure for the live area's own row, under the stage's: without what it rests on
+    (its parentheses and what follows a ';') but with what it covers, ``revised`` kept (a newcomer's
+    "about 30s left of compile" followed "running 34s past the estimate" with no word of it), and
+    without the stage's name, which the row above says."""
     if ahead is None:
         return None
     text, shorter = ahead.split("; ")[0], ""
+    revised = "(revised, " in text and "revised " not in text
     while shorter != text:  # nested parentheses, innermost first
         shorter, text = text, re.sub(r" \([^()]*\)", "", text)
+    text = re.sub(r"^\w+ stage ", "", text).replace(" for the stages after it", " after it")
+    if revised:  # after the stage's own figure: before the later stages', where there are any
+        figure_end = text.find(", then ") if ", then " in text else len(text)
+        text = f"{text[:figure_end]}, revised{text[figure_end:]}"
     return text
 
 
