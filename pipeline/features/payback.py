@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..services import contention
 from ..services.cache import newest_reports
 from ..services.wording import figure, ratio
 from .rounds import Timed
@@ -163,7 +162,7 @@ def undecided(timed: dict[str, Timed], baseline: str) -> str | None:
     return (
         f"    too noisy to decide: {baseline}'s own rounds spread {ratio(needed)} ({figure(timed[baseline].low_ms)}-"
         f"{figure(timed[baseline].high_ms)} ms), wider than the {ratio(best)} a candidate here is expected to gain at "
-        f"best, so no median here can be trusted{contention.said(timed[baseline].others_cores)}; "
+        f"best, so no median here can be trusted{timed[baseline].busy()}; "
         f"{baseline} is kept, and nothing is locked (the next build "
         "searches again)"
     )
@@ -180,7 +179,7 @@ def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
         f"{which} after {baseline} to win (rounds {figure(noise.low_ms)} to "
-        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread){contention.said(noise.others_cores)}; "
+        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread){noise.busy()}; "
         "build on a quieter machine for a search, "
         "or set `[compile] search_when_noisy = true` to compile them anyway"
     )

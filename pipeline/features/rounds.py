@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..services.contention import OthersBusy
+import torch
+
+from ..services import contention
 from ..services.progress import check_stop, estimate, step
 from ..services.wording import figure, ratio
 
@@ -28,8 +30,14 @@ WARMUP_RUNS = 2
 class Timed:
     rounds_ms: tuple[float, ...]  # each round's median, in round order
     # how many of this process's cores other processes kept busy, on average, while the rounds ran
-    # (services/contention.py; None where it could not tell): what the spread is said with
+    # (services/contention.py; None where it could not tell), and the model's threads: what the
+    # spread is said with
     others_cores: float | None = None
+    threads: int = 1
+
+    def busy(self) -> str:
+        """What other processes did to the rounds, where they took half a core or more (contention.said)."""
+        return contention.said(self.others_cores, self.threads)
 
     @property
     def median_ms(self) -> float:
@@ -89,7 +97,7 @@ def time_in_rounds(
         for _ in range(WARMUP_RUNS):
             calls[name]()
     medians: dict[str, list[float]] = {name: [] for name in names}
-    started, others = time.perf_counter(), OthersBusy()
+    started, others = time.perf_counter(), contention.OthersBusy()
     for index in range(rounds):
         if doing:
             step(f"{doing}: round {index + 1}/{rounds}")
@@ -99,7 +107,8 @@ def time_in_rounds(
         if last:
             estimate((time.perf_counter() - started) / (index + 1) * (rounds - index - 1), ROUNDS_SO_FAR)
     others_cores = others.cores()
-    return {name: Timed(tuple(found), others_cores) for name, found in medians.items()}
+    threads = torch.get_num_threads()  # the OpenMP threads the calls ran on
+    return {name: Timed(tuple(found), others_cores, threads) for name, found in medians.items()}
 
 
 def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from ..errors import CompileError, ExportError, VerificationError
-from ..services import contention
 from ..services.cache import Cache
 from ..services.progress import StepClock, check_stop, estimate, say, step
 from ..services.wording import figure, part_only
@@ -133,7 +132,7 @@ class Search:
             if self.exported.spec_file.spec.compile.search_when_noisy
             else ""
         )
-        busy = contention.said(timed.others_cores)
+        busy = timed.busy()
         say(f"    noise: {name} timed alone: {timed.describe()}: {payback.needed_to_win(timed)}{busy}{anyway}")
         return timed
 
