@@ -233,9 +233,13 @@ class Outlook:
         if chosen or skipped:
             side = f", {min(self.workers, len(chosen))} at a time" if min(self.workers, len(chosen)) > 1 else ""
             # wall time, said as such beside the budget's summed seconds; each named with the counter it has
-            # from here on ("counted n/3 from here" was cryptic to a newcomer)
+            # from here on ("counted n/3 from here" was cryptic to a newcomer), and why that is of fewer
+            # than the first's ("1/4", then "2/3" read to a newcomer as a candidate gone without a word)
             total = len(chosen) + 1
-            counted = f" ({', '.join(f'{n}/{total} {name}' for n, name in enumerate(chosen, 2))})" if chosen else ""
+            recount = f": counted of {total}, as {', '.join(skipped)} is left out (over the search's compile budget)"
+            counters = ", ".join(f"{n}/{total} {name}" for n, name in enumerate(chosen, 2))
+            counted = f" ({counters}{recount if skipped else ''})" if chosen else ""
+            over = over if not chosen else ""
             say(
                 f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more, "
                 f"wall time, for the other {len(chosen)} candidate(s){counted}{side} and the timing{over}"
