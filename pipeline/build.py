@@ -174,7 +174,9 @@ def build_target(ctx: BuildContext) -> BuildResult:
         locked=json.dumps(locked.record(), sort_keys=True) if locked else "",
     )
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
-        _say_all(ctx, lock_notes)
+        # where the options came from (a lock's entry, or the spec's with the search off); not "the
+        # option search runs": a newcomer's unchanged build said so, then reused its wheel in 3 s
+        _say_all(ctx, lock_notes if locked or lock_key is None else [])
         return _reuse_build(ctx, build_key)
     # A running build's output folder: said now, not after the doctor and export. Only a peek: the
     # claim, later, removes the last build's folder, which installed wheels may still link to.
@@ -212,7 +214,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
     if lock_key is not None and locked is None and tuned.cost.stopped:  # nothing was chosen: nothing to lock
         ctx.progress.say(
             f"    the search stopped before compiling a candidate: nothing locked in "
-            f"{options_lock.lock_path(ctx.spec_file.path)} (the next build searches again)"
+            f"{options_lock.lock_path(ctx.spec_file.path)} ({options_lock.SEARCHES_AGAIN})"
         )
     # a search ran: its choice is this build's lock entry (not where its timing could not tell: it said so)
     elif lock_key is not None and locked is None and not tuned.cost.undecided:

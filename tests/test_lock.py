@@ -185,3 +185,13 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
     assert f"    chose spec-options: locked in {path.name} (the search that wrote it: " in again.err, again.err
     first_wheel, second_wheel = (next((tmp_path / d).glob("*.whl")) for d in ("dist", "dist2"))
     assert first_wheel.read_bytes() == second_wheel.read_bytes(), "built from the lock: the search's own wheel"
+    # its own entry gone (a search that locked nothing), the other torch's ignored again: an unchanged build
+    # reuses the first from the build cache, and says nothing of a search it does not run (a newcomer's
+    # said "the option search runs, and its choice is added to spec.lock.json", then took 3 s)
+    entries = json.loads(path.read_text())["entries"]
+    path.write_text(
+        json.dumps({**json.loads(path.read_text()), "entries": [e for e in entries if e["torch"] == "2.0.0+cpu"]})
+    )
+    third = run_cli("build", "--spec", str(spec), "--dist", str(tmp_path / "dist3"), *args)
+    assert third.code == 0, third.err
+    assert "reusing its verified wheel" in third.err and "spec.lock.json" not in third.err, third.err

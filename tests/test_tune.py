@@ -1028,7 +1028,7 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     assert line == (
         "    too noisy to decide: spec-options's own rounds spread 1.57x (284-447 ms), wider than the 1.3x a candidate "
         "here is expected to gain at best, so no median here can be trusted; spec-options is kept, and nothing is "
-        "locked (the next build searches again)"
+        "locked (a later build searches again, unless it reuses this one from the build cache)"
     )
     # what other processes took of the cores meanwhile, said as the spread's cause: a newcomer read
     # rounds of 0.14 and 150 ms, timed while a test suite ran beside the build, as a fault of ours

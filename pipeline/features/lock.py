@@ -36,12 +36,18 @@ ABOUT = (
 )
 
 
+# Where a search locks nothing: "the next build searches again" read as a promise to a newcomer
+# whose next build reused this one from the build cache in 3 s, with no search.
+SEARCHES_AGAIN = "a later build searches again, unless it reuses this one from the build cache"
+
+
 def only_at_the_end(does: str) -> str:
     """After the line saying what the search's choice does to the lock ("adds", "replaces"): when it
-    does not, said before the search, so the build's last line ("nothing locked") breaks no promise."""
+    does not, said before the search, so the build's last line ("nothing locked") breaks no promise
+    (a newcomer's search ran to its end, its rounds could not decide, and it locked nothing)."""
     return (
-        f"    (only where the search runs to its end: one the noise stops before it compiles a candidate {does} "
-        "nothing)"
+        f"    (only where the search decides: one the noise stops before it compiles a candidate, or whose "
+        f"rounds cannot tell the candidates apart, {does} nothing)"
     )
 
 
