@@ -326,8 +326,10 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
         ran.err,
         re.M,
     ), ran.err
-    # the rebuild compiles the choice locked beside the spec: no search, no line for it
-    assert "compile options from " in again.err and "  search    " not in again.err, again.err
+    if cost["undecided"]:  # too noisy to decide (a busy machine): nothing locked, so the rebuild searches again
+        assert "compile options from " not in again.err and "nothing is locked" in ran.err, again.err
+    else:  # the rebuild compiles the choice locked beside the spec: no search, no line for it
+        assert "compile options from " in again.err and "  search    " not in again.err, again.err
 
 
 # The search stopping at its budget (the candidates left out said, in the report and, without their
@@ -1048,6 +1050,8 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     # on 2 threads, what the busy cores do to them: "other processes" alone read as the cause of calls
     # 2000x slower, which no 2 busy cores make
     threads = dataclasses.replace(busy["spec-options"], threads=2)
+    steady = dataclasses.replace(threads, rounds_ms=(100.0, 100.4, 100.2))  # agreeing rounds: no cause to name
+    assert steady.busy() == ""
     assert threads.busy() == (
         f"; other processes kept 1.9 of the {cores} cores busy meanwhile, and the model's 2 threads wait for each "
         "other at every operator while one is off its core, so some calls take far longer (a quieter machine times "
@@ -1083,12 +1087,16 @@ def test_the_rounds_measure_what_other_processes_take_of_the_cores():
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)  # started and spinning
+        wall, own = time.monotonic(), time.process_time()
         busy = tune.rounds.time_in_rounds({"spin": lambda: sum(range(20_000))}, rounds=5)["spin"]
+        own_cores = (time.process_time() - own) / (time.monotonic() - wall)
     finally:
         burner.kill()
         burner.wait()
     # one whole core, less what the scheduler gave the rounds' own process of a shared one
     assert busy.others_cores is not None and busy.others_cores > 0.6, busy
     assert busy.threads == torch.get_num_threads()
-    # and not the rounds' own core: counted, the burner and the rounds filled both of two cores
-    assert busy.others_cores <= len(os.sched_getaffinity(0)) - 0.3, busy
+    # and not the rounds' own time: counted, the others and the rounds together came to more cores than
+    # there are (the suite's other worker may hold a core too, so the burner's share alone is no bound)
+    assert own_cores > 0.15, own_cores
+    assert busy.others_cores + own_cores <= len(os.sched_getaffinity(0)) + 0.1, (busy, own_cores)

@@ -24,6 +24,7 @@ from ..services.wording import figure, ratio
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds
 WARMUP_RUNS = 2
+BUSY_SPREAD = 1.1  # rounds spread this much or more are said with what other processes took of the cores
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,10 @@ class Timed:
     threads: int = 1
 
     def busy(self) -> str:
-        """What other processes did to the rounds, where they took half a core or more (contention.said)."""
+        """What other processes did to the rounds, where they took half a core or more (contention.said)
+        and the rounds spread: beside rounds that agree within 0.5%, "some calls take far longer" is false."""
+        if self.high_ms < self.low_ms * BUSY_SPREAD:
+            return ""
         return contention.said(self.others_cores, self.threads)
 
     @property
