@@ -94,6 +94,74 @@ def test_a_frozen_model_holds_no_python_address_so_its_rebuild_is_identical(dirs
     assert not re.search(rb" at 0x[0-9a-fA-F]{6,}", library), "the .so holds a Python object's address"
 
 
+# Sixteen sums of 65536 numbers each: a CPU splits each over its threads, so what eager gives depends
+# on how many it runs on.
+SUMS_MODEL = """
+import torch
+from torch import nn
+
+
+class Sums(nn.Module):
+    def forward(self, x):
+        return torch.stack([part.sum() for part in x.chunk(16, dim=1)])
+
+
+def build():
+    return Sums()
+"""
+SUMS_SPEC = """
+[model]
+name = "sums"
+version = "0.1"
+factory = "model:build"
+
+[weights]
+seed = 0
+
+[[inputs]]
+name = "x"
+shape = [1, 1048576]
+
+[[outputs]]
+name = "y"
+rtol = 1e-3  # sums of 65536 numbers, each summed in another order
+atol = 1e-2
+
+[compile]
+search = false
+"""
+
+
+def test_a_wheel_built_on_one_thread_is_identical_to_its_rebuild_on_two(dirs, tmp_path):
+    """The search's busy-machine line advises OMP_NUM_THREADS=1 for the build; the wheel it gave
+    carried eager's golden outputs of one thread, and `reproduce` run without it (two threads)
+    said golden.safetensors differed (exit 28). The goldens are eager's on one thread, always."""
+    from safetensors.torch import load
+
+    (tmp_path / "model.py").write_text(SUMS_MODEL)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SUMS_SPEC)
+    ran = run_cli("build", "--spec", str(spec), *dirs.args(), env={"OMP_NUM_THREADS": "1"})
+    assert ran.code == 0, ran.err
+    wheel = next(dirs.dist.glob("*.whl"))
+    # the model is one whose eager outputs differ with the threads, else this test could not fail
+    with zipfile.ZipFile(wheel) as archive:
+        golden = load(archive.read("model_sums/golden.safetensors"))
+    inputs = next(t for name, t in golden.items() if name.endswith("/inputs/x"))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.stack([part.sum() for part in inputs.chunk(16, dim=1)])
+        torch.set_num_threads(2)
+        two = torch.stack([part.sum() for part in inputs.chunk(16, dim=1)])
+    finally:
+        torch.set_num_threads(threads)
+    assert not torch.equal(one, two), "these sums came out the same on one thread and two"
+    again = run_cli("reproduce", str(wheel), env={"OMP_NUM_THREADS": "2"})
+    assert again.code == 0, again.err
+    assert again.err.splitlines()[-1].startswith(f"identical: {wheel.name} is byte for byte its rebuild"), again.err
+
+
 def test_a_wheel_name_that_is_not_there_gets_the_wheels_beside_it(wheel):
     """The docs' example named a manylinux_2_28 wheel; this machine tags manylinux_2_35: 'not a
     readable wheel: [Errno 2]' and 'give a wheel modelwheel built' left a newcomer to find the name."""
