@@ -120,7 +120,10 @@ def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel
         "their manifests differ in description: Tiny test model in the kept wheel, "
         "Tiny test model, trained again in this build;" in str(refused.value)
     )
-    assert "this build's wheel is not kept (its compiled model is in the build cache)" in str(refused.value)
+    assert (
+        "this build's verified wheel is kept in the build cache: the same build with --overwrite (and without "
+        "--no-cache) puts it in dist/ in seconds" in str(refused.value)
+    )
     assert refused.value.hint.startswith("bump model.version")
     dist_guard.keep_what_was_tested(wheel, wheel, sha256_file(wheel))  # the same bytes: kept, nothing said
     # another CPU kind (the README's --cpu-isa avx2 after a native build): the same model, another --dist
@@ -146,3 +149,32 @@ def test_the_early_check_refuses_other_content_and_leaves_the_same_content_to_th
         dist_guard.refuse_early(dist, name, version, opt, "0" * 64)
     assert "differ in the model's code, weights or spec (content_hash " in str(refused.value)
     assert refused.value.hint.startswith("bump model.version")
+
+
+def test_a_wheel_refused_in_dist_is_kept_in_the_build_cache_for_overwrite(tmp_path, wheel):
+    """A newcomer's second build (OMP_NUM_THREADS=1, --no-cache) searched 3 minutes and chose
+    freezing; dist/ held the first build's wheel, so it was refused (exit 10), and the hint's
+    --overwrite then took the build cache's older wheel, whose search had stopped on the noise.
+    The refused wheel replaces the cache's entry for its key, as the refusal says."""
+    from pipeline.services.cache import Cache
+    from pipeline.stages.deliver import commit
+    from pipeline.stages.package import Wheel
+
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    (tmp_path / "new").mkdir()
+    new_wheel = tmp_path / "new" / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "model_tiny/manifest.json":
+                data = json.dumps({**kept, "compile_options": {"freezing": True}}).encode()
+            made.writestr(item, data)
+    dist, store = tmp_path / "dist", Cache(tmp_path / "cache", reuse=False)  # --no-cache: it stores all the same
+    dist.mkdir()
+    shutil.copyfile(wheel, dist / wheel.name)
+    record = Wheel(path=new_wheel, sha256=sha256_file(new_wheel), size=new_wheel.stat().st_size, platform_tag="x")
+    with pytest.raises(OutputDirError):
+        commit(record, {"wheel": {}}, dist, "model_tiny", "0.1+cpu", (store, "build-key"), overwrite=False)
+    assert sha256_file(dist / wheel.name) == sha256_file(wheel), "dist/ keeps the tested wheel"
+    assert sha256_file(tmp_path / "cache" / "build-key" / wheel.name) == record.sha256
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["build-key"], "no staged leftovers"

@@ -18,9 +18,13 @@ from typing import Any
 from ..errors import OutputDirError
 from .manifest import differences, read_wheel_manifest, sha256_file
 
-# Its compile is in the build cache all the same: "not in the build cache" was untrue, and a build
-# into another --dist took it from there at once.
-NOT_KEPT = "it is left as it is, and this build's wheel is not kept (its compiled model is in the build cache)"
+# The refused build's wheel is stored in the build cache all the same (stages/deliver.py): a
+# newcomer's --overwrite after a 3-minute search that chose freezing got the cache's older wheel,
+# whose search had stopped on the noise, with no word of it.
+NOT_KEPT = (
+    "it is left as it is, and this build's verified wheel is kept in the build cache: the same build with "
+    "--overwrite (and without --no-cache) puts it in dist/ in seconds"
+)
 
 
 def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import OutputDirError
 from ..services import cache, dist_guard
 from ..services.outdir import signals_deferred
 from ..services.progress import Progress, check_stop
@@ -43,6 +44,19 @@ def restore_to_dist(
     return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
 
 
+def _into_cache(cache_entry: tuple[cache.Cache, str], files: tuple[Path, ...]) -> None:
+    """A verified build into the build cache alone (its wheel refused in dist/), all or nothing."""
+    store, key = cache_entry
+    staged = store.stage(key, files)
+    try:
+        if staged:
+            with signals_deferred(redeliver=False):
+                store.commit(key, staged)
+    finally:
+        if staged:
+            shutil.rmtree(staged, ignore_errors=True)
+
+
 def commit(
     wheel: Wheel,
     report: dict[str, Any],
@@ -67,7 +81,12 @@ def commit(
         raise
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
     if not overwrite:
-        dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
+        try:
+            dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
+        except OutputDirError:
+            if cache_entry:  # what the refusal says: --overwrite then takes this wheel, not an older one
+                _into_cache(cache_entry, (wheel.path, report_file))
+            raise
     hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
     made, staged_entry = [], None
     try:
