@@ -233,7 +233,7 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
 def _index(args: argparse.Namespace, progress: Progress) -> int:
     if args.action == "stop":
         progress.say(
-            "local index stopped"
+            f"local index stopped (the one started from this folder: {index.STATE_DIR.resolve()})"
             if index.stop()
             else f"no local index was started from this folder ({index.STATE_DIR.resolve()})"
         )

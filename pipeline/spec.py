@@ -253,7 +253,8 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as exc:
-        problems, errors = [], exc.errors()
+        # an unknown key before a missing one: 'mxa' is the cause, 'max' missing its consequence
+        problems, errors = [], sorted(exc.errors(), key=lambda err: err["type"] == "missing")
         missing = [err["loc"] for err in errors if err["type"] == "missing"]
         for err in errors:
             message = err["msg"].removeprefix("Value error, ")

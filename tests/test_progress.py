@@ -390,13 +390,13 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         # longer than last time: it says by how much, where it froze at the later stages' 7 s
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile stage running 30s past its estimate of 40s (from earlier builds), then about 7s for the "
-            "stages after it (from earlier builds)"
+            "compile stage running 30s past its estimate of 40s, then about 7s for the stages after it (from "
+            "earlier builds)"
         )
         clock[0] += 60.0
         assert progress.outlook() == (
-            "compile stage running 1m30s past its estimate of 40s (from earlier builds), then about 7s for the "
-            "stages after it (from earlier builds)"
+            "compile stage running 1m30s past its estimate of 40s, then about 7s for the stages after it (from "
+            "earlier builds)"
         )
         progress.estimate(20.0)  # the search's own estimate, from its first compile, replaces the last build's
         # two bases, said apart: this stage's own figure, and the later stages' from the last build; and
@@ -457,7 +457,10 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         assert progress.outlook() == "about 5s left of the build (from earlier builds)"
         clock[0] += 9.6
         steps.done(3)  # 11 s in: past the last build's figure, but two cases are too few to go by
-        assert progress.outlook().startswith("verify stage running 9s past its estimate of 2s (from earlier builds)")
+        assert progress.outlook() == (
+            "verify stage running 9s past its estimate of 2s, then about 4s for the stages after it (from earlier "
+            "builds)"
+        )
         clock[0] += 5.0
         steps.done(4)  # the median case after the first, 5 s: 6 cases left
         assert progress.outlook() == (
@@ -580,8 +583,8 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
         clock[0] += 25.0
         assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis}){unknown}"
         # no figure now, and what will give one: said, where no last build gives the stage one
-        progress.estimate(None, "time left: once its first cases are verified")
-        assert progress.outlook() == (f"time left: once its first cases are verified{unknown}")
+        progress.estimate(None, "time left: known once its first cases are verified")
+        assert progress.outlook() == (f"time left: known once its first cases are verified{unknown}")
         progress.expect({"compile": 60.0, "verify": 5.0})
         assert progress.outlook() == "about 30s left of the build (from earlier builds)"
     # in a search, the guess is the first compile's alone, and said so: "left of compile (for the first
@@ -735,3 +738,14 @@ def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
     noise = Timed(rounds_ms=(358.0, 1624.0, 522.0, 395.0, 5740.0))
     assert "for any of the 3 candidates after spec-options to win" in payback.stopped_line(noise, "spec-options", 3)
     assert "for the 1 candidate after spec-options to win" in payback.stopped_line(noise, "spec-options", 1)
+
+
+def test_a_stage_the_last_build_did_in_no_time_gives_the_builds_figure(monkeypatch):
+    """'load stage finishing, at its estimate of 0s' came at the start of every build after the first."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    progress = Progress(io.StringIO())
+    progress.expect({"load": 0.2, "doctor": 5.0, "export": 1.0, "compile": 30.0, "verify": 2.0, "package": 4.0})
+    with progress.stage("load"):
+        clock[0] += 0.1
+        assert progress.outlook() == "about 42s left of the build (from earlier builds)"

@@ -39,7 +39,10 @@ def index(tmp_path_factory):
     assert started.err.splitlines()[-1] == "  stop it: make index-stop in a checkout, else modelwheel index stop"
     state = json.loads((home / "build" / "index" / "state.json").read_text())
     yield home, state
-    assert run_cli("index", "stop", cwd=home).code == 0
+    stopped = run_cli("index", "stop", cwd=home)
+    assert stopped.code == 0, stopped.err
+    # which one: "local index stopped" alone left a newcomer asking which
+    assert stopped.err.strip() == f"local index stopped (the one started from this folder: {home / 'build' / 'index'})"
 
 
 def listing(data: Path) -> dict[str, int]:

@@ -111,6 +111,7 @@ def test_a_misspelt_key_in_a_targets_section_gets_the_key_it_likely_meant(tmp_pa
     message = spec_error(tmp_path, GOOD.replace("max = 4", "mxa = 4"))
     assert "key 'dims.batch.mxa': unknown key (did you mean 'max'?" in message
     assert "key 'dims.batch.max': required, and not given" in message  # not pydantic's "Field required"
+    assert message.index("'dims.batch.mxa'") < message.index("'dims.batch.max'"), "the cause first"
     message = spec_error(tmp_path, GOOD + "\n[build.cpu]\nisaa = 'avx2'\n")
     assert "key 'build.cpu.isaa': unknown key (did you mean 'isa'?" in message
 

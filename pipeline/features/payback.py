@@ -144,11 +144,12 @@ def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None
     )
 
 
-def undecided(timed: dict[str, Timed], baseline: str) -> str | None:
+def undecided(timed: dict[str, Timed], baseline: str, lockable: bool = True) -> str | None:
     """Why the timing rounds could not tell the candidates apart, or None: the spec's options kept
     because their own rounds spread more than any candidate timed plausibly gains at best. A
     newcomer's search timed under a load that came mid-search (rounds 284 to 447 ms, 112 ms alone
-    just before) kept them and locked that choice for every later build."""
+    just before) kept them and locked that choice for every later build. ``lockable``: the spec has
+    a lock file (a --hf build's own spec has none, and "nothing is locked" read as if it could)."""
     if baseline not in timed or len(timed) < 2:
         return None
     needed, best = spread(timed[baseline]), max(PRIORS.get(n, UNKNOWN).gain for n in timed if n != baseline)
@@ -164,7 +165,7 @@ def undecided(timed: dict[str, Timed], baseline: str) -> str | None:
         f"    too noisy to decide: {baseline}'s own rounds spread {ratio(needed)} ({figure(timed[baseline].low_ms)}-"
         f"{figure(timed[baseline].high_ms)} ms), wider than the {ratio(best)} a candidate here is expected to gain at "
         f"best, so no median here can be trusted{timed[baseline].busy()}; "
-        f"{baseline} is kept, and nothing is locked ({SEARCHES_AGAIN})"
+        f"{baseline} is kept" + (f", and nothing is locked ({SEARCHES_AGAIN})" if lockable else "")
     )
 
 

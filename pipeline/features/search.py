@@ -43,7 +43,7 @@ FROM_CACHE = " (compiled earlier, from the build cache)"
 FIRST_VERIFY = part_only("the first candidate's verification") + "from its cases so far"
 # Said while the first candidate's cases are too few for a figure: the first compile's guess, run
 # out, read "compile stage running 4s past the estimate" to a newcomer while the stage was on time.
-FIRST_VERIFY_PENDING = "time left: once its first cases are verified"  # short: a row of an 80-column terminal
+FIRST_VERIFY_PENDING = "time left: known once its first cases are verified"  # short: a row of an 80-column terminal
 LONE_CAVEAT = "a rough figure for the report: make bench measures the wheel"
 
 

@@ -32,7 +32,7 @@ from ..wheel_template.runtime._schema import CompileSearch
 from . import first_guess, payback, rounds
 from . import outlook as search_time
 from .candidates import Skipped, candidates
-from .lock import Locked
+from .lock import Locked, lock_path
 from .outlook import Outlook, shorter  # noqa: F401 (shorter: the search's, named here too)
 from .payback import OVER_BUDGET, Budget  # noqa: F401 (OVER_BUDGET: the search's, named here too)
 from .search import Search, Trial
@@ -186,7 +186,8 @@ def tune(
         choice, why = first, search.kept_alone(cost)
     else:
         choice, why = rounds.choose(timed, first)
-        if choice == first and (doubt := payback.undecided(timed, first)):  # said after the choice (build.py)
+        lockable = lock_path(exported.spec_file.path) is not None  # not a --hf build's own spec
+        if choice == first and (doubt := payback.undecided(timed, first, lockable)):  # said after the choice (build.py)
             cost = dataclasses.replace(cost, undecided=doubt.strip())
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)

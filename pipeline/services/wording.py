@@ -126,17 +126,18 @@ def outlook(
             f"({basis_said}), then {duration(later)} for the stages after it (from earlier builds)"
         )
     last = expected.get(stage)
+    # both figures from earlier builds, said once ("(from earlier builds)" twice in one line)
+    both = (then.removesuffix(" (from earlier builds)") if then else "") + " (from earlier builds)"
     if last is None:  # the last build had no such stage (static sizes): what comes after it only
         return f"about {duration(later)} after this stage (from earlier builds)" if later >= 0.5 else None
     if _at_estimate(last - in_stage_s):
-        return f"{stage} stage finishing, at its estimate of {duration(last)} (from earlier builds)" + then
+        if last < 0.5:  # "load stage finishing, at its estimate of 0s", in every build after the first
+            return f"about {duration(later)} left of the build (from earlier builds)" if later >= 0.5 else None
+        return f"{stage} stage finishing, at its estimate of {duration(last)}{both}"
     if in_stage_s > last:
         # "its estimate", not "the last build's": the compile's is the last build's scaled to this
         # build's compiles, and a newcomer looked for a 2m22s stage in a last build that took 47 s
-        return (
-            f"{stage} stage running {duration(in_stage_s - last)} past its estimate of {duration(last)} "
-            "(from earlier builds)" + then
-        )
+        return f"{stage} stage running {duration(in_stage_s - last)} past its estimate of {duration(last)}{both}"
     scope = "the build" if later >= 0.5 else stage
     return f"about {duration(last - in_stage_s + later)} left of {scope} (from earlier builds)"
 
