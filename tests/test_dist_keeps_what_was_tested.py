@@ -3,6 +3,7 @@ refused (it silently replaced the wheel before), unless --overwrite says to repl
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import zipfile
@@ -13,6 +14,7 @@ import pytest
 from pipeline.errors import OutputDirError
 from pipeline.services import dist_guard
 from pipeline.services.manifest import sha256_file
+from pipeline.services.progress import Progress, reporting
 
 from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
 
@@ -167,14 +169,43 @@ def test_a_wheel_refused_in_dist_is_kept_in_the_build_cache_for_overwrite(tmp_pa
         for item in source.infolist():
             data = source.read(item)
             if item.filename == "model_tiny/manifest.json":
-                data = json.dumps({**kept, "compile_options": {"freezing": True}}).encode()
+                chosen = {**kept["compile_search"], "chosen": "freezing"}
+                data = json.dumps({**kept, "compile_options": {"freezing": True}, "compile_search": chosen}).encode()
             made.writestr(item, data)
     dist, store = tmp_path / "dist", Cache(tmp_path / "cache", reuse=False)  # --no-cache: it stores all the same
     dist.mkdir()
     shutil.copyfile(wheel, dist / wheel.name)
     record = Wheel(path=new_wheel, sha256=sha256_file(new_wheel), size=new_wheel.stat().st_size, platform_tag="x")
-    with pytest.raises(OutputDirError):
+    with pytest.raises(OutputDirError) as refused:
         commit(record, {"wheel": {}}, dist, "model_tiny", "0.1+cpu", (store, "build-key"), overwrite=False)
     assert sha256_file(dist / wheel.name) == sha256_file(wheel), "dist/ keeps the tested wheel"
     assert sha256_file(tmp_path / "cache" / "build-key" / wheel.name) == record.sha256
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["build-key"], "no staged leftovers"
+    # the same model with other options chosen: not "bump model.version … for a changed model"
+    assert (
+        "their manifests differ in compile_options; compile_search (the options chosen): spec-options in the kept "
+        "wheel, freezing in this build;" in str(refused.value)
+    )
+    assert refused.value.hint.startswith("the two are the same model with other compile options chosen"), refused.value
+    # --overwrite then: the refused wheel, and a word of the one it replaced
+    said = io.StringIO()
+    with reporting(Progress(said)):
+        commit(record, {"wheel": {}}, dist, "model_tiny", "0.1+cpu", overwrite=True)
+    assert sha256_file(dist / wheel.name) == record.sha256
+    assert said.getvalue() == (
+        f"    --overwrite: replaced {dist / wheel.name} (another build of this version, sha256 "
+        f"{sha256_file(wheel)[:16]}…)\n"
+    )
+
+
+def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatch):
+    """`make build MODEL=unet --overwrite`, as a refusal's hint read, got make's own usage screen."""
+    new_wheel = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
+        for item in source.infolist():
+            made.writestr(item, source.read(item) + (b" " if item.filename.endswith("METADATA") else b""))
+    monkeypatch.setenv("MAKELEVEL", "1")  # what make sets for its commands
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
+    assert 'the same build with ARGS="--overwrite" (and without --no-cache)' in str(refused.value)
+    assert refused.value.hint.endswith('or pass ARGS="--overwrite" to replace it'), refused.value.hint

@@ -292,7 +292,7 @@ def test_the_live_area_says_the_time_left_in_its_own_row_without_its_basis(monke
     assert brief(
         "about 27s left of the build: 20s of compile (revised, from this build's compiles), then 7s for the stages "
         "after it (from earlier builds)"
-    ) == ("about 27s left of the build: 20s of compile, revised, then 7s after it")
+    ) == ("about 27s left of the build: 20s of compile, revised, then 7s for the later stages")
     assert brief(
         "about 56s left of the first compile (a first guess from the graph's 734 ops); the stage's figure"
     ) == ("about 56s left of the first compile")

@@ -417,7 +417,7 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "compile stage running 5s past the revised estimate (from this build's compiles), then about 7s for the "
             "stages after it (from earlier builds)"
         )
-        assert brief(progress.outlook()) == "running 5s past the revised estimate, then about 7s after it"
+        assert brief(progress.outlook()) == "running 5s past the revised estimate, then about 7s for the later stages"
     # a new figure that ends much later than the last one is revised too: "about 9s left", then
     # "about 1m12s left" of the timing rounds, with no word of it
     rounds = Progress(io.StringIO())

@@ -602,6 +602,16 @@ def test_a_candidate_replaces_the_spec_options_only_beyond_the_measured_spread()
         "spec-options",
     )
     assert why.endswith("those that are; freezing won too, with a median 1.01x as long"), why
+    # a median that rounds to 1x: "1x as long" read to a newcomer as the same
+    _, why = tune.rounds.choose(
+        {
+            "spec-options": spec,
+            "freezing": tune.rounds.Timed((6.9, 7.0)),
+            "max-autotune": tune.rounds.Timed((6.9, 7.0)),
+        },
+        "spec-options",
+    )
+    assert why.endswith("won too, with a median within 0.5% of it"), why
     # none won, and the spec's options were the quickest too: said (freezing 2.5x slower read as a near miss)
     _, why = tune.rounds.choose({"spec-options": spec, "freezing": tune.rounds.Timed((25.0, 30.0))}, "spec-options")
     assert why.endswith("under spec-options's fastest (10 ms); it has the lowest median too"), why
@@ -794,8 +804,8 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     assert out.getvalue().splitlines() == [
         # why the counters are of 3 where the first's was of 4: "1/4", then "2/3", read as a candidate gone
         "    candidate spec-options took 2m00s to compile and verify: about 2m46s more, wall time, for the other 2 "
-        "candidate(s) (2/3 freezing, 3/3 freezing+channels-last: counted of 3, as max-autotune is left out (over "
-        "the search's compile budget)), 2 at a time and the timing"
+        "candidate(s) (2/3 freezing, 3/3 freezing+channels-last; max-autotune left out, over the search's compile "
+        "budget, so counted of 3), 2 at a time and the timing"
     ]
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"
 
@@ -1054,8 +1064,8 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     assert steady.busy() == ""
     assert threads.busy() == (
         f"; other processes kept 1.9 of the {cores} cores busy meanwhile, and the model's 2 threads wait for each "
-        "other at every operator while one is off its core, so some calls take far longer (a quieter machine times "
-        "steadily, or `OMP_NUM_THREADS=1` for the build, which times one thread)"
+        "other at every operator while one is off its core, so rounds took up to 1.57x as long as the fastest (a "
+        "quieter machine times steadily, or `OMP_NUM_THREADS=1` for the build, which times one thread)"
     )
     quiet = dataclasses.replace(noisy["spec-options"], others_cores=0.2)  # a renderer, a shell: not worth a word
     assert "other processes" not in payback.stopped_line(quiet, "spec-options", 1)

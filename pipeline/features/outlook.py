@@ -236,7 +236,7 @@ class Outlook:
             # from here on ("counted n/3 from here" was cryptic to a newcomer), and why that is of fewer
             # than the first's ("1/4", then "2/3" read to a newcomer as a candidate gone without a word)
             total = len(chosen) + 1
-            recount = f": counted of {total}, as {', '.join(skipped)} is left out (over the search's compile budget)"
+            recount = f"; {', '.join(skipped)} left out, over the search's compile budget, so counted of {total}"
             counters = ", ".join(f"{n}/{total} {name}" for n, name in enumerate(chosen, 2))
             counted = f" ({counters}{recount if skipped else ''})" if chosen else ""
             over = over if not chosen else ""

@@ -41,7 +41,7 @@ class Timed:
         and the rounds spread: beside rounds that agree within 0.5%, "some calls take far longer" is false."""
         if self.high_ms < self.low_ms * BUSY_SPREAD:
             return ""
-        return contention.said(self.others_cores, self.threads)
+        return contention.said(self.others_cores, self.threads, ratio(self.high_ms / self.low_ms))
 
     @property
     def median_ms(self) -> float:
@@ -115,6 +115,13 @@ def time_in_rounds(
     return {name: Timed(tuple(found), others_cores, threads) for name, found in medians.items()}
 
 
+def _as_long(part: float) -> str:
+    """``1.04x as long``; ``within 0.5% of it`` where the ratio rounds to 1x ("a median 1x as long",
+    for 103 ms against 102, read to a newcomer as the same)."""
+    said = ratio(part)
+    return "within 0.5% of it" if said == "1x" else f"{said} as long"
+
+
 def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     """(the candidate to ship, why). The baseline (the spec's own options) stays unless another
     candidate's slowest round beats its fastest; among those that do, the lowest median wins."""
@@ -142,7 +149,7 @@ def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     # another winner, said with how close it came: a newcomer's two builds locked freezing+channels-last
     # (69.7 ms) in one lock and freezing (68.3 ms) in another, each by a median 1% apart
     close = "".join(
-        f"; {name} won too, with a median {ratio(timed[name].median_ms / timed[best].median_ms)} as long"
+        f"; {name} won too, with a median " + _as_long(timed[name].median_ms / timed[best].median_ms)
         for name in winners
         if name != best
     )

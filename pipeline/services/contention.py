@@ -54,11 +54,12 @@ class OthersBusy:
         return max(0.0, (busy - busy_0) - (own - own_0)) / (wall - wall_0)
 
 
-def said(others_cores: float | None, threads: int) -> str:
+def said(others_cores: float | None, threads: int, spread: str) -> str:
     """``"; other processes kept 1.5 of the 2 cores busy meanwhile, …"``, and what that does to a
     model on ``threads`` threads; "" on a quiet machine (or where it could not tell). "Other
     processes" alone read as the cause of calls 2000x slower, which no 2 busy cores make: the
-    model's own threads wait at each operator for the one whose core another process holds."""
+    model's own threads wait at each operator for the one whose core another process holds.
+    ``spread``: the rounds' slowest over their fastest, as the line says it ("1.18x")."""
     if others_cores is None or others_cores < SAID_FROM_CORES:
         return ""
     busy = f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy meanwhile"
@@ -66,6 +67,6 @@ def said(others_cores: float | None, threads: int) -> str:
         return busy + ", so the rounds spread (a quieter machine times steadily)"
     return (
         f"{busy}, and the model's {threads} threads wait for each other at every operator while one is off its "
-        "core, so some calls take far longer (a quieter machine times steadily, or `OMP_NUM_THREADS=1` for the "
-        "build, which times one thread)"
+        f"core, so rounds took up to {spread} as long as the fastest (a quieter machine times steadily, or "
+        "`OMP_NUM_THREADS=1` for the build, which times one thread)"
     )

@@ -11,6 +11,7 @@ searching; and when the wheel is put in dist/, with its bytes.
 from __future__ import annotations
 
 import glob
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,25 @@ from typing import Any
 from ..errors import OutputDirError
 from .manifest import differences, read_wheel_manifest, sha256_file
 
+
 # The refused build's wheel is stored in the build cache all the same (stages/deliver.py): a
 # newcomer's --overwrite after a 3-minute search that chose freezing got the cache's older wheel,
 # whose search had stopped on the noise, with no word of it.
-NOT_KEPT = (
-    "it is left as it is, and this build's verified wheel is kept in the build cache: the same build with "
-    "--overwrite (and without --no-cache) puts it in dist/ in seconds"
-)
+def overwrite() -> str:
+    """--overwrite as the user gives it: through make, in ARGS (a newcomer's `make build MODEL=unet
+    --overwrite` got make's own usage screen)."""
+    return 'ARGS="--overwrite"' if os.environ.get("MAKELEVEL") else "--overwrite"
+
+
+def not_kept() -> str:
+    return (
+        "it is left as it is, and this build's verified wheel is kept in the build cache: the same build with "
+        f"{overwrite()} (and without --no-cache) puts it in dist/ in seconds"
+    )
+
+
+# What the search chose, alone: the same model, so "bump model.version … for a changed model" did not fit
+CHOICE_ONLY = ("compile_options", "compile_search")
 
 
 def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> None:
@@ -35,7 +48,7 @@ def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> No
     kept, made = read_wheel_manifest(existing), read_wheel_manifest(new_wheel)
     differ = differences(kept, made) if kept is not None and made is not None else []
     hashes = f"sha256 {existing_sha256[:16]}…, this build's {new_sha256[:16]}…"
-    raise refusal(existing, hashes, differ, other_root(kept, made), NOT_KEPT)
+    raise refusal(existing, hashes, differ, other_root(kept, made), not_kept())
 
 
 def refuse_early(dist_dir: Path, import_name: str, full_version: str, opt_path: Path, content_hash: str) -> None:
@@ -80,18 +93,20 @@ def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outc
     """The same refusal, early or late: what is kept, what differs, and how to go on."""
     # another CPU kind (--cpu-isa avx2 beside a native build): the same model, so not "bump the version"
     for_other_machines = any(line.split(":")[0] == "platform" for line in differ)
+    choice_only = bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
+    if for_other_machines:
+        hint = "the two are for other machines (another CPU kind): build into another --dist to keep both, or pass "
+    elif choice_only:  # a lock entry, or a search on a noisy machine, chose other options
+        hint = "the two are the same model with other compile options chosen: build into another --dist to keep both, "
+        hint += "or pass "
+    else:
+        hint = "bump model.version in the spec (or --version) for a changed model, build into another --dist to keep "
+        hint += "both, or pass "
     return OutputDirError(
         f"{existing} already holds a different build of this version ({hashes})"
         + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
         + f"; {outcome}",
-        root_hint
-        or (
-            "the two are for other machines (another CPU kind): build into another --dist to keep both, or pass "
-            "--overwrite to replace it"
-            if for_other_machines
-            else "bump model.version in the spec (or --version) for a changed model, build into another --dist to "
-            "keep both, or pass --overwrite to replace it"
-        ),
+        root_hint or f"{hint}{overwrite()} to replace it",
     )
 
 
@@ -105,5 +120,5 @@ def other_root(kept: dict[str, Any] | None, made: dict[str, Any] | None) -> str:
         return ""
     return (
         f"the kept wheel was built for the artifact root {folders[2]}: build with --root {folders[2]} to remake it, "
-        "into another --dist to keep both, or pass --overwrite to replace it with this root's build"
+        f"into another --dist to keep both, or pass {overwrite()} to replace it with this root's build"
     )

@@ -47,6 +47,8 @@ def differences(kept: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def _described(key: str, kept: Any, new: Any) -> str:
     if key == "torch" and isinstance(kept, dict) and isinstance(new, dict):
         kept, new = kept.get("version"), new.get("version")
+    if key == "compile_search" and isinstance(kept, dict) and isinstance(new, dict):  # the two choices, named
+        key, kept, new = "compile_search (the options chosen)", kept.get("chosen"), new.get("chosen")
     if kept != new and all(isinstance(v, (str, int, float, type(None))) for v in (kept, new)):
         if len(f"{kept}{new}") <= 160:
             return f"{key}: {kept} in the kept wheel, {new} in this build"

@@ -167,7 +167,7 @@ def brief(ahead: str | None) -> str | None:
     revised = "(revised, " in text and "revised " not in text
     while shorter != text:  # nested parentheses, innermost first
         shorter, text = text, re.sub(r" \([^()]*\)", "", text)
-    text = re.sub(r"^\w+ stage ", "", text).replace(" for the stages after it", " after it")
+    text = re.sub(r"^\w+ stage ", "", text).replace(" for the stages after it", " for the later stages")
     if revised:  # after the stage's own figure: before the later stages', where there are any
         figure_end = text.find(", then ") if ", then " in text else len(text)
         text = f"{text[:figure_end]}, revised{text[figure_end:]}"

@@ -12,8 +12,9 @@ from typing import Any
 
 from ..errors import OutputDirError
 from ..services import cache, dist_guard
+from ..services.manifest import sha256_file
 from ..services.outdir import signals_deferred
-from ..services.progress import Progress, check_stop
+from ..services.progress import Progress, check_stop, say
 from ..services.writable import check_private, made_folders, remove_if_empty, sweep_partials
 from .package import Wheel
 
@@ -80,6 +81,9 @@ def commit(
         exc.filename = exc.filename or str(report_file)
         raise
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
+    # what --overwrite replaces, said: a newcomer's summary gave no word of the wheel it replaced,
+    # one already uploaded to the local index
+    replaced = sha256_file(finals[1]) if overwrite and finals[1].is_file() else wheel.sha256
     if not overwrite:
         try:
             dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
@@ -111,4 +115,6 @@ def commit(
         if staged_entry:
             shutil.rmtree(staged_entry, ignore_errors=True)
         remove_if_empty(made)
+    if replaced != wheel.sha256:
+        say(f"    --overwrite: replaced {finals[1]} (another build of this version, sha256 {replaced[:16]}…)")
     return BuildResult(wheel=finals[1], report_path=finals[0], report=report)
