@@ -164,13 +164,20 @@ def uvicorn_url(served_python, tmp_path_factory) -> Iterator[str]:
 
 @pytest.mark.parametrize("route", ["/predict", "/predict/batched"])
 def test_uvicorn_two_workers_answer_a_load_as_eager_does(uvicorn_url, route, wheel):
-    requests = requests_of(REQUESTS, seed=len(route))
-    # a connection per request, so both workers take some
-    answers = asyncio.run(
-        client.load_test(uvicorn_url + route, requests, CONCURRENCY, LOAD_TIMEOUT_S, keep_alive=False)
-    )
-    assert_matches_eager(requests, answers, wheel)
-    assert len({a.worker for a in answers}) == 2, "both worker processes served"
+    # a connection per request, so both workers take some; which worker accepts a connection is the
+    # kernel's choice, and a fresh-clone run on a busy machine once saw one take all 240 of a load:
+    # up to three loads, each answered as eager does, until both have served
+    served: set[str] = set()
+    for attempt in range(3):
+        requests = requests_of(REQUESTS, seed=len(route) + attempt)
+        answers = asyncio.run(
+            client.load_test(uvicorn_url + route, requests, CONCURRENCY, LOAD_TIMEOUT_S, keep_alive=False)
+        )
+        assert_matches_eager(requests, answers, wheel)
+        served |= {a.worker for a in answers}
+        if len(served) == 2:
+            break
+    assert len(served) == 2, "both worker processes served"
 
 
 def test_requests_at_a_set_rate_are_sent_on_time_and_answered_as_eager_does(uvicorn_url, wheel):
