@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -196,6 +197,12 @@ def test_a_wheel_refused_in_dist_is_kept_in_the_build_cache_for_overwrite(tmp_pa
         f"    --overwrite: replaced {dist / wheel.name} (another build of this version, sha256 "
         f"{sha256_file(wheel)[:16]}…)\n"
     )
+    said.truncate(0), said.seek(0)
+    with reporting(Progress(said)):  # again: the same bytes, and it says so
+        commit(record, {"wheel": {}}, dist, "model_tiny", "0.1+cpu", overwrite=True)
+    assert (
+        said.getvalue() == f"    --overwrite: {dist / wheel.name} held these same bytes already: nothing was replaced\n"
+    )
 
 
 def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatch):
@@ -205,7 +212,12 @@ def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatc
         for item in source.infolist():
             made.writestr(item, source.read(item) + (b" " if item.filename.endswith("METADATA") else b""))
     monkeypatch.setenv("MAKELEVEL", "1")  # what make sets for its commands
+    monkeypatch.setattr(sys, "argv", ["pipeline", "build", "--spec", "models/unet/spec.toml"])  # make build's own
     with pytest.raises(OutputDirError) as refused:
         dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
     assert 'the same build with ARGS="--overwrite" (and without --no-cache)' in str(refused.value)
     assert refused.value.hint.endswith('or pass ARGS="--overwrite" to replace it'), refused.value.hint
+    # with the build's other flags: ARGS="--overwrite" after ARGS="--no-search" dropped --no-search,
+    # and rebuilt the locked options' wheel, the one already kept
+    argv = ["build", "--spec", "models/unet/spec.toml", "--target", "cpu", "--no-search", "--build-dir", "build"]
+    assert dist_guard.overwrite(argv) == 'ARGS="--no-search --build-dir build --overwrite"'

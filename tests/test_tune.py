@@ -1110,3 +1110,11 @@ def test_the_rounds_measure_what_other_processes_take_of_the_cores():
     # there are (the suite's other worker may hold a core too, so the burner's share alone is no bound)
     assert own_cores > 0.15, own_cores
     assert busy.others_cores + own_cores <= len(os.sched_getaffinity(0)) + 0.1, (busy, own_cores)
+
+
+def test_the_way_to_a_shorter_search_is_said_as_make_takes_it(monkeypatch, tmp_path):
+    """`build --no-search`, read by a newcomer who ran `make build`, is no make flag."""
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+    assert "to make it shorter: `build --no-search` or " in tune.shorter(tmp_path)
+    monkeypatch.setenv("MAKELEVEL", "1")
+    assert 'to make it shorter: `ARGS="--no-search"` or ' in tune.shorter(tmp_path)

@@ -6,6 +6,7 @@ budget counts (payback.Budget refuses by the same measure, once the first compil
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,10 @@ def side_by_side_slowdown(cache_dir: Path) -> tuple[float, str]:
 def shorter(cache_dir: Path) -> str:
     """How to make the search shorter, naming this build's cache (--build-dir moves it: a newcomer's
     build said build/cache where its cache was another folder)."""
+    # through make, as make takes it: `build --no-search` read to a newcomer of `make build` as a make flag
+    flag = '`ARGS="--no-search"`' if os.environ.get("MAKELEVEL") else "`build --no-search`"
     return (
-        "    to make it shorter: `build --no-search` or `[compile] search = false` in the spec (one compile, the "
+        f"    to make it shorter: {flag} or `[compile] search = false` in the spec (one compile, the "
         "spec's options), a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged "
         f"(compiles come from the build cache, {cache_dir})"
     )

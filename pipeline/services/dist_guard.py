@@ -13,6 +13,8 @@ from __future__ import annotations
 import glob
 import os
 import platform
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,21 @@ from .manifest import differences, read_wheel_manifest, sha256_file
 # The refused build's wheel is stored in the build cache all the same (stages/deliver.py): a
 # newcomer's --overwrite after a 3-minute search that chose freezing got the cache's older wheel,
 # whose search had stopped on the noise, with no word of it.
-def overwrite() -> str:
-    """--overwrite as the user gives it: through make, in ARGS (a newcomer's `make build MODEL=unet
-    --overwrite` got make's own usage screen)."""
-    return 'ARGS="--overwrite"' if os.environ.get("MAKELEVEL") else "--overwrite"
+def overwrite(argv: list[str] | None = None) -> str:
+    """--overwrite as the user gives it: through make, in ARGS with the build's other flags (a
+    newcomer's `make build MODEL=unet --overwrite` got make's own usage screen, and
+    `ARGS="--overwrite"` after `ARGS="--no-search"` dropped --no-search and rebuilt another wheel)."""
+    if not os.environ.get("MAKELEVEL"):
+        return "--overwrite"
+    given, args = [], list(sys.argv[1:] if argv is None else argv)
+    args = args[1:] if args[:1] == ["build"] else args
+    while args:  # what the make target adds itself: --spec and --target with their values
+        arg = args.pop(0)
+        if arg in ("--spec", "--target") and args:
+            args.pop(0)
+        elif arg != "--overwrite":
+            given.append(arg)
+    return f'ARGS="{shlex.join([*given, "--overwrite"])}"'
 
 
 def not_kept() -> str:

@@ -83,7 +83,7 @@ def commit(
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
     # what --overwrite replaces, said: a newcomer's summary gave no word of the wheel it replaced,
     # one already uploaded to the local index
-    replaced = sha256_file(finals[1]) if overwrite and finals[1].is_file() else wheel.sha256
+    replaced = sha256_file(finals[1]) if overwrite and finals[1].is_file() else None
     if not overwrite:
         try:
             dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
@@ -115,6 +115,8 @@ def commit(
         if staged_entry:
             shutil.rmtree(staged_entry, ignore_errors=True)
         remove_if_empty(made)
-    if replaced != wheel.sha256:
+    if replaced == wheel.sha256:  # a newcomer's --overwrite "replaced" the kept wheel with its own bytes, unsaid
+        say(f"    --overwrite: {finals[1]} held these same bytes already: nothing was replaced")
+    elif replaced is not None:
         say(f"    --overwrite: replaced {finals[1]} (another build of this version, sha256 {replaced[:16]}…)")
     return BuildResult(wheel=finals[1], report_path=finals[0], report=report)
