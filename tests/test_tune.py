@@ -1118,3 +1118,21 @@ def test_the_way_to_a_shorter_search_is_said_as_make_takes_it(monkeypatch, tmp_p
     assert "to make it shorter: `build --no-search` or " in tune.shorter(tmp_path)
     monkeypatch.setenv("MAKELEVEL", "1")
     assert 'to make it shorter: `ARGS="--no-search"` or ' in tune.shorter(tmp_path)
+
+
+def test_a_search_with_no_other_candidate_to_compile_says_so(tmp_path):
+    """'about 0s more, wall time, for the other 0 candidate(s) and the timing' read to a newcomer as a glitch."""
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    planned = [(name, SimpleNamespace(key=name)) for name in ("spec-options", "max-autotune")]
+    out = io.StringIO()
+    outlook = search_time.Outlook(planned, Cache(tmp_path / "cache"), workers=1)
+    with progress.reporting(progress.Progress(out)):
+        outlook.first("spec-options", 12.0, from_cache=False, compile_s=10.0)
+        outlook.announce("spec-options", 12.0, [], ["max-autotune"])
+    assert out.getvalue().splitlines()[-1] == (
+        "    candidate spec-options took 12s to compile and verify: no other candidate to compile; not compiled: "
+        "max-autotune, over the search's compile budget"
+    )

@@ -242,10 +242,13 @@ class Outlook:
             recount = f"; {', '.join(skipped)} left out, over the search's compile budget, so counted of {total}"
             counters = ", ".join(f"{n}/{total} {name}" for n, name in enumerate(chosen, 2))
             counted = f" ({counters}{recount if skipped else ''})" if chosen else ""
-            over = over if not chosen else ""
-            say(
-                f"    candidate {first} took {duration(seconds)} to compile and verify: about {duration(left)} more, "
-                f"wall time, for the other {len(chosen)} candidate(s){counted}{side} and the timing{over}"
-            )
+            took = f"    candidate {first} took {duration(seconds)} to compile and verify: "
+            if chosen:
+                say(
+                    f"{took}about {duration(left)} more, wall time, for the other {len(chosen)} candidate(s)"
+                    f"{counted}{side} and the timing"
+                )
+            else:  # "about 0s more … for the other 0 candidate(s)" read to a newcomer as a glitch
+                say(f"{took}no other candidate to compile{over}")
         # none to compile: the timing rounds set their own estimate
         estimate(left, self.basis()) if chosen else estimate(None)
