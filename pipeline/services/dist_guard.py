@@ -22,9 +22,6 @@ from ..errors import OutputDirError
 from .manifest import differences, read_wheel_manifest, sha256_file
 
 
-# The refused build's wheel is stored in the build cache all the same (stages/deliver.py): a
-# newcomer's --overwrite after a 3-minute search that chose freezing got the cache's older wheel,
-# whose search had stopped on the noise, with no word of it.
 def overwrite(argv: list[str] | None = None) -> str:
     """--overwrite as the user gives it: through make, in ARGS with the build's other flags (a
     newcomer's `make build MODEL=unet --overwrite` got make's own usage screen, and
@@ -43,6 +40,9 @@ def overwrite(argv: list[str] | None = None) -> str:
 
 
 def not_kept() -> str:
+    """The refused build's wheel is stored in the build cache all the same (stages/deliver.py): a
+    newcomer's --overwrite after a 3-minute search that chose freezing got the cache's older wheel,
+    whose search had stopped on the noise, with no word of it."""
     return (
         "it is left as it is, and this build's verified wheel is kept in the build cache: the same build with "
         f"{overwrite()} (and without --no-cache) puts it in dist/ in seconds"
@@ -108,18 +108,16 @@ def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outc
     for_other_machines = any(line.split(":")[0] == "platform" for line in differ)
     choice_only = bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
     if for_other_machines:
-        hint = "the two are for other machines (another CPU kind): build into another --dist to keep both, or pass "
+        lead = "the two are for other machines (another CPU kind): "
     elif choice_only:  # a lock entry, or a search on a noisy machine, chose other options
-        hint = "the two are the same model with other compile options chosen: build into another --dist to keep both, "
-        hint += "or pass "
+        lead = "the two are the same model with other compile options chosen: "
     else:
-        hint = "bump model.version in the spec (or --version) for a changed model, build into another --dist to keep "
-        hint += "both, or pass "
+        lead = "bump model.version in the spec (or --version) for a changed model, "
     return OutputDirError(
         f"{existing} already holds a different build of this version ({hashes})"
         + (f"; their manifests differ in {'; '.join(differ)}" if differ else "")
         + f"; {outcome}",
-        root_hint or f"{hint}{overwrite()} to replace it",
+        root_hint or f"{lead}build into another --dist to keep both, or pass {overwrite()} to replace it",
     )
 
 
