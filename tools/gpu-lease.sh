@@ -10,13 +10,15 @@
 #      runner at batch 1 and 8;
 #   3. make bench TARGET=cuda on that wheel (--wheel --lease): eager, torch.compile, reduce-overhead,
 #      the wheel without and with CUDA graphs, batch 1 and 8, and the three targets.
-# Everything it prints goes to $OUT (default build/gpu-lease); the last lines are a summary.
+# Its logs go to $OUT (default build/gpu-lease); the last lines it prints are a summary. The device
+# tool brings back at most 8 files from $OUT: the small records stay in $LOGS, and logs.tgz has all.
 set -u
 OUT=${OUT:-build/gpu-lease}
+LOGS=${LOGS:-build/gpu-lease-records}
 PY=${PYTHON:-/opt/torch/.venv/bin/python3}
 DEADLINE=$(( $(date +%s) + ${LEASE_S:-570} ))
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$LOGS"
 left() { echo $(( DEADLINE - $(date +%s) )); }
 say() { echo "[$(date +%T), $(left) s left] $*"; }
 summary=()
@@ -24,8 +26,8 @@ note() { summary+=("$*"); say "$*"; }
 
 { nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv; nproc; g++ --version | head -1
   "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_capability())'
-} > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+} > "$LOGS/machine.txt" 2>&1
+cat "$LOGS/machine.txt"
 
 say "installing the pipeline's needs offline (make current-env)"
 make --no-print-directory current-env USE_VENV=0 PYTHON="$PY" > "$OUT/setup.log" 2>&1 || { tail -40 "$OUT/setup.log"; exit 1; }
@@ -65,7 +67,7 @@ if [ -n "$wheel" ] && [ "${CHECKS:-1}" = 1 ]; then
   check "without the /opt link ($root is a file)"
   rm -f "$root"
   (cd / && "$env_python" -c 'import json, model_unet as m; d = m.manifest(); print(json.dumps({k: d[k] for k in ("target", "cuda", "platform", "torch") if k in d}))') \
-    > "$OUT/unet-manifest.json" 2>&1
+    > "$LOGS/unet-manifest.json" 2>&1
   # the unet through CUDA graphs (load()'s default) against torch's runner, bitwise, at batch 1 and 8
   graphs=$(cd / && "$env_python" -W default -c '
 import torch, model_unet as m
@@ -77,7 +79,7 @@ for b in (1, 8):
 info = g.info(); print("path:", info["path"], "graphs:", len(info.get("graphs", [])), info.get("refused", ""))' 2>&1 | tail -3)
   echo "$graphs" >> "$OUT/unet-checks.log"
   note "unet CUDA graphs: $(echo "$graphs" | tr '\n' ' ' | cut -c1-400)"
-  note "manifest: $(sed 's/"kernels": \[[^]]*\]/"kernels": [...]/' "$OUT/unet-manifest.json" | cut -c1-700)"
+  note "manifest: $(sed 's/"kernels": \[[^]]*\]/"kernels": [...]/' "$LOGS/unet-manifest.json" | cut -c1-700)"
 fi
 
 say "waiting for make test-gpu"
@@ -89,9 +91,11 @@ if [ -n "$wheel" ] && [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 10 )) make --no-print-directory bench SPEC="$spec" TARGET=cuda USE_VENV=0 PYTHON="$PY" \
     ARGS="--wheel $wheel --lease" > "$OUT/bench.log" 2>&1
   note "bench: rc=$?"
-  cp build/bench/unet-cuda/results.md build/bench/unet-cuda/results.json "$OUT/" 2>/dev/null
+  cp build/bench/unet-cuda/results.md "$OUT/" 2>/dev/null
+  cp build/bench/unet-cuda/results.json "$LOGS/" 2>/dev/null
 fi
-tar -czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null
+cp "$OUT"/*.log "$OUT"/*.md "$LOGS/" 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
 grep -E '^(FAILED|ERROR|SKIPPED)' "$OUT/test-gpu.log" | head -20
 grep -E '==>|median' "$OUT/bench.log" 2>/dev/null | tail -30
