@@ -139,10 +139,11 @@ lint: $(SETUP)
 test-slow: $(SETUP) tools test-deps
 	$(PYTEST) -m "slow or zoo" $(ARGS)
 
-# The GPU tests, with the current interpreter and its CUDA torch; they skip without a GPU.
+# The GPU tests, with the current interpreter and its CUDA torch; they skip without a GPU. Their
+# three builds run side by side, one process each (tests/test_cuda_gpu.py's xdist groups).
 test-gpu:
 	$(MAKE) --no-print-directory current-env USE_VENV=0
-	$(PYTHON) -m pytest -q -m cuda $(ARGS)
+	$(PYTHON) -m pytest -q -m cuda -n 3 --dist loadgroup $(ARGS)
 
 index: $(SETUP)
 	$(PY) -m pipeline index start --port $(INDEX_PORT)

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -82,17 +83,25 @@ def variant_cmd(variant: str, spec: Path, artifacts: dict, venv_python: Path, *m
     return cmd + (["--artifact", artifacts[variant]] if variant in artifacts else [])
 
 
-def measure(spec: Path, batches: list[int], artifacts: dict, venv_python: Path, lease: bool = False) -> dict:
+def measure(
+    spec: Path,
+    batches: list[int],
+    artifacts: dict,
+    venv_python: Path,
+    lease: bool = False,
+    measured: Callable[[dict], None] = lambda results: None,
+) -> dict:
+    """Latency first, then fresh starts, then the profiler's view; ``measured`` is handed the
+    results after the latency phase, so the targets are on disk should a short loan end early."""
     variants = [v for v in VARIANTS if v != "pt2" or "pt2" in artifacts]  # --lease builds no .pt2
     results: dict = {"variants": variants, "latency_ms": {v: {} for v in variants}, "cold_start_s": {}, "gpu_busy": {}}
     for batch in batches:  # batch 1 first: the targets are there, should a short loan end early
         for variant in variants:
             say(f"==> latency: {LABELS[variant]}, batch {batch}")
-            measured = run_json(
-                variant_cmd(variant, spec, artifacts, venv_python, "--mode", "latency", "--batch", batch)
-            )
-            results["latency_ms"][variant][str(batch)] = measured
-            say(f"    median {measured['median_ms']:.2f} ms, first call {measured['first_call_s']:.1f} s")
+            timed = run_json(variant_cmd(variant, spec, artifacts, venv_python, "--mode", "latency", "--batch", batch))
+            results["latency_ms"][variant][str(batch)] = timed
+            say(f"    median {timed['median_ms']:.2f} ms, first call {timed['first_call_s']:.1f} s")
+    measured(results)
     # A torch.compile variant's fresh start is its first call, compile included (measured above).
     for variant in ["eager", "wheel", "wheel-graphs"] if lease else variants:
         say(f"==> fresh process to first result: {LABELS[variant]}")
@@ -141,6 +150,18 @@ def check_targets(results: dict) -> list[dict]:
     return judged(checks)
 
 
+def not_measured(results: dict) -> str:
+    """What a table written after the latency phase says of the phases still to come."""
+    missing = [
+        what for what, key in (("fresh starts", "cold_start_s"), ("GPU busy share", "gpu_busy")) if not results[key]
+    ]
+    said = " and ".join(missing)
+    return (
+        f"{said[0].upper()}{said[1:]}: not measured (this table was written once the latencies were in; "
+        "the run ended before its last phases, or is still in them)."
+    )
+
+
 def markdown(results: dict) -> str:
     lines = [
         f"# {results['model']} on {results['gpu']}",
@@ -164,6 +185,8 @@ def markdown(results: dict) -> str:
         "",
         *targets_table(results),
     ]
+    if not results["gpu_busy"]:
+        return "\n".join([*lines, "", not_measured(results)]) + "\n"
     lines += [
         "",
         "## What limits it",
@@ -233,11 +256,19 @@ def main() -> None:
         "batches": batches,
         "build": build,
         "import_torch_s": import_torch_s(venv_python),
-        **measure(spec, batches, artifacts, venv_python, args.lease),
     }
-    results["targets"] = check_targets(results)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results))
+
+    def write(measured: dict) -> None:
+        results.update(measured, targets=check_targets({**results, **measured}))
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (out / "results.md").write_text(markdown(results))
+
+    def latencies_in(measured: dict) -> None:
+        write(measured)
+        say(f"==> the latencies and targets, written now (a short loan may end before the rest): {out / 'results.md'}")
+        print(*targets_table(results), sep="\n")
+
+    write(measure(spec, batches, artifacts, venv_python, args.lease, latencies_in))
     print(markdown(results))
     say(f"wrote {out / 'results.json'}, {out / 'results.md'}")
 

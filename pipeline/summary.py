@@ -30,7 +30,7 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
         f"\nbuilt {report['wheel']['name']}",
         f"  wheel     {where}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
     ]
-    lines += [f"  artifact  {name}  {mb(artifact['size'])}" for name, artifact in report["artifacts"].items()]
+    lines += artifact_lines(report["artifacts"], mb)
     manifest = read_wheel_manifest(result.wheel)  # read once: the runs-on line and the usage lines
     if manifest is not None:  # before it is published: a default (native) build runs on CPUs of this kind only
         lines.append(f"  runs on   {targets.get(manifest['target']).where_it_runs(manifest)}")
@@ -47,6 +47,26 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
         return lines
     lines.append(f"  report    {result.report_path}")
     return lines + (usage_lines(result.wheel, manifest) if manifest is not None else [])
+
+
+MANY = 4  # more files than this of one suffix (a CUDA build's kernels: 78 .cubin files) take one line
+
+
+def artifact_lines(artifacts: dict[str, Any], mb: Any) -> list[str]:
+    """One line per artifact, but one for all of a suffix where there are many: a CUDA build
+    listed 78 kernels of '0.0 MB' each between the wheel and its verification."""
+    by_suffix: dict[str, list[int]] = {}
+    for name, artifact in artifacts.items():
+        by_suffix.setdefault(Path(name).suffix, []).append(artifact["size"])
+    lines, said = [], set()
+    for name, artifact in artifacts.items():
+        suffix = Path(name).suffix
+        if len(by_suffix[suffix]) <= MANY:
+            lines.append(f"  artifact  {name}  {mb(artifact['size'])}")
+        elif suffix not in said:  # the first of many: the line for them all
+            lines.append(f"  artifact  {len(by_suffix[suffix])} {suffix} files  {mb(sum(by_suffix[suffix]))} in all")
+            said.add(suffix)
+    return lines
 
 
 # How payback.Budget's refusals begin (features/ imports torch; the summary is read without it)
@@ -106,8 +126,10 @@ def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:
     # `link` only where the model loads from its /opt path (a CUDA wheel's): a relocatable wheel
     # loads from its package, and its --help says it has no link to make
     commands = "verify | info" if manifest.get("relocatable") else "verify | info | link"
+    # load_numpy() only where the target's runtime has it (a CUDA wheel's said so, and has not)
+    numpy = "  (or load_numpy(): no torch import)" if targets.runtime(targets.get(manifest["target"])).NUMPY else ""
     return [
-        f"  import    import {import_name}; model = {import_name}.load()  (or load_numpy(): no torch import)",
+        f"  import    import {import_name}; model = {import_name}.load(){numpy}",
         f"  command   {dist} {commands}  (installed with the wheel)",
         f"  install   this wheel: pip install {wheel} --extra-index-url {torch_index}",
         # as docs/publishing.md gives both: the local index sends pip to PyTorch's index for torch itself

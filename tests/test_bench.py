@@ -286,6 +286,68 @@ def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles
         "| the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8) | 0.850 | 0.95 | yes |" in report
     )
     assert ".pt2" not in report.split("## What limits it")[0]
+    assert "GPU busy share: not measured (this table was written once the latencies were in;" in report
+
+
+def test_a_cuda_run_cut_off_after_its_latencies_still_has_its_table_and_targets():
+    """On an H200 a lease ended in the fresh-start phase, after every latency was in, and the run
+    had written nothing: the bench now writes its table once the latencies are measured."""
+    from benchmarks import bench_cuda
+
+    variants = ["eager", "compile", "compile-ro", "wheel", "wheel-graphs"]
+    seen = {"eager": (12.93, 15.00), "compile": (8.12, 9.34), "compile-ro": (3.23, 3.52), "wheel": (3.93, 6.61)}
+    seen["wheel-graphs"] = (2.41, 3.22)
+    lat = {
+        v: {b: {"median_ms": ms, "p90_ms": ms, "first_call_s": 1.0} for b, ms in zip(("1", "8"), seen[v])}
+        for v in variants
+    }
+    results = {
+        "model": "model-unet 1.3",
+        "gpu": "NVIDIA H200",
+        "torch": "2.11.0+cu130",
+        "cuda": "13.0",
+        "chosen": "spec",
+        "batches": [1, 8],
+        "build": None,
+        "import_torch_s": 4.0,
+        "variants": variants,
+        "latency_ms": lat,
+        "cold_start_s": {},
+        "gpu_busy": {},
+    }
+    results["targets"] = bench_cuda.check_targets(results)
+    report = bench_cuda.markdown(results)
+    assert "| the wheel, CUDA graphs (load()) | 2.41 / 2.41 | 3.22 / 3.22 | — |" in report
+    assert "| the wheel with CUDA graphs >= 4x faster than eager (batch 1) | 0.186 | 0.25 | yes |" in report
+    assert (
+        "| the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8) | 0.915 | 0.95 | yes |" in report
+    )
+    assert report.rstrip().endswith(
+        "Fresh starts and GPU busy share: not measured (this table was written once the latencies were in; "
+        "the run ended before its last phases, or is still in them)."
+    )
+
+
+class _Runs:  # what graphs_checked asks of a loaded wheel: calls, and info()'s path
+    def __init__(self, path: str) -> None:
+        self.path, self.infos = path, 0
+
+    def __call__(self, *args):
+        return args
+
+    def info(self) -> dict:
+        self.infos += 1
+        return {"path": self.path}
+
+
+def test_the_graph_rows_first_call_is_its_capture_and_refuses_a_wheel_without_graphs():
+    from benchmarks.variants import graphs_checked
+
+    model = _Runs("CUDA graphs")
+    call = graphs_checked(model, [1, 2])
+    assert [call(), call(), call()] == [(1, 2)] * 3 and model.infos == 1  # checked once, on the first call
+    with pytest.raises(SystemExit, match="wheel-graphs: the wheel runs without CUDA graphs"):
+        graphs_checked(_Runs("AOTInductor runner"), [1])()
 
 
 def test_the_wheels_venv_sees_this_interpreters_torch_when_this_interpreter_is_a_venv(tmp_path):
@@ -356,3 +418,32 @@ def test_the_bench_shows_a_build_s_lines_as_they_come(capfd):
     seconds = bench.timed([sys.executable, "-c", "import sys; print('==> compile', file=sys.stderr); print('built')"])
     assert seconds > 0
     assert capfd.readouterr().err.splitlines() == ["==> compile", "built"]  # stdout too, beside the bench's own lines
+
+
+def test_the_cuda_bench_hands_over_its_latencies_before_the_fresh_starts(monkeypatch):
+    """Which order measure() runs in, with the variants' GPU processes stood in for (they need a
+    GPU): every latency is handed to ``measured`` before the first fresh start, and a run that
+    ends in the fresh-start phase (a short loan) has handed them over already."""
+    from benchmarks import bench_cuda
+
+    asked: list[str] = []
+
+    def run_json(cmd):
+        mode = cmd[cmd.index("--mode") + 1]
+        asked.append(mode)
+        if mode == "cold":
+            raise TimeoutError("the loan ended")
+        return {"median_ms": 1.0, "p90_ms": 1.0, "first_call_s": 0.1}
+
+    monkeypatch.setattr(bench_cuda, "run_json", run_json)
+    handed: list[dict] = []
+    artifacts = {"wheel": "model_unet", "wheel-graphs": "model_unet"}
+    spec = REPO / "models" / "unet" / "spec.toml"
+    with pytest.raises(TimeoutError):
+        bench_cuda.measure(spec, [1, 8], artifacts, Path(sys.executable), lease=True, measured=handed.append)
+    [results] = handed
+    assert asked == ["latency"] * 10 + ["cold"]
+    assert {v: sorted(r) for v, r in results["latency_ms"].items()} == {
+        v: ["1", "8"] for v in ("eager", "compile", "compile-ro", "wheel", "wheel-graphs")
+    }
+    assert bench_cuda.check_targets({**results, "batches": [1, 8]})  # with main()'s own fields: a table

@@ -1,6 +1,9 @@
 """The CUDA target on a real GPU: build, install, load (rootless too), verify, pick a device,
 embedded kernels, multi-arch PTX. `make test-gpu` runs these with the interpreter's CUDA torch; without a GPU
-(CI, this project's CPU machines) every one skips."""
+(CI, this project's CPU machines) every one skips.
+
+Three builds, each a group of its own (xdist_group): `make test-gpu` runs them side by side in three
+processes (`-n 3 --dist loadgroup`), where one after another they took 240 s of an H200 loan."""
 
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ def cuda_wheel(tmp_path_factory) -> tuple[BuildDirs, Path, Path]:
     return dirs, wheel, installed_python(base / "env", wheel)
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_wheel_carries_so_and_kernels_and_names_the_cuda_build(cuda_wheel):
     _, wheel, _ = cuda_wheel
     variant = "cu" + torch.version.cuda.replace(".", "")
@@ -81,6 +85,7 @@ def test_wheel_carries_so_and_kernels_and_names_the_cuda_build(cuda_wheel):
     assert all(m["artifacts"][k]["sha256"] for k in m["cuda"]["kernels"])
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_loads_runs_on_the_gpu_and_verifies(cuda_wheel):
     _, _, python = cuda_wheel
     ran = run_in(
@@ -92,6 +97,7 @@ def test_loads_runs_on_the_gpu_and_verifies(cuda_wheel):
     assert ran.stdout.split() == [f"cuda:{torch.cuda.current_device()}", f"cuda:{torch.cuda.current_device()}", "True"]
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_rootless_install_finds_its_kernels_without_the_link(cuda_wheel):
     dirs, wheel, python = cuda_wheel
     opt_path = Path(manifest_of(wheel)["opt_path"])
@@ -111,6 +117,7 @@ def test_rootless_install_finds_its_kernels_without_the_link(cuda_wheel):
         dirs.root.unlink()
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_device_is_chosen_and_a_missing_one_refused(cuda_wheel):
     _, _, python = cuda_wheel
     last, count = torch.cuda.device_count() - 1, torch.cuda.device_count()
@@ -125,6 +132,7 @@ def test_device_is_chosen_and_a_missing_one_refused(cuda_wheel):
     assert refused.returncode != 0 and f"cuda:{count} does not exist" in refused.stderr
 
 
+@pytest.mark.xdist_group("embed_kernels")
 def test_embedded_kernels_ship_only_the_library(tmp_path):
     _, wheel = build_cuda(tmp_path, "\n[build.cuda]\nembed_kernels = true\n")
     m = manifest_of(wheel)
@@ -134,6 +142,7 @@ def test_embedded_kernels_ship_only_the_library(tmp_path):
     assert ran.returncode == 0 and ran.stdout.strip() == "True", ran.stderr
 
 
+@pytest.mark.xdist_group("multi_arch")
 def test_multi_arch_ships_ptx_and_fatbin(tmp_path):
     _, wheel = build_cuda(tmp_path, "\n[build.cuda]\nmulti_arch = true\n")
     m = manifest_of(wheel)
@@ -216,6 +225,7 @@ def graphs_seen(cuda_wheel) -> dict:
     return json.loads(ran.stdout.splitlines()[-1])
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_cuda_graphs_are_the_default_and_replay_the_runners_outputs_bitwise(graphs_seen):
     seen = graphs_seen
     assert seen["info"]["path"] == "CUDA graphs" and seen["info"]["copy_outputs"] is True, seen["info"]
@@ -227,16 +237,19 @@ def test_cuda_graphs_are_the_default_and_replay_the_runners_outputs_bitwise(grap
     assert seen["owned"] is True
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_cuda_graphs_from_four_threads(graphs_seen):
     assert graphs_seen["threads_wrong"] == []
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_a_weight_swap_recaptures_on_the_new_weights(graphs_seen):
     if graphs_seen["swap"] is not True and "exports no" in str(graphs_seen["swap"]):
         pytest.skip(f"this torch's .so cannot take constants through ctypes: {graphs_seen['swap']}")
     assert graphs_seen["swap"] is True
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_a_failed_capture_warns_once_and_runs_without_graphs(graphs_seen):
     seen = graphs_seen
     assert seen["fallback_equal"] == [True, True, True]
@@ -247,6 +260,7 @@ def test_a_failed_capture_warns_once_and_runs_without_graphs(graphs_seen):
     assert seen["fallback_info"]["path"] == "single-threaded entry point, without CUDA graphs"
 
 
+@pytest.mark.xdist_group("cuda_wheel")
 def test_the_environment_variable_turns_cuda_graphs_off(cuda_wheel):
     _, _, python = cuda_wheel
     code = "import model_tiny as t; m = t.load(); print(m.info()['path'], m.info()['graphs_off'])"

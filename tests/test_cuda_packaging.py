@@ -114,6 +114,32 @@ def test_the_build_summary_names_link_for_a_wheel_that_loads_from_its_opt_path(c
     )
 
 
+def test_the_build_summary_offers_load_numpy_only_where_the_target_runs_it(cuda_wheel, wheel):
+    """load_numpy()'s C interface runs host models only: a CUDA build's summary offered it (H200)."""
+    from pipeline.services.manifest import read_wheel_manifest
+    from pipeline.summary import usage_lines
+
+    cuda_lines = usage_lines(cuda_wheel[0], read_wheel_manifest(cuda_wheel[0]))
+    assert "  import    import model_tiny; model = model_tiny.load()" in cuda_lines
+    cpu_lines = usage_lines(wheel, read_wheel_manifest(wheel))
+    assert "  import    import model_tiny; model = model_tiny.load()  (or load_numpy(): no torch import)" in cpu_lines
+
+
+def test_the_build_summary_lists_many_kernels_in_one_line():
+    """A CUDA build listed its 78 kernels one per line, each '0.0 MB'."""
+    from pipeline.summary import artifact_lines
+
+    artifacts = {"model.so": {"size": 94_400_000}} | {f"k{i}.cubin": {"size": 20_000} for i in range(78)}
+    artifacts |= {"a.ptx": {"size": 1_000}, "b.ptx": {"size": 2_000}}
+    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
+    assert artifact_lines(artifacts, mb) == [
+        "  artifact  model.so  94.4 MB",
+        "  artifact  78 .cubin files  1.6 MB in all",
+        "  artifact  a.ptx  0.0 MB",
+        "  artifact  b.ptx  0.0 MB",
+    ]
+
+
 def test_its_readme_names_pytorchs_index_for_its_cuda(cuda_wheel):
     """The wheel pins a CUDA torch (`+cu130`) that only PyTorch's cu130 index carries: its README says so."""
     path, m, _ = cuda_wheel
