@@ -69,16 +69,36 @@ def artifact_lines(artifacts: dict[str, Any], mb: Any) -> list[str]:
     return lines
 
 
-# How payback.Budget's refusals begin (features/ imports torch; the summary is read without it)
+# How payback's refusals begin (features/ imports torch; the summary is read without it)
 OVER_BUDGET_REASON = "over the search's compile budget"
+NOT_TRIED = {  # the summary's words for each refusal, by how its reason begins
+    OVER_BUDGET_REASON: "left out by its compile budget",
+    "cannot pay back its compile": "not tried: an earlier build measured no gain",
+    "cannot win beyond the noise": "not tried: the noise hides what it could gain",
+}
+
+
+def not_tried(search: dict[str, Any]) -> str:
+    """`` (max-autotune left out by its compile budget; freezing not tried: …)``: every candidate
+    the search refused, by why (the summary named those the budget left out, and no other)."""
+    said: dict[str, list[str]] = {}
+    for one in search.get("not_tried", ()):
+        words = next((w for start, w in NOT_TRIED.items() if one.get("reason", "").startswith(start)), None)
+        if words:
+            said.setdefault(words, []).append(one["name"])
+    parts = ["{} {}".format(", ".join(names), words) for words, names in said.items()]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def search_lines(search: dict[str, Any]) -> list[str]:
     """What the option search cost (compile and timing seconds) and what it won, where it ran."""
     cost = search.get("cost")
-    over = [s["name"] for s in search.get("not_tried", ()) if s.get("reason", "").startswith(OVER_BUDGET_REASON)]
-    left_out = f" ({', '.join(over)} left out by its compile budget)" if over else ""
-    if not cost or search.get("locked") or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not over):
+    left_out = not_tried(search)
+    if (
+        not cost
+        or search.get("locked")
+        or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not left_out)
+    ):
         return []
     # the candidates whose .so the build cache held, spec-options too: not among those compiled
     # (a newcomer's summary named neither the one compiled nor spec-options from the cache)

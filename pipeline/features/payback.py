@@ -129,7 +129,8 @@ def payback_refusal(expected: Expected, baseline: str) -> str | None:
         return None
     return (
         f"cannot pay back its compile: an earlier build of this model measured it {ratio(expected.gain)} "
-        f"{baseline}'s speed (--no-cache and a fresh build folder forget that)"
+        f"{baseline}'s speed (kept in the build cache's reports, read under --no-cache too; another "
+        "--build-dir forgets it)"
     )
 
 
@@ -222,10 +223,12 @@ class Budget:
         planned = (
             f", about {self.planned_s:.0f} s planned for the candidates chosen before it" if self.planned_s else ""
         )
+        # The sum against the budget: "about 121 s more expected for it … budget 121 s" read as if it fit
+        total = self.spent_s + self.planned_s + expected
         return (
             f"over the search's compile budget (compile seconds, summed over the cores): {self.spent_s:.0f} s "
-            f"spent{planned}, about {expected:.0f} s more "
-            f"expected for it{times}, budget {figure(budget)} s ({source})"
+            f"spent{planned} and about {expected:.0f} s more expected for it{times} come to about {total:.0f} s, "
+            f"over its budget of {figure(budget)} s ({source})"
         )
 
 

@@ -37,10 +37,11 @@ class Timed:
     threads: int = 1
 
     def busy(self) -> str:
-        """What other processes did to the rounds, where they took half a core or more (contention.said)
-        and the rounds spread: beside rounds that agree within 0.5%, "some calls take far longer" is false."""
-        if self.high_ms < self.low_ms * BUSY_SPREAD:
-            return ""
+        """What other processes did to the rounds, where they took half a core or more: the spread
+        they caused (contention.said), or, where the rounds agree, that every one is slower
+        (contention.steady): beside rounds that agree, "some calls take far longer" is false."""
+        if self.high_ms < self.low_ms * BUSY_SPREAD:  # a steady load slows every round alike (H39: 180 ms, quiet 0.22)
+            return contention.steady(self.others_cores, self.threads)
         return contention.said(self.others_cores, self.threads, ratio(self.high_ms / self.low_ms))
 
     @property

@@ -70,3 +70,22 @@ def said(others_cores: float | None, threads: int, spread: str) -> str:
         f"core, so rounds took up to {spread} as long as the fastest (a quieter machine times steadily, or "
         "`OMP_NUM_THREADS=1` for the build, which times one thread)"
     )
+
+
+def steady(others_cores: float | None, threads: int) -> str:
+    """What a load that lasted through every round did: the rounds agree, so the candidates'
+    comparison holds, but each figure is this busy machine's, not its quiet speed; "" on a quiet
+    machine. Under two busy loops a newcomer's rounds were a steady 180 ms, 0.22 ms on the quiet
+    machine, and nothing said why."""
+    if others_cores is None or others_cores < SAID_FROM_CORES:
+        return ""
+    waits = (
+        f", the more as the model's {threads} threads wait for each other at every operator while one is off its "
+        "core (`OMP_NUM_THREADS=1` for the build times one thread)"
+        if threads > 1
+        else ""
+    )
+    return (
+        f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy throughout: "
+        f"the rounds agree, so the comparison holds, but every figure is slower than on a quiet machine{waits}"
+    )
