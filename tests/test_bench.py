@@ -245,16 +245,13 @@ def test_bench_memory_runs_its_module_from_outside_the_checkout():
     assert "import_name" in ran.stdout
 
 
-def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles_fresh_starts():
-    """`bench_cuda --wheel W --lease` (a short GPU loan): no .pt2 variant, fresh starts for eager and
-    the wheel's two rows only, the wheel with and without CUDA graphs side by side."""
+CUDA_LEASE_VARIANTS = ["eager", "compile", "compile-ro", "wheel", "wheel-graphs"]
+
+
+def lease_results(latency_ms: dict, cold_start_s: dict) -> dict:
+    """A `bench_cuda --lease` run's results, as main() gathers them, with its targets judged."""
     from benchmarks import bench_cuda
 
-    variants = ["eager", "compile", "compile-ro", "wheel", "wheel-graphs"]
-    lat = {
-        v: {b: {"median_ms": ms + (b == "8"), "p90_ms": ms, "first_call_s": 30.0} for b in ("1", "8")}
-        for v, ms in zip(variants, (12.0, 9.0, 3.0, 3.5, 2.4))
-    }
     results = {
         "model": "model-unet 1.3",
         "gpu": "NVIDIA H200",
@@ -264,12 +261,25 @@ def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles
         "batches": [1, 8],
         "build": None,
         "import_torch_s": 4.0,
-        "variants": variants,
-        "latency_ms": lat,
-        "cold_start_s": {"eager": 6.0, "wheel": 4.5, "wheel-graphs": 4.7},
+        "variants": CUDA_LEASE_VARIANTS,
+        "latency_ms": latency_ms,
+        "cold_start_s": cold_start_s,
         "gpu_busy": {},
     }
-    results["targets"] = bench_cuda.check_targets(results)
+    return results | {"targets": bench_cuda.check_targets(results)}
+
+
+def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles_fresh_starts():
+    """`bench_cuda --wheel W --lease` (a short GPU loan): no .pt2 variant, fresh starts for eager and
+    the wheel's two rows only, the wheel with and without CUDA graphs side by side."""
+    from benchmarks import bench_cuda
+
+    variants = CUDA_LEASE_VARIANTS
+    lat = {
+        v: {b: {"median_ms": ms + (b == "8"), "p90_ms": ms, "first_call_s": 30.0} for b in ("1", "8")}
+        for v, ms in zip(variants, (12.0, 9.0, 3.0, 3.5, 2.4))
+    }
+    results = lease_results(lat, cold_start_s={"eager": 6.0, "wheel": 4.5, "wheel-graphs": 4.7})
     assert [t["target"] for t in results["targets"]] == [
         "the wheel with CUDA graphs >= 4x faster than eager (batch 1)",
         "the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)",
@@ -294,28 +304,14 @@ def test_a_cuda_run_cut_off_after_its_latencies_still_has_its_table_and_targets(
     had written nothing: the bench now writes its table once the latencies are measured."""
     from benchmarks import bench_cuda
 
-    variants = ["eager", "compile", "compile-ro", "wheel", "wheel-graphs"]
+    variants = CUDA_LEASE_VARIANTS
     seen = {"eager": (12.93, 15.00), "compile": (8.12, 9.34), "compile-ro": (3.23, 3.52), "wheel": (3.93, 6.61)}
     seen["wheel-graphs"] = (2.41, 3.22)
     lat = {
         v: {b: {"median_ms": ms, "p90_ms": ms, "first_call_s": 1.0} for b, ms in zip(("1", "8"), seen[v])}
         for v in variants
     }
-    results = {
-        "model": "model-unet 1.3",
-        "gpu": "NVIDIA H200",
-        "torch": "2.11.0+cu130",
-        "cuda": "13.0",
-        "chosen": "spec",
-        "batches": [1, 8],
-        "build": None,
-        "import_torch_s": 4.0,
-        "variants": variants,
-        "latency_ms": lat,
-        "cold_start_s": {},
-        "gpu_busy": {},
-    }
-    results["targets"] = bench_cuda.check_targets(results)
+    results = lease_results(lat, cold_start_s={})
     report = bench_cuda.markdown(results)
     assert "| the wheel, CUDA graphs (load()) | 2.41 / 2.41 | 3.22 / 3.22 | — |" in report
     assert "| the wheel with CUDA graphs >= 4x faster than eager (batch 1) | 0.186 | 0.25 | yes |" in report
