@@ -80,12 +80,12 @@ def steady(others_cores: float | None, threads: int) -> str:
     if others_cores is None or others_cores < SAID_FROM_CORES:
         return ""
     waits = (
-        f", the more as the model's {threads} threads wait for each other at every operator while one is off its "
+        f", by far where the model's {threads} threads wait for each other at every operator while one is off its "
         "core (`OMP_NUM_THREADS=1` for the build times one thread)"
         if threads > 1
         else ""
     )
     return (
         f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy throughout: "
-        f"the rounds agree, so the comparison holds, but every figure is slower than on a quiet machine{waits}"
+        f"the rounds agree, so the comparison holds, but each figure may be slower than on a quiet machine{waits}"
     )
