@@ -124,8 +124,8 @@ def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel
         "Tiny test model, trained again in this build;" in str(refused.value)
     )
     assert (
-        "this build's verified wheel is kept in the build cache: the same build with --overwrite (and without "
-        "--no-cache) puts it in dist/ in seconds" in str(refused.value)
+        "this build's verified wheel is kept in the build cache: the same build with --overwrite puts it in dist/ "
+        "in seconds" in str(refused.value)
     )
     assert refused.value.hint.startswith("bump model.version")
     dist_guard.keep_what_was_tested(wheel, wheel, sha256_file(wheel))  # the same bytes: kept, nothing said
@@ -215,9 +215,36 @@ def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatc
     monkeypatch.setattr(sys, "argv", ["pipeline", "build", "--spec", "models/unet/spec.toml"])  # make build's own
     with pytest.raises(OutputDirError) as refused:
         dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
-    assert 'the same build with ARGS="--overwrite" (and without --no-cache)' in str(refused.value)
+    assert 'the same build with ARGS="--overwrite" puts it in dist/ in seconds' in str(refused.value)
     assert refused.value.hint.endswith('or pass ARGS="--overwrite" to replace it'), refused.value.hint
     # with the build's other flags: ARGS="--overwrite" after ARGS="--no-search" dropped --no-search,
     # and rebuilt the locked options' wheel, the one already kept
     argv = ["build", "--spec", "models/unet/spec.toml", "--target", "cpu", "--no-search", "--build-dir", "build"]
     assert dist_guard.overwrite(argv) == 'ARGS="--no-search --build-dir build --overwrite"'
+    # less --no-cache: the hint's ARGS="--no-cache --overwrite" searched again and put another wheel in
+    # dist/, where the refused one waited in the build cache
+    assert dist_guard.overwrite([*argv, "--no-cache"]) == 'ARGS="--no-search --build-dir build --overwrite"'
+    monkeypatch.delenv("MAKELEVEL")
+    assert dist_guard.not_kept([*argv, "--no-cache"]).endswith(
+        "the same build without --no-cache, with --overwrite, puts it in dist/ in seconds"
+    )
+    assert dist_guard.not_kept(argv).endswith("the same build with --overwrite puts it in dist/ in seconds")
+
+
+def test_a_refusal_where_only_the_searchs_record_differs_says_so():
+    """A --no-cache rebuild of an unchanged ViT chose spec-options again, after timing other
+    candidates (the noise): it was refused as "other compile options chosen"."""
+    from pipeline.services.manifest import differences
+
+    first = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}, {"name": "freezing"}]}
+    again = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "not_tried": [{"name": "freezing"}]}
+    differ = differences({"compile_search": first}, {"compile_search": again})
+    assert differ == [
+        "compile_search (only its record: spec-options chosen in both, after timing spec-options, freezing in the "
+        "kept wheel, spec-options in this build)"
+    ]
+    refused = dist_guard.refusal(Path("dist/x.whl"), "sha256 …", differ, "", "it is left as it is")
+    assert refused.hint.startswith(
+        "the two are the same model with the same options, so the kept wheel serves as well (nothing to do); "
+        "build into another --dist to keep both"
+    ), refused.hint

@@ -35,8 +35,11 @@ def test_a_changed_model_source_names_the_files_that_differ(wheel, tmp_path):
     spec = spec_copy(tmp_path / "src", GOOD.replace("search = false", "search = true"))
     code = spec.parent / "tiny_model.py"
     code.write_text(code.read_text().replace("nn.functional.silu(", "nn.functional.gelu("))
-    ran = run_cli("reproduce", str(wheel), "--spec", str(spec))
+    # the rebuild that differs is kept for a look, in the temporary folder: this test's, not /tmp
+    # (each suite run left one there)
+    ran = run_cli("reproduce", str(wheel), "--spec", str(spec), env={"TMPDIR": str(tmp_path)})
     assert ran.code == NotReproducedError.exit_code == 28, ran.err
+    assert f"(the rebuild is kept: {tmp_path}/modelwheel-reproduce-" in ran.err
     assert "candidate freezing" not in ran.err and "search:" not in ran.err
     error, hint = ran.err.splitlines()[-2:]
     # every file that differs, where the first alone named the manifest or the goldens and hid the .so

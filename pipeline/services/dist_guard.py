@@ -28,29 +28,38 @@ def overwrite(argv: list[str] | None = None) -> str:
     `ARGS="--overwrite"` after `ARGS="--no-search"` dropped --no-search and rebuilt another wheel)."""
     if not os.environ.get("MAKELEVEL"):
         return "--overwrite"
-    given, args = [], list(sys.argv[1:] if argv is None else argv)
-    args = args[1:] if args[:1] == ["build"] else args
+    given, args = [], _build_args(argv)
     while args:  # what the make target adds itself: --spec and --target with their values
         arg = args.pop(0)
         if arg in ("--spec", "--target") and args:
             args.pop(0)
-        elif arg != "--overwrite":
+        elif arg not in ("--overwrite", "--no-cache"):  # --no-cache: the refused wheel waits in the cache
             given.append(arg)
     return f'ARGS="{shlex.join([*given, "--overwrite"])}"'
 
 
-def not_kept() -> str:
+def _build_args(argv: list[str] | None) -> list[str]:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return args[1:] if args[:1] == ["build"] else args
+
+
+def not_kept(argv: list[str] | None = None) -> str:
     """The refused build's wheel is stored in the build cache all the same (stages/deliver.py): a
     newcomer's --overwrite after a 3-minute search that chose freezing got the cache's older wheel,
-    whose search had stopped on the noise, with no word of it."""
+    whose search had stopped on the noise, with no word of it. Another copied the hint's
+    `ARGS="--no-cache --overwrite"`, which searched again and put another wheel in dist/."""
+    with_it = f"with {overwrite(argv)}"
+    if "--no-cache" in _build_args(argv) and not os.environ.get("MAKELEVEL"):
+        with_it = "without --no-cache, with --overwrite,"
     return (
-        "it is left as it is, and this build's verified wheel is kept in the build cache: the same build with "
-        f"{overwrite()} (and without --no-cache) puts it in dist/ in seconds"
+        "it is left as it is, and this build's verified wheel is kept in the build cache: the same build "
+        f"{with_it} puts it in dist/ in seconds"
     )
 
 
 # What the search chose, alone: the same model, so "bump model.version … for a changed model" did not fit
 CHOICE_ONLY = ("compile_options", "compile_search")
+RECORD_ONLY = "compile_search (only its record"  # services/manifest.py: the same choice, other candidates tried
 
 
 def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> None:
@@ -109,6 +118,8 @@ def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outc
     choice_only = bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
     if for_other_machines:
         lead = "the two are for other machines (another CPU kind): "
+    elif differ and all(line.startswith(RECORD_ONLY) for line in differ):  # the noise changed what was tried
+        lead = "the two are the same model with the same options, so the kept wheel serves as well (nothing to do); "
     elif choice_only:  # a lock entry, or a search on a noisy machine, chose other options
         lead = "the two are the same model with other compile options chosen: "
     else:

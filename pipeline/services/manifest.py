@@ -48,6 +48,12 @@ def _described(key: str, kept: Any, new: Any) -> str:
     if key == "torch" and isinstance(kept, dict) and isinstance(new, dict):
         kept, new = kept.get("version"), new.get("version")
     if key == "compile_search" and isinstance(kept, dict) and isinstance(new, dict):  # the two choices, named
+        if kept.get("chosen") == new.get("chosen"):  # the same choice, reached by other candidates (the noise)
+            tried = lambda search: ", ".join(c.get("name", "?") for c in search.get("candidates", ())) or "none"  # noqa: E731
+            return (
+                f"compile_search (only its record: {kept.get('chosen')} chosen in both, after timing {tried(kept)} "
+                f"in the kept wheel, {tried(new)} in this build)"
+            )
         key, kept, new = "compile_search (the options chosen)", kept.get("chosen"), new.get("chosen")
     if kept != new and all(isinstance(v, (str, int, float, type(None))) for v in (kept, new)):
         if len(f"{kept}{new}") <= 160:
