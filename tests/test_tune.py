@@ -957,6 +957,29 @@ def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_bein
     assert {s.name: (s.reason, s.recorded) for s in refused}["freezing"] == (why, payback.NO_PAYBACK)
 
 
+def test_a_refused_candidates_earlier_timing_outlives_the_build_that_refused_it(tmp_path):
+    """The refusal's memory lasted one build (H40): a build that refused freezing timed it not, its
+    report replaced the one that had, and the next build compiled freezing again. The refused
+    candidate's report entry now carries the earlier timing forward."""
+    exported, planned, _ = waves(tmp_path)
+    cache = tmp_path / "cache"
+    earlier_build_measured_freezing_slower(cache, "mlp", freezing_compile_s=12.0)
+    chosen, refused, cost, said = choose_said(exported, planned, QUIET, cache)
+    [freezing] = [s for s in refused if s.name == "freezing"]
+    # this build's report, in place of the earlier one (the same cache key: one report per build folder)
+    report = {"model": "mlp", "target": "cpu", "compile_search": {"candidates": [{"name": "spec-options"}]}}
+    report["compile_search"]["not_tried"] = [dataclasses.asdict(skip) for skip in refused]
+    (cache / "build-earlier" / "model_mlp-0.1.report.json").write_text(json.dumps(report))
+    remembered = payback.earlier_search(cache, "mlp", "cpu")
+    assert [(c["median_ms"], c["base_median_ms"]) for c in remembered["candidates"] if c["name"] == "freezing"] == [
+        (1.25, 1.0)
+    ]
+    _, refused_again, _, said_again = choose_said(exported, planned, QUIET, cache)
+    assert "freezing" in {s.name for s in refused_again}
+    assert any(line.startswith("    candidate freezing: not tried: cannot pay back its compile") for line in said_again)
+    assert freezing.earlier is not None
+
+
 def test_candidates_are_ordered_by_expected_gain_per_compile_second():
     names = ["freezing", "max-autotune", "bf16-autocast"]
     assert [e.name for e in payback.expectations(names, {})] == ["bf16-autocast", "freezing", "max-autotune"]

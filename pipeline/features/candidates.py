@@ -10,7 +10,7 @@ the one candidate: what the search chose before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,9 @@ class Skipped:
     name: str
     reason: str  # what the build says and its report keeps, with the seconds measured where there are any
     recorded: str = ""  # the reason without measured values, for the manifest: a wheel's bytes never hold timings
+    # the report only: an earlier build's timing of it, carried forward so the next build still has
+    # it (payback.earlier_search); a build that timed nothing replaced the report that held it
+    earlier: dict | None = field(default=None, compare=False)
 
     @property
     def stable_reason(self) -> str:

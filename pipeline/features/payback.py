@@ -74,13 +74,30 @@ class Expected:
 
 
 def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
-    """The compile_search of the newest build of this model and target in the build cache that
-    timed its candidates ({} if none). Read even with --no-cache: it is only advice."""
+    """What the build cache's reports of this model and target measured of each candidate: its
+    newest timing, beside the spec's options' in that same build ({} if none). Merged over the
+    reports: a build that did not time a candidate (refused as unable to pay back, the search
+    stopped on the noise) replaced the report, and the next build compiled that loser again. Read
+    even with --no-cache: it is only advice."""
+    merged: dict[str, dict] = {}
     for report in newest_reports(cache_dir):
         search = report.get("compile_search") or {}
-        if report.get("model") == model and report.get("target") == target and len(search.get("candidates", ())) > 1:
-            return search
-    return {}
+        if report.get("model") != model or report.get("target") != target:
+            continue
+        found = {c["name"]: c for c in search.get("candidates", ()) if isinstance(c, dict) and c.get("name")}
+        base, shared = found.get("spec-options") or {}, compiled_side_by_side(search)
+        for name, seen in found.items():
+            if name != "spec-options" and name not in merged and seen.get("median_ms"):
+                merged[name] = {
+                    **seen,
+                    "base_median_ms": base.get("median_ms"),
+                    "base_compile_s": base.get("compile_s"),
+                }
+                merged[name]["shared"] = shared
+        for skip in search.get("not_tried", ()):  # what it did not time, as an earlier build had (carried forward)
+            if isinstance(skip, dict) and isinstance(skip.get("earlier"), dict) and skip.get("name") not in merged:
+                merged[skip["name"]] = skip["earlier"]
+    return {"candidates": list(merged.values())} if merged else {}
 
 
 def compiled_side_by_side(search: dict) -> bool:
@@ -96,15 +113,19 @@ def expectations(names: list[str], earlier: dict) -> list[Expected]:
     compiled 2 at a time, against spec-options' 57 s alone, made it "1.87x" a compile."""
     found = {c["name"]: c for c in earlier.get("candidates", ())}
     base = found.get("spec-options") or {}
-    shared = compiled_side_by_side(earlier)
     out = []
     for name in names:
         prior, seen = PRIORS.get(name, UNKNOWN), found.get(name) or {}
         gain, cost, measured = prior.gain, prior.cost, False
-        if seen.get("median_ms") and base.get("median_ms"):
-            gain, measured = base["median_ms"] / seen["median_ms"], True
-        if seen.get("compile_s") and base.get("compile_s") and not shared:
-            cost = seen["compile_s"] / base["compile_s"]
+        # against the spec's options of the build that timed it (earlier_search), else of this search
+        base_ms, base_s = (
+            seen.get("base_median_ms", base.get("median_ms")),
+            seen.get("base_compile_s", base.get("compile_s")),
+        )
+        if seen.get("median_ms") and base_ms:
+            gain, measured = base_ms / seen["median_ms"], True
+        if seen.get("compile_s") and base_s and not seen.get("shared", compiled_side_by_side(earlier)):
+            cost = seen["compile_s"] / base_s
         out.append(Expected(name, gain, max(cost, 0.05), measured))
     return sorted(out, key=lambda e: -e.value)
 

@@ -218,14 +218,15 @@ def choose_candidates(
     spec, first, plans = exported.spec_file.spec, planned[0][0], dict(planned)
     earlier = payback.earlier_search(store.directory, spec.model.name, exported.target.NAME)
     expected = payback.expectations([name for name, _ in planned[1:]], earlier)
+    carried = {c["name"]: c for c in earlier.get("candidates", ())}  # an untimed candidate's report keeps it
     refused, noisy, open_ = [], [], []
     gate = noise is not None and not spec.compile.search_when_noisy
     for one in expected:
         if why := payback.payback_refusal(one, first):
-            refused.append(Skipped(one.name, why, payback.NO_PAYBACK))
+            refused.append(Skipped(one.name, why, payback.NO_PAYBACK, carried.get(one.name)))
         elif why := payback.noise_refusal(one, noise, first) if noise is not None else None:
             if gate:
-                noisy.append(Skipped(one.name, why, payback.NOISY))
+                noisy.append(Skipped(one.name, why, payback.NOISY, carried.get(one.name)))
                 continue
             # what the setting changed, said (a newcomer who set it saw it nowhere)
             say(f"    candidate {one.name}: kept in by `[compile] search_when_noisy = true`, though it {why}")
@@ -245,7 +246,7 @@ def choose_candidates(
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     chosen, over = payback.select(open_, budget, lambda name: store.has(plans[name].key))
     for one, why in over:
-        refused.append(Skipped(one.name, why, payback.OVER_BUDGET))
+        refused.append(Skipped(one.name, why, payback.OVER_BUDGET, carried.get(one.name)))
         say(f"    candidate {one.name}: not tried: {why}")
     return chosen, refused, cost
 
