@@ -94,7 +94,12 @@ def parser() -> argparse.ArgumentParser:
         "--weights", help="build with this .safetensors file instead of the spec's weights (needs --version)"
     )
     build.add_argument("--version", help="build as this version instead of the spec's model.version")
-    build.add_argument("--no-cache", action="store_true", help="rebuild everything, ignoring build/cache")
+    build.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="rebuild everything, taking no compiled model or wheel from build/cache (its reports of earlier timings "
+        "still advise the option search)",
+    )
     build.add_argument(
         "--overwrite",
         action="store_true",

@@ -83,9 +83,10 @@ def not_tried(search: dict[str, Any]) -> str:
     the search refused, by why (the summary named those the budget left out, and no other)."""
     said: dict[str, list[str]] = {}
     for one in search.get("not_tried", ()):
-        words = next((w for start, w in NOT_TRIED.items() if one.get("reason", "").startswith(start)), None)
-        if words:
-            said.setdefault(words, []).append(one["name"])
+        reason = one.get("reason", "")
+        # another refusal (the output tolerances, a lock's): its own words, up to their detail
+        words = next((w for start, w in NOT_TRIED.items() if reason.startswith(start)), None)
+        said.setdefault(words or f"not tried: {reason.split(':')[0]}", []).append(one["name"])
     parts = ["{} {}".format(", ".join(names), words) for words, names in said.items()]
     return f" ({'; '.join(parts)})" if parts else ""
 

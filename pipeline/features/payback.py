@@ -199,10 +199,12 @@ NOISY = "cannot win beyond the noise measured before compiling it (the build's r
 def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
     """Counted as the compile stage's first line counts ("4 candidates to try": the 3 after the first)."""
     which = f"any of the {refused} candidates" if refused > 1 else "the 1 candidate"
+    # the busy clause once, on the noise line just above: both lines carried its 250 characters
+    why = ", the noise line above says why" if noise.busy() else ""
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
         f"{which} after {baseline} to win (rounds {figure(noise.low_ms)} to "
-        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread){noise.busy()}; "
+        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread{why}); "
         "build on a quieter machine for a search, "
         "or set `[compile] search_when_noisy = true` to compile them anyway"
     )

@@ -123,6 +123,9 @@ def _as_long(part: float) -> str:
     return "within 0.5% of it" if said == "1x" else f"{said} as long"
 
 
+LOWEST_TOO = "; it has the lowest median too"
+
+
 def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     """(the candidate to ship, why). The baseline (the spec's own options) stays unless another
     candidate's slowest round beats its fastest; among those that do, the lowest median wins."""
@@ -133,7 +136,7 @@ def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     winners = [name for name, t in timed.items() if name != baseline and t.high_ms < base.low_ms]
     if not winners:
         # said where true: "no candidate is faster beyond the noise" undersold a freezing 2.5x slower
-        lowest = "; it has the lowest median too" if min(timed, key=lambda n: timed[n].median_ms) == baseline else ""
+        lowest = LOWEST_TOO if min(timed, key=lambda n: timed[n].median_ms) == baseline else ""
         return baseline, (
             f"no candidate is faster beyond the noise its rounds measured: none has its slowest round "
             f"under {baseline}'s fastest ({figure(base.low_ms)} ms){lowest}"
