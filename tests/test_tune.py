@@ -1189,3 +1189,9 @@ def test_a_search_with_no_other_candidate_to_compile_says_so(tmp_path):
         "    candidate spec-options took 12s to compile and verify: no other candidate to compile; not compiled: "
         "max-autotune, over the search's compile budget"
     )
+    # others refused above (an earlier build measured them no faster): "not compiled: max-autotune"
+    # alone read to a newcomer as the only one left out
+    with progress.reporting(progress.Progress(out)):
+        outlook.announce("spec-options", 12.0, [], ["max-autotune"], others=2)
+    last = out.getvalue().splitlines()[-1]
+    assert last.endswith("over the search's compile budget; the others not tried, as the lines above say"), last

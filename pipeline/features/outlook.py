@@ -225,9 +225,16 @@ class Outlook:
         estimate(left, None if left is None else self.basis())  # a basis alone would be said as a note
 
     def announce(
-        self, first: str, seconds: float, chosen: list[str], skipped: list[str], costs: dict[str, float] | None = None
+        self,
+        first: str,
+        seconds: float,
+        chosen: list[str],
+        skipped: list[str],
+        costs: dict[str, float] | None = None,
+        others: int = 0,
     ) -> None:
-        """Once the search knows what it will compile: how long that should take."""
+        """Once the search knows what it will compile: how long that should take. ``skipped``: those
+        over the budget; ``others``: how many more it refused for other reasons (said above)."""
         self.timed = len(chosen) + 1 if chosen else 0
         left = self.left_s(chosen, costs)
         if left is None or first not in self.fresh:
@@ -249,6 +256,9 @@ class Outlook:
                     f"{counted}{side} and the timing"
                 )
             else:  # "about 0s more … for the other 0 candidate(s)" read to a newcomer as a glitch
-                say(f"{took}no other candidate to compile{over}")
+                # the others, refused for other reasons on the lines above, said as such: "not compiled:
+                # max-autotune" alone read as if it were the only one left out
+                said = "; the others not tried, as the lines above say" if others else ""
+                say(f"{took}no other candidate to compile{over}{said}")
         # none to compile: the timing rounds set their own estimate
         estimate(left, self.basis()) if chosen else estimate(None)

@@ -172,6 +172,7 @@ def tune(
             [e.name for e in chosen],
             [s.name for s in refused if s.recorded == payback.OVER_BUDGET],
             {e.name: e.cost for e in chosen},
+            others=len(skipped) - sum(s.recorded == payback.OVER_BUDGET for s in refused),
         )
         cost = search.compile_candidates([e.name for e in chosen], workers, outlook, cost)
     if not search.passed:  # the first candidate's own report, with every case's diffs
