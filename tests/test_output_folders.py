@@ -127,3 +127,19 @@ def test_partial_files_of_a_build_killed_while_writing_are_swept(tmp_path):
     running.mkdir()
     sweep_partials(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [running.name]
+
+
+def test_a_compiler_that_ran_out_of_disk_is_said_as_a_full_disk():
+    """A newcomer's candidates were dropped as "C++ compile error" when g++ filled /tmp: the
+    compiler's own output, as AOTInductor's error carries it, is the build's full-disk error."""
+    from pipeline.services import writable
+
+    output = (
+        "AOTInductor failed: InductorError: CppCompileError: C++ compile error\n\nCommand:\ng++ x.wrapper.cpp\n\n"
+        "Output:\nx.wrapper.cpp:1041:1: fatal error: error writing to /tmp/ccNDoxDg.s: No space left on device\n"
+    )
+    full = writable.disk_full(output)
+    assert full is not None and full.exit_code == OutputDirError.exit_code
+    assert str(full) == "cannot write /tmp/ccNDoxDg.s: No space left on device"
+    assert full.hint.startswith("free space on the disk holding /tmp (df -h /tmp)")
+    assert writable.disk_full("CppCompileError: C++ compile error\nerror: 'x' was not declared") is None

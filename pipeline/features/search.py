@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CompileError, ExportError, VerificationError
+from ..services import writable
 from ..services.cache import Cache
 from ..services.progress import StepClock, check_stop, estimate, say, step
 from ..services.wording import figure, part_only
@@ -289,6 +290,8 @@ def _compile_and_verify(
         else:
             compiled = _compile(exported, name, plan, counter, trial_work, store, budget)
     except (CompileError, ExportError) as exc:
+        if full := writable.disk_full(exc.message):  # the machine's, not the candidate's (H40: "C++ compile error")
+            raise full from exc
         if index == 0:  # the spec's own options: their failure is the build's
             raise
         say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -72,6 +73,19 @@ def write_error(exc: OSError) -> OutputDirError:
     else:
         hint = f"check {folder}, or give --build-dir, --dist or --root another folder"
     return OutputDirError(f"{what}: {exc.strerror or exc}", hint)
+
+
+NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device", as compilers print it
+
+
+def disk_full(output: str) -> OutputDirError | None:
+    """A compiler's output that ran out of disk (g++: "error writing to /tmp/cc….s: No space left
+    on device"), as the build's full-disk error; None for any other failure. Candidates dropped as
+    "C++ compile error" on a full disk read as faults of those options."""
+    if NO_SPACE not in output:
+        return None
+    written = re.search(rf"(/[^\s:]+): {NO_SPACE}", output)
+    return write_error(OSError(errno.ENOSPC, NO_SPACE, written.group(1) if written else None))
 
 
 def made_folders(path: Path) -> list[Path]:
