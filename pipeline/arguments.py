@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
 
 from . import targets
@@ -40,6 +41,21 @@ def _common_flags(json_help: str | None = None) -> argparse.ArgumentParser:
     if json_help:
         common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
     return common
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, where a flag no command knows gets that command's usage and the flag it
+    likely meant (`build --no-serch` got the top-level usage and no suggestion)."""
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+        command = commands.choices[args.command]
+        flags = [flag for action in command._actions for flag in action.option_strings]
+        guesses = [difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.7) for word in unknown]
+        meant = [f"{word} (did you mean {guess[0]}?)" if guess else word for word, guess in zip(unknown, guesses)]
+        command.error(f"unrecognized arguments: {' '.join(meant)}")
+    return args
 
 
 def parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from .arguments import parser
+from .arguments import parse
 from .errors import BuildInterrupted, PipelineError
 from .handlers import COMMANDS
 from .services import record
@@ -118,7 +118,7 @@ def json_stdout() -> TextIO:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())

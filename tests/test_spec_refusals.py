@@ -217,3 +217,15 @@ def test_no_search_with_update_lock_is_refused_before_any_work(tmp_path):
     assert "error: --no-search and --update-lock contradict each other" in ran.err
     assert "hint: give --no-search for one quick compile of the spec's options, or --update-lock to search" in ran.err
     assert not (tmp_path / "dist").exists() and not (tmp_path / "opt").exists() and not (tmp_path / "build").exists()
+
+
+def test_a_mistyped_flag_gets_its_commands_usage_and_the_flag_it_likely_meant():
+    """`build --no-serch` got the top-level usage and no suggestion, where spec keys and tasks get one."""
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--no-serch")
+    assert ran.code == 2, ran.err
+    assert ran.err.startswith("usage: modelwheel build "), ran.err
+    assert ran.err.rstrip().endswith(
+        "modelwheel build: error: unrecognized arguments: --no-serch (did you mean --no-search?)"
+    )
+    ran = run_cli("build", "--spec", str(TINY_SPEC), "--zzzz")
+    assert ran.err.rstrip().endswith("modelwheel build: error: unrecognized arguments: --zzzz"), ran.err
