@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import targets
-from .errors import BuildInterrupted, PipelineError
+from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .features import lock as options_lock
 from .features import tune
 from .features.candidates import Skipped
@@ -202,30 +202,24 @@ def build_target(ctx: BuildContext) -> BuildResult:
             report["compile_search"]["locked"] = str(locked.path)
         # What `modelwheel reproduce` rebuilds from, and the compiler a rebuild must match.
         report.update(spec=str(ctx.spec_file.path.resolve()), compiler=cxx_version)
-        result = commit(
-            packaged.wheel,
-            report,
-            ctx.dist_dir,
-            packaged.manifest["import_name"],
-            packaged.manifest["full_version"],
-            (ctx.store, build_key),
-            overwrite=ctx.overwrite,
-        )
-    if lock_key is not None and locked is None and tuned.cost.stopped:  # nothing was chosen: nothing to lock
-        ctx.progress.say(
-            f"    the search stopped before compiling a candidate: nothing locked in "
-            f"{options_lock.lock_path(ctx.spec_file.path)} ({options_lock.SEARCHES_AGAIN})"
-        )
-    # a search ran: its choice is this build's lock entry (not where its timing could not tell: it said so)
-    elif lock_key is not None and locked is None and not tuned.cost.undecided:
-        options_lock.keep_choice(
-            ctx.spec_file.path,
-            lock_key,
-            dict(planned)[tuned.chosen].overrides,
-            dict(packaged.manifest["compile_search"]),
-            tuned.why,
-            ctx.progress.say,
-        )
+        # the search's choice is this machine's, also where dist/ then refuses the wheel (H40: a search
+        # that decided, refused at dist/, locked nothing, and the next build searched again)
+        searched = lock_key if locked is None else None
+        overrides, search = dict(planned)[tuned.chosen].overrides, dict(packaged.manifest.get("compile_search") or {})
+        try:
+            result = commit(
+                packaged.wheel,
+                report,
+                ctx.dist_dir,
+                packaged.manifest["import_name"],
+                packaged.manifest["full_version"],
+                (ctx.store, build_key),
+                overwrite=ctx.overwrite,
+            )
+        except OutputDirError:
+            options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
+            raise
+    options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
     return result
 
 

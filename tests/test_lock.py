@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import targets
-from pipeline.errors import SpecError
+from pipeline.errors import OutputDirError, SpecError
 from pipeline.features import lock
 from pipeline.spec import load_spec
 
@@ -195,3 +195,21 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
     third = run_cli("build", "--spec", str(spec), "--dist", str(tmp_path / "dist3"), *args)
     assert third.code == 0, third.err
     assert "reusing its verified wheel" in third.err and "spec.lock.json" not in third.err, third.err
+
+
+def test_a_search_refused_at_dist_still_locks_its_choice(tmp_path):
+    """A newcomer's search decided, dist/ then refused its wheel (exit 10), and nothing was locked:
+    the next build searched again. The choice is this machine's whatever dist/ holds."""
+    keys = "search = true\nsearch_budget_s = 0.5\nsearch_when_noisy = true"  # one fresh compile, as above
+    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", keys))
+    dist, root = str(tmp_path / "dist"), ["--root", str(tmp_path / "opt")]
+    kept = run_cli(
+        "build", "--spec", str(spec), "--dist", dist, "--no-search", *root, "--build-dir", str(tmp_path / "b1")
+    )
+    assert kept.code == 0, kept.err
+    searched = run_cli("build", "--spec", str(spec), "--dist", dist, *root, "--build-dir", str(tmp_path / "b2"))
+    assert searched.code == OutputDirError.exit_code, searched.err  # dist/ holds the --no-search build's wheel
+    path = tmp_path / "m" / "spec.lock.json"
+    assert f"    wrote the search's choice (spec-options) to {path}:" in searched.err, searched.err
+    assert searched.err.index("wrote the search's choice") < searched.err.index("error: "), "said before the refusal"
+    assert [entry["chosen"] for entry in json.loads(path.read_text())["entries"]] == ["spec-options"]

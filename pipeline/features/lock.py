@@ -213,6 +213,28 @@ def _say_unused(path: Path, key: Key, say: Callable[[str], None]) -> None:
         )
 
 
+def after_search(
+    spec_path: Path,
+    key: Key | None,
+    tuned: Any,
+    overrides: dict[str, Any],
+    search: dict[str, Any],
+    say: Callable[[str], None],
+) -> None:
+    """After a build whose search ran for a lock entry (``key``; None: no search, or no lock file):
+    its choice becomes the entry, unless it stopped (nothing chosen) or its timing could not tell
+    (it said so)."""
+    if key is None:
+        return
+    if tuned.cost.stopped:
+        say(
+            f"    the search stopped before compiling a candidate: nothing locked in {lock_path(spec_path)} "
+            f"({SEARCHES_AGAIN})"
+        )
+    elif not tuned.cost.undecided:
+        keep_choice(spec_path, key, overrides, search, tuned.why, say)
+
+
 def keep_choice(
     spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], why: str, say: Callable[[str], None]
 ) -> None:
