@@ -276,7 +276,8 @@ def compile_stage(
 ) -> tuple[Tuned, Compiled]:
     say = ctx.progress.say
     with ctx.progress.stage("compile", tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
-        tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store)
+        # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
+        tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             # The export runs where any planned compile is missing (a search stopped before compiling

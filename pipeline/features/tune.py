@@ -134,12 +134,14 @@ def tune(
     weights_file: Path | None,
     work_dir: Path,
     store: Cache,
+    time_lone: bool = True,
 ) -> Tuned:
     """A line per candidate; the live status says what is being done now (``2/4 freezing: compiling``).
     The spec's own options are compiled, verified and timed alone first (the noise); the candidates
     that could win beyond it and that the budget allows are compiled side by side, then verified
     one at a time; those that pass are timed together, in interleaved rounds (rounds.py), and the
-    spec's own options stay unless one wins beyond the spread measured in those rounds."""
+    spec's own options stay unless one wins beyond the spread measured in those rounds.
+    ``time_lone``: a lone candidate (the options pinned) is timed in one round, for the report."""
     for skip in skipped:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     spec, skipped = exported.spec_file.spec, list(skipped)
@@ -155,6 +157,7 @@ def tune(
     outlook.start(guess)
     first, plans = planned[0][0], dict(planned)
     search = Search(exported, planned, weights_file, work_dir, store, budget)
+    search.time_lone_candidate = time_lone
     started = time.perf_counter()
     search.compile_and_verify(first)
     first_s = time.perf_counter() - started
