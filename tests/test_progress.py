@@ -475,6 +475,15 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             clock[0] += took
             steps.done(number)
         assert slow.outlook() == f"about 3s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # 0.5 s for each of 6
+    # cases of other sizes (the unet's batch=max(8)): "about 4s left" before a case that took 20 s
+    sized = Progress(io.StringIO())
+    with reporting(sized), sized.stage("verify"):
+        sizes = [1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 1.0, 1.0, 1.0, 8.0]  # weights 0.708 and 2.167 (half fixed)
+        steps = StepClock("verify", 10, sizes=sizes)
+        for number, took in enumerate((1.0, 0.708, 0.708, 0.708), 1):
+            clock[0] += took
+            steps.done(number)
+        assert sized.outlook() == f"about 7s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # not 6 x 0.708
     doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
     with reporting(doctor), doctor.stage("doctor"):
         numbered = Steps(5, stage="doctor")

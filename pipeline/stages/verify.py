@@ -284,7 +284,8 @@ def verify_model(
     reference = "eager float64" if reference_module is not None else target.REFERENCE
     results, golden = [], {}
     cases = verification_cases(exported)
-    clock = StepClock(stage, len(cases), basis) if stage else None
+    sizes = [float(sum(getattr(t, "numel", lambda: 1)() for t in case.inputs)) for case in cases]  # batch 8 is slower
+    clock = StepClock(stage, len(cases), basis, sizes=sizes) if stage else None
     for number, case in enumerate(cases, 1):
         step(f"{doing}case {number}/{len(cases)} {case.name}")
         with torch.no_grad(), targets.reference(target):
