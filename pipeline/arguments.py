@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.metadata
+import sys
 
 from . import targets
 
@@ -47,9 +48,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, where a flag no command knows gets that command's usage and the flag it
     likely meant (`build --no-serch` got the top-level usage and no suggestion)."""
     top = parser()
+    [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    words = [word for word in (sys.argv[1:] if argv is None else argv) if not word.startswith("-")]
+    if words and words[0] not in commands.choices:  # argparse's "invalid choice" names no likely one
+        near = difflib.get_close_matches(words[0], list(commands.choices), n=1, cutoff=0.6)
+        if near:
+            top.error(f"no command {words[0]!r} (did you mean {near[0]}?); the commands: {', '.join(commands.choices)}")
     args, unknown = top.parse_known_args(argv)
     if unknown:
-        [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
         command = commands.choices[args.command]
         flags = [flag for action in command._actions for flag in action.option_strings]
         guesses = [difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.7) for word in unknown]

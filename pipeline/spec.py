@@ -75,8 +75,11 @@ class Spec(Frozen):
         for index, spec_input in enumerate(self.inputs):
             for axis, size in enumerate(spec_input.shape):
                 if isinstance(size, str) and size not in self.dims:
+                    # a misspelled table ([dims.bach]) is the likelier fault than the shape's name
+                    near = difflib.get_close_matches(size, list(self.dims), n=1, cutoff=0.6)
+                    typo = f" (is [dims.{near[0]}] a misspelling of [dims.{size}]?)" if near else ""
                     raise ValueError(
-                        f"inputs[{index}].shape[{axis}]: names dim {size!r}, which is not declared under [dims]"
+                        f"inputs[{index}].shape[{axis}]: names dim {size!r}, which is not declared under [dims]{typo}"
                     )
         for label, names in (("inputs", [i.name for i in self.inputs]), ("outputs", [o.name for o in self.outputs])):
             duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -109,7 +109,7 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     from_cache = f" (and {', '.join(in_cache)} from the build cache)" if in_cache else ""
     fresh = ", ".join(one["name"] for one in candidates[1:] if not one.get("from_cache"))
     if cost["stopped"]:
-        spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread)"
+        spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread){left_out}"
     elif not cost["compiled"]:
         taken = f" ({', '.join(cached)} from the build cache)" if cached else ""
         spent = f"no candidate compiled{taken}{left_out}"

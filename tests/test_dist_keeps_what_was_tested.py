@@ -229,6 +229,12 @@ def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatc
         "the same build without --no-cache, with --overwrite, puts it in dist/ in seconds"
     )
     assert dist_guard.not_kept(argv).endswith("the same build with --overwrite puts it in dist/ in seconds")
+    # nor --update-lock: the search it forces ran 86 s and put a third wheel in dist/ (H41)
+    assert dist_guard.not_kept([*argv, "--update-lock"]).endswith(
+        "the same build without --update-lock, with --overwrite, puts it in dist/ in seconds"
+    )
+    monkeypatch.setenv("MAKELEVEL", "1")
+    assert dist_guard.overwrite([*argv, "--update-lock"]) == 'ARGS="--no-search --build-dir build --overwrite"'
 
 
 def test_a_refusal_where_only_the_searchs_record_differs_says_so():

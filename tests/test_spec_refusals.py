@@ -229,3 +229,17 @@ def test_a_mistyped_flag_gets_its_commands_usage_and_the_flag_it_likely_meant():
     )
     ran = run_cli("build", "--spec", str(TINY_SPEC), "--zzzz")
     assert ran.err.rstrip().endswith("modelwheel build: error: unrecognized arguments: --zzzz"), ran.err
+
+
+def test_a_mistyped_command_gets_the_one_it_likely_meant():
+    ran = run_cli("biuld", "--spec", str(TINY_SPEC))
+    assert ran.code == 2, ran.err
+    assert "modelwheel: error: no command 'biuld' (did you mean build?); the commands: build, doctor," in ran.err
+
+
+def test_a_misspelled_dims_table_is_named(tmp_path):
+    """`[dims.bach]` was reported as the shape naming 'batch', not declared, with no word of the table."""
+    said = spec_error(tmp_path, "[dims.batch]", "[dims.bach]")
+    assert (
+        "names dim 'batch', which is not declared under [dims] (is [dims.bach] a misspelling of [dims.batch]?)" in said
+    )

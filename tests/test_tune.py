@@ -890,6 +890,14 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
         "  search    stopped by the noise before compiling a candidate (2553x spread); "
         "timed 0.0s; won nothing (the spec's options kept)"
     ]
+    # and names what it did not try, by why (H41: a stopped search's line named none)
+    stopped = {**record, "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in refused]}
+    assert (
+        search_lines(stopped)[0].startswith(
+            "  search    stopped by the noise before compiling a candidate (2553x spread) ("
+        )
+        and "not tried: the noise hides what it could gain)" in search_lines(stopped)[0]
+    )
     # one compiled, two from the build cache (a newcomer's summary named only the one), then timed
     three = [{"name": "spec-options", "from_cache": True}, {"name": "freezing", "from_cache": True}]
     three += [{"name": "max-autotune", "from_cache": False}, {"name": "freezing+channels-last", "from_cache": True}]

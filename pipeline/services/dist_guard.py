@@ -21,6 +21,11 @@ from typing import Any
 from ..errors import OutputDirError
 from .manifest import differences, read_wheel_manifest, sha256_file
 
+# Flags the refusal's ARGS leave out: the refused wheel waits in the build cache, and with them the
+# build would compile and search again (`ARGS="--update-lock --overwrite"` searched 86 s, and put a
+# third wheel in dist/), where the lock entry a search wrote already holds its choice.
+NOT_AGAIN = ("--overwrite", "--no-cache", "--update-lock")
+
 
 def overwrite(argv: list[str] | None = None) -> str:
     """--overwrite as the user gives it: through make, in ARGS with the build's other flags (a
@@ -33,7 +38,7 @@ def overwrite(argv: list[str] | None = None) -> str:
         arg = args.pop(0)
         if arg in ("--spec", "--target") and args:
             args.pop(0)
-        elif arg not in ("--overwrite", "--no-cache"):  # --no-cache: the refused wheel waits in the cache
+        elif arg not in NOT_AGAIN:
             given.append(arg)
     return f'ARGS="{shlex.join([*given, "--overwrite"])}"'
 
@@ -49,8 +54,9 @@ def not_kept(argv: list[str] | None = None) -> str:
     whose search had stopped on the noise, with no word of it. Another copied the hint's
     `ARGS="--no-cache --overwrite"`, which searched again and put another wheel in dist/."""
     with_it = f"with {overwrite(argv)}"
-    if "--no-cache" in _build_args(argv) and not os.environ.get("MAKELEVEL"):
-        with_it = "without --no-cache, with --overwrite,"
+    again = [flag for flag in NOT_AGAIN[1:] if flag in _build_args(argv)]
+    if again and not os.environ.get("MAKELEVEL"):
+        with_it = f"without {' and '.join(again)}, with --overwrite,"
     return (
         "it is left as it is, and this build's verified wheel is kept in the build cache: the same build "
         f"{with_it} puts it in dist/ in seconds"
