@@ -379,7 +379,8 @@ def make_report(
         "stages_s": dict(timings),
         "verification": {**verified.report(), "signal": signal.record()},
         "trace_dir": os.environ.get("TORCH_TRACE", ""),
-        "sources_dir": str(compiled.sources_dir),
+        # none where the .so came from the build cache: H41 looked for the C++ in a folder never made
+        "sources_dir": str(compiled.sources_dir) if compiled.sources_dir.is_dir() else None,
         "content_hash": manifest["content_hash"],
         "weights": {k: v for k, v in manifest["weights"].items() if k != "tensors"},
         "compile_cache": {"key": manifest["compile_cache_key"], "reused": all(t.from_cache for t in tuned.trials)},
