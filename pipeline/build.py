@@ -362,7 +362,7 @@ def make_report(
     signal: Signal,
 ) -> dict[str, Any]:
     manifest, wheel, timings = packaged.manifest, packaged.wheel, ctx.progress.timings
-    report = {
+    report: dict[str, Any] = {
         "model": manifest["name"],
         "import_name": manifest["import_name"],
         "version": manifest["full_version"],

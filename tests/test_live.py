@@ -297,3 +297,28 @@ def test_the_live_area_says_the_time_left_in_its_own_row_without_its_basis(monke
         "about 56s left of the first compile (a first guess from the graph's 734 ops); the stage's figure"
     ) == ("about 56s left of the first compile")
     assert FIRST_COMPILE == part_only("the first compile")
+
+
+def test_a_row_too_wide_for_the_terminal_ends_in_an_ellipsis(monkeypatch):
+    """'about 29s left of the build: 11s of compile, revised, then 18s for the later s' (86
+    characters on an 80-column terminal) was cut mid-word with no mark (H41)."""
+    import io
+
+    from rich.console import Console
+
+    from pipeline.services import live
+
+    clock = [1000.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    status = live.Status(began=955.0)
+    status.apply({"stage": "compile", "began": 991.0})
+    status.apply({"step": "1/4 spec-options: compiling"})
+    status.apply({"stage_end": 1029.0, "basis": "from this build's compiles", "revised": True})
+    console = Console(file=io.StringIO(), width=40)
+    rows = ["".join(s.text for s in line).rstrip() for line in console.render_lines(status.render(), console.options)]
+    assert len(rows) == 3 and all(len(row) <= 40 for row in rows), rows
+    assert rows[0].startswith(("⠋ compile 1/4 spec-options: compiling", "⠙ compile 1/4")), rows
+    assert rows[2] == "  about 29s left of compile, revised", rows  # it fits: no cut
+    status.apply({"step": "2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"})
+    rows = ["".join(s.text for s in line).rstrip() for line in console.render_lines(status.render(), console.options)]
+    assert len(rows) == 3 and rows[0].endswith("…") and len(rows[0]) == 40, rows

@@ -107,15 +107,22 @@ class Status:
         from rich.text import Text
 
         if self.spinner is None:
-            self.spinner = Spinner("dots", text="starting")
+            self.spinner = Spinner("dots")
         if self.tracks:
-            self.spinner.update(text=Text("\n".join(f"{key}: {text}" for key, text in self.tracks.items())))
-            return self.spinner
+            return self._rows("\n".join(f"{key}: {text}" for key, text in self.tracks.items()))
         area = self.area()
-        if area is None:
-            return Text("")
-        self.spinner.update(text=Text(area))
-        return self.spinner
+        return Text("") if area is None else self._rows(area)
+
+    def _rows(self, rows: str) -> RenderableType:
+        """The spinner's frame, then the rows, each cut with '…' where the terminal is too narrow:
+        wrapped, then cut by the live area, 'then 18s for the later s' read as the whole of it."""
+        from rich.text import Text
+
+        assert self.spinner is not None
+        frame = self.spinner.render(time.monotonic())  # its text left empty: the frame alone, a Text
+        shown = Text.assemble(frame if isinstance(frame, Text) else str(frame), " ", rows)
+        shown.no_wrap, shown.overflow = True, "ellipsis"
+        return shown
 
 
 def messages(fd: int, build_pid: int) -> Iterator[dict[str, Any] | None]:
