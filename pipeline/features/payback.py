@@ -92,8 +92,8 @@ def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
                     **seen,
                     "base_median_ms": base.get("median_ms"),
                     "base_compile_s": base.get("compile_s"),
+                    "shared": shared,
                 }
-                merged[name]["shared"] = shared
         for skip in search.get("not_tried", ()):  # what it did not time, as an earlier build had (carried forward)
             if isinstance(skip, dict) and isinstance(skip.get("earlier"), dict) and skip.get("name") not in merged:
                 merged[skip["name"]] = skip["earlier"]
@@ -112,7 +112,7 @@ def expectations(names: list[str], earlier: dict) -> list[Expected]:
     A compile time measured beside another compile is not taken as its cost: freezing's 107 s,
     compiled 2 at a time, against spec-options' 57 s alone, made it "1.87x" a compile."""
     found = {c["name"]: c for c in earlier.get("candidates", ())}
-    base = found.get("spec-options") or {}
+    base, shared = found.get("spec-options") or {}, compiled_side_by_side(earlier)
     out = []
     for name in names:
         prior, seen = PRIORS.get(name, UNKNOWN), found.get(name) or {}
@@ -124,7 +124,7 @@ def expectations(names: list[str], earlier: dict) -> list[Expected]:
         )
         if seen.get("median_ms") and base_ms:
             gain, measured = base_ms / seen["median_ms"], True
-        if seen.get("compile_s") and base_s and not seen.get("shared", compiled_side_by_side(earlier)):
+        if seen.get("compile_s") and base_s and not seen.get("shared", shared):
             cost = seen["compile_s"] / base_s
         out.append(Expected(name, gain, max(cost, 0.05), measured))
     return sorted(out, key=lambda e: -e.value)

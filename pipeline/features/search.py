@@ -68,6 +68,7 @@ class Search:
         work_dir: Path,
         store: Cache,
         budget: Budget,
+        time_lone: bool = True,
     ) -> None:
         self.exported, self.planned, self.plans = exported, planned, dict(planned)
         self.weights_file, self.work_dir, self.store, self.budget = weights_file, work_dir, store, budget
@@ -75,7 +76,7 @@ class Search:
         self.failed: dict[str, Trial] = {}
         # a lone candidate's one round, a rough figure for the report: a reproduce's rebuild, whose
         # report is thrown away, spent 14 s of a newcomer's on it (tune(time_lone=False))
-        self.time_lone_candidate = True
+        self.time_lone_candidate = time_lone
         self.compile_s: dict[str, float] = {}
         self.first_failure: VerificationError | None = None
         self.noise_s = 0.0

@@ -156,8 +156,7 @@ def tune(
         say(line)
     outlook.start(guess)
     first, plans = planned[0][0], dict(planned)
-    search = Search(exported, planned, weights_file, work_dir, store, budget)
-    search.time_lone_candidate = time_lone
+    search = Search(exported, planned, weights_file, work_dir, store, budget, time_lone)
     started = time.perf_counter()
     search.compile_and_verify(first)
     first_s = time.perf_counter() - started

@@ -62,7 +62,7 @@ def said(others_cores: float | None, threads: int, spread: str) -> str:
     ``spread``: the rounds' slowest over their fastest, as the line says it ("1.18x")."""
     if others_cores is None or others_cores < SAID_FROM_CORES:
         return ""
-    busy = f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy meanwhile"
+    busy = _kept(others_cores, "meanwhile")
     if threads < 2:
         return busy + ", so the rounds spread (a quieter machine times steadily)"
     return (
@@ -86,6 +86,10 @@ def steady(others_cores: float | None, threads: int) -> str:
         else ""
     )
     return (
-        f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy throughout: "
-        f"the rounds agree, so the comparison holds, but each figure may be slower than on a quiet machine{waits}"
+        f"{_kept(others_cores, 'throughout')}: the rounds agree, so the comparison holds, but each figure may be "
+        f"slower than on a quiet machine{waits}"
     )
+
+
+def _kept(others_cores: float, when: str) -> str:
+    return f"; other processes kept {others_cores:.1f} of the {len(os.sched_getaffinity(0))} cores busy {when}"
