@@ -941,6 +941,30 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     assert cost.spread == pytest.approx(205.0 / 0.0803)
 
 
+def test_one_stalled_round_of_five_is_left_out_of_the_range_and_stops_no_search(tmp_path):
+    # H41's BERT: four rounds within 13%, one 1000x (a thread off its core); it stopped as a "1126x spread"
+    stalled = tune.rounds.Timed((0.117, 0.128, 0.132, 0.13, 132.0))
+    assert stalled.stalled_ms == 132.0 and stalled.high_ms == 0.132 and stalled.median_ms == 0.13
+    assert payback.spread(stalled) == pytest.approx(0.132 / 0.117)
+    assert stalled.describe() == (
+        "0.13 ms [0.117-0.132] over 5 rounds (0.117, 0.128, 0.132, 0.13, 132; the 132 ms round stalled, "
+        "over 2x the next slowest, and is left out of the range)"
+    )
+    exported, planned, _ = waves(tmp_path)
+    chosen, refused, cost, said = choose_said(exported, planned, stalled, tmp_path / "cache")
+    assert "freezing" in [e.name for e in chosen] and not cost.stopped and said == []
+    # a candidate's own stalled round does not keep it from winning
+    won, why = tune.rounds.choose(
+        {"spec-options": tune.rounds.Timed((10.0, 10.5, 10.2, 10.1, 10.3)), "freezing": tune.rounds.Timed((7.0, 7.2, 90.0, 7.1, 7.3))},
+        "spec-options",
+    )
+    assert won == "freezing" and why.startswith("its slowest round (7.3 ms)"), why
+    # only one round, of a full set, and only where it stands far out: two slow rounds are noise
+    assert tune.rounds.Timed((0.1, 0.1, 0.1, 100.0, 120.0)).stalled_ms is None
+    assert tune.rounds.Timed((0.1, 0.1, 132.0)).stalled_ms is None
+    assert tune.rounds.Timed((267.0, 275.0, 297.0, 379.0, 550.0)).high_ms == 550.0  # H41's unet: 1.45x, kept
+
+
 def test_ratios_read_as_times_do_three_figures_where_two_decimals_printed_1414_02x():
     shown = [wording.ratio(x) for x in (1.514, 1.5, 12.34, 1414.02, 0.8, float("inf"))]
     assert shown == ["1.51x", "1.5x", "12.3x", "1414x", "0.8x", "unbounded"]
