@@ -18,7 +18,7 @@ from . import targets
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .features import lock as options_lock
 from .features import tune
-from .features.candidates import Skipped
+from .features.candidates import Skipped, screening_calls
 from .features.tune import Tuned
 from .services import cache, dist_guard
 from .services.layout import WorkLayout, hold_work_dir
@@ -29,12 +29,12 @@ from .spec import SpecFile
 from .stages import static
 from .stages.compile import Compiled, CompilePlan, find_cxx, find_strip
 from .stages.deliver import BuildResult, commit, restore_to_dist
-from .stages.doctor import DOCTOR_STEPS, TRACE_STEP, run_doctor
+from .stages.doctor import DOCTOR_CALLS, TRACE_STEP, run_doctor
 from .stages.export import Exported, content_hash, export_program, prepare
 from .stages.loader import LoadedModel, load_model
 from .stages.manifest import build_manifest, full_version
 from .stages.package import Wheel, package_wheel
-from .stages.signal_check import Signal, check_signal
+from .stages.signal_check import Signal, check_signal, eager_calls
 from .stages.verify import Verified, verify_model, write_weights
 from .targets import Target
 from .wheel_template.runtime._schema import Manifest
@@ -236,10 +236,17 @@ def doctor_stage(
     described), the gate's signal check (outputs that do not move stop the build here, before
     minutes of compiling, since no comparison could verify them), pad = true's gate on eager (a
     model that mixes the batch stops here too) and the search's plans."""
-    pads = static.pads(ctx.spec_file.spec)
+    spec = ctx.spec_file.spec
+    pads = static.pads(spec)
     # numbered over the doctor's checks and this stage's own; the time left is from the eager
-    # calls' steps, not from the dynamo trace (TRACE_STEP), which takes a time of its own
-    steps = Steps(DOCTOR_STEPS + (3 if pads else 2), stage="doctor", unlike=frozenset({TRACE_STEP}))
+    # calls' steps, not from the dynamo trace (TRACE_STEP), which takes a time of its own, and each
+    # step weighs as its eager calls: counted alike, the unet's steps said "about 2s left" after
+    # purity's two calls, before the signal's seven and the screen's (H41: 19 s more)
+    calls = [*DOCTOR_CALLS, float(eager_calls(len(spec.inputs)))] + (
+        [float(static.padding_calls(spec))] if pads else []
+    )
+    calls.append(screening_calls(spec, ctx.target.bf16_native(), locked))
+    steps = Steps(len(calls), stage="doctor", unlike=frozenset({TRACE_STEP}), weights=calls)
     with ctx.progress.stage("doctor"):
         findings = run_doctor(ctx.spec_file, loaded, steps)
         # eager calls too (minutes for a large model on a busy machine): the status says which

@@ -478,12 +478,12 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
     # cases of other sizes (the unet's batch=max(8)): "about 4s left" before a case that took 20 s
     sized = Progress(io.StringIO())
     with reporting(sized), sized.stage("verify"):
-        sizes = [1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 1.0, 1.0, 1.0, 8.0]  # weights 0.708 and 2.167 (half fixed)
+        sizes = [1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 1.0, 1.0, 1.0, 8.0]  # weights 0.5625 and 2.75 (a quarter fixed)
         steps = StepClock("verify", 10, sizes=sizes)
-        for number, took in enumerate((1.0, 0.708, 0.708, 0.708), 1):
+        for number, took in enumerate((1.0, 0.5625, 0.5625, 0.5625), 1):
             clock[0] += took
             steps.done(number)
-        assert sized.outlook() == f"about 7s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # not 6 x 0.708
+        assert sized.outlook() == f"about 8s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # not 6 x 0.5625
     doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
     with reporting(doctor), doctor.stage("doctor"):
         numbered = Steps(5, stage="doctor")
@@ -506,6 +506,16 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
         clock[0] += 0.5
         numbered("signal")  # purity's 0.5 s, for each of the two left (5 s each had the trace counted)
         assert traced.outlook() == "about 1s left of doctor (from the doctor's steps so far)" + FIRST_BUILD
+    # each step weighed by its eager calls (H41: "about 2s left" after purity's two calls, 19 s before
+    # the end): purity's 0.5 s for two calls, then the signal's seven and the bf16 screen's seven
+    counted = Progress(io.StringIO())
+    with reporting(counted), counted.stage("doctor"):
+        numbered = Steps(5, stage="doctor", unlike=frozenset({2}), weights=[2.0, 1.0, 2.0, 7.0, 7.0])
+        for text, took in (("source", 1.0), ("graph breaks", 5.0), ("purity", 0.5)):
+            numbered(text)
+            clock[0] += took
+        numbered("signal")
+        assert counted.outlook() == "about 4s left of doctor (from the doctor's steps so far)" + FIRST_BUILD
     # a later build (H22's): "about 2m22s left (from the doctor's steps so far)" was the later stages'
     # figure, from the last build, with 3 s of the doctor left; the two are now said apart
     later = Progress(io.StringIO())

@@ -955,7 +955,10 @@ def test_one_stalled_round_of_five_is_left_out_of_the_range_and_stops_no_search(
     assert "freezing" in [e.name for e in chosen] and not cost.stopped and said == []
     # a candidate's own stalled round does not keep it from winning
     won, why = tune.rounds.choose(
-        {"spec-options": tune.rounds.Timed((10.0, 10.5, 10.2, 10.1, 10.3)), "freezing": tune.rounds.Timed((7.0, 7.2, 90.0, 7.1, 7.3))},
+        {
+            "spec-options": tune.rounds.Timed((10.0, 10.5, 10.2, 10.1, 10.3)),
+            "freezing": tune.rounds.Timed((7.0, 7.2, 90.0, 7.1, 7.3)),
+        },
         "spec-options",
     )
     assert won == "freezing" and why.startswith("its slowest round (7.3 ms)"), why

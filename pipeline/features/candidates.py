@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..spec import Spec
 from ..stages import precision
 from ..stages.export import Exported
 from ..stages.loader import call_forward
 from ..stages.verify import as_tuple
-from ..stages.verify_cases import tolerances, verification_cases
+from ..stages.verify_cases import SEEDS, tolerances, verification_cases
 from ..wheel_template.runtime import _compare as wheel_compare
 from .lock import Locked
 
@@ -85,6 +86,16 @@ def candidates(exported: Exported, locked: Locked | None = None) -> tuple[list[t
             )
     reason = reduced_precision_refusal(exported)
     return (found + [BF16], skipped) if reason is None else (found, skipped + [Skipped(BF16[0], reason)])
+
+
+def screening_calls(spec: Spec, bf16_native: bool, locked: Locked | None) -> float:
+    """The eager calls candidates() makes, counted at the example size: heavy_ops()'s one (under
+    the FLOP counter), and where the bfloat16 candidate is screened, two a case (eager and under
+    autocast) for as many cases as a screen that refuses it runs, about the seeded ones."""
+    if not spec.compile.search or locked is not None:
+        return 0.2  # nothing eager: the step is said and done
+    screened = bf16_native and not spec.compile.autocast and not spec.weights.external
+    return 1 + (2 * len(SEEDS) if screened else 0)
 
 
 def heavy_ops(exported: Exported) -> set[str] | None:

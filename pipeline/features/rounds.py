@@ -74,7 +74,8 @@ class Timed:
         shown = ", ".join(figure(ms) for ms in self.rounds_ms)
         stalled = self.stalled_ms
         left_out = (
-            f"; the {figure(stalled)} ms round stalled, over {ratio(STALL)} the next slowest, and is left out of the range"
+            f"; the {figure(stalled)} ms round stalled, over {ratio(STALL)} the next slowest, "
+            "and is left out of the range"
             if stalled is not None
             else ""
         )

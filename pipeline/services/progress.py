@@ -203,6 +203,7 @@ def step(text: str) -> None:
 
 
 MANY_STEPS = 8  # a stage with this many steps or more estimates from their median (StepClock)
+FIXED_PART = 0.25  # of a sized step's time (StepClock): the unet's batch-8 case took 3.3x a batch-2 one, quiet
 
 
 class StepClock:
@@ -223,13 +224,18 @@ class StepClock:
         basis: str = BASIS,
         unlike: frozenset[int] = frozenset(),
         sizes: list[float] | None = None,
+        weights: list[float] | None = None,
     ) -> None:
         """``sizes``: each step's work, relative (the verify cases' input elements): a newcomer's
-        unet said "about 4s left" before its batch-8 case, which took 20 s."""
+        unet said "about 4s left" before its batch-8 case, which took 20 s. ``weights``: each
+        step's work where it is counted instead (the doctor's eager calls), taken as they are."""
         self.stage, self.total, self.basis, self.unlike = stage, total, basis, unlike
         mean = sum(sizes) / len(sizes) if sizes else 1.0
-        # half a step's time taken as fixed (opening, Python), half as growing with its size
-        self.weights = [0.5 + 0.5 * size / mean for size in sizes] if sizes and mean else [1.0] * total
+        # a quarter of a step's time taken as fixed (opening, Python), the rest as growing with its
+        # size: under load the threads' waits grow with the work (H41: "about 3s left" of 30 s)
+        self.weights = weights or (
+            [FIXED_PART + (1 - FIXED_PART) * size / mean for size in sizes] if sizes and mean else [1.0] * total
+        )
         self.began = time.perf_counter()
         self.until_s = 0.0  # the stage's seconds when the step before was done
         self.like: list[float] = []  # the seconds of the steps the figure is made from, per unit of weight
@@ -257,12 +263,19 @@ class Steps:
     one module: the build's doctor runs the doctor's three checks, then its own (signal, the search's
     candidates), and numbering each part on its own said ``1/3 ... 3/3`` before its two longest steps."""
 
-    def __init__(self, total: int, stage: str | None = None, unlike: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        total: int,
+        stage: str | None = None,
+        unlike: frozenset[int] = frozenset(),
+        weights: list[float] | None = None,
+    ) -> None:
         self.total = total
         self.done = 0
         # ``stage``: the steps are the whole stage, which estimates what is left from them (a
         # model's first build showed the doctor's steps for a minute with no time left)
-        self.clock = StepClock(stage, total, f"from the {stage}'s steps so far", unlike) if stage else None
+        basis = f"from the {stage}'s steps so far"
+        self.clock = StepClock(stage, total, basis, unlike, weights=weights) if stage else None
 
     def __call__(self, text: str) -> None:
         if self.clock is not None and self.done:

@@ -86,6 +86,12 @@ def _run(exported: Exported, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tens
         return as_tuple(call_forward(exported.module, inputs), exported.returns_tuple)
 
 
+def eager_calls(spec_inputs_count: int) -> int:
+    """The eager calls measure() makes, as most models go: one per seed, then one per input taken
+    from another seed (the first that moves an output ends that input's check)."""
+    return len(SEEDS) + spec_inputs_count
+
+
 def measure(exported: Exported) -> Signal:
     """Eager outputs on the seeded cases, and with one input at a time taken from another seed."""
     spec = exported.spec_file.spec

@@ -142,6 +142,13 @@ def pads(spec: Spec) -> bool:
     return spec.static_dim is not None and spec.dims[spec.static_dim].pad
 
 
+def padding_calls(spec: Spec) -> int:
+    """The eager calls check_padding_eager() makes, about: two a padded size it checks (padded and at
+    its own size), for the smallest and largest that pad to each static size."""
+    dim = spec.static_dim
+    return 4 * len(spec.dims[dim].static or ()) if dim is not None else 0
+
+
 def check_padding_eager(exported: Exported) -> None:
     """The padding gate on eager alone, in the doctor, before any compile: a model that mixes the
     batch is refused in seconds, not after every size is compiled. The compiled gate below
