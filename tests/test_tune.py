@@ -764,10 +764,11 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     timed = {trial.name: trial for trial in tuned.trials if trial.passed}
     assert {"spec-options", "freezing"} <= set(timed), tuned.trials
     for name, trial in timed.items():
-        assert len(trial.rounds_ms) == tune.rounds.ROUNDS and trial.spread_ms == (
-            min(trial.rounds_ms),
-            max(trial.rounds_ms),
+        # the range leaves out one round that stalled (over 2x the next slowest), as a busy loop may make one
+        kept = (
+            sorted(trial.rounds_ms)[:-1] if max(trial.rounds_ms) > 2 * sorted(trial.rounds_ms)[-2] else trial.rounds_ms
         )
+        assert len(trial.rounds_ms) == tune.rounds.ROUNDS and trial.spread_ms == (min(kept), max(kept))
         assert trial.median_ms == statistics.median(trial.rounds_ms)
         assert any(
             line.startswith((f"    candidate {name}: ", f"    candidate {name} (compiled earlier"))
@@ -775,7 +776,7 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
             for line in said
         ), said
     if tuned.chosen != "spec-options":
-        assert max(timed[tuned.chosen].rounds_ms) < min(timed["spec-options"].rounds_ms), tuned
+        assert timed[tuned.chosen].spread_ms[1] < min(timed["spec-options"].rounds_ms), tuned
     assert tuned.why.startswith(
         "no candidate is faster beyond the noise" if tuned.chosen == "spec-options" else "its slowest round"
     )
@@ -966,6 +967,15 @@ def test_one_stalled_round_of_five_is_left_out_of_the_range_and_stops_no_search(
     assert tune.rounds.Timed((0.1, 0.1, 0.1, 100.0, 120.0)).stalled_ms is None
     assert tune.rounds.Timed((0.1, 0.1, 132.0)).stalled_ms is None
     assert tune.rounds.Timed((267.0, 275.0, 297.0, 379.0, 550.0)).high_ms == 550.0  # H41's unet: 1.45x, kept
+
+
+def test_the_summarys_words_for_each_refusal_match_how_the_search_records_it():
+    # the summary reads the report without torch, so it keeps the refusals' openings as its own words
+    from pipeline import summary
+
+    recorded = (payback.OVER_BUDGET, payback.NO_PAYBACK, payback.NOISY)
+    assert all(any(reason.startswith(start) for reason in recorded) for start in summary.NOT_TRIED)
+    assert all(any(reason.startswith(start) for start in summary.NOT_TRIED) for reason in recorded)
 
 
 def test_ratios_read_as_times_do_three_figures_where_two_decimals_printed_1414_02x():

@@ -147,9 +147,11 @@ def _as_long(part: float) -> str:
 LOWEST_TOO = "; it has the lowest median too"
 
 
-def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
+def choose(timed: dict[str, Timed], baseline: str, medians_trusted: bool = True) -> tuple[str, str]:
     """(the candidate to ship, why). The baseline (the spec's own options) stays unless another
-    candidate's slowest round beats its fastest; among those that do, the lowest median wins."""
+    candidate's slowest round beats its fastest; among those that do, the lowest median wins.
+    ``medians_trusted``: False where the rounds are too noisy to decide (payback.undecided), and
+    the baseline's median is not praised as the lowest."""
     if baseline not in timed:
         best = min(timed, key=lambda name: timed[name].median_ms)
         return best, f"the lowest median; the spec's own options ({baseline}) did not pass verification"
@@ -157,7 +159,7 @@ def choose(timed: dict[str, Timed], baseline: str) -> tuple[str, str]:
     winners = [name for name, t in timed.items() if name != baseline and t.high_ms < base.low_ms]
     if not winners:
         # said where true: "no candidate is faster beyond the noise" undersold a freezing 2.5x slower
-        lowest = LOWEST_TOO if min(timed, key=lambda n: timed[n].median_ms) == baseline else ""
+        lowest = LOWEST_TOO if medians_trusted and min(timed, key=lambda n: timed[n].median_ms) == baseline else ""
         return baseline, (
             f"no candidate is faster beyond the noise its rounds measured: none has its slowest round "
             f"under {baseline}'s fastest ({figure(base.low_ms)} ms){lowest}"

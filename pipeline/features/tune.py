@@ -188,12 +188,12 @@ def tune(
     elif list(timed) == [first]:
         choice, why = first, search.kept_alone(cost)
     else:
-        choice, why = rounds.choose(timed, first)
         lockable = lock_path(exported.spec_file.path) is not None  # not a --hf build's own spec
-        if choice == first and (doubt := payback.undecided(timed, first, lockable)):  # said after the choice (build.py)
+        doubt = payback.undecided(timed, first, lockable)
+        # no median to praise beside "no median here can be trusted" (a newcomer read both at once)
+        choice, why = rounds.choose(timed, first, medians_trusted=not doubt)
+        if choice == first and doubt:  # said after the choice (build.py)
             cost = dataclasses.replace(cost, undecided=doubt.strip())
-            # no median to praise beside "no median here can be trusted" (a newcomer read both at once)
-            why = why.removesuffix(rounds.LOWEST_TOO)
     if choice != first and first in timed:
         cost = dataclasses.replace(cost, won=timed[first].median_ms / timed[choice].median_ms)
     trials = search.trials(timed, shown=len(planned) > 1, noise=noise)
