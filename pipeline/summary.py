@@ -27,7 +27,8 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
     stages = " · ".join(f"{name} {took(seconds)}" for name, seconds in report["stages_s"].items())
     where = "the rebuild, compared below" if rebuild else str(result.wheel)
     lines = [
-        f"\nbuilt {report['wheel']['name']}",
+        f"\n{'kept' if result.kept else 'built'} {report['wheel']['name']}"
+        + (" (dist/'s, of the same model and options)" if result.kept else ""),
         f"  wheel     {where}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
     ]
     lines += artifact_lines(report["artifacts"], mb)

@@ -3,6 +3,7 @@ refused (it silently replaced the wheel before), unless --overwrite says to repl
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -245,20 +246,56 @@ def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatc
     assert dist_guard.overwrite([*argv, "--update-lock"]) == 'ARGS="--no-search --build-dir build --overwrite"'
 
 
-def test_a_refusal_where_only_the_searchs_record_differs_says_so():
+def test_a_wheel_that_differs_only_in_the_searchs_record_is_kept_in_dist_and_the_build_succeeds(tmp_path, wheel):
     """A --no-cache rebuild of an unchanged ViT chose spec-options again, after timing other
-    candidates (the noise): it was refused as "other compile options chosen"."""
+    candidates (the noise): it was refused as "other compile options chosen". Then (H42) such a
+    refusal said "nothing to do", and every later plain build of the checkout was refused alike,
+    the lock file holding the new record. dist/ now keeps its wheel, the build succeeds and says so,
+    and the new wheel waits in the build cache for --overwrite."""
+    from pipeline.services.cache import Cache
     from pipeline.services.manifest import differences
+    from pipeline.stages.deliver import commit
+    from pipeline.stages.package import Wheel
+    from pipeline.summary import report_lines
 
-    first = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}, {"name": "freezing"}]}
+    first = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}, {"name": "freezing"}, {"name": "x"}]}
     again = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "not_tried": [{"name": "freezing"}]}
     differ = differences({"compile_search": first}, {"compile_search": again})
+    # two lists a reader can tell apart (H42 read "…, x in the kept wheel, spec-options in this build" three times)
     assert differ == [
-        "compile_search (only its record: spec-options chosen in both, after timing spec-options, freezing in the "
-        "kept wheel, spec-options in this build)"
+        "compile_search (only its record: spec-options chosen in both, after timing spec-options, freezing and x in "
+        "the kept wheel; spec-options in this build)"
     ]
-    refused = dist_guard.refusal(Path("dist/x.whl"), "sha256 …", differ, "", "it is left as it is")
-    assert refused.hint.startswith(
-        "the two are the same model with the same options, so the kept wheel serves as well (nothing to do); "
-        "build into another --dist to keep both"
-    ), refused.hint
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    (tmp_path / "new").mkdir()
+    new_wheel = tmp_path / "new" / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "model_tiny/manifest.json":
+                data = json.dumps({**kept, "compile_search": {**kept["compile_search"], "candidates": []}}).encode()
+            made.writestr(item, data)
+    dist, store = tmp_path / "dist", Cache(tmp_path / "cache", reuse=False)
+    dist.mkdir()
+    shutil.copyfile(wheel, dist / wheel.name)
+    (dist / "model_tiny-0.1+cpu.report.json").write_text("{}")
+    record = Wheel(path=new_wheel, sha256=sha256_file(new_wheel), size=new_wheel.stat().st_size, platform_tag="x")
+    report = {"wheel": {"name": wheel.name, "sha256": record.sha256, "size": record.size}, "stages_s": {}}
+    said = io.StringIO()
+    with reporting(Progress(said)):
+        result = commit(record, report, dist, "model_tiny", "0.1+cpu", (store, "build-key"), overwrite=False)
+    assert sha256_file(dist / wheel.name) == sha256_file(wheel), "dist/ keeps the tested wheel"
+    assert (dist / "model_tiny-0.1+cpu.report.json").read_text() == "{}", "and its report"
+    assert sha256_file(tmp_path / "cache" / "build-key" / wheel.name) == record.sha256, "this build waits in the cache"
+    assert result.kept.startswith("compile_search (only its record: ") and result.wheel == dist / wheel.name
+    assert result.report["wheel"]["sha256"] == sha256_file(wheel)
+    assert said.getvalue().startswith(
+        f"    kept {dist / wheel.name}: it holds this model with the options this build chose, so dist/ is left as "
+        "it is; their manifests differ only in compile_search (only its record: "
+    ), said.getvalue()
+    assert said.getvalue().rstrip().endswith("; --overwrite replaces it with this build's")
+    lines = report_lines(dataclasses.replace(result, report={**result.report, "artifacts": {}, "verification": NONE}))
+    assert lines[0] == f"\nkept {wheel.name} (dist/'s, of the same model and options)"
+
+
+NONE = {"cases": [], "worst": {}, "tolerances": {}}

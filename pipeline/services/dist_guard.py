@@ -68,13 +68,19 @@ CHOICE_ONLY = ("compile_options", "compile_search")
 RECORD_ONLY = "compile_search (only its record"  # services/manifest.py: the same choice, other candidates tried
 
 
-def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> None:
-    """The late check: ``existing`` (dist/'s file of the new wheel's name) must hold the same bytes."""
+def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> str:
+    """The late check: ``existing`` (dist/'s file of the new wheel's name) must hold the same bytes,
+    or the same model with the same options chosen, its manifest other only in the search's record
+    (which candidates were timed): that difference is returned, and dist/ keeps its wheel, which
+    serves as well. A newcomer's refusal of such a wheel said "nothing to do", and every later
+    plain build was refused alike (the lock file then held the new record). Else refused."""
     existing_sha256 = sha256_file(existing) if existing.is_file() else new_sha256
     if existing_sha256 == new_sha256:
-        return
+        return ""
     kept, made = read_wheel_manifest(existing), read_wheel_manifest(new_wheel)
     differ = differences(kept, made) if kept is not None and made is not None else []
+    if len(differ) == 1 and differ[0].startswith(RECORD_ONLY):
+        return differ[0]
     hashes = f"sha256 {existing_sha256[:16]}…, this build's {new_sha256[:16]}…"
     raise refusal(existing, hashes, differ, other_root(kept, made), not_kept())
 
@@ -124,8 +130,6 @@ def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outc
     choice_only = bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
     if for_other_machines:
         lead = "the two are for other machines (another CPU kind): "
-    elif differ and all(line.startswith(RECORD_ONLY) for line in differ):  # the noise changed what was tried
-        lead = "the two are the same model with the same options, so the kept wheel serves as well (nothing to do); "
     elif choice_only:  # a lock entry, or a search on a noisy machine, chose other options
         lead = "the two are the same model with other compile options chosen: "
     else:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..wheel_template.runtime import _integrity as wheel_integrity
 from ..wheel_template.runtime._schema import Manifest
+from .wording import listed
 
 # The wheel's own integrity check hashes files the same way.
 sha256_file = wheel_integrity.sha256_file
@@ -49,10 +50,10 @@ def _described(key: str, kept: Any, new: Any) -> str:
         kept, new = kept.get("version"), new.get("version")
     if key == "compile_search" and isinstance(kept, dict) and isinstance(new, dict):  # the two choices, named
         if kept.get("chosen") == new.get("chosen"):  # the same choice, reached by other candidates (the noise)
-            tried = lambda search: ", ".join(c.get("name", "?") for c in search.get("candidates", ())) or "none"  # noqa: E731
+            tried = lambda search: listed([c.get("name", "?") for c in search.get("candidates", ())]) or "none"  # noqa: E731
             return (
                 f"compile_search (only its record: {kept.get('chosen')} chosen in both, after timing {tried(kept)} "
-                f"in the kept wheel, {tried(new)} in this build)"
+                f"in the kept wheel; {tried(new)} in this build)"
             )
         key, kept, new = "compile_search (the options chosen)", kept.get("chosen"), new.get("chosen")
     if kept != new and all(isinstance(v, (str, int, float, type(None))) for v in (kept, new)):

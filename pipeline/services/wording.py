@@ -22,6 +22,12 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def listed(names: list[str]) -> str:
+    """``a, b and c``: a list a reader can tell from the next one (two comma lists in one clause
+    ran together for a newcomer)."""
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def figure(value: float) -> str:
     """A measured time (the caller adds its unit) as a user reads it: three significant digits,
     whole numbers from 100 up, never an exponent (``2748``, ``27.5``, ``9``, ``0.0803``), where

@@ -24,6 +24,8 @@ class BuildResult:
     wheel: Path
     report_path: Path
     report: dict[str, Any]
+    # dist/ kept its wheel of this model and options: this build's differs only in the search's record
+    kept: str = ""
 
 
 def restore_to_dist(
@@ -58,6 +60,25 @@ def _into_cache(cache_entry: tuple[cache.Cache, str], files: tuple[Path, ...]) -
             shutil.rmtree(staged, ignore_errors=True)
 
 
+def _kept(
+    finals: list[Path],
+    report: dict[str, Any],
+    record_only: str,
+    cache_entry: tuple[cache.Cache, str] | None,
+    files: tuple[Path, ...],
+) -> BuildResult:
+    """dist/ keeps its wheel (dist_guard.keep_what_was_tested): this build goes into the build cache
+    alone, and the result names the kept wheel, said with what differs and how to replace it."""
+    if cache_entry:
+        _into_cache(cache_entry, files)
+    say(
+        f"    kept {finals[1]}: it holds this model with the options this build chose, so dist/ is left as it is; "
+        f"their manifests differ only in {record_only}; {dist_guard.overwrite()} replaces it with this build's"
+    )
+    facts = {"name": finals[1].name, "size": finals[1].stat().st_size, "sha256": sha256_file(finals[1])}
+    return BuildResult(finals[1], finals[0], {**report, "wheel": {**report["wheel"], **facts}}, kept=record_only)
+
+
 def commit(
     wheel: Wheel,
     report: dict[str, Any],
@@ -86,11 +107,13 @@ def commit(
     replaced = sha256_file(finals[1]) if overwrite and finals[1].is_file() else None
     if not overwrite:
         try:
-            dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
+            record_only = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
         except OutputDirError:
             if cache_entry:  # what the refusal says: --overwrite then takes this wheel, not an older one
                 _into_cache(cache_entry, (wheel.path, report_file))
             raise
+        if record_only:
+            return _kept(finals, report, record_only, cache_entry, (wheel.path, report_file))
     hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
     made, staged_entry = [], None
     try:
