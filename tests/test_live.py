@@ -321,4 +321,15 @@ def test_a_row_too_wide_for_the_terminal_ends_in_an_ellipsis(monkeypatch):
     assert rows[2] == "  about 29s left of compile, revised", rows  # it fits: no cut
     status.apply({"step": "2/3 freezing, 3/3 freezing+channels-last: compiling, 2 at a time"})
     rows = ["".join(s.text for s in line).rstrip() for line in console.render_lines(status.render(), console.options)]
-    assert len(rows) == 3 and rows[0].endswith("…") and len(rows[0]) == 40, rows
+    assert len(rows) == 3 and rows[0].endswith("…") and len(rows[0]) <= 40, rows
+    # cut at a word: 'then 36s for the later s…' read as cut mid-word (H42)
+    assert rows[0][2:] == "compile 2/3 freezing, 3/3…", rows
+    assert live.cut_at_word(
+        "about 45s left of the build: 9s of compile, revised, then 36s for the later stages", 80
+    ) == ("about 45s left of the build: 9s of compile, revised, then 36s for the later…")
+    assert live.cut_at_word(
+        "about 45s left of the build: 9s of compile, revised, then 36s for the later stages", 70
+    ) == ("about 45s left of the build: 9s of compile, revised, then 36s for the…")
+    assert live.cut_at_word("then 36s for the later", 22) == "then 36s for the later"  # fits exactly
+    assert live.cut_at_word("then 36s for the later stages", 22) == "then 36s for the…"
+    assert live.cut_at_word("supercalifragilistic", 8) == "superca…"  # one long word: cut in it

@@ -114,15 +114,41 @@ class Status:
         return Text("") if area is None else self._rows(area)
 
     def _rows(self, rows: str) -> RenderableType:
-        """The spinner's frame, then the rows, each cut with '…' where the terminal is too narrow:
-        wrapped, then cut by the live area, 'then 18s for the later s' read as the whole of it."""
-        from rich.text import Text
-
+        """The spinner's frame, then the rows, each cut at a word with '…' where the terminal is
+        too narrow: wrapped, then cut by the live area, 'then 18s for the later s' read as the whole
+        of it (H41); cut at a character, 'for the later s…' (H42)."""
         assert self.spinner is not None
         frame = self.spinner.render(time.monotonic())  # its text left empty: the frame alone, a Text
-        shown = Text.assemble(frame if isinstance(frame, Text) else str(frame), " ", rows)
-        shown.no_wrap, shown.overflow = True, "ellipsis"
-        return shown
+        return _CutRows(frame, rows)
+
+
+class _CutRows:
+    """The rows as rich renders them at the terminal's width (known only then), each cut at a word."""
+
+    def __init__(self, frame: Any, rows: str) -> None:
+        self.frame, self.rows = frame, rows.split("\n")
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.text import Text
+
+        frame = self.frame if isinstance(self.frame, Text) else Text(str(self.frame))
+        width = options.max_width
+        first = Text.assemble(frame, " ", cut_at_word(self.rows[0], width - frame.cell_len - 1))
+        yield Text("\n").join([first, *(Text(cut_at_word(row, width)) for row in self.rows[1:])])
+
+
+def cut_at_word(row: str, width: int) -> str:
+    """``row`` in ``width`` cells: whole, or cut after its last whole word that fits, with '…'."""
+    from rich.cells import cell_len
+
+    if cell_len(row) <= width:
+        return row
+    kept = row[: max(width - 1, 0)]
+    while kept and cell_len(kept) > width - 1:  # wide characters take two cells
+        kept = kept[:-1]
+    if " " in kept.strip() and not row[len(kept)].isspace():
+        kept = kept[: kept.rstrip().rfind(" ")]
+    return kept.rstrip(" ,;:·") + "…"
 
 
 def messages(fd: int, build_pid: int) -> Iterator[dict[str, Any] | None]:
