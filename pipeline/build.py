@@ -21,7 +21,7 @@ from .features import tune
 from .features.candidates import Skipped, screening_calls
 from .features.tune import Tuned
 from .services import cache, dist_guard
-from .services.layout import WorkLayout, hold_work_dir
+from .services.layout import WorkLayout, hold_work_dir, written_trace
 from .services.outdir import claim_output_dir, output_path, refuse_if_held
 from .services.progress import Progress, Steps, reporting, stop_requested
 from .services.writable import NO_ROOM, NOT_ALLOWED, write_error
@@ -385,7 +385,7 @@ def make_report(
         "opt_path": manifest["opt_path"],
         "stages_s": dict(timings),
         "verification": {**verified.report(), "signal": signal.record()},
-        "trace_dir": os.environ.get("TORCH_TRACE", ""),
+        "trace_dir": written_trace(),
         # none where the .so came from the build cache: H41 looked for the C++ in a folder never made
         "sources_dir": str(compiled.sources_dir) if compiled.sources_dir.is_dir() else None,
         "content_hash": manifest["content_hash"],

@@ -594,6 +594,8 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
     assert (tmp_path / "dist" / wheel.name).read_bytes() == wheel.read_bytes()
     report = json.loads((tmp_path / "dist" / "model_tiny-0.1+cpu.torch2.13.0.report.json").read_text())
     assert report["build_cache"]["reused"] is True
+    # nothing traced or generated: the cached report named the earlier build's folders (H42)
+    assert report["trace_dir"] is None and report["sources_dir"] is None, report
     forced = run_cli(
         "build",
         "--spec",

@@ -24,6 +24,14 @@ from .locks import holder
 from .writable import check_private
 
 
+def written_trace() -> str | None:
+    """The compile trace's folder (TORCH_TRACE, set by the build command) where this build wrote
+    one, else None: a build reused whole from the build cache traces nothing, and its report named
+    a folder that was not there (H42)."""
+    folder = os.environ.get("TORCH_TRACE", "")
+    return folder if folder and Path(folder).is_dir() else None
+
+
 @dataclass(frozen=True)
 class WorkLayout:
     build_dir: Path

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import OutputDirError
 from ..services import cache, dist_guard
+from ..services.layout import written_trace
 from ..services.manifest import sha256_file
 from ..services.outdir import signals_deferred
 from ..services.progress import Progress, check_stop, say
@@ -38,6 +39,8 @@ def restore_to_dist(
     progress.say(f"    unchanged since the build in cache {key}: reusing its verified wheel (--no-cache rebuilds)")
     report["stages_s"] = dict(progress.timings)
     report["build_cache"] = {"key": key, "reused": True}
+    # this build generated nothing and traced nothing: the cached report named the earlier build's folders
+    report.update(trace_dir=written_trace(), sources_dir=None)
     wheel = Wheel(
         path=wheel_path,
         sha256=report["wheel"]["sha256"],
