@@ -57,6 +57,19 @@ class BuildContext:
     update_lock: bool = False  # search again and rewrite the spec's lock entry (--update-lock)
     forced: options_lock.Locked | None = None  # the options a wheel records (reproduce): no search, no lock
 
+    def last_times(self, rounds: float | None = None) -> dict[str, float]:
+        """The stage times of the newest earlier build of this model and target on as many threads:
+        one built with OMP_NUM_THREADS=1 gave a 2-thread build "about 3s" of a 33 s verify (H42)."""
+        model = self.spec_file.spec.model.name
+        return self.store.stage_times(model, self.target.NAME, rounds=rounds, threads=build_threads())
+
+
+def build_threads() -> int:
+    """The threads the build's eager calls and compiled code run on (the report records them)."""
+    import torch
+
+    return torch.get_num_threads()
+
 
 @dataclass(frozen=True)
 class Packaged:
@@ -143,8 +156,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
     """The stages, in order. A build whose inputs are all unchanged reuses its verified wheel."""
     ctx.progress.timings.clear()
     # No compile figure until the doctor has planned the compiles (wording.outlook says why)
-    last_times = ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME)
-    ctx.progress.expect({stage: seconds for stage, seconds in last_times.items() if stage != "compile"})
+    ctx.progress.expect({stage: seconds for stage, seconds in ctx.last_times().items() if stage != "compile"})
     loaded = load_stage(ctx)
     cxx_version = find_cxx()
     if not ctx.keep_debug:  # checked before minutes of compiling, not after
@@ -188,7 +200,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
         findings, exported, signal, (planned, skipped) = doctor_stage(ctx, loaded, cxx_version, locked)
         # The last build's compile time, scaled to the compiles this one will make (it may have made one)
         rounds = tune.expected_rounds(exported, planned, ctx.store)
-        ctx.progress.expect(ctx.store.stage_times(ctx.spec_file.spec.model.name, ctx.target.NAME, rounds=rounds))
+        ctx.progress.expect(ctx.last_times(rounds))
         exported = export_stage(ctx, exported, loaded, planned)
         # The wheel in the work folder is moved to dist/ and the cache while its lock is still held.
         with claim_output_dir(ctx.out_dir):
@@ -384,6 +396,7 @@ def make_report(
         "debug_info": compiled.debug_info,  # "stripped" (the default) or "kept" (--keep-debug)
         "opt_path": manifest["opt_path"],
         "stages_s": dict(timings),
+        "threads": build_threads(),  # what the stage times were measured on (BuildContext.last_times)
         "verification": {**verified.report(), "signal": signal.record()},
         "trace_dir": written_trace(),
         # none where the .so came from the build cache: H41 looked for the C++ in a folder never made

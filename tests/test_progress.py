@@ -359,6 +359,16 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     autotuned.joinpath("model_tiny.report.json").unlink()
     autotuned.rmdir()
     assert cache.stage_times("tiny", "cpu")["compile"] == 1.0  # unscaled: the newest's own
+    # only builds on as many threads: an OMP_NUM_THREADS=1 build's verify (2.8 s) was a 2-thread one's
+    # "about 3s" of 33 s (H42); a report that does not say is taken as it is
+    one_thread = tmp_path / "cache" / "build-g"
+    one_thread.mkdir()
+    (one_thread / "model_tiny.report.json").write_text(
+        json.dumps({"model": "tiny", "target": "cpu", "stages_s": {"verify": 0.5}, "threads": 1})
+    )
+    assert cache.stage_times("tiny", "cpu", threads=1)["verify"] == 0.5
+    assert cache.stage_times("tiny", "cpu", threads=2) == {"compile": 1.0}  # the newest without a thread count
+    shutil.rmtree(one_thread)
     alone = Cache(tmp_path / "alone")  # no build here compiled: no compile figure (the first guess gives one)
     shutil.copytree(cached, tmp_path / "alone" / "build-e")
     assert "compile" not in alone.stage_times("tiny", "cpu", rounds=1)

@@ -204,20 +204,24 @@ class Cache:
             restored.append(output_dir / cached.name)
         return tuple(restored)
 
-    def stage_times(self, model: str, target: str, rounds: float | None = None) -> dict[str, float]:
+    def stage_times(
+        self, model: str, target: str, rounds: float | None = None, threads: int | None = None
+    ) -> dict[str, float]:
         """The stage times of the newest stored build of this model and target ({} if none): the
         live progress's estimate of what is left. Read even with --no-cache: it is only advice.
         ``rounds``: how many compiles' time this build's compiles should take (outlook.expected_rounds);
         the compile stage's time is scaled from the earlier build's, where its report says (a build
         that compiled one, its search stopped on the noise, gave the figure for one that compiles
         four; a --no-search build's one compile, four times over, for a search whose budget let two
-        more run side by side: 3m39s for 2m16s)."""
+        more run side by side: 3m39s for 2m16s). ``threads``: only builds that ran on as many (where
+        their report says)."""
         reports = (  # read lazily: most builds need the newest only
             report
             for report in newest_reports(self.directory)
             if report.get("model") == model
             and report.get("target") == target
             and not report.get("build_cache", {}).get("reused")
+            and (threads is None or report.get("threads", threads) == threads)
         )
         newest = next(reports, None)
         if newest is None:
