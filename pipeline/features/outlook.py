@@ -219,9 +219,11 @@ class Outlook:
             estimate(None)
 
     def after(self, rest: list[str], compiled: bool = False) -> None:
-        """A candidate is verified: what the ones after it should take (none left: no estimate here;
-        the timing rounds set their own, Search.time_passed); ``compiled``: all were, side by side."""
-        left = self.left_s(rest, compiled=compiled) if rest else None
+        """A candidate is verified: what the ones after it should take, then the timing rounds (none
+        left: the rounds alone, until Search.time_passed sets their own; with no figure between, the
+        row showed the earlier build's "running 16s past its estimate" for a moment, H42);
+        ``compiled``: all were, side by side."""
+        left = self.left_s(rest, compiled=compiled) if rest or self.round_s else None
         estimate(left, None if left is None else self.basis())  # a basis alone would be said as a note
 
     def announce(
