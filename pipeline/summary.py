@@ -130,7 +130,8 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     won = (
         f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
         if cost["won"]
-        else "won nothing (the spec's options kept" + ("; the rounds could not tell)" if cost.get("undecided") else ")")
+        else "won nothing (spec-options kept, the options it started from"
+        + ("; the rounds could not tell)" if cost.get("undecided") else ")")
     )
     # the noise's rounds (spec-options alone) apart: a newcomer's "timed 38.5s" was 33 s of them
     noise = f" ({cost['noise_s']:.1f}s of it spec-options alone, for the noise)" if cost["timing_s"] else ""

@@ -298,7 +298,7 @@ def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_
         assert cost["won"] is None
         # where its own rounds spread wider than a candidate could gain, the summary says so too
         could_not_tell = "; the rounds could not tell" if cost["undecided"] else ""
-        won = rf"won nothing \(the spec's options kept{re.escape(could_not_tell)}\)"
+        won = rf"won nothing \(spec-options kept, the options it started from{re.escape(could_not_tell)}\)"
     else:
         assert cost["won"] == pytest.approx(spec_median / by_name[search["chosen"]]["median_ms"]) and cost["won"] > 1
         won = rf"won {re.escape(wording.ratio(cost['won']))} \({re.escape(search['chosen'])} over spec-options\)"
@@ -889,7 +889,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "cost": dataclasses.asdict(cost)}
     assert search_lines(record) == [
         "  search    stopped by the noise before compiling a candidate (2553x spread); "
-        "timed 0.0s; won nothing (the spec's options kept)"
+        "timed 0.0s; won nothing (spec-options kept, the options it started from)"
     ]
     # and names what it did not try, by why (H41: a stopped search's line named none)
     stopped = {**record, "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in refused]}
@@ -919,7 +919,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     record = {"chosen": "spec-options", "candidates": three[:1], "cost": alone, "not_tried": refused_all}
     assert search_lines(record) == [
         "  search    no candidate compiled (freezing not tried: an earlier build measured no gain; max-autotune left "
-        "out by its compile budget); timed 0.0s; won nothing (the spec's options kept)"
+        "out by its compile budget); timed 0.0s; won nothing (spec-options kept, the options it started from)"
     ]
     # a refusal of its own words (the output tolerances): named up to their detail (H40: left out)
     tolerance = "the output tolerances refuse it: eager under torch.bfloat16 autocast, case c1: max abs diff 0.1"
@@ -1185,7 +1185,9 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     assert payback.undecided(overlapping, "spec-options") is not None
     cost = dataclasses.asdict(payback.Cost(compiled=1, compile_s=50.0, undecided=line.strip()))
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}, {"name": "freezing"}], "cost": cost}
-    assert search_lines(record)[0].endswith("won nothing (the spec's options kept; the rounds could not tell)")
+    assert search_lines(record)[0].endswith(
+        "won nothing (spec-options kept, the options it started from; the rounds could not tell)"
+    )
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the burner and the rounds need a core each")
