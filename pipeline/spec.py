@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import tomllib
@@ -268,6 +269,7 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
                 message = _not_one_of(err["input"], err.get("ctx", {}).get("expected", ""))
             if err["type"] == "missing":  # pydantic's "Field required", the one capitalised message
                 message = "required, and not given"
+            message = _wrong_type(err) or message
             if err["type"] == "extra_forbidden":
                 lacking = [str(m[-1]) for m in missing if m[:-1] == loc[:-1]]
                 near = _likely_key(str(loc[-1]), _keys_beside(loc), lacking)
@@ -287,6 +289,38 @@ def validated(raw: dict[str, Any], spec_path: Path, where: str | None = None) ->
             "give the path of a .safetensors file, relative to the spec file",
         )
     return spec_file
+
+
+# What a key of each kind takes, in TOML's words, by how pydantic's error type begins
+_TAKES = {
+    "float": "a number",
+    "int": "a whole number",
+    "bool": "true or false",
+    "string": "a string in quotes",
+    "list": "a list, in [ ]",
+    "dict": "a table",
+    "model": "a table",
+}
+_GIVEN = ((bool, "true or false"), (int, "a whole number"), (float, "a number"), (str, "a string"), (list, "a list"))
+
+
+def _wrong_type(err: Any) -> str | None:
+    """A value of the wrong kind, said as the other key errors are (pydantic's own read "Input should
+    be a valid number, unable to parse string as a number", H42), or None for other errors."""
+    kind, _, why = err["type"].partition("_")
+    if kind not in _TAKES or why not in ("type", "parsing", "from_float"):
+        return None
+    given = err.get("input")
+    said = (
+        json.dumps(given)
+        if isinstance(given, (str, int, float, bool))
+        else "a table"
+        if isinstance(given, dict)
+        else None
+    )
+    what = next((name for cls, name in _GIVEN if isinstance(given, cls)), None)
+    shown = f"{said} ({what})" if said and what else said or "this value"
+    return f"takes {_TAKES[kind]}, not {shown}"
 
 
 def _not_a_file(path: Path) -> str:

@@ -116,6 +116,16 @@ def test_a_misspelt_key_in_a_targets_section_gets_the_key_it_likely_meant(tmp_pa
     assert "key 'build.cpu.isaa': unknown key (did you mean 'isa'?" in message
 
 
+def test_a_value_of_the_wrong_kind_is_said_in_tomls_words(tmp_path):
+    # pydantic's own read "Input should be a valid number, unable to parse string as a number" (H42)
+    text = GOOD.replace("max = 4", "max = 2.5") + '\n[verify]\nlarge_magnitude = "ten"\n\n[build]\ntargets = "cpu"\n'
+    message = spec_error(tmp_path, text)
+    assert "key 'dims.batch.max': takes a whole number, not 2.5 (a number)" in message
+    assert "key 'verify.large_magnitude': takes a number, not \"ten\" (a string)" in message
+    assert "key 'build.targets': takes a list, in [ ], not \"cpu\" (a string)" in message
+    assert "Input should" not in message
+
+
 def test_unknown_or_repeated_targets_are_refused(tmp_path):
     message = spec_error(tmp_path, GOOD + '\n[build]\ntargets = ["rocm"]\n')
     assert "key 'build.targets" in message and "unknown target 'rocm': choose from cpu, cuda" in message
