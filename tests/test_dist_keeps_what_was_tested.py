@@ -21,6 +21,18 @@ from pipeline.services.progress import Progress, reporting
 from .conftest import GOOD, TINY_SPEC, run_cli, spec_copy
 
 
+def with_manifest(wheel: Path, new_wheel: Path, **changed: object) -> Path:
+    """``wheel`` copied to ``new_wheel`` with its manifest's keys ``changed``: another build's wheel."""
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "model_tiny/manifest.json":
+                data = json.dumps({**kept, **changed}).encode()
+            made.writestr(item, data)
+    return new_wheel
+
+
 def test_a_changed_model_under_the_same_version_does_not_replace_the_tested_wheel(tmp_path, warm_dirs, tiny_build):
     """The model's description changes and its version does not: another wheel of the same name.
     The spec is part of the content hash the kept wheel's manifest records, so the build is refused
@@ -112,12 +124,7 @@ def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel
     kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
     new_wheel = tmp_path / "new" / wheel.name
     new_wheel.parent.mkdir()
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename == "model_tiny/manifest.json":
-                data = json.dumps({**kept, "description": "Tiny test model, trained again"}).encode()
-            made.writestr(item, data)
+    with_manifest(wheel, new_wheel, description="Tiny test model, trained again")
     with pytest.raises(OutputDirError) as refused:
         dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
     assert (
@@ -131,12 +138,7 @@ def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel
     assert refused.value.hint.startswith("bump model.version")
     dist_guard.keep_what_was_tested(wheel, wheel, sha256_file(wheel))  # the same bytes: kept, nothing said
     # another CPU kind (the README's --cpu-isa avx2 after a native build): the same model, another --dist
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename == "model_tiny/manifest.json":
-                data = json.dumps({**kept, "platform": {**kept["platform"], "onednn_max_isa": "AVX2"}}).encode()
-            made.writestr(item, data)
+    with_manifest(wheel, new_wheel, platform={**kept["platform"], "onednn_max_isa": "AVX2"})
     with pytest.raises(OutputDirError) as refused:
         dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
     assert refused.value.hint.startswith("the two are for other machines (another CPU kind): build into another --dist")
@@ -167,13 +169,8 @@ def test_a_wheel_refused_in_dist_is_kept_in_the_build_cache_for_overwrite(tmp_pa
     kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
     (tmp_path / "new").mkdir()
     new_wheel = tmp_path / "new" / wheel.name
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename == "model_tiny/manifest.json":
-                chosen = {**kept["compile_search"], "chosen": "freezing"}
-                data = json.dumps({**kept, "compile_options": {"freezing": True}, "compile_search": chosen}).encode()
-            made.writestr(item, data)
+    chosen = {**kept["compile_search"], "chosen": "freezing"}
+    with_manifest(wheel, new_wheel, compile_options={"freezing": True}, compile_search=chosen)
     dist, store = tmp_path / "dist", Cache(tmp_path / "cache", reuse=False)  # --no-cache: it stores all the same
     dist.mkdir()
     shutil.copyfile(wheel, dist / wheel.name)
@@ -269,12 +266,7 @@ def test_a_wheel_that_differs_only_in_the_searchs_record_is_kept_in_dist_and_the
     kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
     (tmp_path / "new").mkdir()
     new_wheel = tmp_path / "new" / wheel.name
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(new_wheel, "w") as made:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename == "model_tiny/manifest.json":
-                data = json.dumps({**kept, "compile_search": {**kept["compile_search"], "candidates": []}}).encode()
-            made.writestr(item, data)
+    with_manifest(wheel, new_wheel, compile_search={**kept["compile_search"], "candidates": []})
     dist, store = tmp_path / "dist", Cache(tmp_path / "cache", reuse=False)
     dist.mkdir()
     shutil.copyfile(wheel, dist / wheel.name)
