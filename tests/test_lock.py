@@ -203,13 +203,23 @@ def test_a_search_refused_at_dist_still_locks_its_choice(tmp_path):
     keys = "search = true\nsearch_budget_s = 0.5\nsearch_when_noisy = true"  # one fresh compile, as above
     spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", keys))
     dist, root = str(tmp_path / "dist"), ["--root", str(tmp_path / "opt")]
+    # dist/ holds a --keep-debug build's wheel: another wheel of the same model and options
+    args = ["--dist", dist, *root]
     kept = run_cli(
-        "build", "--spec", str(spec), "--dist", dist, "--no-search", *root, "--build-dir", str(tmp_path / "b1")
+        "build", "--spec", str(spec), *args, "--no-search", "--keep-debug", "--build-dir", str(tmp_path / "b1")
     )
     assert kept.code == 0, kept.err
-    searched = run_cli("build", "--spec", str(spec), "--dist", dist, *root, "--build-dir", str(tmp_path / "b2"))
-    assert searched.code == OutputDirError.exit_code, searched.err  # dist/ holds the --no-search build's wheel
+    searched = run_cli("build", "--spec", str(spec), *args, "--build-dir", str(tmp_path / "b2"))
+    assert searched.code == OutputDirError.exit_code, searched.err
     path = tmp_path / "m" / "spec.lock.json"
     assert f"    wrote the search's choice (spec-options) to {path}:" in searched.err, searched.err
     assert searched.err.index("wrote the search's choice") < searched.err.index("error: "), "said before the refusal"
     assert [entry["chosen"] for entry in json.loads(path.read_text())["entries"]] == ["spec-options"]
+    # a wheel that differs from dist/'s only in the search's record is kept, and the build ends 0: H42's
+    # plain builds after an --update-lock were all refused ("nothing to do"), the lock holding the new record
+    other = ["--dist", str(tmp_path / "dist2"), *root, "--build-dir", str(tmp_path / "b2")]
+    assert run_cli("build", "--spec", str(spec), *other, "--no-search").code == 0
+    plain = run_cli("build", "--spec", str(spec), *other)  # the lock's entry: its record is the search's
+    assert plain.code == 0, plain.err
+    assert "    kept " in plain.err and "their manifests differ only in compile_search (only its record: " in plain.err
+    assert "\nkept model_tiny-0.1+cpu" in plain.err, plain.err

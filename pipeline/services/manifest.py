@@ -41,8 +41,15 @@ def differences(kept: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The top-level manifest keys whose values differ, causes first, each with both values where
     they are short ('opt_path: /a/x/1/cpu in the kept wheel, /b/x/1/cpu in this build')."""
     keys = sorted(key for key in kept.keys() | new.keys() if kept.get(key) != new.get(key))
-    causes = [key for key in keys if key not in _FOLLOWS] or keys
+    causes = [key for key in keys if key not in _FOLLOWS]
+    if not causes or (causes == ["compile_search"] and _same_choice(kept, new)):
+        causes = keys  # a search's record alone changes no file: files that differ too are said (--keep-debug)
     return [_described(key, kept.get(key), new.get(key)) for key in causes]
+
+
+def _same_choice(kept: dict[str, Any], new: dict[str, Any]) -> bool:
+    first, second = kept.get("compile_search"), new.get("compile_search")
+    return isinstance(first, dict) and isinstance(second, dict) and first.get("chosen") == second.get("chosen")
 
 
 def _described(key: str, kept: Any, new: Any) -> str:
