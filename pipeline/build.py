@@ -205,7 +205,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
         # The wheel in the work folder is moved to dist/ and the cache while its lock is still held.
         with claim_output_dir(ctx.out_dir):
             weights_file = write_weights(exported, ctx.work_dir)
-            tuned, compiled = compile_stage(ctx, exported, planned, skipped, weights_file, locked)
+            entry = options_lock.entry(ctx.spec_file.path, lock_key) if ctx.update_lock else None
+            tuned, compiled, locked = compile_stage(ctx, exported, planned, skipped, weights_file, locked, entry)
             verified = verify_stage(ctx, exported, compiled, weights_file)
             sizes = static_stage(ctx, exported, loaded, tuned, verified, weights_file, cxx_version)
             packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
@@ -217,7 +218,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
         # the search's choice is this machine's, also where dist/ then refuses the wheel (H40: a search
         # that decided, refused at dist/, locked nothing, and the next build searched again)
         searched = lock_key if locked is None else None
-        overrides, search = dict(planned)[tuned.chosen].overrides, dict(packaged.manifest.get("compile_search") or {})
+        overrides: dict[str, Any] = next((plan.overrides for name, plan in planned if name == tuned.chosen), {})
+        search = dict(packaged.manifest.get("compile_search") or {})
         try:
             result = commit(
                 packaged.wheel,
@@ -292,11 +294,24 @@ def compile_stage(
     skipped: list[Skipped],
     weights_file: Path | None,
     locked: options_lock.Locked | None = None,
-) -> tuple[Tuned, Compiled]:
+    entry: options_lock.Locked | None = None,
+) -> tuple[Tuned, Compiled, options_lock.Locked | None]:
+    """The search (or the lock's choice), its choice installed, and the lock entry the build used.
+    ``entry``: the lock's entry that --update-lock searches to replace, which stays where the search
+    does not decide, and is then compiled, as a build without --update-lock would (H43: such a build
+    shipped the spec's options, dist/ refused them, and the refusal's hint rebuilt the entry's)."""
     say = ctx.progress.say
     with ctx.progress.stage("compile", tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
+        if entry is not None and (tuned.cost.stopped or tuned.cost.undecided):
+            why = "the noise stopped it" if tuned.cost.stopped else "its rounds could not tell the candidates apart"
+            say(
+                f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
+                f"this one stays ({entry.chosen}), and this build compiles it, as one without --update-lock does"
+            )
+            lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
+            tuned, locked = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False), entry
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             # The export runs where any planned compile is missing (a search stopped before compiling
@@ -309,7 +324,7 @@ def compile_stage(
         say(f"    {verb} {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
         if tuned.cost.undecided:  # why nothing is locked, after the choice it qualifies
             say(f"    {tuned.cost.undecided}")
-    return tuned, compiled
+    return tuned, compiled, locked
 
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:

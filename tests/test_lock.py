@@ -223,3 +223,41 @@ def test_a_search_refused_at_dist_still_locks_its_choice(tmp_path):
     assert plain.code == 0, plain.err
     assert "    kept " in plain.err and "their manifests differ only in compile_search (only its record: " in plain.err
     assert "\nkept model_tiny-0.1+cpu" in plain.err, plain.err
+
+
+def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_it(tmp_path, monkeypatch):
+    """H43: --update-lock's search, stopped by the noise, shipped the spec's options while the lock
+    kept freezing; dist/ refused the wheel, and the refusal's hint rebuilt the lock's. Noise cannot be
+    made on demand, so the rounds are given wide here (a stalled machine's), the rest runs for real."""
+    import contextlib
+    import io
+
+    import torch
+
+    from pipeline import cli
+    from pipeline.features import rounds
+
+    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true"))
+    kind = targets.get("cpu").machine()
+    keys = lock.compile_keys(load_spec(spec).spec.compile.model_dump(mode="json"))
+    path = tmp_path / "m" / "spec.lock.json"
+    lock.write(path, lock.Key("cpu", kind, torch.__version__, keys), "freezing", {"freezing": True})
+    before = path.read_text()
+    wide = rounds.Timed((1.0, 1.1, 1.2, 5.0, 9.0))  # 9x: no candidate can win beyond it
+    monkeypatch.setattr(rounds, "time_in_rounds", lambda calls, *a, **k: {name: wide for name in calls})
+    monkeypatch.setenv("TORCH_TRACE", str(tmp_path / "trace"))
+    args = ["build", "--spec", str(spec), "--update-lock", "--root", str(tmp_path / "opt")]
+    args += ["--dist", str(tmp_path / "dist"), "--build-dir", str(tmp_path / "build")]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(args)
+    said = err.getvalue()
+    assert code == 0, said
+    assert "search stopped before compiling a candidate" in said, said
+    assert (
+        "    --update-lock: the search did not decide (the noise stopped it), so spec.lock.json's entry for builds "
+        "like this one stays (freezing), and this build compiles it, as one without --update-lock does"
+    ) in said.splitlines(), said
+    assert "nothing locked" not in said and path.read_text() == before, "the entry stays as it was"
+    report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
+    assert report["compile_search"]["chosen"] == "freezing" and report["compile_search"]["locked"] == str(path)

@@ -198,6 +198,12 @@ def consult(
     return key, locked
 
 
+def entry(spec_path: Path, key: Key | None) -> Locked | None:
+    """The lock's entry for ``key`` (None where there is none, or no key: no search, no lock file)."""
+    path = lock_path(spec_path)
+    return find(path, key)[0] if key is not None and path is not None and path.is_file() else None
+
+
 def _say_unused(path: Path, key: Key, say: Callable[[str], None]) -> None:
     """With the search off (--no-search, search = false), an entry for this build is not used:
     said, where a newcomer's --no-search build compiled the spec's options with no word of the
@@ -226,12 +232,10 @@ def after_search(
     (it said so)."""
     if key is None:
         return
-    if tuned.cost.stopped:
-        say(
-            f"    the search stopped before compiling a candidate: nothing locked in {lock_path(spec_path)} "
-            f"({SEARCHES_AGAIN})"
-        )
-    elif not tuned.cost.undecided:
+    if tuned.cost.stopped or tuned.cost.undecided:
+        how = "stopped before compiling a candidate" if tuned.cost.stopped else "could not tell the candidates apart"
+        say(f"    the search {how}: nothing locked in {lock_path(spec_path)} ({SEARCHES_AGAIN})")
+    else:
         keep_choice(spec_path, key, overrides, search, tuned.why, say)
 
 

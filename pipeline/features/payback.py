@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ..services.cache import newest_reports
 from ..services.wording import figure, ratio
-from .lock import SEARCHES_AGAIN
 from .rounds import Timed
 
 
@@ -187,7 +186,7 @@ def undecided(timed: dict[str, Timed], baseline: str, lockable: bool = True) -> 
         f"    too noisy to decide: {baseline}'s own rounds spread {ratio(needed)} ({figure(timed[baseline].low_ms)}-"
         f"{figure(timed[baseline].high_ms)} ms), wider than the {ratio(best)} a candidate here is expected to gain at "
         f"best, so no median here can be trusted{timed[baseline].busy()}; "
-        f"{baseline} is kept" + (f", and nothing is locked ({SEARCHES_AGAIN})" if lockable else "")
+        f"{baseline} is kept" + (", and this build locks nothing" if lockable else "")
     )
 
 
