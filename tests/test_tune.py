@@ -1078,6 +1078,41 @@ def test_the_searchs_figure_counts_the_timing_rounds_once_the_noise_was_timed(tm
         assert estimates[-1] == (pytest.approx(2 * 3.0), search_time.MEASURED_WITH_ROUNDS)
 
 
+def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
+    """H43: a stopped search kept a whole search's "about 3m39s left" with 15 s to go; the first
+    candidate's "verification running 39s past its estimate" stayed through the noise rounds; a
+    max-autotune compile, the others from the cache, had no figure for 2m42s."""
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    planned = [(name, SimpleNamespace(key=name)) for name in ("spec-options", "freezing", "max-autotune")]
+    estimates: list[tuple[float | None, str | None]] = []
+
+    class Display(progress.Progress):
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            estimates.append((stage_left_s, basis))
+
+    display = Display(io.StringIO())
+    with progress.reporting(display):
+        outlook = search_time.Outlook(planned, Cache(tmp_path / "cache"), workers=1)
+        outlook.first("spec-options", 12.0, from_cache=False, compile_s=10.0)
+        assert estimates[-1] == (None, None), "the first's verification figure is done with"
+        outlook.announce("spec-options", 12.0, [], [])  # the search stopped: nothing more to compile
+        assert estimates[-1] == (search_time.INSTALL_S, search_time.INSTALL_LEFT)
+    # the first and freezing from the build cache, max-autotune to compile: the earlier builds' compile
+    cache = tmp_path / "warm"
+    for name in ("spec-options", "freezing"):
+        (cache / name).mkdir(parents=True)
+    display.expect({"compile": 90.0})  # scaled to this build's compiles: max-autotune's 3 plain ones
+    with progress.reporting(display), display.stage("compile"):
+        outlook = search_time.Outlook(planned, Cache(cache), workers=1)
+        outlook.before_search()
+        outlook.first("spec-options", 2.0, from_cache=True)
+        outlook.announce("spec-options", 2.0, ["max-autotune"], [])
+        assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0 + 0.0), search_time.MEASURED_HERE), estimates
+
+
 def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_once(tmp_path):
     """A newcomer's search with one candidate to compile (three from the build cache) read "the
     candidates its budget leaves room for, 2 at a time"; it is three short lines, the time first."""

@@ -85,6 +85,7 @@ def rounds_of(names: list[str], first_fresh: bool, workers: int) -> float:
 
 
 MEASURED_WITH_ROUNDS = "from this build's compiles and noise rounds"
+INSTALL_S, INSTALL_LEFT = 2.0, "nothing more to compile: the chosen one's install"
 
 
 class Outlook:
@@ -155,6 +156,8 @@ class Outlook:
         )
         last = expected_s("compile")
         if last:
+            if rounds and not first_fresh:  # no first compile to time here: the earlier builds' plain compile
+                self.plain_s = last / rounds
             unit = "compiles'" if rounds != 1 else "compile's"
             how = f"    (earlier builds' compile stage, scaled to {figure(rounds)} plain {unit} time: {room})"
             return [f"{what}: about {duration(last)} on this machine", how, shorter(self.cache_dir)]
@@ -215,8 +218,11 @@ class Outlook:
             compiled = seconds if compile_s is None else min(compile_s, seconds)
             self.plain_s = compiled / COMPILE_COST.get(name, 1.0)
             self.verify_s = seconds - compiled
-        if self.guessed:  # timed now: the guess is done with (the noise rounds get no estimate)
-            estimate(None)
+        elif self.plain_s is not None:  # from the cache: its verification, with the earlier builds' compile
+            self.verify_s = seconds
+        # done with: the guess, or its verification's figure (H43: "the first candidate's verification
+        # running 39s past its estimate" stayed through the noise rounds); the noise rounds get none
+        estimate(None)
 
     def after(self, rest: list[str], compiled: bool = False) -> None:
         """A candidate is verified: what the ones after it should take, then the timing rounds (none
@@ -239,6 +245,10 @@ class Outlook:
         over the budget; ``others``: how many more it refused for other reasons (said above)."""
         self.timed = len(chosen) + 1 if chosen else 0
         left = self.left_s(chosen, costs)
+        if not chosen:  # only the chosen one's install is left: a whole search's figure stayed (H43: 3m39s for 15 s)
+            estimate(INSTALL_S, INSTALL_LEFT)
+        elif left is not None:  # the first from the cache too: the earlier builds' compile gives the figure (H43)
+            estimate(left, self.basis())
         if left is None or first not in self.fresh:
             return
         over = f"; not compiled: {', '.join(skipped)}, over the search's compile budget" if skipped else ""
@@ -262,5 +272,3 @@ class Outlook:
                 # max-autotune" alone read as if it were the only one left out
                 said = "; the others not tried, as the lines above say" if others else ""
                 say(f"{took}no other candidate to compile{over}{said}")
-        # none to compile: the timing rounds set their own estimate
-        estimate(left, self.basis()) if chosen else estimate(None)
