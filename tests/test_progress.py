@@ -119,8 +119,8 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     assert guessed and all(
         re.search(
             r" · (about \d+s left of compile|compile stage (running \d+s past|finishing, at) the estimate) "
-            r"\(a first guess from the graph's \d+ ops\); no figure yet for the stages after it \(this model's "
-            r"first build here\)$",
+            r"\(a first guess from the graph's \d+ ops\); no figure yet for the stages after it \(no earlier "
+            r"build of this model here on as many threads\)$",
             line,
         )
         for line in guessed
@@ -176,7 +176,7 @@ def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
         assert re.fullmatch(
             r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
             r"about 2m0[45]s left of compile \(from this build's compiles\); no figure yet for the stages after "
-            r"it \(this model's first build here\)",
+            r"it \(no earlier build of this model here on as many threads\)",
             line,
         ), line
     quiet = io.StringIO()
@@ -448,7 +448,7 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
 
 
 # A first build's figure is the stage's own: it says so (in the next build it is "left of the build").
-FIRST_BUILD = "; no figure yet for the stages after it (this model's first build here)"
+FIRST_BUILD = "; no figure yet for the stages after it (no earlier build of this model here on as many threads)"
 
 
 def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_figure(monkeypatch):

@@ -239,8 +239,8 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
         re.fullmatch(
             r"    \.\.\. compile [23]/3 [\w+-]+(, [23]/3 [\w+-]+: compiling, 2 at a time|: "
             r"(compiling|verifying case \d+/\d+ \S+)) · .* · about [\dm]+s left of compile "
-            r"\(from this build's compiles and noise rounds\); no figure yet for the stages after it \(this "
-            r"model's first build here\)",
+            r"\(from this build's compiles and noise rounds\); no figure yet for the stages after it \(no "
+            r"earlier build of this model here on as many threads\)",
             line,
         )
         for line in lines

@@ -90,7 +90,9 @@ def outlook(
     # A first build says its figure is the stage's alone: "left of compile" there and "left of the
     # build" in the next read to a newcomer as the same figure said two ways.
     unknown = (
-        "; no figure yet for the stages after it (this model's first build here)" if after and not expected else ""
+        "; no figure yet for the stages after it (no earlier build of this model here on as many threads)"
+        if after and not expected
+        else ""
     )
     if stage_left_s is None and basis is not None and stage not in expected:
         return basis + unknown  # no figure yet, and what gives one (the first candidate's cases)
