@@ -80,7 +80,7 @@ NOT_TRIED = {  # the summary's words for each refusal, by how its reason begins
 
 
 def not_tried(search: dict[str, Any]) -> str:
-    """`` (max-autotune left out by its compile budget; freezing not tried: …)``: every candidate
+    """``max-autotune left out by its compile budget; freezing not tried: …``: every candidate
     the search refused, by why (the summary named those the budget left out, and no other)."""
     said: dict[str, list[str]] = {}
     for one in search.get("not_tried", ()):
@@ -88,14 +88,14 @@ def not_tried(search: dict[str, Any]) -> str:
         # another refusal (the output tolerances, a lock's): its own words, up to their detail
         words = next((w for start, w in NOT_TRIED.items() if reason.startswith(start)), None)
         said.setdefault(words or f"not tried: {reason.split(':')[0]}", []).append(one["name"])
-    parts = ["{} {}".format(", ".join(names), words) for words, names in said.items()]
-    return f" ({'; '.join(parts)})" if parts else ""
+    return "; ".join("{} {}".format(", ".join(names), words) for words, names in said.items())
 
 
 def search_lines(search: dict[str, Any]) -> list[str]:
     """What the option search cost (compile and timing seconds) and what it won, where it ran."""
     cost = search.get("cost")
-    left_out = not_tried(search)
+    refused = not_tried(search)
+    left_out = f" ({refused})" if refused else ""
     if (
         not cost
         or search.get("locked")
@@ -110,7 +110,10 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     from_cache = f" (and {', '.join(in_cache)} from the build cache)" if in_cache else ""
     fresh = ", ".join(one["name"] for one in candidates[1:] if not one.get("from_cache"))
     if cost["stopped"]:
-        spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread){left_out}"
+        # one parenthesis: "(1.47x spread) (bf16-autocast not tried: …)" read as a typo (H43)
+        spent = f"stopped by the noise before compiling a candidate ({ratio(cost['spread'])} spread" + (
+            f"; {refused})" if refused else ")"
+        )
     elif not cost["compiled"]:
         taken = f" ({', '.join(cached)} from the build cache)" if cached else ""
         spent = f"no candidate compiled{taken}{left_out}"

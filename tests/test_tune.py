@@ -895,7 +895,7 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
     stopped = {**record, "not_tried": [{"name": s.name, "reason": s.stable_reason} for s in refused]}
     assert (
         search_lines(stopped)[0].startswith(
-            "  search    stopped by the noise before compiling a candidate (2553x spread) ("
+            "  search    stopped by the noise before compiling a candidate (2553x spread; "
         )
         and "not tried: the noise hides what it could gain)" in search_lines(stopped)[0]
     )
