@@ -515,7 +515,10 @@ def test_a_candidate_from_the_build_cache_says_so_while_it_is_verified(mlp_searc
     with progress.reporting(Display()):
         tune.tune(exported, planned[:2], [], None, tmp_path / "work", store)
     verifying = [s for s in steps if "verifying case" in s]
-    assert verifying and all(re.match(r"\d/\d [\w+-]+ \(from the build cache\): verifying case ", s) for s in verifying)
+    assert verifying and all(re.match(r"\d/\d [\w+-]+ \(cached\): verifying case ", s) for s in verifying)
+    # nor said as compiling, even for a moment (H43)
+    assert not any(s.endswith(": compiling") for s in steps), steps
+    assert any(re.fullmatch(r"\d/\d [\w+-]+: from the build cache", s) for s in steps), steps
 
 
 def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_search, tmp_path):

@@ -312,7 +312,8 @@ def _compile_and_verify(
         if index == 0:
             estimate(None, FIRST_VERIFY_PENDING)
         # said from the first case on: a cached candidate read "verifying case 6/10" for 45 s, as if just compiled
-        cached = " (from the build cache)" if compiled.from_cache else ""
+        # short: a row cut at 80 columns lost its case count behind "(from the build cache)" (H43)
+        cached = " (cached)" if compiled.from_cache else ""
         verify_model(exported, compiled, trial_work, weights_file, f"{counter}{cached}: verifying ", stage, basis)
     except VerificationError as exc:
         say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
@@ -325,7 +326,8 @@ def _compile(
     exported: Exported, name: str, plan: CompilePlan, counter: str, trial_work: Path, store: Cache, budget: Budget
 ) -> Compiled:
     """One candidate compiled here (or taken from the cache), its fresh compile time counted."""
-    step(f"{counter}: compiling")
+    # a cached one is not said as compiling, even for a moment (H43)
+    step(f"{counter}: " + ("from the build cache" if store.has(plan.key) else "compiling"))
     shutil.rmtree(trial_work, ignore_errors=True)
     plan.compile_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
