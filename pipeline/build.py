@@ -310,8 +310,10 @@ def compile_stage(
                 f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
                 f"this one stays ({entry.chosen}), and this build compiles it, as one without --update-lock does"
             )
-            lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
-            tuned, locked = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False), entry
+            if entry.chosen != tuned.chosen:  # else this build has compiled the entry's choice already
+                lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
+                tuned = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False)
+            locked = entry
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
             # The export runs where any planned compile is missing (a search stopped before compiling

@@ -1107,6 +1107,14 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
     cache = tmp_path / "warm"
     for name in ("spec-options", "freezing"):
         (cache / name).mkdir(parents=True)
+    from pipeline.features.first_guess import Guess
+
+    with progress.reporting(display):  # no earlier build: the guess, and no promise to time a first compile
+        lines = search_time.Outlook(planned, Cache(cache), workers=1).before_search(Guess(30.0, "a first guess"))
+    assert lines[2] == (
+        "    spec-options comes from the build cache; the search may stop once it is timed, where the machine is "
+        "too noisy for a candidate to win"
+    ), lines
     display.expect({"compile": 90.0})  # scaled to this build's compiles: max-autotune's 3 plain ones
     with progress.reporting(display), display.stage("compile"):
         outlook = search_time.Outlook(planned, Cache(cache), workers=1)

@@ -150,8 +150,12 @@ class Outlook:
             + " as its budget allows, then all timed together"
         )
         # Three lines, the time first: said as one, the line ran to 500 characters (a newcomer's note)
+        # a first candidate from the build cache has no compile to time (H44 read the promise anyway)
         rest = (
             "    the first compile's time, measured now, gives the rest's; the search may stop after it where the "
+            "machine is too noisy for a candidate to win"
+            if first_fresh
+            else f"    {self.order[0]} comes from the build cache; the search may stop once it is timed, where the "
             "machine is too noisy for a candidate to win"
         )
         last = expected_s("compile")

@@ -200,7 +200,11 @@ class Cache:
             return None
         restored = []
         for cached in sorted((self.directory / key).iterdir()):
-            shutil.copyfile(cached, output_dir / cached.name)
+            # written aside and renamed: a .so of that name this process has loaded keeps its own file
+            # (copied over in place, the loaded one's pages changed under it: a segfault at exit, H44)
+            aside = output_dir / f".{cached.name}.restoring-{os.getpid()}"
+            shutil.copyfile(cached, aside)
+            os.replace(aside, output_dir / cached.name)
             restored.append(output_dir / cached.name)
         return tuple(restored)
 

@@ -59,8 +59,8 @@ def _described(key: str, kept: Any, new: Any) -> str:
         if kept.get("chosen") == new.get("chosen"):  # the same choice, reached by other candidates (the noise)
             tried = lambda search: listed([c.get("name", "?") for c in search.get("candidates", ())]) or "none"  # noqa: E731
             return (
-                f"compile_search (only its record: {kept.get('chosen')} chosen in both, after timing {tried(kept)} "
-                f"in the kept wheel; {tried(new)} in this build)"
+                f"compile_search (only its record: {kept.get('chosen')} chosen in both; the kept wheel records "
+                f"{tried(kept)} as timed, this build's {tried(new)})"
             )
         key, kept, new = "compile_search (the options chosen)", kept.get("chosen"), new.get("chosen")
     if kept != new and all(isinstance(v, (str, int, float, type(None))) for v in (kept, new)):
