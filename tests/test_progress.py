@@ -485,6 +485,10 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             clock[0] += took
             steps.done(number)
         assert slow.outlook() == f"about 3s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # 0.5 s for each of 6
+        for number in range(5, 11):  # the last slower than said: past it, and it gives no figure of its own
+            clock[0] += 2.5 if number == 10 else 0.5
+            steps.done(number)
+        assert slow.outlook().startswith("verify stage running "), slow.outlook()  # not "finishing" again (H44)
     # cases of other sizes (the unet's batch=max(8)): "about 4s left" before a case that took 20 s
     sized = Progress(io.StringIO())
     with reporting(sized), sized.stage("verify"):

@@ -244,7 +244,9 @@ class StepClock:
         """Step ``number`` (from 1) is done."""
         in_stage_s = time.perf_counter() - self.began
         took_s, self.until_s = in_stage_s - self.until_s, in_stage_s
-        if number == 1 or number in self.unlike:
+        # the last: nothing left to estimate ("finishing, at its estimate" right after "running 1s past
+        # it" read as the line going back, H44); what follows is the stage's own end
+        if number == 1 or number in self.unlike or number == self.total:
             return
         self.like.append(took_s / self.weights[number - 1])
         last = expected_s(self.stage)
