@@ -211,8 +211,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
             sizes = static_stage(ctx, exported, loaded, tuned, verified, weights_file, cxx_version)
             packaged = package_stage(ctx, exported, compiled, verified, tuned, sizes)
         report = make_report(ctx, packaged, verified, compiled, tuned, findings, build_key, signal)
-        if locked:
-            report["compile_search"]["locked"] = str(locked.path)
+        if locked:  # under --update-lock: its search did not decide, and the entry stayed (compile_stage)
+            report["compile_search"].update(locked=str(locked.path), entry_kept=ctx.update_lock)
         # What `modelwheel reproduce` rebuilds from, and the compiler a rebuild must match.
         report.update(spec=str(ctx.spec_file.path.resolve()), compiler=cxx_version)
         # the search's choice is this machine's, also where dist/ then refuses the wheel (H40: a search

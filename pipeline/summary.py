@@ -96,6 +96,9 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     cost = search.get("cost")
     refused = not_tried(search)
     left_out = f" ({refused})" if refused else ""
+    if search.get("entry_kept"):  # said in the summary too, not only in the lines that scrolled by (H44)
+        name = Path(search["locked"]).name
+        return [f"  search    --update-lock's search did not decide: {name}'s entry kept ({search['chosen']})"]
     if (
         not cost
         or search.get("locked")

@@ -267,3 +267,4 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
     assert "nothing locked" not in ran.stderr and path.read_text() == before, "the entry stays as it was"
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     assert report["compile_search"]["chosen"] == entry and report["compile_search"]["locked"] == str(path)
+    assert f"  search    --update-lock's search did not decide: spec.lock.json's entry kept ({entry})" in ran.stderr
