@@ -15,11 +15,12 @@ import os
 import platform
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import OutputDirError
-from .manifest import differences, read_wheel_manifest, sha256_file
+from .manifest import differences, read_wheel_manifest, record_only, sha256_file
 
 # Flags the refusal's ARGS leave out: the refused wheel waits in the build cache, and with them the
 # build would compile and search again (`ARGS="--update-lock --overwrite"` searched 86 s, and put a
@@ -65,22 +66,30 @@ def not_kept(argv: list[str] | None = None) -> str:
 
 # What the search chose, alone: the same model, so "bump model.version … for a changed model" did not fit
 CHOICE_ONLY = ("compile_options", "compile_search")
-RECORD_ONLY = "compile_search (only its record"  # services/manifest.py: the same choice, other candidates tried
 
 
-def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> str:
-    """The late check: ``existing`` (dist/'s file of the new wheel's name) must hold the same bytes,
-    or the same model with the same options chosen, its manifest other only in the search's record
-    (which candidates were timed): that difference is returned, and dist/ keeps its wheel, which
-    serves as well. A newcomer's refusal of such a wheel said "nothing to do", and every later
-    plain build was refused alike (the lock file then held the new record). Else refused."""
+@dataclass(frozen=True)
+class KeptAsIs:
+    """dist/'s wheel, kept: the same model and options as this build's, its manifest other only in
+    the search's record (which candidates were timed)."""
+
+    differs: str  # that difference, as the refusals say one
+    sha256: str  # the kept wheel's
+
+
+def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> KeptAsIs | None:
+    """The late check: ``existing`` (dist/'s file of the new wheel's name) must hold the same bytes
+    (None), or the same model with the same options chosen, its manifest other only in the search's
+    record: then dist/ keeps its wheel, which serves as well (KeptAsIs). A newcomer's refusal of
+    such a wheel said "nothing to do", and every later plain build was refused alike (the lock
+    file then held the new record). Anything else is refused."""
     existing_sha256 = sha256_file(existing) if existing.is_file() else new_sha256
     if existing_sha256 == new_sha256:
-        return ""
+        return None
     kept, made = read_wheel_manifest(existing), read_wheel_manifest(new_wheel)
     differ = differences(kept, made) if kept is not None and made is not None else []
-    if len(differ) == 1 and differ[0].startswith(RECORD_ONLY):
-        return differ[0]
+    if kept is not None and made is not None and record_only(kept, made):
+        return KeptAsIs(differ[0], existing_sha256)
     hashes = f"sha256 {existing_sha256[:16]}…, this build's {new_sha256[:16]}…"
     raise refusal(existing, hashes, differ, other_root(kept, made), not_kept())
 

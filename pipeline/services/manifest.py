@@ -47,6 +47,14 @@ def differences(kept: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [_described(key, kept.get(key), new.get(key)) for key in causes]
 
 
+def record_only(kept: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether the two manifests differ in the search's record alone: the same options chosen, other
+    candidates timed, no file other (dist_guard keeps such a wheel: it serves as well)."""
+    return [key for key in kept.keys() | new.keys() if kept.get(key) != new.get(key)] == [
+        "compile_search"
+    ] and _same_choice(kept, new)
+
+
 def _same_choice(kept: dict[str, Any], new: dict[str, Any]) -> bool:
     first, second = kept.get("compile_search"), new.get("compile_search")
     return isinstance(first, dict) and isinstance(second, dict) and first.get("chosen") == second.get("chosen")

@@ -66,7 +66,7 @@ def _into_cache(cache_entry: tuple[cache.Cache, str], files: tuple[Path, ...]) -
 def _kept(
     finals: list[Path],
     report: dict[str, Any],
-    record_only: str,
+    kept: dist_guard.KeptAsIs,
     cache_entry: tuple[cache.Cache, str] | None,
     files: tuple[Path, ...],
 ) -> BuildResult:
@@ -76,10 +76,10 @@ def _kept(
         _into_cache(cache_entry, files)
     say(
         f"    kept {finals[1]}: it holds this model with the options this build chose, so dist/ is left as it is; "
-        f"their manifests differ only in {record_only}; {dist_guard.overwrite()} replaces it with this build's"
+        f"their manifests differ only in {kept.differs}; {dist_guard.overwrite()} replaces it with this build's"
     )
-    facts = {"name": finals[1].name, "size": finals[1].stat().st_size, "sha256": sha256_file(finals[1])}
-    return BuildResult(finals[1], finals[0], {**report, "wheel": {**report["wheel"], **facts}}, kept=record_only)
+    facts = {"name": finals[1].name, "size": finals[1].stat().st_size, "sha256": kept.sha256}
+    return BuildResult(finals[1], finals[0], {**report, "wheel": {**report["wheel"], **facts}}, kept=kept.differs)
 
 
 def commit(
@@ -110,13 +110,13 @@ def commit(
     replaced = sha256_file(finals[1]) if overwrite and finals[1].is_file() else None
     if not overwrite:
         try:
-            record_only = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
+            kept_as_is = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
         except OutputDirError:
             if cache_entry:  # what the refusal says: --overwrite then takes this wheel, not an older one
                 _into_cache(cache_entry, (wheel.path, report_file))
             raise
-        if record_only:
-            return _kept(finals, report, record_only, cache_entry, (wheel.path, report_file))
+        if kept_as_is is not None:
+            return _kept(finals, report, kept_as_is, cache_entry, (wheel.path, report_file))
     hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
     made, staged_entry = [], None
     try:
