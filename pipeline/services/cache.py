@@ -203,8 +203,11 @@ class Cache:
             # written aside and renamed: a .so of that name this process has loaded keeps its own file
             # (copied over in place, the loaded one's pages changed under it: a segfault at exit, H44)
             aside = output_dir / f".{cached.name}.restoring-{os.getpid()}"
-            shutil.copyfile(cached, aside)
-            os.replace(aside, output_dir / cached.name)
+            try:
+                shutil.copyfile(cached, aside)
+                os.replace(aside, output_dir / cached.name)
+            finally:  # a copy cut short (a full disk) leaves no part of itself
+                aside.unlink(missing_ok=True)
             restored.append(output_dir / cached.name)
         return tuple(restored)
 
