@@ -22,6 +22,14 @@ COMPILE = {"autocast": None, "freezing": False, "inductor": {}, "max_autotune": 
 KEY = lock.Key("cpu", "AVX2", "2.13.0+cpu", COMPILE)
 
 
+def threads() -> str:
+    """The threads a search in this process times on, as the lock's line says them."""
+    import torch
+
+    count = torch.get_num_threads()
+    return f"{count} thread" + ("" if count == 1 else "s")
+
+
 def test_the_lock_sits_beside_the_spec_named_after_it(tmp_path):
     assert lock.lock_path(Path("models/unet/spec.toml")) == Path("models/unet/spec.lock.json")
     assert lock.lock_path(Path("specs/vit-small.toml")) == Path("specs/vit-small.lock.json")
@@ -165,9 +173,9 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
         re.M,
     ), first.err
     assert (
-        f"    wrote the search's choice (spec-options) to {path}: builds like this one (cpu, CPU kind {kind}, "
-        f"torch {torch.__version__}) use it and run no search (commit the file to keep that for everyone who builds "
-        "this spec)"
+        f"    wrote the search's choice (spec-options, timed on {threads()}) to {path}: builds like this one (cpu, "
+        f"CPU kind {kind}, torch {torch.__version__}) use it and run no search (commit the file to keep that for "
+        "everyone who builds this spec)"
     ) in first.err.splitlines()
     entries = json.loads(path.read_text())["entries"]
     assert [(e["torch"], e["chosen"]) for e in entries] == [
@@ -212,7 +220,9 @@ def test_a_search_refused_at_dist_still_locks_its_choice(tmp_path):
     searched = run_cli("build", "--spec", str(spec), *args, "--build-dir", str(tmp_path / "b2"))
     assert searched.code == OutputDirError.exit_code, searched.err
     path = tmp_path / "m" / "spec.lock.json"
-    assert f"    wrote the search's choice (spec-options) to {path}:" in searched.err, searched.err
+    assert f"    wrote the search's choice (spec-options, timed on {threads()}) to {path}:" in searched.err, (
+        searched.err
+    )
     assert searched.err.index("wrote the search's choice") < searched.err.index("error: "), "said before the refusal"
     assert [entry["chosen"] for entry in json.loads(path.read_text())["entries"]] == ["spec-options"]
     # a wheel that differs from dist/'s only in the search's record is kept, and the build ends 0: H42's

@@ -785,6 +785,52 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     )
 
 
+def test_a_locked_choice_says_the_threads_it_was_timed_on_and_a_lower_median_within_the_noise(
+    mlp_search, tmp_path, monkeypatch
+):
+    """H44: a search timed on one thread, under load, kept spec-options (118 ms) over freezing (104 ms,
+    two slow rounds overlapping) and locked it for every build of the CPU kind, with no word of threads.
+    The rounds are given (load cannot be made on demand); the search, the lock and its lines are real."""
+    import torch
+
+    from pipeline.features import lock
+
+    given = {
+        "spec-options": tune.rounds.Timed((116.0, 136.0, 118.0, 117.0, 121.0), threads=1),
+        "freezing": tune.rounds.Timed((129.0, 143.0, 102.0, 104.0, 97.3), threads=1),
+        "max-autotune": tune.rounds.Timed((150.0, 151.0, 152.0, 153.0, 154.0), threads=1),
+    }
+    monkeypatch.setattr(tune.rounds, "time_in_rounds", lambda calls, *a, **k: {name: given[name] for name in calls})
+    exported, planned, skipped, store = searched_mlp(mlp_search, tmp_path)
+    with progress.reporting(progress.Progress()):
+        tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", store)
+    assert (tuned.chosen, tuned.threads) == ("spec-options", 1), tuned
+    (tmp_path / "m").mkdir()
+    spec = load_spec(mlp_spec(tmp_path / "m", "search_when_noisy = true"))
+    key = lock.Key("cpu", "AVX2", torch.__version__, lock.compile_keys(spec.spec.compile.model_dump(mode="json")))
+    said: list[str] = []
+    lock.after_search(spec.path, key, tuned, {}, {"chosen": tuned.chosen, **tuned.manifest_record()}, said.append)
+    path = tmp_path / "m" / "spec.lock.json"
+    assert said[0].startswith(f"    wrote the search's choice (spec-options, timed on 1 thread) to {path}: "), said
+    assert said[1:] == [
+        "    (freezing's median was lower, 104 ms against 118 ms, within its rounds' noise: a quieter machine, or one "
+        "with other threads, may choose otherwise; `--update-lock` there searches again)"
+    ]
+    assert json.loads(path.read_text())["entries"][0]["threads"] == 1
+    # a build on other threads is told what the entry was timed on; one on the same threads is not
+    said.clear()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert lock.consult(spec, "cpu", "AVX2", False, said.append)[1].threads == 1
+    assert said == [
+        f"    compile options from {path} (cpu, CPU kind AVX2, torch {torch.__version__}): spec-options, as the search "
+        "chose there on 1 thread (this build runs 4); no option search (--update-lock searches again)"
+    ]
+    said.clear()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    lock.consult(spec, "cpu", "AVX2", False, said.append)
+    assert "as the search chose there; no option search" in said[0], said
+
+
 def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
     """A fresh unet's estimate counted max-autotune (3x a compile), which the budget then skipped."""
     import io

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..services.wording import figure
 from ..spec import SpecFile
 from ..spec_sections import CompileSection
 
@@ -84,6 +85,7 @@ class Locked:
     overrides: dict[str, Any]
     search: dict[str, Any] = field(default_factory=dict)  # the manifest's compile_search
     why: str = ""
+    threads: int | None = None  # the OpenMP threads the search's rounds ran on (None: not recorded)
 
     def record(self) -> dict[str, Any]:
         return {"chosen": self.chosen, "overrides": self.overrides, "search": self.search}
@@ -126,6 +128,7 @@ def find(path: Path, key: Key) -> tuple[Locked | None, str]:
                 dict(entry.get("overrides") or {}),
                 dict(entry.get("search") or {}),
                 str(entry.get("why") or ""),
+                entry.get("threads") if isinstance(entry.get("threads"), int) else None,
             ), ""
     same_target = [e for e in entries if e.get("target") == key.target]
     if not same_target:
@@ -141,9 +144,17 @@ def find(path: Path, key: Key) -> tuple[Locked | None, str]:
 
 
 def write(
-    path: Path, key: Key, chosen: str, overrides: dict[str, Any], search: dict[str, Any] | None = None, why: str = ""
+    path: Path,
+    key: Key,
+    chosen: str,
+    overrides: dict[str, Any],
+    search: dict[str, Any] | None = None,
+    why: str = "",
+    threads: int | None = None,
 ) -> None:
-    """Put this key's entry in the file (replacing its old one, keeping the others), atomically."""
+    """Put this key's entry in the file (replacing its old one, keeping the others), atomically.
+    ``threads``: what the search's rounds ran on, kept beside the key, not in it (a lock made on a
+    2-core CI machine serves a 64-core builder of the same CPU kind), and said where it differs."""
     entries = [e for e in read(path) if any(e.get(n) != v for n, v in key.record().items())]
     entries.append(
         {
@@ -152,6 +163,7 @@ def write(
             "overrides": dict(sorted(overrides.items())),
             "search": search or {},
             "why": why,
+            **({"threads": threads} if threads is not None else {}),
         }
     )
     entries.sort(key=lambda e: json.dumps([e.get(n) for n in MATCHED], sort_keys=True))
@@ -188,8 +200,12 @@ def consult(
         return key, None
     locked, why_not = find(path, key)
     if locked:
+        # a newcomer's search, timed on one thread, chose for his 2-thread builds with no word of it
+        threads = torch.get_num_threads()
+        differs = locked.threads not in (None, threads)
+        where = f" on {_threads(locked.threads)} (this build runs {threads})" if differs else ""
         say(
-            f"    compile options from {path} ({key.describe()}): {locked.chosen}, as the search chose there; "
+            f"    compile options from {path} ({key.describe()}): {locked.chosen}, as the search chose there{where}; "
             "no option search (--update-lock searches again)"
         )
     elif why_not:
@@ -236,17 +252,47 @@ def after_search(
         how = "stopped before compiling a candidate" if tuned.cost.stopped else "could not tell the candidates apart"
         say(f"    the search {how}: nothing locked in {lock_path(spec_path)} ({SEARCHES_AGAIN})")
     else:
-        keep_choice(spec_path, key, overrides, search, tuned.why, say)
+        keep_choice(spec_path, key, overrides, search, tuned, say)
 
 
 def keep_choice(
-    spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], why: str, say: Callable[[str], None]
+    spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], tuned: Any, say: Callable[[str], None]
 ) -> None:
     """After a build whose search ran: its choice becomes the key's entry."""
     path = lock_path(spec_path)
     assert path is not None  # consult() gives a key only to a spec with a file of its own
-    write(path, key, search["chosen"], overrides, {k: v for k, v in search.items() if k != "chosen"}, why)
+    rest = {k: v for k, v in search.items() if k != "chosen"}
+    write(path, key, search["chosen"], overrides, rest, tuned.why, tuned.threads)
+    timed_on = f", timed on {_threads(tuned.threads)}" if tuned.threads else ""
     say(
-        f"    wrote the search's choice ({search['chosen']}) to {path}: builds like this one ({key.describe()}) "
-        "use it and run no search (commit the file to keep that for everyone who builds this spec)"
+        f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}: builds like this one "
+        f"({key.describe()}) use it and run no search (commit the file to keep that for everyone who builds this spec)"
+    )
+    if lower := _lower_median(tuned):
+        say(lower)
+
+
+CLEARLY = 1.03  # a lower median said with the lock: lower by more than this factor
+
+
+def _threads(count: int | None) -> str:
+    return f"{count} thread" + ("" if count == 1 else "s")
+
+
+def _lower_median(tuned: Any) -> str:
+    """Where a candidate the choice beat only on the noise rule had the lower median, said with the
+    lock: a newcomer's one-thread search, under load, kept spec-options (118 ms) over freezing
+    (104 ms), whose two slow rounds overlapped; he would have committed that for everyone."""
+    medians = {t.name: t.median_ms for t in tuned.trials if t.passed and t.median_ms is not None}
+    chosen_ms = medians.get(tuned.chosen)
+    if chosen_ms is None:
+        return ""
+    # a median 1% lower is what any two rounds differ by: said, it would follow nearly every lock
+    lower = sorted((ms, name) for name, ms in medians.items() if ms * CLEARLY < chosen_ms)
+    if not lower:
+        return ""
+    ms, name = lower[0]
+    return (
+        f"    ({name}'s median was lower, {figure(ms)} ms against {figure(chosen_ms)} ms, within its rounds' noise: a "
+        "quieter machine, or one with other threads, may choose otherwise; `--update-lock` there searches again)"
     )

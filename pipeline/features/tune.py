@@ -48,6 +48,7 @@ class Tuned:
     why: str = ""  # why the chosen candidate was chosen (pipeline/features/rounds.py)
     cost: payback.Cost = payback.Cost()  # what the search cost and won
     graph_ops: int | None = None  # the exported graph's size: a later first build's guess (first_guess.py)
+    threads: int | None = None  # the OpenMP threads its timing rounds ran on (None: no rounds)
 
     def manifest_record(self) -> CompileSearch:
         """The manifest's record of the search (its timings stay in the report: in the manifest
@@ -67,6 +68,7 @@ class Tuned:
             "not_tried": [dataclasses.asdict(skip) for skip in self.skipped],
             "cost": dataclasses.asdict(self.cost),  # what the search cost and won (payback.py)
             "graph_ops": self.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
+            "threads": self.threads,  # what its rounds ran on: the lock's entry says it (lock.py)
         }
 
 
@@ -206,6 +208,7 @@ def tune(
         why=why,
         cost=cost,
         graph_ops=first_guess.graph_ops(exported.program),
+        threads=next((one.threads for one in timed.values()), None),
     )
 
 
