@@ -84,8 +84,8 @@ def candidates(exported: Exported, locked: Locked | None = None) -> tuple[list[t
                     "the model runs no matmuls or convolutions: nothing for autotuning to choose kernels for",
                 )
             )
-    reason = reduced_precision_refusal(exported)
-    return (found + [BF16], skipped) if reason is None else (found, skipped + [Skipped(BF16[0], reason)])
+    refusal = reduced_precision_refusal(exported)
+    return (found + [BF16], skipped) if refusal is None else (found, skipped + [refusal])
 
 
 def screening_calls(spec: Spec, bf16_native: bool, locked: Locked | None) -> float:
@@ -111,24 +111,30 @@ def heavy_ops(exported: Exported) -> set[str] | None:
     return {str(op).split(".")[-1] for op, flops in counter.get_flop_counts().get("Global", {}).items() if flops}
 
 
-def reduced_precision_refusal(exported: Exported) -> str | None:
+def reduced_precision_refusal(exported: Exported) -> Skipped | None:
     """Why the bfloat16 candidate is not worth compiling here, or None when it is."""
     if exported.spec_file.spec.compile.autocast:
-        return "the spec's own options already use autocast"
+        return Skipped(BF16[0], "the spec's own options already use autocast")
     if exported.spec_file.spec.weights.external:
-        return (
+        return Skipped(
+            BF16[0],
             "external weights stay float32 tensors the runtime supplies; "
-            "reduced precision needs them folded into the .so"
+            "reduced precision needs them folded into the .so",
         )
     if "float32" not in exported.output_dtypes:
-        return "the model has no float32 output"
+        return Skipped(BF16[0], "the model has no float32 output")
     target = exported.target
     if not target.bf16_native():
-        return target.BF16_SLOW
+        return Skipped(BF16[0], target.BF16_SLOW)
     return screen_autocast(exported)
 
 
-def screen_autocast(exported: Exported) -> str | None:
+# As the manifest records a tolerance refusal: its diffs differ with the build's threads (a newcomer's
+# 1-thread and 2-thread builds made wheels that differed only there); the report has them.
+TOLERANCES_REFUSE = "the output tolerances refuse it"
+
+
+def screen_autocast(exported: Exported) -> Skipped | None:
     """Eager under autocast against eager in float32, on every verification case, with the spec's
     tolerances: if eager already misses them, the compiled candidate would too."""
     tols, names = tolerances(exported), [o.name for o in exported.spec_file.spec.outputs]
@@ -140,20 +146,26 @@ def screen_autocast(exported: Exported) -> str | None:
             with torch.no_grad():
                 want = as_tuple(call_forward(exported.module, case.inputs), exported.returns_tuple)
         except Exception as exc:  # the user's forward can raise anything
-            return f"eager raised {type(exc).__name__} on case {case.name}, so it could not be screened"
+            return Skipped(
+                BF16[0], f"eager raised {type(exc).__name__} on case {case.name}, so it could not be screened"
+            )
         try:
             with torch.no_grad():
                 got = as_tuple(wrapped(*case.inputs), exported.returns_tuple)
         except Exception as exc:  # an op without a bfloat16 kernel, for instance
-            return (
+            return Skipped(
+                BF16[0],
                 f"eager under {precision.AUTOCAST_DTYPE} autocast raised {type(exc).__name__} "
-                f"on case {case.name}: {exc}"
+                f"on case {case.name}: {exc}",
             )
         for name, g, w in zip(names, got, want):
             diff = wheel_compare.compare(name, g, w, *tols[name])
             if not diff.passed:
-                return (
-                    f"the output tolerances refuse it: eager under {precision.AUTOCAST_DTYPE} autocast, "
-                    f"case {case.name}: {diff.describe()}"
+                return Skipped(
+                    BF16[0],
+                    f"{TOLERANCES_REFUSE}: eager under {precision.AUTOCAST_DTYPE} autocast, case {case.name}: "
+                    f"{diff.describe()}",
+                    f"{TOLERANCES_REFUSE}: eager under {precision.AUTOCAST_DTYPE} autocast misses them (the build's "
+                    "report has the diffs)",
                 )
     return None

@@ -60,7 +60,7 @@ def not_kept(argv: list[str] | None = None) -> str:
         with_it = f"without {' and '.join(again)}, with --overwrite,"
     return (
         "it is left as it is, and this build's verified wheel is kept in the build cache: the same build "
-        f"{with_it} puts it in dist/ without compiling again (the doctor and verification still run)"
+        f"{with_it} puts it in dist/ from the build cache, without building it again (it was verified when built)"
     )
 
 

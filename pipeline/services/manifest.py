@@ -60,15 +60,28 @@ def _same_choice(kept: dict[str, Any], new: dict[str, Any]) -> bool:
     return isinstance(first, dict) and isinstance(second, dict) and first.get("chosen") == second.get("chosen")
 
 
+def _record_differs(kept: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs in two records of searches that chose the same: the candidates timed, or the
+    reasons those not tried were left out (a newcomer read "the kept wheel records spec-options as
+    timed, this build's spec-options": the difference was a refusal's reason)."""
+    kept_tried, new_tried = ([c.get("name", "?") for c in r.get("candidates", ())] for r in (kept, new))
+    if kept_tried != new_tried:
+        kept_said, new_said = listed(kept_tried) or "none", listed(new_tried) or "none"
+        return f"the kept wheel records {kept_said} as timed, this build's {new_said}"
+    kept_why, new_why = ({s.get("name", "?"): s.get("reason") for s in r.get("not_tried", ())} for r in (kept, new))
+    left_out = [name for name in {**kept_why, **new_why} if kept_why.get(name) != new_why.get(name)]
+    if left_out:
+        return f"the same candidates timed; the reason {listed(left_out)} was not tried differs"
+    return "the same candidates timed; another of its fields differs"
+
+
 def _described(key: str, kept: Any, new: Any) -> str:
     if key == "torch" and isinstance(kept, dict) and isinstance(new, dict):
         kept, new = kept.get("version"), new.get("version")
     if key == "compile_search" and isinstance(kept, dict) and isinstance(new, dict):  # the two choices, named
         if kept.get("chosen") == new.get("chosen"):  # the same choice, reached by other candidates (the noise)
-            tried = lambda search: listed([c.get("name", "?") for c in search.get("candidates", ())]) or "none"  # noqa: E731
             return (
-                f"compile_search (only its record: {kept.get('chosen')} chosen in both; the kept wheel records "
-                f"{tried(kept)} as timed, this build's {tried(new)})"
+                f"compile_search (only its record: {kept.get('chosen')} chosen in both; {_record_differs(kept, new)})"
             )
         key, kept, new = "compile_search (the options chosen)", kept.get("chosen"), new.get("chosen")
     if kept != new and all(isinstance(v, (str, int, float, type(None))) for v in (kept, new)):
