@@ -277,7 +277,10 @@ def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
 
     with progress.reporting(Recorded()), claim_output_dir(out):
         assert sorted(p.name for p in out.iterdir()) == [MARKER]
-    assert len(said) == 1 and f"taking over {out}: a build (pid {gone.pid}) that is no longer running" in said[0]
+    assert said == [
+        f"    taking over {out}: a build (pid {gone.pid}) that is no longer running left it locked; removing what it "
+        f"left (.cpu.removing-{gone.pid}, the folder itself, .cpu.displaced-{gone.pid})"
+    ]
     assert sorted(p.name for p in out.parent.iterdir()) == ["cpu"]
     assert out.is_symlink() and out.resolve() == installed.resolve(), "the installed wheel's link is put back"
 

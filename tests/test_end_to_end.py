@@ -287,7 +287,7 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     with zipfile.ZipFile(wheel) as archive:
         manifest = json.loads(archive.read("model_tiny/manifest.json"))
     first = manifest["compile_search"]["candidates"][0]
-    noisy = "cannot win beyond the noise measured before compiling it (the build's report has the spread)"
+    noisy = "cannot win beyond the noise measured before the compiles (the build's report has the spread)"
     not_tried = [{"name": name, "reason": noisy} for name in ("freezing", "max-autotune")]
     not_tried.append({"name": "bf16-autocast", "reason": "this CPU has no native bfloat16 instructions"})
     # a reason with figures (bf16's diffs, under autocast in a spec that sets it): said without them, not "…))"
@@ -297,7 +297,7 @@ def test_info_says_a_search_that_compiled_no_other_candidate_and_why(wheel):
     search = next(line for line in summary(manifest, Path("/x")) if line.startswith("  search    "))
     assert search == (
         f"  search    tried {first['name']} only; not tried: freezing, max-autotune (cannot win beyond the noise "
-        "measured before compiling it); bf16-autocast (this CPU has no native bfloat16 instructions); "
+        "measured before the compiles); bf16-autocast (this CPU has no native bfloat16 instructions); "
         "bf16-pinned (the output tolerances refuse it)"
     ), search
     manifest["compile_search"]["candidates"] = [first, {**first, "name": "freezing"}]

@@ -156,7 +156,8 @@ def test_a_stage_that_took_under_a_twentieth_of_a_second_says_its_time_in_ms():
     done = [line for line in out.getvalue().splitlines() if " done in " in line]
     assert re.fullmatch(r"    verify done in [1-4]?\dms", done[0]), done
     assert re.fullmatch(r"    package done in 0\.[2-9]s", done[1]), done
-    assert [took(0.026), took(0.0004), took(0.06)] == ["26ms", "1ms", "0.1s"]  # the summary's stages line too
+    assert [took(0.026), took(0.0004), took(0.06), took(0.1)] == ["26ms", "1ms", "60ms", "0.1s"]  # the summary's too
+    assert took(0.0496) == took(round(0.0496, 3)) == "50ms"  # the line's time and the report's, said alike (H45)
 
 
 def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):

@@ -192,7 +192,7 @@ def undecided(timed: dict[str, Timed], baseline: str, lockable: bool = True) -> 
 
 # As the manifest records a payback refusal, and a noise refusal: the spread differs run to run (the report has it).
 NO_PAYBACK = "cannot pay back its compile: an earlier build of this model measured it no faster"
-NOISY = "cannot win beyond the noise measured before compiling it (the build's report has the spread)"
+NOISY = "cannot win beyond the noise measured before the compiles (the build's report has the spread)"
 
 
 def stopped_line(noise: Timed, baseline: str, refused: int) -> str:

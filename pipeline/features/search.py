@@ -133,7 +133,7 @@ class Search:
         self.noise_s = time.perf_counter() - started
         # the setting said where it is read (a newcomer who set it saw it nowhere when nothing was noisy)
         anyway = (
-            " (`[compile] search_when_noisy = true`: the candidates are compiled whatever the noise)"
+            "; `[compile] search_when_noisy = true`: the candidates are compiled whatever the noise"
             if self.exported.spec_file.spec.compile.search_when_noisy
             else ""
         )

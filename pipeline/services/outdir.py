@@ -161,8 +161,10 @@ def _take_over_stale(path: Path, lock_file: Path) -> None:
     if left or displaced or pid:
         who = f"build (pid {pid})" if pid and pid != str(os.getpid()) else "build"
         say(
-            f"    taking over {path}: a {who} that is no longer running left it locked; removing "
-            f"{', '.join(p.name for p in left + displaced) or 'its lock'}"
+            f"    taking over {path}: a {who} that is no longer running left it locked; removing what it left ("
+            # "removing cpu" read to a newcomer as removing a target
+            + (", ".join("the folder itself" if p == path else p.name for p in left + displaced) or "its lock")
+            + ")"
         )
     for leftover in left:
         shutil.rmtree(leftover)
