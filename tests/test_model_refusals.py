@@ -77,8 +77,8 @@ def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):
 
 def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tmp_path, monkeypatch):
     """`modelwheel doctor unet` in the checkout failed: 'cannot import module models.unet.model'.
-    `python -m pipeline` imports from the current directory, the installed command does not; a
-    spec in the package its factory's dotted name names is now found from any folder."""
+    A spec in the package its factory's dotted name names is now found from any folder; neither
+    command imports from the current directory (H45: `python -m pipeline` did, `modelwheel` not)."""
     import subprocess
     import sys
 
@@ -87,6 +87,14 @@ def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tm
     command = Path(sys.executable).parent / "modelwheel"
     ran = subprocess.run([str(command), "doctor", "--spec", str(spec)], capture_output=True, text=True, cwd="/")
     assert ran.returncode == 0 and "tiny: no problems that stop compilation" in ran.stderr, ran.stderr
+    # the same spec copied out of its package, from the checkout: refused by both commands alike
+    copied = spec_copy(tmp_path / "copy", spec.read_text())
+    for how in ([str(command)], [sys.executable, "-m", "pipeline"]):
+        ran = subprocess.run(
+            [*how, "doctor", "--spec", str(copied)], capture_output=True, text=True, cwd=package.parents[1]
+        )
+        assert ran.returncode == ModelLoadError.exit_code, (how, ran.stderr)
+        assert "cannot import module 'models.mini.tiny_model': No module named 'models'" in ran.stderr, ran.stderr
     from pipeline.stages.factory_import import import_factory
 
     elsewhere = GOOD.replace('factory = "tiny_model:build"', 'factory = "models.mini.x:build"')

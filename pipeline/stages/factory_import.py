@@ -44,9 +44,9 @@ def describe(exc: BaseException) -> str:
 def import_roots(spec_dir: Path, module_name: str) -> list[str]:
     """Where the factory's module is imported from: the spec's folder (specs that live anywhere keep
     their code beside them) and, where the spec sits in the package its dotted name names
-    (models/unet/spec.toml naming models.unet.model), the folder that package starts in. The
-    installed `modelwheel` command does not import from the current directory, as `python -m`
-    does: `modelwheel doctor unet` in the checkout could not import models.unet.model."""
+    (models/unet/spec.toml naming models.unet.model), the folder that package starts in. Never the
+    current directory (pipeline/__main__.py drops the one `python -m` adds): `modelwheel doctor unet`
+    in the checkout could not import models.unet.model where `python -m pipeline` could."""
     package = module_name.split(".")[:-1]
     roots = [str(spec_dir)]
     if package and spec_dir.parts[-len(package) :] == tuple(package):
