@@ -35,6 +35,11 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
     manifest = read_wheel_manifest(result.wheel)  # read once: the runs-on line and the usage lines
     if manifest is not None:  # before it is published: a default (native) build runs on CPUs of this kind only
         lines.append(f"  runs on   {targets.get(manifest['target']).where_it_runs(manifest)}")
+    if result.kept:  # the rows below are this build's, not the kept wheel's (H45 read them as one wheel's)
+        lines.append(
+            f"  this build sha256 {result.own_sha256[:16]}…, in the build cache: its wheel differs only in the "
+            "search's record; the next rows are its own"
+        )
     lines.append(f"  stages    {stages}")
     lines += search_lines(report.get("compile_search") or {})
     cases = len(report["verification"]["cases"])
@@ -46,7 +51,7 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
         )
     if rebuild:
         return lines
-    lines.append(f"  report    {result.report_path}")
+    lines.append(f"  report    {result.report_path}" + (" (the kept wheel's)" if result.kept else ""))
     return lines + (usage_lines(result.wheel, manifest) if manifest is not None else [])
 
 

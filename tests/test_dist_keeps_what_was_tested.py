@@ -157,6 +157,29 @@ def test_the_early_check_refuses_other_content_and_leaves_the_same_content_to_th
     assert refused.value.hint.startswith("bump model.version")
 
 
+def test_a_fresh_build_replaces_the_older_cache_entry_of_its_key(tmp_path, wheel):
+    """H45: --update-lock (which reuses no build) made dist/'s wheel again, but the build cache kept
+    an older build's under the same key; the next plain build reused that one and said "kept … differ"."""
+    from pipeline.services.cache import Cache
+    from pipeline.stages.deliver import commit
+    from pipeline.stages.package import Wheel
+
+    (tmp_path / "older").mkdir(), (tmp_path / "new").mkdir()
+    older, fresh = tmp_path / "older" / wheel.name, tmp_path / "new" / wheel.name
+    with_manifest(wheel, older, description="an older build's record")
+    shutil.copyfile(wheel, fresh)
+    store = Cache(tmp_path / "cache")  # a plain build's: it reuses entries
+    store.store("build-key", (older,))
+    record = Wheel(path=fresh, sha256=sha256_file(fresh), size=fresh.stat().st_size, platform_tag="x")
+    commit(record, {"wheel": {}}, tmp_path / "dist", "model_tiny", "0.1+cpu", (store, "build-key"))
+    assert (
+        sha256_file(tmp_path / "cache" / "build-key" / wheel.name)
+        == record.sha256
+        == sha256_file(tmp_path / "dist" / wheel.name)
+    )
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["build-key"], "no staged leftovers"
+
+
 def test_a_wheel_refused_in_dist_is_kept_in_the_build_cache_for_overwrite(tmp_path, wheel):
     """A newcomer's second build (OMP_NUM_THREADS=1, --no-cache) searched 3 minutes and chose
     freezing; dist/ held the first build's wheel, so it was refused (exit 10), and the hint's
@@ -299,6 +322,15 @@ def test_a_wheel_that_differs_only_in_the_searchs_record_is_kept_in_dist_and_the
     assert said.getvalue().rstrip().endswith("; --overwrite replaces it with this build's")
     lines = report_lines(dataclasses.replace(result, report={**result.report, "artifacts": {}, "verification": NONE}))
     assert lines[0] == f"\nkept {wheel.name} (dist/'s, of the same model and options)"
+    # the rows after the kept wheel's are this build's, and said to be (H45 read one summary of two wheels)
+    assert lines[1].startswith(f"  wheel     {dist / wheel.name}  ") and sha256_file(wheel)[:16] in lines[1]
+    own = next(i for i, line in enumerate(lines) if line.startswith("  this build "))
+    assert lines[own] == (
+        f"  this build sha256 {record.sha256[:16]}…, in the build cache: its wheel differs only in the search's "
+        "record; the next rows are its own"
+    )
+    assert lines[own + 1].startswith("  stages    ")
+    assert f"  report    {dist / 'model_tiny-0.1+cpu.report.json'} (the kept wheel's)" in lines
 
 
 NONE = {"cases": [], "worst": {}, "tolerances": {}}

@@ -246,8 +246,6 @@ class Cache:
         """Save files under key: written aside and renamed, so an entry is whole or absent, and a
         build asked to stop (Ctrl-C, SIGTERM) stores nothing."""
         staged = self.stage(key, files)
-        if staged is None:
-            return
         try:
             check_stop()
             with signals_deferred(redeliver=False):
@@ -255,11 +253,11 @@ class Cache:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
-    def stage(self, key: str, files: tuple[Path, ...]) -> Path | None:
-        """The entry written aside (None when it is stored already and reused); removed again when
-        writing it fails (a full disk) or is interrupted, so no half entry stays behind."""
-        if (self.directory / key).exists() and self.reuse:
-            return None
+    def stage(self, key: str, files: tuple[Path, ...]) -> Path:
+        """The entry written aside; removed again when writing it fails (a full disk) or is
+        interrupted, so no half entry stays behind. An entry stored already is replaced by the
+        commit: a fresh build of its key (--update-lock, which reuses no build) made what dist/ now
+        holds, and a plain build after it reused an older build's wheel and said "kept … differ" (H45)."""
         check_stop()
         if self.directory.is_dir():
             check_private(self.directory, "--build-dir's cache")

@@ -27,6 +27,7 @@ class BuildResult:
     report: dict[str, Any]
     # dist/ kept its wheel of this model and options: this build's differs only in the search's record
     kept: str = ""
+    own_sha256: str = ""  # where dist/ kept its wheel: this build's, which waits in the build cache
 
 
 def restore_to_dist(
@@ -79,7 +80,8 @@ def _kept(
         f"their manifests differ only in {kept.differs}; {dist_guard.overwrite()} replaces it with this build's"
     )
     facts = {"name": finals[1].name, "size": finals[1].stat().st_size, "sha256": kept.sha256}
-    return BuildResult(finals[1], finals[0], {**report, "wheel": {**report["wheel"], **facts}}, kept=kept.differs)
+    own = report["wheel"]["sha256"]
+    return BuildResult(finals[1], finals[0], {**report, "wheel": {**report["wheel"], **facts}}, kept.differs, own)
 
 
 def commit(
