@@ -130,7 +130,8 @@ def time_in_rounds(
         for name in rotated(names, index):
             check_stop()
             medians[name].append(_round_median(calls[name], synchronize))
-        if last:
+        if last and index < rounds - 1:  # after the last, the caller's figure (an estimate of 0 here read
+            # "finishing, at its revised estimate" just after "running 3s past" to a newcomer, H45)
             estimate((time.perf_counter() - started) / (index + 1) * (rounds - index - 1), ROUNDS_SO_FAR)
     others_cores = others.cores()
     threads = torch.get_num_threads()  # the OpenMP threads the calls ran on

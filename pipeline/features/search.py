@@ -23,7 +23,7 @@ from ..stages.compile import Compiled, CompilePlan, compile_model
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
 from . import parallel, payback, rounds
-from .outlook import Outlook
+from .outlook import INSTALL_LEFT, INSTALL_S, Outlook
 from .payback import Budget
 
 
@@ -169,6 +169,7 @@ class Search:
             doing=doing,
             last=True,
         )
+        estimate(INSTALL_S, INSTALL_LEFT)  # the choice is made: its install is what is left of the stage
         return timed, dataclasses.replace(cost, timing_s=time.perf_counter() - started)
 
     def time_lone(self, name: str) -> dict[str, rounds.Timed]:
