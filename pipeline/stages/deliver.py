@@ -56,12 +56,10 @@ def _into_cache(cache_entry: tuple[cache.Cache, str], files: tuple[Path, ...]) -
     store, key = cache_entry
     staged = store.stage(key, files)
     try:
-        if staged:
-            with signals_deferred(redeliver=False):
-                store.commit(key, staged)
+        with signals_deferred(redeliver=False):
+            store.commit(key, staged)
     finally:
-        if staged:
-            shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def _kept(
