@@ -551,9 +551,14 @@ def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_searc
     pending = bases.index(("compile", search.FIRST_VERIFY_PENDING))
     assert pending < first_verify[0], bases
     # only while the first is verified: its own time, and the noise rounds', then estimate the second's
-    # (none here, where the first came from the build cache: no note left standing either)
+    # (none here, where the first came from the build cache: no note left standing either), then the install's
     later = [basis for _, basis in bases[first_verify[-1] + 1 :]]
-    assert later and set(later) <= {None, tune.rounds.ROUNDS_SO_FAR, "the noise rounds' time, for each candidate"}
+    assert later and set(later) <= {
+        None,
+        tune.rounds.ROUNDS_SO_FAR,
+        "the noise rounds' time, for each candidate",
+        search_time.INSTALL_LEFT,
+    }
 
 
 def test_the_counters_count_the_candidates_the_search_compiles():
