@@ -304,8 +304,7 @@ def compile_stage(
     with ctx.progress.stage("compile", tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
-        if entry is not None and (tuned.cost.stopped or tuned.cost.undecided):
-            why = "the noise stopped it" if tuned.cost.stopped else "its rounds could not tell the candidates apart"
+        if entry is not None and (why := tuned.not_decided()):
             say(
                 f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
                 f"this one stays ({entry.chosen}), and this build compiles it, as one without --update-lock does"

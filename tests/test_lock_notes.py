@@ -22,14 +22,14 @@ def test_an_ignored_entry_says_the_choice_is_added_only_where_the_search_runs_to
     assert key is not None and locked is None
     assert said[0].endswith(": ignored: the option search runs, and its choice is added to spec.lock.json"), said
     assert said[1:] == [
-        "    (only where the search decides: one the noise stops before it compiles a candidate, or whose rounds "
-        "cannot tell the candidates apart, adds nothing)"
+        "    (only where the search decides: one the noise stops before it compiles a candidate, one whose budget "
+        "leaves room for no other candidate, or whose rounds cannot tell the candidates apart, adds nothing)"
     ]
     # --update-lock's line says the same of the entry it replaces
     said.clear()
     lock.consult(spec, "cpu", kind, True, said.append)
     assert said[0].startswith("    --update-lock: the option search runs, and its choice replaces this build's entry")
     assert said[1:] == [
-        "    (only where the search decides: one the noise stops before it compiles a candidate, or whose rounds "
-        "cannot tell the candidates apart, replaces nothing)"
+        "    (only where the search decides: one the noise stops before it compiles a candidate, one whose budget "
+        "leaves room for no other candidate, or whose rounds cannot tell the candidates apart, replaces nothing)"
     ]

@@ -47,8 +47,8 @@ def only_at_the_end(does: str) -> str:
     does not, said before the search, so the build's last line ("nothing locked") breaks no promise
     (a newcomer's search ran to its end, its rounds could not decide, and it locked nothing)."""
     return (
-        f"    (only where the search decides: one the noise stops before it compiles a candidate, or whose "
-        f"rounds cannot tell the candidates apart, {does} nothing)"
+        f"    (only where the search decides: one the noise stops before it compiles a candidate, one whose budget "
+        f"leaves room for no other candidate, or whose rounds cannot tell the candidates apart, {does} nothing)"
     )
 
 
@@ -248,9 +248,8 @@ def after_search(
     (it said so)."""
     if key is None:
         return
-    if tuned.cost.stopped or tuned.cost.undecided:
-        how = "stopped before compiling a candidate" if tuned.cost.stopped else "could not tell the candidates apart"
-        say(f"    the search {how}: nothing locked in {lock_path(spec_path)} ({SEARCHES_AGAIN})")
+    if why := tuned.not_decided():
+        say(f"    the search did not decide ({why}): nothing locked in {lock_path(spec_path)} ({SEARCHES_AGAIN})")
     else:
         keep_choice(spec_path, key, overrides, search, tuned, say)
 

@@ -34,7 +34,7 @@ from . import outlook as search_time
 from .candidates import Skipped, candidates
 from .lock import Locked, lock_path
 from .outlook import Outlook, shorter  # noqa: F401 (shorter: the search's, named here too)
-from .payback import OVER_BUDGET, Budget  # noqa: F401 (OVER_BUDGET: the search's, named here too)
+from .payback import OVER_BUDGET, Budget
 from .search import Search, Trial
 
 
@@ -49,6 +49,19 @@ class Tuned:
     cost: payback.Cost = payback.Cost()  # what the search cost and won
     graph_ops: int | None = None  # the exported graph's size: a later first build's guess (first_guess.py)
     threads: int | None = None  # the OpenMP threads its timing rounds ran on (None: no rounds)
+
+    def not_decided(self) -> str:
+        """Why this search's choice is no decision to lock ("" where it is one): the noise stopped it,
+        its rounds could not tell the candidates apart, or its budget left room for no candidate beyond
+        the first (H46: a 25 s budget locked spec-options, compared with nothing, and a larger budget
+        later never searched)."""
+        if self.cost.stopped:
+            return "the noise stopped it"
+        if self.cost.undecided:
+            return "its rounds could not tell the candidates apart"
+        if len(self.trials) < 2 and any(skip.recorded == OVER_BUDGET for skip in self.skipped):
+            return f"its compile budget left room for no candidate beyond {self.chosen}"
+        return ""
 
     def manifest_record(self) -> CompileSearch:
         """The manifest's record of the search (its timings stay in the report: in the manifest
