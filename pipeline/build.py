@@ -175,16 +175,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
             ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, lock_notes.append
         )
     )
-    build_key = cache.build_key(
-        content_hash=content,
-        target=ctx.target.NAME,
-        root=str(ctx.out_dir),
-        cxx_version=cxx_version,
-        machine=ctx.target.machine(),
-        debug_info="kept" if ctx.keep_debug else "stripped",
-        search=ctx.spec_file.spec.compile.model_dump_json(include=set(ctx.spec_file.spec.compile.SEARCH_KEYS)),
-        locked=json.dumps(locked.record(), sort_keys=True) if locked else "",
-    )
+    build_key = whole_build_key(ctx, content, cxx_version, locked)
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         # where the options came from (a lock's entry, or the spec's with the search off); not "the
         # option search runs": a newcomer's unchanged build said so, then reused its wheel in 3 s
@@ -233,8 +224,24 @@ def build_target(ctx: BuildContext) -> BuildResult:
         except OutputDirError:
             options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
             raise
-    options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
+    written = options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
+    if written is not None:  # the next build finds the entry: the wheel is its whole build (H46 waited 1m16s)
+        ctx.store.copy_entry(build_key, whole_build_key(ctx, content, cxx_version, written))
     return result
+
+
+def whole_build_key(ctx: BuildContext, content: str, cxx_version: str, locked: options_lock.Locked | None) -> str:
+    """The build cache's key for this build's wheel; ``locked``: the lock entry it compiles, if any."""
+    return cache.build_key(
+        content_hash=content,
+        target=ctx.target.NAME,
+        root=str(ctx.out_dir),
+        cxx_version=cxx_version,
+        machine=ctx.target.machine(),
+        debug_info="kept" if ctx.keep_debug else "stripped",
+        search=ctx.spec_file.spec.compile.model_dump_json(include=set(ctx.spec_file.spec.compile.SEARCH_KEYS)),
+        locked=json.dumps(locked.record(), sort_keys=True) if locked else "",
+    )
 
 
 def load_stage(ctx: BuildContext) -> LoadedModel:

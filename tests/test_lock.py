@@ -276,3 +276,29 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     assert report["compile_search"]["chosen"] == entry and report["compile_search"]["locked"] == str(path)
     assert f"  search    --update-lock's search did not decide: spec.lock.json's entry kept ({entry})" in ran.stderr
+
+
+def test_a_build_after_the_search_that_locked_its_choice_is_that_build_whole(tmp_path):
+    """H46: the entry a search wrote made another build-cache key, so the plain build after it ran
+    its doctor, verify and package again (1m16s) for the same wheel. The search here decides without
+    compiling another candidate: an earlier build (its report in the build cache) measured each slower."""
+    spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true\nsearch_when_noisy = true"))
+    slower = ("freezing", "freezing+channels-last", "max-autotune", "bf16-autocast")
+    timings = [{"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0}]
+    timings += [{"name": name, "median_ms": 1.25, "compile_s": 10.0} for name in slower]
+    earlier = tmp_path / "build" / "cache" / "build-earlier"
+    earlier.mkdir(parents=True)
+    (earlier / "model_tiny-0.1.report.json").write_text(
+        json.dumps({"model": "tiny", "target": "cpu", "compile_search": {"candidates": timings}})
+    )
+    args = ["--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist")]
+    args += ["--build-dir", str(tmp_path / "build")]
+    first = run_cli("build", *args)
+    assert first.code == 0, first.err
+    assert "    wrote the search's choice (spec-options" in first.err, first.err
+    # its reason, kept in the lock and quoted by later builds, is whole: not "(the lines above say why)"
+    why = json.loads((tmp_path / "m" / "spec.lock.json").read_text())["entries"][0]["why"]
+    assert why.startswith("no other candidate was compiled (") and "cannot pay back its compile" in why, why
+    again = run_cli("build", *args)
+    assert again.code == 0 and "reusing its verified wheel" in again.err, again.err
+    assert "compile options from" in again.err, "the build the lock's entry makes, as the search made it"

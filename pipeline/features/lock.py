@@ -242,21 +242,21 @@ def after_search(
     overrides: dict[str, Any],
     search: dict[str, Any],
     say: Callable[[str], None],
-) -> None:
+) -> Locked | None:
     """After a build whose search ran for a lock entry (``key``; None: no search, or no lock file):
-    its choice becomes the entry, unless it stopped (nothing chosen) or its timing could not tell
-    (it said so)."""
+    its choice becomes the entry, unless the search did not decide (it says why). The entry written,
+    as a later build finds it, or None."""
     if key is None:
-        return
+        return None
     if why := tuned.not_decided():
         say(f"    the search did not decide ({why}): nothing locked in {lock_path(spec_path)} ({SEARCHES_AGAIN})")
-    else:
-        keep_choice(spec_path, key, overrides, search, tuned, say)
+        return None
+    return keep_choice(spec_path, key, overrides, search, tuned, say)
 
 
 def keep_choice(
     spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], tuned: Any, say: Callable[[str], None]
-) -> None:
+) -> Locked:
     """After a build whose search ran: its choice becomes the key's entry."""
     path = lock_path(spec_path)
     assert path is not None  # consult() gives a key only to a spec with a file of its own
@@ -269,6 +269,9 @@ def keep_choice(
     )
     if lower := _lower_median(tuned):
         say(lower)
+    written = find(path, key)[0]
+    assert written is not None  # just written
+    return written
 
 
 CLEARLY = 1.03  # a lower median said with the lock: lower by more than this factor

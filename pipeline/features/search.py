@@ -7,6 +7,7 @@ the compiling, verifying and timing it asks for (side by side: parallel.py; roun
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..stages.compile import Compiled, CompilePlan, compile_model
 from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
 from . import parallel, payback, rounds
+from .candidates import Skipped
 from .outlook import INSTALL_LEFT, INSTALL_S, Outlook
 from .payback import Budget
 
@@ -187,13 +189,18 @@ class Search:
             say(f"    candidate {name}: not timed: it raised on the example inputs ({str(exc).splitlines()[0][:120]})")
             return {}
 
-    def kept_alone(self, cost: payback.Cost) -> str:
-        """Why the spec's own options are kept when no other candidate was there to time."""
+    def kept_alone(self, cost: payback.Cost, skipped: list[Skipped]) -> str:
+        """Why the spec's own options are kept when no other candidate was there to time. Said whole:
+        a lock keeps it, and a later build quoted "(the lines above say why)" of lines it never printed (H46)."""
         if cost.stopped:
             return "the search stopped on the noise before compiling a candidate"
         if self.failed:
             return f"no other candidate passed verification ({', '.join(self.failed)} dropped)"
-        return "no other candidate was compiled (the lines above say why)"
+        reasons: dict[str, list[str]] = {}
+        for skip in skipped:  # each reason's first clause: the figures stay in the lines and the report
+            reasons.setdefault(re.split(r": | \(", skip.stable_reason, maxsplit=1)[0], []).append(skip.name)
+        said = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+        return f"no other candidate was compiled ({said})" if said else "no other candidate was compiled"
 
     def compile_candidates(self, names: list[str], workers: int, outlook: Outlook, cost: payback.Cost) -> payback.Cost:
         """Compile the fresh ones side by side where there are cores for it, then verify each."""

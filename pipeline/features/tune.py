@@ -201,7 +201,7 @@ def tune(
     if len(planned) == 1:  # a lock's entry says where it came from (as_locked)
         choice, why = first, "" if spec.compile.search else LONE
     elif list(timed) == [first]:
-        choice, why = first, search.kept_alone(cost)
+        choice, why = first, search.kept_alone(cost, skipped)
     else:
         lockable = lock_path(exported.spec_file.path) is not None  # not a --hf build's own spec
         doubt = payback.undecided(timed, first, lockable)

@@ -253,6 +253,13 @@ class Cache:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
+    def copy_entry(self, key: str, other_key: str) -> None:
+        """Entry ``key``'s files stored under ``other_key`` too (nothing where ``key`` has none): a
+        build that wrote a lock entry is the whole build of the next build from that entry."""
+        entry = self.directory / key
+        if entry.is_dir() and key != other_key:
+            self.store(other_key, tuple(sorted(entry.iterdir())))
+
     def stage(self, key: str, files: tuple[Path, ...]) -> Path:
         """The entry written aside; removed again when writing it fails (a full disk) or is
         interrupted, so no half entry stays behind. An entry stored already is replaced by the
