@@ -285,6 +285,22 @@ def test_a_killed_builds_leftovers_and_stale_lock_are_taken_over(tmp_path):
     assert out.is_symlink() and out.resolve() == installed.resolve(), "the installed wheel's link is put back"
 
 
+def test_a_taken_over_folder_leaves_no_empty_model_and_version_folders(tmp_path):
+    """H46: after a killed build was taken over, an empty <model>/<version>/ stayed under the root,
+    where a build's own folders are removed as it ends."""
+    from pipeline.services.outdir import MARKER, claim_output_dir
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no longer running
+    out = tmp_path / "root" / "tiny" / "0.1" / "cpu"
+    out.mkdir(parents=True)
+    (out / MARKER).write_text(f"made by pid {gone.pid}\n")
+    (out.parent / ".cpu.build.lock").write_text(f"{gone.pid}\n")
+    with progress.reporting(progress.QuietProgress(result_stream=None)), claim_output_dir(out):
+        pass
+    assert list((tmp_path / "root").iterdir()) == [], sorted(map(str, (tmp_path / "root").rglob("*")))
+
+
 # -- an interrupt early in compile stops it, stores nothing, and says what it left -------
 
 SWALLOWING_MODEL = '''"""The tiny model, plus a garbage-collector callback that sends this process SIGINT once, early

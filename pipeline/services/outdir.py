@@ -144,9 +144,10 @@ def refuse_if_held(path: Path) -> None:
         raise _held(path, lock_file)
 
 
-def _take_over_stale(path: Path, lock_file: Path) -> None:
+def _take_over_stale(path: Path, lock_file: Path) -> bool:
     """With the lock held, what a build that is gone left (killed outright: SIGKILL, power
-    loss) is removed, and a link it moved aside is put back, with a line saying so."""
+    loss) is removed, and a link it moved aside is put back, with a line saying so. True where
+    such a build had left something."""
     left = sorted(path.parent.glob(f".{path.name}.new-*")) + sorted(path.parent.glob(f".{path.name}.removing-*"))
     displaced = sorted(p for p in path.parent.glob(f".{path.name}.displaced-*") if p.is_symlink())
     pid = recorded_pid(lock_file)
@@ -173,6 +174,7 @@ def _take_over_stale(path: Path, lock_file: Path) -> None:
             link.rename(path)  # the installed wheel's link, moved aside by the build that is gone
         else:
             link.unlink()
+    return bool(left or displaced or pid)
 
 
 def _make_marked(path: Path) -> None:
@@ -219,7 +221,10 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
                 lock.acquire()
             except Timeout:
                 raise _held(path, lock_file) from None
-            _take_over_stale(path, lock_file)
+            if _take_over_stale(path, lock_file) and not created:
+                # the killed build made the <model>/<version> folders: removed where this build leaves
+                # them empty, as it would its own (H46: an empty my_bert/2.0/ stayed under the root)
+                created = [path.parent, path.parent.parent]
             lock_file.write_text(f"{os.getpid()}\n")  # emptied by a clean release (unlinked)
             os.chmod(lock_file, wheel_trust.FILE_MODE)
             if path.is_symlink():
