@@ -1059,9 +1059,19 @@ def test_a_search_stopped_by_the_noise_times_nothing_again_and_says_why_it_kept_
     search.passed = {"spec-options": object()}  # compiled and verified; its .so is not opened again
     timed, after = search.time_passed(NOISY, cost)
     assert timed == {"spec-options": NOISY} and after.timing_s == 0.0
-    assert search.kept_alone(after) == "the search stopped on the noise before compiling a candidate"
+    assert search.kept_alone(after, []) == "the search stopped on the noise before compiling a candidate"
+    # none compiled: each left out said with its reason's first clause, whole where a lock quotes it (H46)
+    left_out = [
+        tune.Skipped("freezing", "cannot pay back its compile: an earlier build …", payback.NO_PAYBACK),
+        tune.Skipped("max-autotune", "cannot pay back its compile: …", payback.NO_PAYBACK),
+        tune.Skipped("freezing+channels-last", "the model runs no convolutions: it would compile to …"),
+    ]
+    assert search.kept_alone(payback.Cost(), left_out) == (
+        "no other candidate was compiled (freezing, max-autotune: cannot pay back its compile; "
+        "freezing+channels-last: the model runs no convolutions)"
+    )
     search.failed = {"freezing": object()}
-    assert search.kept_alone(payback.Cost()) == "no other candidate passed verification (freezing dropped)"
+    assert search.kept_alone(payback.Cost(), []) == "no other candidate passed verification (freezing dropped)"
 
 
 def test_an_earlier_build_that_measured_a_candidate_no_faster_keeps_it_from_being_compiled(tmp_path):
@@ -1192,6 +1202,29 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
         outlook.first("spec-options", 2.0, from_cache=True)
         outlook.announce("spec-options", 2.0, ["max-autotune"], [])
         assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0 + 0.0), search_time.EARLIER_COMPILES), estimates
+
+
+def test_once_some_side_by_side_compiles_are_done_the_figure_is_the_slowest_left(tmp_path):
+    """H46: freezing and freezing+channels-last done at 3m18s, max-autotune compiled alone 3m48s more,
+    while the row named all three and ran 2m29s past a figure made for them together."""
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    names = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
+    estimates: list[tuple[float | None, str | None]] = []
+
+    class Display(progress.Progress):
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            estimates.append((stage_left_s, basis))
+
+    with progress.reporting(Display(io.StringIO())):
+        outlook = search_time.Outlook([(n, SimpleNamespace(key=n)) for n in names], Cache(tmp_path), workers=2)
+        outlook.first("spec-options", 12.0, from_cache=False, compile_s=10.0)  # a compile: 10 s, a verify: 2 s
+        outlook.noise(3.0)
+        outlook.announce("spec-options", 12.0, names[1:], [])
+        outlook.compiling(["max-autotune"], 15.0, names[1:])  # max-autotune: 3 compiles' time, 15 s of it gone
+    assert estimates[-1] == (pytest.approx(30.0 - 15.0 + 2.0 * 3 + 3.0 * 4), search_time.MEASURED_WITH_ROUNDS)
 
 
 def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_once(tmp_path):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +49,24 @@ def _compile_one(name: str, plan: CompilePlan, work_dir: Path, cache_dir: Path) 
 
 
 def compile_all(
-    exported: Exported, jobs: list[tuple[str, CompilePlan, Path]], cache_dir: Path, workers: int
+    exported: Exported,
+    jobs: list[tuple[str, CompilePlan, Path]],
+    cache_dir: Path,
+    workers: int,
+    on_done: Callable[[list[str]], None] | None = None,
 ) -> dict[str, Done]:
-    """Compile each (name, plan, work folder) into ``cache_dir``, ``workers`` at a time."""
+    """Compile each (name, plan, work folder) into ``cache_dir``, ``workers`` at a time. ``on_done``:
+    called with the names still to finish each time one finishes (the live row names those)."""
     _EXPORTED[:] = [exported]
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = {name: pool.submit(_compile_one, name, plan, work, cache_dir) for name, plan, work in jobs}
-            return {name: future.result() for name, future in futures.items()}
+            futures = {pool.submit(_compile_one, name, plan, work, cache_dir): name for name, plan, work in jobs}
+            finished: dict[str, Done] = {}
+            for future in as_completed(futures):
+                finished[futures[future]] = future.result()
+                left = [name for name, _, _ in jobs if name not in finished]
+                if on_done is not None and left:
+                    on_done(left)
+            return {name: finished[name] for name, _, _ in jobs}
     finally:
         _EXPORTED.clear()
