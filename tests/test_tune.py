@@ -1268,6 +1268,12 @@ def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_on
         "    (2.26x one full compile's time: the first, then the candidates its budget leaves room for, 2 at a time; "
         "likely beyond it: max-autotune (3x a compile); side by side, "
     ), lines
+    # a budget in seconds counts the guessed compile too (H46: "about 1m16s" under a 25 s budget with room
+    # for none beyond the first, which took 15 s)
+    with progress.reporting(progress.Progress(io.StringIO())):
+        lines = search_time.Outlook(planned, Cache(cache), workers=2).before_search(guess, budget_s=60.0)
+    assert lines[0].endswith("then all timed together: about 50s on this machine"), lines
+    assert "likely beyond it: freezing (1x a compile), freezing+channels-last (1x a compile), max-autotune" in lines[1]
 
 
 def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():

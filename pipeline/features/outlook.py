@@ -53,12 +53,24 @@ def shorter(cache_dir: Path) -> str:
     )
 
 
-def counted(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> list[str]:
+def counted(
+    fresh: list[str], first_fresh: bool, workers: int, given_s: float | None, plain_s: float | None = None
+) -> list[str]:
     """The fresh candidates the search should compile: the first, then those the default budget
     leaves room for (Budget.refusal, in the first compile's units), each by its cost. A budget in
-    seconds, or a first compile from the cache (nothing to measure it by), lets all run."""
-    if not first_fresh or given_s:
+    seconds counts a guessed compile's ``plain_s``, as the search will count the measured one (H46:
+    "about 1m16s" said under a 25 s budget that left room for no candidate); with no guess, or a first
+    compile from the cache (nothing to measure it by), it lets all run."""
+    if not first_fresh:
         return list(fresh)
+    if given_s:
+        if plain_s is None:
+            return list(fresh)
+        spent, kept = COMPILE_COST.get(fresh[0], 1.0) * plain_s, fresh[:1]
+        for name in fresh[1:]:
+            if spent + COMPILE_COST.get(name, 1.0) * plain_s <= given_s:
+                spent, kept = spent + COMPILE_COST.get(name, 1.0) * plain_s, [*kept, name]
+        return kept
     room, names = BUDGET_FACTOR * (1 + workers) - COMPILE_COST.get(fresh[0], 1.0), fresh[:1]
     for name in fresh[1:]:
         if COMPILE_COST.get(name, 1.0) <= room:
@@ -125,7 +137,7 @@ class Outlook:
         if len(self.order) < 2 or not self.fresh:
             return []
         fresh, first_fresh = [n for n in self.order if n in self.fresh], self.order[0] in self.fresh
-        compiles = counted(fresh, first_fresh, self.workers, budget_s)
+        compiles = counted(fresh, first_fresh, self.workers, budget_s, guess.seconds if guess else None)
         rounds = rounds_of(compiles, first_fresh, self.workers)
         # side by side only where two or more compile at once (a newcomer's one fresh candidate read "2 at a time")
         at_once = min(self.workers, len(compiles[1:] if first_fresh else compiles))
