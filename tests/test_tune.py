@@ -1223,7 +1223,7 @@ def test_once_some_side_by_side_compiles_are_done_the_figure_is_the_slowest_left
         outlook.first("spec-options", 12.0, from_cache=False, compile_s=10.0)  # a compile: 10 s, a verify: 2 s
         outlook.noise(3.0)
         outlook.announce("spec-options", 12.0, names[1:], [])
-        outlook.compiling(["max-autotune"], 15.0, names[1:])  # max-autotune: 3 compiles' time, 15 s of it gone
+        outlook.compiling({"max-autotune": 15.0}, names[1:])  # max-autotune: 3 compiles' time, 15 s of it gone
     assert estimates[-1] == (pytest.approx(30.0 - 15.0 + 2.0 * 3 + 3.0 * 4), search_time.MEASURED_WITH_ROUNDS)
 
 

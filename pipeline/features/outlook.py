@@ -249,13 +249,14 @@ class Outlook:
         # running 39s past its estimate" stayed through the noise rounds); the noise rounds get none
         estimate(None)
 
-    def compiling(self, left: list[str], elapsed_s: float, names: list[str]) -> None:
-        """Side by side, some compiled: what is left is the longest of those still to finish, by its
-        own estimate less the time spent, then every candidate's verification and the timing rounds
-        (H46: max-autotune ran alone 3m48s, the row 2m29s past a figure made for the pair)."""
+    def compiling(self, left: dict[str, float], names: list[str]) -> None:
+        """Side by side, some compiled: what is left is the longest of those still to finish (``left``:
+        each with the seconds it has run), by its own estimate less that time, then every candidate's
+        verification and the timing rounds (H46: max-autotune ran alone 3m48s, the row 2m29s past a
+        figure made for the pair)."""
         if self.plain_s is None:
             return
-        own = max(self.plain_s * COMPILE_COST.get(name, 1.0) for name in left) - elapsed_s
+        own = max(self.plain_s * COMPILE_COST.get(name, 1.0) - ran_s for name, ran_s in left.items())
         estimate(max(0.0, own) + self.verify_s * len(names) + self.round_s * self.timed, self.basis())
 
     def after(self, rest: list[str], compiled: bool = False) -> None:

@@ -53,20 +53,26 @@ def compile_all(
     jobs: list[tuple[str, CompilePlan, Path]],
     cache_dir: Path,
     workers: int,
-    on_done: Callable[[list[str]], None] | None = None,
+    on_done: Callable[[dict[str, float]], None] | None = None,
 ) -> dict[str, Done]:
     """Compile each (name, plan, work folder) into ``cache_dir``, ``workers`` at a time. ``on_done``:
-    called with the names still to finish each time one finishes (the live row names those)."""
+    called each time one finishes with those still to finish, and how long each has run (one queued
+    starts as one finishes: the pool takes them in order), for the live row and its figure."""
     _EXPORTED[:] = [exported]
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = {pool.submit(_compile_one, name, plan, work, cache_dir): name for name, plan, work in jobs}
+            now = time.perf_counter()
+            began = {name: now for name, _, _ in jobs[:workers]}
             finished: dict[str, Done] = {}
             for future in as_completed(futures):
                 finished[futures[future]] = future.result()
+                now = time.perf_counter()
                 left = [name for name, _, _ in jobs if name not in finished]
+                for name, _, _ in jobs[: workers + len(finished)]:  # a finished one's slot takes the next
+                    began.setdefault(name, now)
                 if on_done is not None and left:
-                    on_done(left)
+                    on_done({name: now - began.get(name, now) for name in left})
             return {name: finished[name] for name, _, _ in jobs}
     finally:
         _EXPORTED.clear()

@@ -217,9 +217,9 @@ class Search:
                 shutil.rmtree(work, ignore_errors=True)
                 self.plans[name].compile_dir.mkdir(parents=True, exist_ok=True)
 
-            def finished(left: list[str]) -> None:  # H46: three named for 3m48s while max-autotune ran alone
+            def finished(left: dict[str, float]) -> None:  # H46: three named for 3m48s while max-autotune ran alone
                 step(f"{', '.join(self.counter(n) for n in left)}: compiling, the others compiled")
-                outlook.compiling(left, time.perf_counter() - started, names)
+                outlook.compiling(left, names)
 
             done = parallel.compile_all(self.exported, jobs, self.store.directory, at_once, finished)
             for name in fresh:
