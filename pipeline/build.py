@@ -222,12 +222,32 @@ def build_target(ctx: BuildContext) -> BuildResult:
                 overwrite=ctx.overwrite,
             )
         except OutputDirError:
-            options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
+            if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version)):
+                # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
+                ctx.progress.say(
+                    f"    the lock's entry now names {tuned.chosen}: until dist/ takes this build (--overwrite), plain "
+                    "builds make it and dist/ refuses them alike; `git checkout` the lock file to go back"
+                )
             raise
-    written = options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
-    if written is not None:  # the next build finds the entry: the wheel is its whole build (H46 waited 1m16s)
-        ctx.store.copy_entry(build_key, whole_build_key(ctx, content, cxx_version, written))
+    _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))
     return result
+
+
+def _lock_choice(
+    ctx: BuildContext,
+    searched: options_lock.Key | None,
+    tuned: Tuned,
+    overrides: dict[str, Any],
+    search: dict[str, Any],
+    keyed: tuple[str, str, str],
+) -> bool:
+    """The search's choice into the lock, where it decided; this build, stored in the build cache under
+    the key of a build from that entry too, is then that build whole (H46 waited 1m16s for it)."""
+    written = options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
+    if written is not None:
+        build_key, content, cxx_version = keyed
+        ctx.store.copy_entry(build_key, whole_build_key(ctx, content, cxx_version, written))
+    return written is not None
 
 
 def whole_build_key(ctx: BuildContext, content: str, cxx_version: str, locked: options_lock.Locked | None) -> str:

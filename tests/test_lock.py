@@ -278,10 +278,9 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
     assert f"  search    --update-lock's search did not decide: spec.lock.json's entry kept ({entry})" in ran.stderr
 
 
-def test_a_build_after_the_search_that_locked_its_choice_is_that_build_whole(tmp_path):
-    """H46: the entry a search wrote made another build-cache key, so the plain build after it ran
-    its doctor, verify and package again (1m16s) for the same wheel. The search here decides without
-    compiling another candidate: an earlier build (its report in the build cache) measured each slower."""
+def deciding_search(tmp_path: Path) -> list[str]:
+    """A spec whose search decides without compiling another candidate (an earlier build, its report
+    in the build cache, measured each slower), and the build's arguments."""
     spec = spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true\nsearch_when_noisy = true"))
     slower = ("freezing", "freezing+channels-last", "max-autotune", "bf16-autocast")
     timings = [{"name": "spec-options", "median_ms": 1.0, "compile_s": 10.0}]
@@ -292,7 +291,13 @@ def test_a_build_after_the_search_that_locked_its_choice_is_that_build_whole(tmp
         json.dumps({"model": "tiny", "target": "cpu", "compile_search": {"candidates": timings}})
     )
     args = ["--spec", str(spec), "--root", str(tmp_path / "opt"), "--dist", str(tmp_path / "dist")]
-    args += ["--build-dir", str(tmp_path / "build")]
+    return args + ["--build-dir", str(tmp_path / "build")]
+
+
+def test_a_build_after_the_search_that_locked_its_choice_is_that_build_whole(tmp_path):
+    """H46: the entry a search wrote made another build-cache key, so the plain build after it ran
+    its doctor, verify and package again (1m16s) for the same wheel."""
+    args = deciding_search(tmp_path)
     first = run_cli("build", *args)
     assert first.code == 0, first.err
     assert "    wrote the search's choice (spec-options" in first.err, first.err
@@ -302,3 +307,21 @@ def test_a_build_after_the_search_that_locked_its_choice_is_that_build_whole(tmp
     again = run_cli("build", *args)
     assert again.code == 0 and "reusing its verified wheel" in again.err, again.err
     assert "compile options from" in again.err, "the build the lock's entry makes, as the search made it"
+
+
+def test_a_lock_written_by_a_build_dist_refused_is_said_and_the_next_build_is_that_build_whole(tmp_path):
+    """H47: --update-lock chose other options, dist/ refused its wheel, and every plain build after it
+    was refused alike (17 s each, doctor, verify and package again), with no word that the lock changed."""
+    args = deciding_search(tmp_path)
+    kept = run_cli("build", *args, "--no-search", "--keep-debug")  # dist/: another wheel of the same model
+    assert kept.code == 0, kept.err
+    refused = run_cli("build", *args)
+    assert refused.code == OutputDirError.exit_code, refused.err
+    said = (
+        "    the lock's entry now names spec-options: until dist/ takes this build (--overwrite), plain builds make "
+        "it and dist/ refuses them alike; `git checkout` the lock file to go back"
+    )
+    assert said in refused.err.splitlines(), refused.err
+    assert refused.err.index(said) < refused.err.index("error: ")
+    again = run_cli("build", *args)  # the refused build, whole, from the build cache: refused alike, at once
+    assert again.code == OutputDirError.exit_code and "reusing its verified wheel" in again.err, again.err
