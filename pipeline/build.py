@@ -328,7 +328,10 @@ def compile_stage(
     does not decide, and is then compiled, as a build without --update-lock would (H43: such a build
     shipped the spec's options, dist/ refused them, and the refusal's hint rebuilt the entry's)."""
     say = ctx.progress.say
-    with ctx.progress.stage("compile", tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir)):
+    fresh = [name for name, plan in planned if not ctx.store.has(plan.key)]
+    beyond = len(fresh) - len(tune.likely_compiled(exported, planned, ctx.store))
+    header = tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir, beyond)
+    with ctx.progress.stage("compile", header):
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
         if entry is not None and (why := tuned.not_decided()):

@@ -377,11 +377,18 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     cached.rmdir()
     # what a search should take: the first, then what the default budget (3 compiles on 2 cores) has room for
     unet = ["spec-options", "freezing", "freezing+channels-last", "max-autotune"]
-    assert search_time.expected_rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
-    assert search_time.expected_rounds(unet, True, 2, 3600.0) == 3.5  # a budget in seconds: all, 2 at a time
-    assert search_time.expected_rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
-    assert search_time.expected_rounds(unet[1:], False, 2, None) == 2.5  # the first cached: nothing to budget by
-    assert search_time.expected_rounds(["max-autotune"], False, 2, None) == 3.0  # alone, by its cost (it said 52 s)
+
+    def rounds(names: list[str], first_fresh: bool, workers: int, budget_s: float | None, plain_s=None) -> float:
+        counted = search_time.counted(names, first_fresh, workers, budget_s, plain_s)
+        return search_time.rounds_of(counted, first_fresh, workers)
+
+    assert rounds(unet, True, 2, None) == 2  # max-autotune (3x a compile) does not fit
+    assert rounds(unet, True, 2, 3600.0) == 3.5  # a budget in seconds, no compile to count it by: all, 2 at a time
+    assert rounds(unet, True, 2, 3600.0, plain_s=60.0) == 3.5  # 6 compiles' time fit in an hour
+    assert rounds(unet, True, 2, 5.0, plain_s=11.0) == 1  # H47: a 5 s budget holds none of 11 s beyond the first
+    assert rounds(unet, True, 1, None) == 2  # one core: a budget of 2 compiles, in turn
+    assert rounds(unet[1:], False, 2, None) == 2.5  # the first cached: nothing to budget by
+    assert rounds(["max-autotune"], False, 2, None) == 3.0  # alone, by its cost (it said 52 s)
     # which of them the figure counts (the opening line names a costly one only where it is counted)
     assert search_time.counted(unet, True, 2, None) == unet[:3]
     assert (
@@ -389,6 +396,25 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     )
     searched.joinpath("model_tiny.report.json").unlink()
     searched.rmdir()
+    # what a budget in seconds is counted against: the model's own earlier compile here (its cost taken
+    # out), else the graph's guess (H47: counted on the guess only, a 5 s budget was promised 3 candidates)
+    from pipeline import targets
+    from pipeline.features.first_guess import plain_compile_s
+
+    def earlier(model: str, first: str, seconds: float) -> None:
+        folder = tmp_path / "plain" / f"build-{model}-{first}"
+        folder.mkdir(parents=True)
+        candidate = {"name": first, "compile_s": seconds, "from_cache": False}
+        report = {"model": model, "target": "cpu", "compile_search": {"candidates": [candidate]}}
+        folder.joinpath(f"model_{model}.report.json").write_text(json.dumps(report))
+
+    cpu = targets.get("cpu")
+    assert plain_compile_s(None, cpu, tmp_path / "plain", "bert") is None  # no earlier build, no graph
+    earlier("bert", "spec-options", 11.0)
+    assert plain_compile_s(None, cpu, tmp_path / "plain", "bert") == 11.0
+    assert plain_compile_s(None, cpu, tmp_path / "plain", "vit") is None  # another model's is not this one's
+    earlier("vit", "max-autotune", 30.0)  # a lock pinned max-autotune: 3 compiles' time
+    assert plain_compile_s(None, cpu, tmp_path / "plain", "vit") == 10.0
     progress = Progress(io.StringIO())
     progress.expect(cache.stage_times("tiny", "cpu"))
     clock = [100.0]
@@ -769,6 +795,11 @@ def test_the_compile_stages_counts_add_up_with_the_lines_after_it():
         == "3 candidates to try, as the search's budget allows; the chosen one to /opt/m/unet/1.3/cpu" + held
     )
     assert compile_header(1, [], out) == "1 candidate, into /opt/m/unet/1.3/cpu" + held
+    # those the budget likely leaves out are not counted as allowed (H47: "4 … as the search's budget
+    # allows", and the next line called 3 of them likely beyond it)
+    assert compile_header(4, [], out, beyond=3).startswith(
+        "4 candidates to try, of which the search's budget likely allows 1; the chosen one to"
+    )
     noise = Timed(rounds_ms=(358.0, 1624.0, 522.0, 395.0, 5740.0))
     assert "for any of the 3 candidates after spec-options to win" in payback.stopped_line(noise, "spec-options", 3)
     assert "for the 1 candidate after spec-options to win" in payback.stopped_line(noise, "spec-options", 1)

@@ -1181,14 +1181,16 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
     from pipeline.features.first_guess import Guess
 
     with progress.reporting(display):  # no earlier build: the guess, and no promise to time a first compile
-        lines = search_time.Outlook(planned, Cache(cache), workers=1).before_search(Guess(30.0, "a first guess"))
+        lines = search_time.Outlook(planned, Cache(cache), workers=1).before_search(
+            Guess(30.0, "a first guess"), ["max-autotune"]
+        )
     assert lines[2] == (
         "    spec-options comes from the build cache; the search may stop once it is timed, where the machine is "
         "too noisy for a candidate to win"
     ), lines
     with progress.reporting(display), display.stage("compile"):  # and the guess gives the figure (H45: none, 3m33s)
         outlook = search_time.Outlook(planned, Cache(cache), workers=1)
-        outlook.before_search(Guess(30.0, "a first guess"))
+        outlook.before_search(Guess(30.0, "a first guess"), ["max-autotune"])
         outlook.first("spec-options", 2.0, from_cache=True)
         outlook.announce("spec-options", 2.0, ["max-autotune"], [])
         assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0), "a first guess"), estimates
@@ -1198,7 +1200,7 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
     display.expect({"compile": 90.0})  # scaled to this build's compiles: max-autotune's 3 plain ones
     with progress.reporting(display), display.stage("compile"):
         outlook = search_time.Outlook(planned, Cache(cache), workers=1)
-        outlook.before_search()
+        outlook.before_search(None, ["max-autotune"])
         outlook.first("spec-options", 2.0, from_cache=True)
         outlook.announce("spec-options", 2.0, ["max-autotune"], [])
         assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0 + 0.0), search_time.EARLIER_COMPILES), estimates
@@ -1242,8 +1244,16 @@ def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_on
     names = ("spec-options", "freezing", "freezing+channels-last", "max-autotune")
     planned = [(name, SimpleNamespace(key=name)) for name in names]
     guess = Guess(50.0, "a first guess from the graph's 700 ops")
-    with progress.reporting(progress.Progress(io.StringIO())):
-        lines = search_time.Outlook(planned, Cache(cache), workers=2).before_search(guess)
+
+    def opening(planned: list, workers: int, budget_s: float | None = None) -> list[str]:
+        """The lines, with what the budget likely lets compile counted as tune.likely_compiled counts it."""
+        fresh = [name for name, _ in planned if not (cache / name).is_dir()]
+        first_fresh = planned[0][0] in fresh
+        compiles = search_time.counted(fresh, first_fresh, workers, budget_s, guess.seconds)
+        with progress.reporting(progress.Progress(io.StringIO())):
+            return search_time.Outlook(planned, Cache(cache), workers=workers).before_search(guess, compiles)
+
+    lines = opening(planned, 2)
     assert lines[0] == (
         "    search: 1 candidate(s) to compile and verify (and spec-options, freezing, freezing+channels-last from "
         "the build cache, to verify) as its budget allows, then all timed together: about 2m30s on this machine"
@@ -1256,23 +1266,24 @@ def test_the_searchs_opening_lines_say_side_by_side_only_where_two_compile_at_on
     # two fresh after the first: side by side, and said so
     (cache / "freezing").rmdir()
     (cache / "freezing+channels-last").rmdir()
-    with progress.reporting(progress.Progress(io.StringIO())):
-        lines = search_time.Outlook(planned[:3], Cache(cache), workers=2).before_search(guess, budget_s=3600.0)
+    lines = opening(planned[:3], 2, budget_s=3600.0)
     assert ", 2 at a time; side by side, each about " in lines[1], lines
     # the default budget: what it will likely leave out is said before (max-autotune, 50 s later, surprised)
     for key in names[:3]:
         (cache / key).exists() and (cache / key).rmdir()
-    with progress.reporting(progress.Progress(io.StringIO())):
-        lines = search_time.Outlook(planned, Cache(cache), workers=2).before_search(guess)
+    lines = opening(planned, 2)
+    assert lines[0].startswith("    search: 4 candidate(s) to compile and verify, of which its budget likely allows 3")
     assert lines[1].startswith(
         "    (2.26x one full compile's time: the first, then the candidates its budget leaves room for, 2 at a time; "
         "likely beyond it: max-autotune (3x a compile); side by side, "
     ), lines
     # a budget in seconds counts the guessed compile too (H46: "about 1m16s" under a 25 s budget with room
     # for none beyond the first, which took 15 s)
-    with progress.reporting(progress.Progress(io.StringIO())):
-        lines = search_time.Outlook(planned, Cache(cache), workers=2).before_search(guess, budget_s=60.0)
-    assert lines[0].endswith("then all timed together: about 50s on this machine"), lines
+    lines = opening(planned, 2, budget_s=60.0)
+    assert lines[0].endswith("of which its budget likely allows 1, then all timed together: about 50s on this machine")
+    assert lines[1].startswith(
+        "    (1x one full compile's time: the first only, its budget leaving room for no other; "
+    )
     assert "likely beyond it: freezing (1x a compile), freezing+channels-last (1x a compile), max-autotune" in lines[1]
 
 

@@ -78,16 +78,11 @@ def counted(
     return names
 
 
-def expected_rounds(fresh: list[str], first_fresh: bool, workers: int, given_s: float | None) -> float:
-    """How many plain compiles' time the fresh candidates should take: those counted(), the first
-    alone, then the others ``workers`` at a time (all side by side, where the first is cached), each
-    by its cost (max-autotune's 3x: a newcomer's build with only it to compile was told one
-    compile's time, 52 s, for 3m46s)."""
-    return rounds_of(counted(fresh, first_fresh, workers, given_s), first_fresh, workers)
-
-
 def rounds_of(names: list[str], first_fresh: bool, workers: int) -> float:
-    """expected_rounds() of the candidates counted() gave."""
+    """How many plain compiles' time the candidates counted() gave should take: the first alone,
+    then the others ``workers`` at a time (all side by side, where the first is cached), each by its
+    cost (max-autotune's 3x: a newcomer's build with only it to compile was told one compile's
+    time, 52 s, for 3m46s)."""
     costs = [COMPILE_COST.get(name, 1.0) for name in names]
     if not first_fresh:
         return max(costs, default=0.0) if len(costs) <= workers else sum(costs) / workers
@@ -130,14 +125,13 @@ class Outlook:
         basis = guess.basis if len(self.order) == 1 else f"{FIRST_COMPILE}{guess.basis}"
         estimate(guess.seconds * COMPILE_COST.get(first, 1.0), basis)
 
-    def before_search(self, guess: Guess | None = None, budget_s: float | None = None) -> list[str]:
+    def before_search(self, guess: Guess | None, compiles: list[str]) -> list[str]:
         """What the search will cost here, said before it starts: from the last build's compile
         stage where there was one, else in compiles (the first one's time gives the estimate).
-        ``budget_s``: the spec's search_budget_s (None: the default budget, in compiles)."""
+        ``compiles``: the fresh candidates its budget likely lets compile (tune.likely_compiled)."""
         if len(self.order) < 2 or not self.fresh:
             return []
         fresh, first_fresh = [n for n in self.order if n in self.fresh], self.order[0] in self.fresh
-        compiles = counted(fresh, first_fresh, self.workers, budget_s, guess.seconds if guess else None)
         rounds = rounds_of(compiles, first_fresh, self.workers)
         # side by side only where two or more compile at once (a newcomer's one fresh candidate read "2 at a time")
         at_once = min(self.workers, len(compiles[1:] if first_fresh else compiles))
@@ -151,6 +145,8 @@ class Outlook:
         room = f"{first}the candidates its budget leaves room for{side}" + (
             f", counting {', '.join(costly)}" if costly else ""
         )
+        if first_fresh and len(compiles) == 1:  # H47: "the first, then the candidates …" with room for none
+            room = "the first only, its budget leaving room for no other"
         # said before, not only once the first compile is timed: a newcomer read "4 candidates",
         # then saw max-autotune dropped by the budget 50 s later
         beyond = [f"{n} ({ratio(COMPILE_COST.get(n, 1.0))} a compile)" for n in fresh if n not in compiles]
@@ -162,7 +158,9 @@ class Outlook:
         what = (
             f"    search: {len(self.fresh)} candidate(s) to compile and verify"
             + (f" (and {', '.join(cached)} from the build cache, to verify)" if cached else "")
-            + " as its budget allows, then all timed together"
+            # counted apart from those it likely leaves out (H47: "4 … as its budget allows", then 3 beyond it)
+            + (f", of which its budget likely allows {len(compiles)}" if beyond else " as its budget allows")
+            + ", then all timed together"
         )
         # Three lines, the time first: said as one, the line ran to 500 characters (a newcomer's note)
         # a first candidate from the build cache has no compile to time (H44 read the promise anyway)

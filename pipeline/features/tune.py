@@ -112,7 +112,7 @@ def final_plans(exported: Exported, planned: list[tuple[str, CompilePlan]], outp
 LONE = "the only candidate, as the option search is off"
 
 
-def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
+def compile_header(tried: int, left_out: list[str], out_dir: Path, beyond: int = 0) -> str:
     """The compile stage's first line, in counts that add up with the lines after it: a newcomer read
     "4 candidate(s)", then a fifth "not tried", then "3 other candidate(s)"."""
     # the folder said to be the build's only: a newcomer found it empty after the build, as it is
@@ -124,6 +124,8 @@ def compile_header(tried: int, left_out: list[str], out_dir: Path) -> str:
     # "as ... allows": the budget can leave some out once the first compile is timed (a newcomer read
     # "4 candidates to try", then saw three tried)
     allows = ", as the search's budget allows" if tried > 1 else ""
+    if beyond:  # those it likely leaves out not counted as allowed (H47: "4 … as the budget allows", 3 beyond it)
+        allows = f", of which the search's budget likely allows {tried - beyond}"
     return f"{tried} candidate{'s' if tried > 1 else ''} to try{allows}{aside}; the chosen one to {out_dir}{held}"
 
 
@@ -134,12 +136,30 @@ def search_workers(exported: Exported, planned: list[tuple[str, CompilePlan]]) -
     return max(1, min(cores, len(planned) - 1))
 
 
-def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> float:
-    """How many compiles' time the planned fresh compiles should take, as the budget runs them."""
+def likely_compiled(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> list[str]:
+    """The fresh candidates the search's budget likely lets compile (outlook.counted), a budget in
+    seconds counted against the model's earlier compile here or the graph's guess: the compile
+    stage's first line, the estimate before the search and the earlier build's scaled stage time
+    all count these."""
     fresh = [name for name, plan in planned if not store.has(plan.key)]
     first_fresh = bool(planned) and planned[0][0] in fresh
     budget_s = exported.spec_file.spec.compile.search_budget_s
-    return search_time.expected_rounds(fresh, first_fresh, search_workers(exported, planned), budget_s)
+    plain_s = (
+        first_guess.plain_compile_s(
+            exported.program, exported.target, store.directory, exported.spec_file.spec.model.name
+        )
+        if budget_s and first_fresh
+        else None
+    )
+    return search_time.counted(fresh, first_fresh, search_workers(exported, planned), budget_s, plain_s)
+
+
+def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> float:
+    """How many compiles' time the planned fresh compiles should take, as the budget runs them."""
+    first_fresh = bool(planned) and not store.has(planned[0][1].key)
+    return search_time.rounds_of(
+        likely_compiled(exported, planned, store), first_fresh, search_workers(exported, planned)
+    )
 
 
 def tune(
@@ -167,7 +187,7 @@ def tune(
         if expected_s("compile") is not None  # the last build of this model here says it better
         else first_guess.first_compile(exported.program, exported.target, store.directory)
     )
-    for line in outlook.before_search(guess, spec.compile.search_budget_s):
+    for line in outlook.before_search(guess, likely_compiled(exported, planned, store)):
         say(line)
     outlook.start(guess)
     first, plans = planned[0][0], dict(planned)

@@ -130,6 +130,11 @@ def _first_candidate(report: dict) -> dict:
     return candidates[0] if isinstance(candidates, list) and isinstance(candidates[0], dict) else {}
 
 
+def first_name(report: dict) -> str:
+    """The name of a build report's first candidate ("" where it has none)."""
+    return str(_first_candidate(report).get("name") or "")
+
+
 def first_compile_s(report: dict) -> float | None:
     """The seconds the first candidate (the spec's options) took to compile fresh, where recorded."""
     first = _first_candidate(report)
