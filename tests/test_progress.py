@@ -463,6 +463,20 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         clock[0] += 2.0
         rounds.estimate(70.0, "from the timing rounds so far")
         assert rounds.outlook() == "about 1m10s left of compile (revised, from the timing rounds so far)" + FIRST_BUILD
+    # where the stage had no figure of its own, the earlier builds' was said: a rise from it is revised
+    # too (H47: "about 3m31s left of the build", then "about 3m48s left of the build: 3m30s of compile")
+    earlier = Progress(io.StringIO())
+    earlier.expect({"compile": 100.0})
+    with earlier.stage("compile"):
+        clock[0] += 40.0  # 60 s left, by the earlier builds
+        earlier.estimate(75.0, "from this build's compiles")
+        assert earlier.outlook() == "about 1m15s left of compile (revised, from this build's compiles)"
+    close = Progress(io.StringIO())
+    close.expect({"compile": 100.0})
+    with close.stage("compile"):
+        clock[0] += 40.0
+        close.estimate(65.0, "from this build's compiles")  # 5 s later: the figure following the work
+        assert close.outlook() == "about 1m05s left of compile (from this build's compiles)"
     steady = Progress(io.StringIO())
     with steady.stage("compile"):
         steady.estimate(60.0)

@@ -37,6 +37,9 @@ stop_requested: list[str] = []
 # longest a user should wait for a line; the renderer's clock runs while the build holds the GIL.
 STATUS_EVERY_S = 10.0
 STATUS_ENV = "MODELWHEEL_STATUS_EVERY_S"
+# A new figure ending this much later than the one said is "revised": a few seconds either way is the
+# figure following the work, not a new estimate worth a word.
+REVISED_S = 10.0
 
 
 def status_every_s(environ: Mapping[str, str] = os.environ) -> float:
@@ -117,16 +120,20 @@ class Progress:
 
     def _revises(self, now: float, stage_left_s: float | None, basis: str | None) -> bool:
         """Whether a new estimate revises the stage's figure: the last one ran out (overran()), or this
-        one ends much later than it did (a newcomer's "about 9s left", then "about 1m12s left"). The
-        end of one part's figure (the first compile's guess, the first candidate's verification) is
-        no revision: the stage's own figure comes after it."""
+        one ends over REVISED_S later than it did (a newcomer's "about 9s left", then "about 1m12s
+        left"), the stage's own or, where it had none, the earlier builds' (H47: "about 3m31s left of
+        the build", then 3m48s, with no word). The end of one part's figure (the first compile's
+        guess, the first candidate's verification) is no revision: the stage's own comes after it."""
         if PART_ONLY.match(self.basis or "") and basis != self.basis:
             return False
         assert self.current is not None
+        stage, in_stage_s = self.current[0], now - self.current[1]
         left_s = None if self.stage_end is None else self.stage_end - now
-        if overran(self.expected, self.current[0], now - self.current[1], left_s):
+        if overran(self.expected, stage, in_stage_s, left_s):
             return True
-        return left_s is not None and stage_left_s is not None and stage_left_s - left_s > max(10.0, left_s / 2)
+        if left_s is None and stage in self.expected:  # the figure said was the earlier builds'
+            left_s = self.expected[stage] - in_stage_s
+        return left_s is not None and stage_left_s is not None and stage_left_s - left_s > REVISED_S
 
     def outlook(self) -> str | None:
         if self.current is None:
