@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..services.cache import Cache, first_compile_s, newest_reports
+from ..services.contention import SAID_FROM_CORES
 from ..services.progress import estimate, expected_s, say
 from ..services.wording import FIRST_COMPILE, MEASURED_HERE, duration, figure, ratio
 from .first_guess import Guess
@@ -26,13 +27,16 @@ SIDE_BY_SIDE_SLOWDOWN = 1.26
 
 def side_by_side_slowdown(cache_dir: Path) -> tuple[float, str]:
     """How much slower a compile runs beside another than alone here, and where that comes from:
-    the newest earlier search in the build cache that compiled side by side (its candidates'
-    compile_s over its first's, their prior costs taken out), else SIDE_BY_SIDE_SLOWDOWN."""
+    the newest earlier search in the build cache that compiled side by side on a quiet machine (its
+    candidates' compile_s over its first's, their prior costs taken out), else SIDE_BY_SIDE_SLOWDOWN.
+    One whose compiles shared the cores with other processes is passed over (H47: a unet search beside
+    a test suite measured 3.28x, and a ViT's next search was told so; its own took about 1x)."""
     for report in newest_reports(cache_dir):
         search = report.get("compile_search") or {}
         candidates = [c for c in search.get("candidates", ()) if isinstance(c, dict)]
         first_s = first_compile_s(report)
-        if not first_s or not compiled_side_by_side(search):
+        loaded = ((search.get("cost") or {}).get("compile_others_cores") or 0.0) >= SAID_FROM_CORES
+        if not first_s or not compiled_side_by_side(search) or loaded:
             continue
         ratios = [
             c["compile_s"] / (first_s * COMPILE_COST.get(c["name"], 1.0)) for c in candidates[1:] if c.get("compile_s")

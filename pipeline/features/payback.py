@@ -293,3 +293,6 @@ class Cost:
     stopped: str = ""  # why the search stopped before compiling a candidate, if it did
     undecided: str = ""  # why its timing rounds could not tell the candidates apart, if they could not
     won: float | None = None  # the chosen candidate's speed-up over the spec's options (None: kept them)
+    # how many of the cores other processes kept busy while the candidates compiled side by side (None:
+    # not measured): a later search's slowdown figure passes over a loaded one (outlook.side_by_side_slowdown)
+    compile_others_cores: float | None = None

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CompileError, ExportError, VerificationError
-from ..services import writable
+from ..services import contention, writable
 from ..services.cache import Cache
 from ..services.progress import StepClock, check_stop, estimate, say, step
 from ..services.wording import figure, part_only
@@ -221,7 +221,9 @@ class Search:
                 step(f"{', '.join(self.counter(n) for n in left)}: compiling, the others compiled")
                 outlook.compiling(left, names)
 
+            others = contention.OthersBusy()
             done = parallel.compile_all(self.exported, jobs, self.store.directory, at_once, finished)
+            cost = dataclasses.replace(cost, compile_others_cores=others.cores())
             for name in fresh:
                 self.budget.spent(name, done[name].seconds)
         wall_s = time.perf_counter() - started

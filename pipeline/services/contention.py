@@ -38,16 +38,23 @@ def _busy_s(cpus: frozenset[int]) -> float | None:
 MEASURED_FROM_S = 0.5  # the counters tick 100 times a second: a shorter stretch says little
 
 
+def _own_s() -> float:
+    """This process's CPU seconds, with those of its children it has waited for (the search's
+    compile workers, and their compilers): theirs is the build's own load, not another's."""
+    times = os.times()
+    return time.process_time() + times.children_user + times.children_system
+
+
 class OthersBusy:
     """Started when made; ``cores()``: the mean number of this process's cores that other processes
     kept busy since (None where it cannot tell)."""
 
     def __init__(self) -> None:
         self.cpus = frozenset(os.sched_getaffinity(0))
-        self.started = (time.monotonic(), _busy_s(self.cpus), time.process_time())
+        self.started = (time.monotonic(), _busy_s(self.cpus), _own_s())
 
     def cores(self) -> float | None:
-        wall, busy, own = time.monotonic(), _busy_s(self.cpus), time.process_time()
+        wall, busy, own = time.monotonic(), _busy_s(self.cpus), _own_s()
         wall_0, busy_0, own_0 = self.started
         if busy is None or busy_0 is None or wall - wall_0 < MEASURED_FROM_S:
             return None
