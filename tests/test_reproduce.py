@@ -196,3 +196,20 @@ def test_packed_weights_descriptors_lose_their_padding_bytes():
     assert values[108:112] == values[316:320] == [0, 0, 0, 0]
     assert values[:108] == real[:108] and values[112:316] == real[112:316] and values[320:] == real[320:]
     assert same_bytes._without_padding(line.replace("{1L, ", "{")) == line.replace("{1L, ", "{")  # another size
+
+
+def test_a_checkpoint_wheels_rebuild_is_said_to_be_from_its_folder():
+    """H47: `identical: … its rebuild from …/overrides-nosearch.toml` named a two-line override spec,
+    and not the checkpoint folder that holds the model."""
+    from types import SimpleNamespace
+
+    from pipeline.commands.reproduce import source_said
+
+    folder = Path("/data/bert-nopool")
+    hf = {"path": str(folder), "task": "feature-extraction"}
+    assert source_said(SimpleNamespace(checkpoint=hf, spec=folder / "config.json")) == str(folder)
+    overrides = Path("/data/overrides.toml")
+    assert source_said(SimpleNamespace(checkpoint=hf, spec=overrides)) == (
+        "/data/bert-nopool (with the override spec /data/overrides.toml)"
+    )
+    assert source_said(SimpleNamespace(checkpoint=None, spec=TINY_SPEC)) == str(TINY_SPEC)

@@ -146,9 +146,21 @@ def work_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix="modelwheel-reproduce-"))
 
 
+def source_said(recipe: Recipe) -> str:
+    """What the wheel is rebuilt from, as the lines say it: a --hf build's checkpoint folder first,
+    with its override spec (H47: "its rebuild from …/overrides.toml" named a two-line file, and not
+    the folder that holds the model)."""
+    if recipe.checkpoint is None:
+        return str(recipe.spec)
+    folder = Path(recipe.checkpoint["path"])
+    if recipe.spec == folder / "config.json":
+        return str(folder)
+    return f"{folder} (with the override spec {recipe.spec})"
+
+
 def announce(recipe: Recipe, work: Path) -> str:
     return (
-        f"rebuilding {recipe.wheel.name} from {recipe.spec} in {work} (removed if identical, kept if not; "
+        f"rebuilding {recipe.wheel.name} from {source_said(recipe)} in {work} (removed if identical, kept if not; "
         f"{recipe.target}, {recipe.rebuild.said}, "
         f"root {recipe.root}, the compile options the wheel records ({recipe.forced.chosen}): no option search)"
     )
@@ -161,7 +173,7 @@ def verdict(recipe: Recipe, work: Path) -> str:
     differs = differences(recipe.wheel, rebuilt)
     if not differs:
         shutil.rmtree(work, ignore_errors=True)
-        return f"identical: {recipe.wheel.name} is byte for byte its rebuild from {recipe.spec}"
+        return f"identical: {recipe.wheel.name} is byte for byte its rebuild from {source_said(recipe)}"
     report = recipe.wheel.with_name(f"{recipe.manifest['import_name']}-{recipe.manifest['full_version']}.report.json")
     recorded = json.loads(report.read_text()).get("compiler") if report.is_file() else None
     cxx = find_cxx()
@@ -171,7 +183,7 @@ def verdict(recipe: Recipe, work: Path) -> str:
         else f"the compiler ({cxx})"
     )
     raise NotReproducedError(
-        f"{recipe.wheel.name} is not identical to its rebuild from {recipe.spec}: "
+        f"{recipe.wheel.name} is not identical to its rebuild from {source_said(recipe)}: "
         + ("the files that differ: " if len(differs) > 1 else "the file that differs: ")
         + f"{', '.join(differs)} (the rebuild is kept: {rebuilt})",
         f"a changed spec, model code or weights, or another modelwheel (the runtime files every wheel carries), make "
