@@ -41,7 +41,11 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
             "search's record; the next rows are its own"
         )
     lines.append(f"  stages    {stages}")
-    lines += search_lines(report.get("compile_search") or {})
+    searched = search_lines(report.get("compile_search") or {})
+    if searched and (report.get("build_cache") or {}).get("reused"):
+        # this run searched nothing: the row under "no option search" read as its own (H47)
+        searched[0] = searched[0].replace("  search    ", "  search    the cached build's: ", 1)
+    lines += searched
     cases = len(report["verification"]["cases"])
     for name, worst in report["verification"]["worst"].items():
         tol = report["verification"]["tolerances"][name]

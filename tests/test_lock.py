@@ -294,29 +294,20 @@ def deciding_search(tmp_path: Path) -> list[str]:
     return args + ["--build-dir", str(tmp_path / "build")]
 
 
-def test_a_build_after_the_search_that_locked_its_choice_is_that_build_whole(tmp_path):
-    """H46: the entry a search wrote made another build-cache key, so the plain build after it ran
-    its doctor, verify and package again (1m16s) for the same wheel."""
-    args = deciding_search(tmp_path)
-    first = run_cli("build", *args)
-    assert first.code == 0, first.err
-    assert "    wrote the search's choice (spec-options" in first.err, first.err
-    # its reason, kept in the lock and quoted by later builds, is whole: not "(the lines above say why)"
-    why = json.loads((tmp_path / "m" / "spec.lock.json").read_text())["entries"][0]["why"]
-    assert why.startswith("no other candidate was compiled (") and "cannot pay back its compile" in why, why
-    again = run_cli("build", *args)
-    assert again.code == 0 and "reusing its verified wheel" in again.err, again.err
-    assert "compile options from" in again.err, "the build the lock's entry makes, as the search made it"
-
-
-def test_a_lock_written_by_a_build_dist_refused_is_said_and_the_next_build_is_that_build_whole(tmp_path):
+def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_that_build_whole(tmp_path):
     """H47: --update-lock chose other options, dist/ refused its wheel, and every plain build after it
-    was refused alike (17 s each, doctor, verify and package again), with no word that the lock changed."""
+    was refused alike (17 s each, doctor, verify and package again), with no word that the lock changed.
+    H46: the entry a search wrote made another build-cache key, so the plain build after it ran its
+    doctor, verify and package again (1m16s) for the same wheel. One search serves both."""
     args = deciding_search(tmp_path)
     kept = run_cli("build", *args, "--no-search", "--keep-debug")  # dist/: another wheel of the same model
     assert kept.code == 0, kept.err
     refused = run_cli("build", *args)
     assert refused.code == OutputDirError.exit_code, refused.err
+    assert "    wrote the search's choice (spec-options" in refused.err, refused.err
+    # its reason, kept in the lock and quoted by later builds, is whole: not "(the lines above say why)"
+    why = json.loads((tmp_path / "m" / "spec.lock.json").read_text())["entries"][0]["why"]
+    assert why.startswith("no other candidate was compiled (") and "cannot pay back its compile" in why, why
     said = (
         "    the lock's entry now names spec-options: until dist/ takes this build (--overwrite), plain builds make "
         "it and dist/ refuses them alike; `git checkout` the lock file to go back"
@@ -325,3 +316,12 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_the_next_build_is_th
     assert refused.err.index(said) < refused.err.index("error: ")
     again = run_cli("build", *args)  # the refused build, whole, from the build cache: refused alike, at once
     assert again.code == OutputDirError.exit_code and "reusing its verified wheel" in again.err, again.err
+    assert "==> doctor" not in again.err, again.err
+    overwritten = run_cli("build", *args, "--overwrite")
+    assert overwritten.code == 0 and "reusing its verified wheel" in overwritten.err, overwritten.err
+    later = run_cli("build", *args)  # the build the lock's entry makes, as the search made it
+    assert later.code == 0 and "reusing its verified wheel" in later.err, later.err
+    assert "compile options from" in later.err and "==> doctor" not in later.err, later.err
+    # the search row is the cached build's: this run searched nothing (H47 read it as its own)
+    rows = [line for line in later.err.splitlines() if line.startswith("  search    ")]
+    assert rows and rows[0].startswith("  search    the cached build's: "), later.err
