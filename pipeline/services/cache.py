@@ -247,12 +247,14 @@ class Cache:
                 times["compile"] = compile_s
         return times
 
-    def store(self, key: str, files: tuple[Path, ...]) -> None:
+    def store(self, key: str, files: tuple[Path, ...], stoppable: bool = True) -> None:
         """Save files under key: written aside and renamed, so an entry is whole or absent, and a
-        build asked to stop (Ctrl-C, SIGTERM) stores nothing."""
+        build asked to stop (Ctrl-C, SIGTERM) stores nothing. Not ``stoppable``: once staged, the
+        entry is stored (a verified build whose wheel dist/ refused: the refusal's hint names it)."""
         staged = self.stage(key, files)
         try:
-            check_stop()
+            if stoppable:
+                check_stop()
             with signals_deferred(redeliver=False):
                 self.commit(key, staged)
         finally:

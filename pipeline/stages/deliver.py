@@ -51,17 +51,6 @@ def restore_to_dist(
     return commit(wheel, report, dist_dir, report["import_name"], report["version"], overwrite=overwrite)
 
 
-def _into_cache(cache_entry: tuple[cache.Cache, str], files: tuple[Path, ...]) -> None:
-    """A verified build into the build cache alone (its wheel refused in dist/), all or nothing."""
-    store, key = cache_entry
-    staged = store.stage(key, files)
-    try:
-        with signals_deferred(redeliver=False):
-            store.commit(key, staged)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
-
-
 def _kept(
     finals: list[Path],
     report: dict[str, Any],
@@ -72,7 +61,7 @@ def _kept(
     """dist/ keeps its wheel (dist_guard.keep_what_was_tested): this build goes into the build cache
     alone, and the result names the kept wheel, said with what differs and how to replace it."""
     if cache_entry:
-        _into_cache(cache_entry, files)
+        cache_entry[0].store(cache_entry[1], files, stoppable=False)
     say(
         f"    kept {finals[1]}: it holds this model with the options this build chose, so dist/ is left as it is; "
         f"their manifests differ only in {kept.differs}; {dist_guard.overwrite()} replaces it with this build's"
@@ -113,7 +102,7 @@ def commit(
             kept_as_is = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
         except OutputDirError:
             if cache_entry:  # what the refusal says: --overwrite then takes this wheel, not an older one
-                _into_cache(cache_entry, (wheel.path, report_file))
+                cache_entry[0].store(cache_entry[1], (wheel.path, report_file), stoppable=False)
             raise
         if kept_as_is is not None:
             return _kept(finals, report, kept_as_is, cache_entry, (wheel.path, report_file))
