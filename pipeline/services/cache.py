@@ -28,7 +28,8 @@ from .writable import check_private, sweep_partials
 # 2: compiled .so files no longer hold the path of the torch that built them (compile.torch_seen_at).
 # 3: nor Python addresses in kernel names, nor the padding of packed weights' descriptors (stages/same_bytes.py).
 # 4: a wheel's golden outputs are eager's on one thread (stages/verify.py one_thread).
-CACHE_VERSION = "4"
+# 5: nor the folder they were compiled in, so another model version's entry is this one's bytes (H48).
+CACHE_VERSION = "5"
 
 
 def compile_key(

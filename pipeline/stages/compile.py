@@ -220,6 +220,7 @@ def compile_model(exported: Exported, plan: CompilePlan, work_dir: Path, store: 
 # after), and what it writes for their paths (__FILE__ in the runtime's error messages).
 TORCH_ALIAS = ".torch"
 TORCH_PATH_IN_LIBRARY = "torch"
+COMPILE_FOLDER = "<compile folder>"  # the folder, as the hash of the sources' names sees it
 
 
 @contextlib.contextmanager
@@ -230,16 +231,26 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     (a hash of the compiler's command line, with its -I and -L), which the .so keeps. So the same
     commit built in another folder (every job of a release run under act has a random one) made
     other bytes; the compile folder is the same in every build of a model version.
+    The compile folder itself is kept out the same way (H48: a new version's build took its .so from
+    the build cache, compiled under the older version's folder, and `reproduce`, compiling under
+    the new one, made other bytes): the sources' names hash the command line with that folder
+    written as a placeholder, and __FILE__ strings have it mapped to ".".
     Private hooks, like constants.captured(): a torch without them is named in the error."""
-    from torch._inductor import config, cpp_builder
+    from torch._inductor import codecache, config, cpp_builder
     from torch.utils import cpp_extension
 
     original = cpp_builder.__dict__.get("_get_optimization_cflags")
-    if original is None or not hasattr(cpp_extension, "_TORCH_PATH") or not hasattr(cpp_extension, "TORCH_LIB_PATH"):
+    original_write = codecache.__dict__.get("write")
+    if (
+        original is None
+        or original_write is None
+        or not hasattr(cpp_extension, "_TORCH_PATH")
+        or not hasattr(cpp_extension, "TORCH_LIB_PATH")
+    ):
         raise CompileError(
             f"cannot keep torch's install path out of the compiled model with torch {torch.__version__} "
-            "(torch._inductor.cpp_builder._get_optimization_cflags or torch.utils.cpp_extension's "
-            "_TORCH_PATH is gone): its wheels would not be reproducible",
+            "(torch._inductor.cpp_builder._get_optimization_cflags, torch._inductor.codecache.write or "
+            "torch.utils.cpp_extension's _TORCH_PATH is gone): its wheels would not be reproducible",
             "build with a torch this pipeline supports (2.11 to 2.14)",
         )
     real = cpp_extension._TORCH_PATH
@@ -249,11 +260,30 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     alias.symlink_to(real, target_is_directory=True)
     # Only the link's path: the real one in a flag would put it in the sources' names again. A
     # path with a space would split the compiler's command line (Inductor joins flags with spaces).
-    flags = [] if any(c.isspace() for c in str(alias)) else [f"ffile-prefix-map={alias}={TORCH_PATH_IN_LIBRARY}"]
+    # The folder's map first: GCC takes the last map that matches, so torch's own is said as torch.
+    # (as given, and resolved: /tmp is a link on some machines)
+    folders = sorted({str(compile_dir), str(compile_dir.resolve())}, key=len)
+    maps = [f"ffile-prefix-map={folder}=." for folder in folders]
+    maps.append(f"ffile-prefix-map={alias}={TORCH_PATH_IN_LIBRARY}")
+    flags = [] if any(c.isspace() for c in str(alias) + "".join(folders)) else maps
 
     def with_map(*args: Any, **kwargs: Any) -> tuple[list[str], list[str]]:
         cflags, ldflags = original(*args, **kwargs)
         return [*cflags, *flags], ldflags
+
+    def left_out(text: str) -> str:
+        for folder in reversed(folders):  # the longer first: one may hold the other
+            text = text.replace(folder, COMPILE_FOLDER)
+        return text
+
+    def write(source_code: str, extension: str, extra: str = "", *args: Any, **kwargs: Any) -> Any:
+        # the sources' names: a hash of their code and this command line, the compile folder left out
+        # of both; of the code, only from a first line that is a comment (the kernels' file names the
+        # wrapper's path there), never from code that may use the folder
+        first, newline, rest = source_code.partition("\n")
+        if first.startswith("//"):
+            source_code = left_out(first) + newline + rest
+        return original_write(source_code, extension, left_out(extra), *args, **kwargs)
 
     # Inductor keys its precompiled headers by the compiler's command line, which names this link,
     # so every compile folder (each model version, each search candidate) made its own: two
@@ -263,12 +293,14 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     )
     saved = (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
     cpp_builder._get_optimization_cflags = with_map
+    codecache.write = write  # type: ignore[assignment]  # its keyword names kept; positions passed on
     cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = str(alias), str(alias / "lib")
     try:
         with config.patch(no_headers):
             yield
     finally:
         cpp_builder._get_optimization_cflags = original
+        codecache.write = original_write
         cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = saved
         alias.unlink(missing_ok=True)
 
