@@ -24,7 +24,7 @@ from typing import Any
 from .. import targets
 from ..errors import NotReproducedError, UnverifiedWheelError, UsageError
 from ..features.lock import Locked
-from ..spec import SpecFile, checkpoint_spec, load_spec
+from ..spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from ..stages.compile import find_cxx
 from ..targets.views import Rebuild
 
@@ -104,7 +104,11 @@ def source(recipe: Recipe) -> SpecFile:
     --hf` made it, with the override spec it was given, if any: its report names the folder's
     config.json, which was read as a spec (a newcomer's ViT got "config.json: not valid TOML")."""
     if recipe.checkpoint is None:
-        return load_spec(recipe.spec)
+        spec_file = load_spec(recipe.spec)
+        version = recipe.manifest["version"]
+        # built with --version: the wheel's version, as that build took it (H48: the spec's 1.3 was
+        # rebuilt for a 1.4 wheel, and every file differed)
+        return spec_file if spec_file.spec.model.version == version else with_overrides(spec_file, version=version)
     folder = Path(recipe.checkpoint["path"])
     overrides = None if recipe.spec == folder / "config.json" else str(recipe.spec)
     name, version = recipe.manifest["name"], recipe.manifest["version"]
