@@ -276,14 +276,15 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
             text = text.replace(folder, COMPILE_FOLDER)
         return text
 
-    def write(source_code: str, extension: str, extra: str = "", *args: Any, **kwargs: Any) -> Any:
+    def write(content: str | bytes, extension: str, extra: str = "", *args: Any, **kwargs: Any) -> Any:
         # the sources' names: a hash of their code and this command line, the compile folder left out
         # of both; of the code, only from a first line that is a comment (the kernels' file names the
-        # wrapper's path there), never from code that may use the folder
-        first, newline, rest = source_code.partition("\n")
-        if first.startswith("//"):
-            source_code = left_out(first) + newline + rest
-        return original_write(source_code, extension, left_out(extra), *args, **kwargs)
+        # wrapper's path there), never from code that may use the folder (nor from a binary kernel)
+        if isinstance(content, str):
+            first, newline, rest = content.partition("\n")
+            if first.startswith("//"):
+                content = left_out(first) + newline + rest
+        return original_write(content, extension, left_out(extra), *args, **kwargs)
 
     # Inductor keys its precompiled headers by the compiler's command line, which names this link,
     # so every compile folder (each model version, each search candidate) made its own: two
