@@ -294,7 +294,7 @@ def torch_seen_at(compile_dir: Path) -> Iterator[None]:
     )
     saved = (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
     cpp_builder._get_optimization_cflags = with_map
-    codecache.write = write  # type: ignore[assignment]  # its keyword names kept; positions passed on
+    codecache.write = write
     cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH = str(alias), str(alias / "lib")
     try:
         with config.patch(no_headers):
