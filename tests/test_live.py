@@ -333,3 +333,25 @@ def test_a_row_too_wide_for_the_terminal_ends_in_an_ellipsis(monkeypatch):
     assert live.cut_at_word("then 36s for the later", 22) == "then 36s for the later"  # fits exactly
     assert live.cut_at_word("then 36s for the later stages", 22) == "then 36s for the…"
     assert live.cut_at_word("supercalifragilistic", 8) == "superca…"  # one long word: cut in it
+
+
+def test_the_stage_row_is_cleared_before_its_done_line():
+    """H48: the renderer got a stage's "done" line, drew the stage's row again under it, and only then
+    heard the stage was over: captured logs showed the stage going on after it said done."""
+    from pipeline.services.live_progress import LiveProgress
+
+    sent: list[dict] = []
+
+    class Recorded(LiveProgress):
+        def _send(self, **message: object) -> bool:
+            sent.append(message)
+            return True
+
+    with open(os.devnull, "w") as devnull:
+        display = Recorded(devnull)
+        display.started = True  # no renderer process: the messages it would get are recorded
+        with display.stage("doctor"):
+            pass
+    ended = next(n for n, message in enumerate(sent) if message == {"stage": None})
+    done = next(n for n, message in enumerate(sent) if str(message.get("say", "")).startswith("    doctor done in "))
+    assert ended < done, sent

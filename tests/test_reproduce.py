@@ -19,6 +19,9 @@ def test_the_session_wheel_is_identical_to_its_rebuild(wheel):
     ran = run_cli("reproduce", str(wheel))
     assert ran.code == 0, ran.err
     assert "the compile options the wheel records (spec-options): no option search" in ran.err
+    # the CPU kind as the build's lines say it, not only the --cpu-isa word (H48: "CPU kind native")
+    kind = torch.backends.cpu.get_cpu_capability()
+    assert f"; cpu, CPU kind {kind} (native: the build machine's own), root " in ran.err.splitlines()[0], ran.err
     assert ran.err.splitlines()[-1] == f"identical: {wheel.name} is byte for byte its rebuild from {TINY_SPEC}"
     # no install lines for the throwaway rebuild: they read as an invitation to install it
     assert "  install   " not in ran.err and "  import    " not in ran.err

@@ -130,6 +130,9 @@ class LiveProgress(Progress):
         with super().stage(name, detail):
             self._send(stage=name, began=time.monotonic())
             yield
+
+    def stage_ended(self) -> None:
+        # before the "done" line: sent after it, the row was drawn again under it for a moment (H48)
         self._send(stage=None)
 
     def close(self) -> None:

@@ -175,7 +175,11 @@ class Progress:
         elapsed = time.perf_counter() - start
         self.timings[name] = round(elapsed, 3)
         self.current, self.detail, self.stage_end, self.basis = None, "", None, None
+        self.stage_ended()
         self.say(f"    {name} done in {took(elapsed)}")
+
+    def stage_ended(self) -> None:
+        """The stage is over, just before its "done" line: a display drawing the stage's row clears it here."""
 
 
 # The display the running command reports to: stages and the features under them say what they

@@ -173,8 +173,11 @@ def rebuild(manifest: Mapping[str, Any]) -> Rebuild:
     """A named CPU kind is one whose oneDNN cap the build ran under (select_isa); native has none."""
     platform_facts = manifest.get("platform", {})
     isa = str(platform_facts["cpu_capability"]).lower() if platform_facts.get("onednn_max_isa") else "native"
+    # the kind said as the build's lines say it ("CPU kind AVX512"), native or named (H48: "CPU kind native")
+    kind = platform_facts.get("cpu_capability", NAME)
+    how = "native: the build machine's own" if isa == "native" else f"--cpu-isa {isa}"
     return Rebuild(
-        said=f"CPU kind {isa}",
+        said=f"CPU kind {kind} ({how})",
         must_match=f"the CPU kind ({platform_facts.get('cpu_capability', NAME)})",
         arguments={"cpu_isa": isa},
     )
