@@ -325,3 +325,20 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     # the search row is the cached build's: this run searched nothing (H47 read it as its own)
     rows = [line for line in later.err.splitlines() if line.startswith("  search    ")]
     assert rows and rows[0].startswith("  search    the cached build's: "), later.err
+
+
+def test_a_search_with_no_spec_file_says_its_choice_is_locked_nowhere(tmp_path):
+    """H48: a --hf build without --spec searched and chose, and said nothing of a lock, where the unet's
+    and a BERT's with --spec had said "wrote the search's choice … to …lock.json"."""
+    from pipeline.spec import SpecFile
+
+    spec = load_spec(spec_copy(tmp_path / "m", GOOD.replace("search = false", "search = true"))).spec
+    said: list[str] = []
+    key, locked = lock.consult(
+        SpecFile(path=tmp_path / "vit" / "config.json", spec=spec), "cpu", "AVX2", False, said.append
+    )
+    assert key is None and locked is None
+    assert said == [
+        "    the search's choice is locked nowhere: a --hf build without --spec has no spec file for a lock beside it "
+        "(with --spec FILE, FILE's .lock.json keeps it; an unchanged rebuild reuses this build from the build cache)"
+    ]

@@ -188,6 +188,12 @@ def consult(
     if not spec_file.spec.compile.search or path is None:
         if path is not None and not update:
             _say_unused(path, key, say)
+        elif spec_file.spec.compile.search and not update:  # said: the unet's and BERT's wrote one (H48)
+            say(
+                "    the search's choice is locked nowhere: a --hf build without --spec has no spec file for a "
+                "lock beside it (with --spec FILE, FILE's .lock.json keeps it; an unchanged rebuild reuses this "
+                "build from the build cache)"
+            )
         if update:
             say(
                 "    --update-lock: nothing to lock, no option search runs here ("
