@@ -49,20 +49,24 @@ _forget_the_calling_make()
 # The files whose tests take longest (their builds, searches and venvs: `--durations` of a
 # two-worker fresh-clone run), run first. Each of make test's two workers takes a whole file at a
 # time; a long file left for the end keeps one worker busy while the other has nothing left to do.
-LONGEST_FIRST = (
-    "test_tune.py",
-    "test_hf_build.py",
-    "test_end_to_end.py",
-    "test_release_workflow.py",
-    "test_static.py",
-    "test_stock_install.py",
-    "test_build_stops.py",
-    "test_zoo.py",
-    "test_broken_models.py",
-    "test_library_models.py",
-    "test_publish.py",
-    "test_tool_package.py",
+LONGEST_FIRST = (  # by their wall seconds in a fresh-clone run on a 2-core machine (2026-11-28)
     "test_lock.py",
+    "test_reproduce.py",
+    "test_tune.py",
+    "test_stock_install.py",
+    "test_release_workflow.py",
+    "test_end_to_end.py",
+    "test_hf_build.py",
+    "test_build_stops.py",
+    "test_static.py",
+    "test_broken_models.py",
+    "test_zoo.py",
+    "test_progress.py",
+    "test_publish.py",
+    "test_library_traps.py",
+    "test_library_models.py",
+    "test_model_refusals.py",
+    "test_tool_package.py",
 )
 
 
