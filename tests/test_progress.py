@@ -415,6 +415,14 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
     assert plain_compile_s(None, cpu, tmp_path / "plain", "vit") is None  # another model's is not this one's
     earlier("vit", "max-autotune", 30.0)  # a lock pinned max-autotune: 3 compiles' time
     assert plain_compile_s(None, cpu, tmp_path / "plain", "vit") == 10.0
+    # a lock's build records the search's candidates, and compiled only the lock's one (H49: none
+    # counted, and a 5 s budget was told 4 compiles' time, 1m41s, for a 12 s compile)
+    folder = tmp_path / "plain" / "build-locked"
+    folder.mkdir()
+    recorded = [{"name": "spec-options", "compile_s": None}, {"name": "max-autotune", "compile_s": 24.0}]
+    report = {"model": "bert", "target": "cpu", "compile_search": {"candidates": recorded}}
+    folder.joinpath("model_bert.report.json").write_text(json.dumps(report))
+    assert plain_compile_s(None, cpu, tmp_path / "plain", "bert") == 8.0
     progress = Progress(io.StringIO())
     progress.expect(cache.stage_times("tiny", "cpu"))
     clock = [100.0]

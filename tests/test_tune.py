@@ -1228,6 +1228,34 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
         assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0 + 0.0), search_time.EARLIER_COMPILES), estimates
 
 
+def test_a_lone_candidates_figure_after_its_compile_is_its_install(tmp_path):
+    """H49: once a lock's max-autotune compiled, the row showed the earlier builds' whole stage again
+    ("about 58s left of the build") just before "compile done"; before it compiled, the search's last
+    figure (2 s, its install) while the compile ran 25 s. Both are the compile's own now."""
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    estimates: list[tuple[float | None, str | None]] = []
+
+    class Display(progress.Progress):
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            estimates.append((stage_left_s, basis))
+
+    with progress.reporting(Display(io.StringIO())):
+        outlook = search_time.Outlook([("max-autotune", SimpleNamespace(key="k"))], Cache(tmp_path), workers=1)
+        outlook.first("max-autotune", 25.0, from_cache=False, compile_s=25.0)
+    assert estimates[-1] == (search_time.INSTALL_S, search_time.INSTALL_LEFT)
+    searched = SimpleNamespace(trials=(SimpleNamespace(name="spec-options", compile_s=8.0),))
+    assert tune.compile_estimate(searched, "max-autotune") == (
+        24.0,
+        "from this build's first compile, max-autotune as 3x a compile",
+    )
+    assert tune.compile_estimate(searched, "freezing") == (8.0, "from this build's first compile")
+    cached = SimpleNamespace(trials=(SimpleNamespace(name="spec-options", compile_s=None),))
+    assert tune.compile_estimate(cached, "max-autotune") is None
+
+
 def test_once_some_side_by_side_compiles_are_done_the_figure_is_the_slowest_left(tmp_path):
     """H46: freezing and freezing+channels-last done at 3m18s, max-autotune compiled alone 3m48s more,
     while the row named all three and ran 2m29s past a figure made for them together."""

@@ -68,14 +68,17 @@ def first_compile(program: Any, target: Target, cache_dir: Path) -> Guess | None
 
 def earlier_plain_s(cache_dir: Path, model: str, target: Target) -> float | None:
     """One plain compile of ``model`` here, as the newest earlier build of it that compiled its first
-    candidate fresh timed it (that candidate's cost taken out), or None where none did."""
+    candidate fresh timed it, or compiled one candidate alone (a lock's max-autotune: H49), that
+    candidate's cost taken out; None where none did."""
     for report in newest_reports(cache_dir):
-        if (
-            report.get("model") == model
-            and report.get("target") == target.NAME
-            and (seconds := first_compile_s(report))
-        ):
+        if report.get("model") != model or report.get("target") != target.NAME:
+            continue
+        if seconds := first_compile_s(report):
             return seconds / COMPILE_COST.get(first_name(report), 1.0)
+        search = report.get("compile_search") or {}
+        fresh = [c for c in search.get("candidates", ()) if isinstance(c, dict) and c.get("compile_s")]
+        if len(fresh) == 1:  # compiled alone, not beside another: its time is its own
+            return float(fresh[0]["compile_s"]) / COMPILE_COST.get(str(fresh[0].get("name")), 1.0)
     return None
 
 

@@ -248,8 +248,13 @@ class Outlook:
         elif self.plain_s is not None:  # from the cache: its verification, with the earlier builds' compile
             self.verify_s = seconds
         # done with: the guess, or its verification's figure (H43: "the first candidate's verification
-        # running 39s past its estimate" stayed through the noise rounds); the noise rounds get none
-        estimate(None)
+        # running 39s past its estimate" stayed through the noise rounds); the noise rounds get none.
+        # A lone candidate has only its install left: with no figure, the earlier builds' whole stage
+        # came back for a moment ("about 58s left of the build" just before "compile done", H49)
+        if len(self.order) == 1:
+            estimate(INSTALL_S, INSTALL_LEFT)
+        else:
+            estimate(None)
 
     def compiling(self, left: dict[str, float], names: list[str]) -> None:
         """Side by side, some compiled: what is left is the longest of those still to finish (``left``:

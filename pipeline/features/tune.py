@@ -25,6 +25,7 @@ from .. import targets
 from ..errors import VerificationError
 from ..services.cache import Cache
 from ..services.progress import expected_s, say
+from ..services.wording import ratio
 from ..stages import constants
 from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
@@ -34,7 +35,7 @@ from . import outlook as search_time
 from .candidates import Skipped, candidates
 from .lock import Locked, lock_path
 from .outlook import Outlook, shorter  # noqa: F401 (shorter: the search's, named here too)
-from .payback import OVER_BUDGET, Budget
+from .payback import COMPILE_COST, OVER_BUDGET, Budget
 from .search import Search, Trial
 
 
@@ -152,6 +153,17 @@ def likely_compiled(exported: Exported, planned: list[tuple[str, CompilePlan]], 
         else None
     )
     return search_time.counted(fresh, first_fresh, search_workers(exported, planned), budget_s, plain_s)
+
+
+def compile_estimate(tuned: Tuned, name: str) -> tuple[float, str] | None:
+    """How long compiling ``name`` should take after this search, from its first fresh compile (both
+    candidates' costs counted), and what that rests on; None where that compile was not fresh."""
+    first = tuned.trials[0] if tuned.trials else None
+    if first is None or not first.compile_s:
+        return None
+    cost = COMPILE_COST.get(name, 1.0)
+    said = f", {name} as {ratio(cost)} a compile" if cost != 1.0 else ""
+    return first.compile_s / COMPILE_COST.get(first.name, 1.0) * cost, f"from this build's first compile{said}"
 
 
 def expected_rounds(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> float:
