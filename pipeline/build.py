@@ -337,9 +337,15 @@ def compile_stage(
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
         if entry is not None and (why := tuned.not_decided()):
+            # compiled already where it is the search's own first candidate (H50 read "compiles it" as a second compile)
+            then = (
+                "the candidate this build compiled already"
+                if entry.chosen == tuned.chosen
+                else "and this build compiles it, as one without --update-lock does"
+            )
             say(
                 f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
-                f"this one stays ({entry.chosen}), and this build compiles it, as one without --update-lock does"
+                f"this one stays ({entry.chosen}), {then}"
             )
             if entry.chosen != tuned.chosen:  # else this build has compiled the entry's choice already
                 lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)

@@ -10,6 +10,7 @@ pickle file is read. The spec reads this module; it imports nothing above the sp
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -200,6 +201,23 @@ def _merged(generated: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _refuse_unused_dims(generated: dict[str, Any], raw: dict[str, Any], task: str, where: str) -> None:
+    """An override's [dims.X] that the task's inputs do not name, where it gives no [[inputs]] of its
+    own: a misspelling, which built with exit 0 and the user's range left out (H50: [dims.sequnce])."""
+    if "inputs" in raw:
+        return
+    known = list(generated["dims"])
+    for name in raw.get("dims") or {}:
+        if name in known:
+            continue
+        near = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+        raise SpecError(
+            f"{where}: key 'dims.{name}': the {task} task's inputs name no dim '{name}' (theirs: "
+            f"{', '.join(known)})" + (f"; did you mean [dims.{near[0]}]?" if near else ""),
+            f"rename it [dims.{near[0]}]" if near else "remove it, or give [[inputs]] of your own that use it",
+        )
+
+
 def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]:
     """A spec's TOML (``raw``, with ``model.hf`` set) completed from the checkpoint folder; a
     relative ``hf`` is taken from ``base`` (the spec's folder, or the current one for --hf)."""
@@ -228,6 +246,7 @@ def complete_spec(raw: dict[str, Any], base: Path, where: str) -> dict[str, Any]
             "(docs/library-models.md#a-wrapper-of-your-own)",
         ) from exc
     generated["model"] = {"description": _description(checkpoint, task)}
+    _refuse_unused_dims(generated, raw, task.name, where)
     completed = _merged(generated, raw)
     if SEQUENCE in generated["dims"]:  # before export: the config's limits, not torch's guard, say what fits
         check_sequence(

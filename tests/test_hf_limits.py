@@ -176,3 +176,20 @@ def test_the_sliding_window_decoder_builds_as_feature_extraction(tmp_path):
     ran = build_without_search(save_mistral(tmp_path / "mistral"), "feature-extraction", "mistral", tmp_path)
     assert ran.code == 0, ran.err
     assert "verified  last_hidden_state: 13 cases" in ran.out + ran.err
+
+
+@pytest.mark.parametrize("dims", ["min = 1\nmax = 32", "max = 32"])
+def test_a_misspelt_dim_in_an_override_is_refused_with_the_one_meant(tmp_path, dims):
+    """H50: `[dims.sequnce]` in an --hf override was added as a dim no input names: the build ended 0
+    with the sequence range left as the config's (the cap of 32 lost); with only `max` it said
+    'dims.sequnce.min': required, a key the user never wrote."""
+    save_mistral(tmp_path / "mistral")
+    spec = hf_spec(tmp_path, tmp_path / "mistral", "feature-extraction", f"[dims.sequnce]\n{dims}\n")
+    with pytest.raises(SpecError) as refused:
+        load_spec(spec)
+    assert refused.value.message == (
+        f"{spec}: key 'dims.sequnce': the feature-extraction task's inputs name no dim 'sequnce' (theirs: "
+        f"{', '.join(load_spec(hf_spec(tmp_path, tmp_path / 'mistral', 'feature-extraction')).spec.dims)}); "
+        "did you mean [dims.sequence]?"
+    )
+    assert refused.value.hint == "rename it [dims.sequence]"
