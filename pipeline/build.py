@@ -330,8 +330,7 @@ def compile_stage(
     does not decide, and is then compiled, as a build without --update-lock would (H43: such a build
     shipped the spec's options, dist/ refused them, and the refusal's hint rebuilt the entry's)."""
     say = ctx.progress.say
-    fresh = [name for name, plan in planned if not ctx.store.has(plan.key)]
-    beyond = len(fresh) - len(tune.likely_compiled(exported, planned, ctx.store))
+    beyond = len(tune.likely_left_out(exported, planned, ctx.store))
     header = tune.compile_header(len(planned), [skip.name for skip in skipped], ctx.out_dir, beyond)
     with ctx.progress.stage("compile", header):
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it

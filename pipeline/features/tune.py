@@ -155,6 +155,12 @@ def likely_compiled(exported: Exported, planned: list[tuple[str, CompilePlan]], 
     return search_time.counted(fresh, first_fresh, search_workers(exported, planned), budget_s, plain_s)
 
 
+def likely_left_out(exported: Exported, planned: list[tuple[str, CompilePlan]], store: Cache) -> list[str]:
+    """The fresh candidates the search's budget likely leaves out: the compile stage's first line counts them apart."""
+    compiles = likely_compiled(exported, planned, store)
+    return [name for name, plan in planned if not store.has(plan.key) and name not in compiles]
+
+
 def compile_estimate(tuned: Tuned, name: str) -> tuple[float, str] | None:
     """How long compiling ``name`` should take after this search, from its first fresh compile (both
     candidates' costs counted), and what that rests on; None where that compile was not fresh."""
