@@ -33,12 +33,16 @@ def latency_table(results: dict, variants: list[str], labels: dict[str, str], di
     for variant in variants:
         runs = results["latency_ms"][variant]
         cells = [
-            f"{runs[str(b)]['median_ms']:.{digits}f} / {runs[str(b)]['p90_ms']:.{digits}f}"
-            + (
-                " [{:.{d}f}–{:.{d}f}]".format(*runs[str(b)]["spread_ms"], d=digits)
-                if "spread_ms" in runs[str(b)]
-                else ""
+            (
+                f"{runs[str(b)]['median_ms']:.{digits}f} / {runs[str(b)]['p90_ms']:.{digits}f}"
+                + (
+                    " [{:.{d}f}–{:.{d}f}]".format(*runs[str(b)]["spread_ms"], d=digits)
+                    if "spread_ms" in runs[str(b)]
+                    else ""
+                )
             )
+            if str(b) in runs
+            else "—"  # not measured: a lease-sized CUDA run's torch.compile at its larger batch, or a cut-off run
             for b in batches
         ]
         cold = results["cold_start_s"].get(variant)  # a lease-sized CUDA run leaves torch.compile's out

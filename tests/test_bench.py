@@ -296,7 +296,8 @@ def test_a_lease_sized_cuda_run_reports_without_the_pt2_loader_or_torch_compiles
         "| the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8) | 0.850 | 0.95 | yes |" in report
     )
     assert ".pt2" not in report.split("## What limits it")[0]
-    assert "GPU busy share: not measured (this table was written once the latencies were in;" in report
+    assert "GPU busy share: not measured (this table is written as the latencies come in;" in report
+    assert "— in a latency column" not in report
 
 
 def test_a_cuda_run_cut_off_after_its_latencies_still_has_its_table_and_targets():
@@ -319,7 +320,7 @@ def test_a_cuda_run_cut_off_after_its_latencies_still_has_its_table_and_targets(
         "| the wheel with CUDA graphs <= 0.95x torch.compile reduce-overhead (batch 8) | 0.915 | 0.95 | yes |" in report
     )
     assert report.rstrip().endswith(
-        "Fresh starts and GPU busy share: not measured (this table was written once the latencies were in; "
+        "Fresh starts and GPU busy share: not measured (this table is written as the latencies come in; "
         "the run ended before its last phases, or is still in them)."
     )
 
@@ -437,9 +438,49 @@ def test_the_cuda_bench_hands_over_its_latencies_before_the_fresh_starts(monkeyp
     spec = REPO / "models" / "unet" / "spec.toml"
     with pytest.raises(TimeoutError):
         bench_cuda.measure(spec, [1, 8], artifacts, Path(sys.executable), lease=True, measured=handed.append)
-    [results] = handed
-    assert asked == ["latency"] * 10 + ["cold"]
+    results = handed[0]
+    assert handed == [results] * 5  # once the first batch is in, then after each row of the second
+    assert asked == ["latency"] * 9 + ["cold"]
     assert {v: sorted(r) for v, r in results["latency_ms"].items()} == {
-        v: ["1", "8"] for v in ("eager", "compile", "compile-ro", "wheel", "wheel-graphs")
+        "eager": ["1", "8"],
+        "compile": ["1"],  # a short loan leaves torch.compile's default mode out above batch 1
+        "compile-ro": ["1", "8"],
+        "wheel": ["1", "8"],
+        "wheel-graphs": ["1", "8"],
     }
-    assert bench_cuda.check_targets({**results, "batches": [1, 8]})  # with main()'s own fields: a table
+    assert len(bench_cuda.check_targets({**results, "batches": [1, 8]})) == 3  # with main()'s own fields
+
+
+def test_a_lease_cut_off_in_its_larger_batch_shows_what_it_measured_and_which_target_waits(monkeypatch):
+    """On an H200 (2026-11-28) a loan ended in the batch-8 rows: the run had written nothing, and
+    torch.compile's default mode at batch 8 (no target's row) had taken its time. Now the rows the
+    batch-8 target compares come first, each row reaches the table at once, and the table says
+    which cells and which target are still to come."""
+    from benchmarks import bench_cuda
+
+    asked: list[tuple[str, str]] = []
+
+    def run_json(cmd):
+        asked.append((cmd[cmd.index("benchmarks.variants") + 1], str(cmd[cmd.index("--batch") + 1])))
+        if len(asked) == 6:
+            raise TimeoutError("the loan ended")
+        return {"median_ms": 3.0, "p90_ms": 3.5, "first_call_s": 0.1}
+
+    monkeypatch.setattr(bench_cuda, "run_json", run_json)
+    handed: list[dict] = []
+    artifacts = {"wheel": "model_unet", "wheel-graphs": "model_unet"}
+    spec = REPO / "models" / "unet" / "spec.toml"
+    with pytest.raises(TimeoutError):
+        bench_cuda.measure(spec, [1, 8], artifacts, Path(sys.executable), lease=True, measured=handed.append)
+    assert asked[5] == ("compile-ro", "8")
+    partial = lease_results(handed[-1]["latency_ms"], cold_start_s={})
+    assert [t["target"] for t in partial["targets"]] == [
+        "the wheel with CUDA graphs >= 4x faster than eager (batch 1)",
+        "the wheel with CUDA graphs <= 0.8x torch.compile reduce-overhead (batch 1)",
+    ]
+    report = bench_cuda.markdown(partial)
+    assert "| the wheel, CUDA graphs (load()) | 3.00 / 3.50 | — | — |" in report
+    assert (
+        "— in a latency column: not measured (a short loan, --lease, leaves torch.compile's default mode out "
+        "above batch 1; any other row there, the run ended before it); the target at batch 8 waits for its two rows."
+    ) in report
