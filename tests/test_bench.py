@@ -417,20 +417,19 @@ def test_the_bench_shows_a_build_s_lines_as_they_come(capfd):
     assert capfd.readouterr().err.splitlines() == ["==> compile", "built"]  # stdout too, beside the bench's own lines
 
 
-def test_the_cuda_bench_hands_over_its_latencies_before_the_fresh_starts(monkeypatch):
-    """Which order measure() runs in, with the variants' GPU processes stood in for (they need a
-    GPU): every latency is handed to ``measured`` before the first fresh start, and a run that
-    ends in the fresh-start phase (a short loan) has handed them over already."""
+def lease_measured_until(monkeypatch, loan_ends) -> tuple[list[list], list[dict]]:
+    """bench_cuda.measure() of a short loan at batch 1 and 8, the variants' GPU processes stood in
+    for (they need a GPU): the commands it ran, and what it handed to ``measured``, up to the
+    command at which ``loan_ends(commands so far)``."""
     from benchmarks import bench_cuda
 
-    asked: list[str] = []
+    asked: list[list] = []
 
     def run_json(cmd):
-        mode = cmd[cmd.index("--mode") + 1]
-        asked.append(mode)
-        if mode == "cold":
+        asked.append(cmd)
+        if loan_ends(asked):
             raise TimeoutError("the loan ended")
-        return {"median_ms": 1.0, "p90_ms": 1.0, "first_call_s": 0.1}
+        return {"median_ms": 3.0, "p90_ms": 3.5, "first_call_s": 0.1}
 
     monkeypatch.setattr(bench_cuda, "run_json", run_json)
     handed: list[dict] = []
@@ -438,9 +437,18 @@ def test_the_cuda_bench_hands_over_its_latencies_before_the_fresh_starts(monkeyp
     spec = REPO / "models" / "unet" / "spec.toml"
     with pytest.raises(TimeoutError):
         bench_cuda.measure(spec, [1, 8], artifacts, Path(sys.executable), lease=True, measured=handed.append)
+    return asked, handed
+
+
+def test_the_cuda_bench_hands_over_its_latencies_before_the_fresh_starts(monkeypatch):
+    """Every latency is handed to ``measured`` before the first fresh start, and a run that ends in
+    the fresh-start phase (a short loan) has handed them over already."""
+    from benchmarks import bench_cuda
+
+    asked, handed = lease_measured_until(monkeypatch, lambda asked: "cold" in asked[-1])
     results = handed[0]
     assert handed == [results] * 5  # once the first batch is in, then after each row of the second
-    assert asked == ["latency"] * 9 + ["cold"]
+    assert [cmd[cmd.index("--mode") + 1] for cmd in asked] == ["latency"] * 9 + ["cold"]
     assert {v: sorted(r) for v, r in results["latency_ms"].items()} == {
         "eager": ["1", "8"],
         "compile": ["1"],  # a short loan leaves torch.compile's default mode out above batch 1
@@ -458,21 +466,9 @@ def test_a_lease_cut_off_in_its_larger_batch_shows_what_it_measured_and_which_ta
     which cells and which target are still to come."""
     from benchmarks import bench_cuda
 
-    asked: list[tuple[str, str]] = []
-
-    def run_json(cmd):
-        asked.append((cmd[cmd.index("benchmarks.variants") + 1], str(cmd[cmd.index("--batch") + 1])))
-        if len(asked) == 6:
-            raise TimeoutError("the loan ended")
-        return {"median_ms": 3.0, "p90_ms": 3.5, "first_call_s": 0.1}
-
-    monkeypatch.setattr(bench_cuda, "run_json", run_json)
-    handed: list[dict] = []
-    artifacts = {"wheel": "model_unet", "wheel-graphs": "model_unet"}
-    spec = REPO / "models" / "unet" / "spec.toml"
-    with pytest.raises(TimeoutError):
-        bench_cuda.measure(spec, [1, 8], artifacts, Path(sys.executable), lease=True, measured=handed.append)
-    assert asked[5] == ("compile-ro", "8")
+    asked, handed = lease_measured_until(monkeypatch, lambda asked: len(asked) == 6)
+    last = asked[-1]
+    assert (last[last.index("benchmarks.variants") + 1], last[last.index("--batch") + 1]) == ("compile-ro", 8)
     partial = lease_results(handed[-1]["latency_ms"], cold_start_s={})
     assert [t["target"] for t in partial["targets"]] == [
         "the wheel with CUDA graphs >= 4x faster than eager (batch 1)",
