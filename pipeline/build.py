@@ -336,20 +336,23 @@ def compile_stage(
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
         if entry is not None and (why := tuned.not_decided()):
-            # compiled already where it is the search's own first candidate (H50 read "compiles it" as a second compile)
-            then = (
-                "the candidate this build compiled already"
-                if entry.chosen == tuned.chosen
-                else "and this build compiles it, as one without --update-lock does"
-            )
+            # compiled already where it is the search's own first candidate (H50 read "compiles it" as a
+            # second compile), taken from the build cache where it is there (H51 read "compiles it", then
+            # "no recompile")
+            lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
+            cached = ctx.store.has(lone[0][1].key)
+            if entry.chosen == tuned.chosen:
+                then = "the candidate this build compiled already"
+            else:
+                done = "takes it from the build cache" if cached else "compiles it"
+                then = f"and this build {done}, as one without --update-lock does"
             say(
                 f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
                 f"this one stays ({entry.chosen}), {then}"
             )
             if entry.chosen != tuned.chosen:  # else this build has compiled the entry's choice already
-                lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
                 # its own figure: the search's last ("its install", 2 s) stayed through a 25 s compile (H49)
-                guess = None if ctx.store.has(lone[0][1].key) else tune.compile_estimate(tuned, entry.chosen)
+                guess = None if cached else tune.compile_estimate(tuned, entry.chosen)
                 ctx.progress.estimate(*(guess or (None, None)))
                 tuned = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False)
             locked = entry

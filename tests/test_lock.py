@@ -282,6 +282,15 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     assert report["compile_search"]["chosen"] == entry and report["compile_search"]["locked"] == str(path)
     assert f"  search    --update-lock's search did not decide: spec.lock.json's entry kept ({entry})" in ran.stderr
+    if entry == "freezing":  # H51: once compiled, the entry comes from the build cache, and the line says so
+        again = subprocess.run([sys.executable, "-c", WIDE_ROUNDS, *args], capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert (
+            "    --update-lock: the search did not decide (the noise stopped it), so spec.lock.json's entry for "
+            "builds like this one stays (freezing), and this build takes it from the build cache, as one without "
+            "--update-lock does"
+        ) in again.stderr.splitlines(), again.stderr
+        assert "reused the compiled model from build cache" in again.stderr
 
 
 def deciding_search(tmp_path: Path) -> list[str]:
