@@ -224,11 +224,13 @@ def build_target(ctx: BuildContext) -> BuildResult:
                 overwrite=ctx.overwrite,
             )
         except OutputDirError:
+            before = options_lock.Before.of(ctx.spec_file.path, searched)
             if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version)):
+                assert before is not None  # a lock was written: the spec has a lock file's place
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
                 ctx.progress.say(
                     f"    the lock's entry now names {tuned.chosen}: until dist/ takes this build (--overwrite), plain "
-                    "builds make it and dist/ refuses them alike; `git checkout` the lock file to go back"
+                    f"builds make it and dist/ refuses them alike; {before.way_back(ctx.work_dir)}"
                 )
             raise
     _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))

@@ -325,7 +325,7 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     assert why.startswith("no other candidate was compiled (") and "cannot pay back its compile" in why, why
     said = (
         "    the lock's entry now names spec-options: until dist/ takes this build (--overwrite), plain builds make "
-        "it and dist/ refuses them alike; `git checkout` the lock file to go back"
+        f"it and dist/ refuses them alike; to go back, remove {tmp_path / 'm' / 'spec.lock.json'} (this build made it)"
     )
     assert said in refused.err.splitlines(), refused.err
     assert refused.err.index(said) < refused.err.index("error: ")
@@ -340,6 +340,31 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     # the search row is the cached build's: this run searched nothing (H47 read it as its own)
     rows = [line for line in later.err.splitlines() if line.startswith("  search    ")]
     assert rows and rows[0].startswith("  search    the cached build's: "), later.err
+
+
+@pytest.mark.parametrize("had", ["this key's entry", "another key's entry"])
+def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_path, monkeypatch, had):
+    """H51: the refusal's "`git checkout` the lock file to go back" dropped the entry a newcomer's
+    own first build had written and never committed, where going back meant that entry. The file as
+    it was is kept in the build folder, and the line gives the command that puts it back."""
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    spec = spec_copy(tmp_path / "m", GOOD)
+    ours = lock.Key("cpu", "AVX512", "2.13.0+cpu", {})
+    path = tmp_path / "m" / "spec.lock.json"
+    lock.write(path, ours if had == "this key's entry" else lock.Key("cpu", "AVX2", "2.13.0+cpu", {}), "freezing", {})
+    committed = path.read_text()
+    before = lock.Before.of(spec, ours)
+    lock.write(path, ours, "max-autotune", {"max_autotune": True})  # the refused build's search
+    said = before.way_back(tmp_path / "build" / "tiny" / "0.1" / "cpu")
+    was = "its entry: freezing" if had == "this key's entry" else "no entry for builds like this one"
+    assert (
+        said
+        == f"to go back to the lock as it was ({was}), `cp build/tiny/0.1/cpu/spec.lock.json.before m/spec.lock.json`"
+    )
+    subprocess.run(said.split("`")[1], shell=True, check=True)  # the command as the line gives it
+    assert path.read_text() == committed
 
 
 def test_a_search_with_no_spec_file_says_its_choice_is_locked_nowhere(tmp_path):

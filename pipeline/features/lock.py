@@ -91,6 +91,44 @@ class Locked:
         return {"chosen": self.chosen, "overrides": self.overrides, "search": self.search}
 
 
+@dataclass(frozen=True)
+class Before:
+    """The lock file as it was before a build wrote its search's choice: what a refused build's
+    "to go back" offers (H51: `git checkout` of the file dropped an entry its first build had
+    written and never committed, where going back meant that entry)."""
+
+    path: Path
+    text: str | None  # None: no file
+    chosen: str | None  # its entry for the build's key, if any
+
+    @classmethod
+    def of(cls, spec_path: Path, key: Key | None) -> Before | None:
+        path = lock_path(spec_path)
+        if path is None or key is None:
+            return None
+        text = path.read_text() if path.is_file() else None
+        entry = find(path, key)[0] if text is not None else None
+        return cls(path, text, entry.chosen if entry else None)
+
+    def way_back(self, keep_in: Path) -> str:
+        """How to put the file back as it was; a copy of it goes in ``keep_in`` (the build folder)."""
+        if self.text is None:
+            return f"to go back, remove {shown(self.path)} (this build made it)"
+        kept = keep_in / f"{self.path.name}.before"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(self.text)
+        was = f"its entry: {self.chosen}" if self.chosen else "no entry for builds like this one"
+        return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
+
+
+def shown(path: Path) -> str:
+    """``path`` as a command to copy names it: from the current folder where it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def compile_keys(compile_section: dict[str, Any]) -> dict[str, Any]:
     """The spec's [compile] keys that decide the candidates (not whether or how long to search)."""
     return {k: v for k, v in sorted(compile_section.items()) if k not in CompileSection.SEARCH_KEYS}
