@@ -114,10 +114,13 @@ class Before:
         """How to put the file back as it was; a copy of it goes in ``keep_in`` (the build folder)."""
         if self.text is None:
             return f"to go back, remove {shown(self.path)} (this build made it)"
-        kept = keep_in / f"{self.path.name}.before"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(self.text)
         was = f"its entry: {self.chosen}" if self.chosen else "no entry for builds like this one"
+        kept = keep_in / f"{self.path.name}.before"
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(self.text)
+        except OSError:  # said on the way to dist/'s refusal, which stays the error
+            return f"to go back, restore {shown(self.path)} as it was before this build ({was})"
         return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
 
 
