@@ -952,6 +952,29 @@ def choose_said(exported, planned, noise, cache_dir: Path):
     return (*found, said)
 
 
+def test_a_noise_refusal_from_an_earlier_build_says_against_what_and_on_how_many_threads():
+    """H52: "it measured 1.05x in an earlier build of this model" left out faster than what, and
+    that the earlier build's rounds ran on 2 threads where this 1-thread search's did not."""
+    from pipeline.features import rounds
+
+    earlier = {
+        "candidates": [
+            {"name": "max-autotune", "median_ms": 60.0, "base_median_ms": 62.4, "threads": 2},
+            {"name": "freezing", "median_ms": 60.0, "base_median_ms": 62.4},  # a report of before threads were kept
+        ]
+    }
+    expected = {one.name: one for one in payback.expectations(["max-autotune", "freezing"], earlier)}
+    autotune, freezing = expected["max-autotune"], expected["freezing"]
+    noise = rounds.Timed((124.0, 124.0, 130.0, 130.0, 125.0))
+    assert payback.noise_refusal(autotune, noise, "spec-options") == (
+        "cannot win beyond the noise: spec-options's rounds spread 1.05x (124-130 ms), and an earlier build of this "
+        "model (its rounds on 2 threads) measured it 1.04x faster than spec-options"
+    )
+    assert payback.noise_refusal(freezing, noise, "spec-options").endswith(
+        "and an earlier build of this model measured it 1.04x faster than spec-options"
+    )
+
+
 def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compiling_a_candidate(tmp_path):
     from pipeline.summary import search_lines
 
@@ -1049,6 +1072,16 @@ def test_one_stalled_round_of_five_is_left_out_of_the_range_and_stops_no_search(
         "spec-options",
     )
     assert won == "freezing" and why.startswith("its slowest round (7.3 ms)"), why
+    # two rounds that round to one figure are said with the digits that tell them apart (H52 read
+    # "its slowest round (0.119 ms) is faster than spec-options's fastest (0.119 ms)" as false)
+    won, why = tune.rounds.choose(
+        {
+            "spec-options": tune.rounds.Timed((0.126, 0.128, 0.128, 0.123, 0.119321)),
+            "max-autotune": tune.rounds.Timed((0.119245, 0.118, 0.119, 0.116, 0.111)),
+        },
+        "spec-options",
+    )
+    assert why.startswith("its slowest round (0.1192 ms) is faster than spec-options's fastest (0.1193 ms)"), why
     # only one round, of a full set, and only where it stands far out: two slow rounds are noise
     assert tune.rounds.Timed((0.1, 0.1, 0.1, 100.0, 120.0)).stalled_ms is None
     assert tune.rounds.Timed((0.1, 0.1, 132.0)).stalled_ms is None

@@ -58,18 +58,20 @@ class Expected:
     gain: float
     cost: float
     measured: bool  # from an earlier build's report, not the prior
+    threads: int | None = None  # what that build's rounds ran on, where measured and recorded
 
     @property
     def value(self) -> float:
         """Expected gain per compile (in units of a plain compile): the search's order."""
         return (self.gain - 1.0) / self.cost
 
-    def source(self) -> str:
-        return (
-            f"measured {ratio(self.gain)} in an earlier build of this model"
-            if self.measured
-            else f"plausibly gains at most {ratio(self.gain)}"
-        )
+    def source(self, baseline: str) -> str:
+        """Where its expected gain comes from ("it measured 1.05x in an earlier build" left out
+        against what, and on how many threads: H52's 1-thread search quoted a 2-thread build)."""
+        if not self.measured:
+            return f"it plausibly gains at most {ratio(self.gain)}"
+        on = f" (its rounds on {self.threads} thread{'s' if self.threads != 1 else ''})" if self.threads else ""
+        return f"an earlier build of this model{on} measured it {ratio(self.gain)} faster than {baseline}"
 
 
 def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
@@ -92,6 +94,7 @@ def earlier_search(cache_dir: Path, model: str, target: str) -> dict:
                     "base_median_ms": base.get("median_ms"),
                     "base_compile_s": base.get("compile_s"),
                     "shared": shared,
+                    "threads": search.get("threads"),
                 }
         for skip in search.get("not_tried", ()):  # what it did not time, as an earlier build had (carried forward)
             if isinstance(skip, dict) and isinstance(skip.get("earlier"), dict) and skip.get("name") not in merged:
@@ -121,11 +124,13 @@ def expectations(names: list[str], earlier: dict) -> list[Expected]:
             seen.get("base_median_ms", base.get("median_ms")),
             seen.get("base_compile_s", base.get("compile_s")),
         )
+        threads = None
         if seen.get("median_ms") and base_ms:
             gain, measured = base_ms / seen["median_ms"], True
+            threads = seen.get("threads") if isinstance(seen.get("threads"), int) else None
         if seen.get("compile_s") and base_s and not seen.get("shared", shared):
             cost = seen["compile_s"] / base_s
-        out.append(Expected(name, gain, max(cost, 0.05), measured))
+        out.append(Expected(name, gain, max(cost, 0.05), measured, threads))
     return sorted(out, key=lambda e: -e.value)
 
 
@@ -161,7 +166,7 @@ def noise_refusal(expected: Expected, noise: Timed, baseline: str) -> str | None
         return None
     return (
         f"cannot win beyond the noise: {baseline}'s rounds spread {ratio(needed)} ({figure(noise.low_ms)}-"
-        f"{figure(noise.high_ms)} ms), and it {expected.source()}"
+        f"{figure(noise.high_ms)} ms), and {expected.source(baseline)}"
     )
 
 

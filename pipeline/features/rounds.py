@@ -19,7 +19,7 @@ import torch
 
 from ..services import contention
 from ..services.progress import check_stop, estimate, step
-from ..services.wording import figure, ratio
+from ..services.wording import apart, figure, ratio
 
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds
@@ -181,7 +181,8 @@ def choose(timed: dict[str, Timed], baseline: str, medians_trusted: bool = True)
         for name in winners
         if name != best
     )
+    slowest, fastest = apart(timed[best].high_ms, base.low_ms)
     return best, (
-        f"its slowest round ({figure(timed[best].high_ms)} ms) is faster than {baseline}'s fastest "
-        f"({figure(base.low_ms)} ms), and its median is the lowest of those that are{close}{passed_over}"
+        f"its slowest round ({slowest} ms) is faster than {baseline}'s fastest "
+        f"({fastest} ms), and its median is the lowest of those that are{close}{passed_over}"
     )
