@@ -325,13 +325,20 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     assert why.startswith("no other candidate was compiled (") and "cannot pay back its compile" in why, why
     said = (
         "    the lock's entry now names spec-options: until dist/ takes this build (--overwrite), plain builds make "
-        f"it and dist/ refuses them alike; to go back, remove {tmp_path / 'm' / 'spec.lock.json'} (this build made it)"
+        "it and dist/ refuses them alike; no way back through the lock (this build made the file, and a build "
+        "without an entry is this build again, from the build cache): the hint below says the ways on"
     )
     assert said in refused.err.splitlines(), refused.err
     assert refused.err.index(said) < refused.err.index("error: ")
     again = run_cli("build", *args)  # the refused build, whole, from the build cache: refused alike, at once
     assert again.code == OutputDirError.exit_code and "reusing its verified wheel" in again.err, again.err
     assert "==> doctor" not in again.err, again.err
+    # without the file, as before the refused build, a build is that build again (H52 removed it, as told)
+    entries = (tmp_path / "m" / "spec.lock.json").read_text()
+    (tmp_path / "m" / "spec.lock.json").unlink()
+    without = run_cli("build", *args)
+    assert without.code == OutputDirError.exit_code and "reusing its verified wheel" in without.err, without.err
+    (tmp_path / "m" / "spec.lock.json").write_text(entries)
     overwritten = run_cli("build", *args, "--overwrite")
     assert overwritten.code == 0 and "reusing its verified wheel" in overwritten.err, overwritten.err
     later = run_cli("build", *args)  # the build the lock's entry makes, as the search made it
@@ -342,29 +349,35 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     assert rows and rows[0].startswith("  search    the cached build's: "), later.err
 
 
-@pytest.mark.parametrize("had", ["this key's entry", "another key's entry"])
-def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_path, monkeypatch, had):
+def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_path, monkeypatch):
     """H51: the refusal's "`git checkout` the lock file to go back" dropped the entry a newcomer's
     own first build had written and never committed, where going back meant that entry. The file as
-    it was is kept in the build folder, and the line gives the command that puts it back."""
+    it was is kept in the build folder, and the line gives the command that puts it back. Without an
+    entry before, a build is the refused one again (the build cache has it): no way back is offered."""
     import subprocess
 
     monkeypatch.chdir(tmp_path)
     spec = spec_copy(tmp_path / "m", GOOD)
-    ours = lock.Key("cpu", "AVX512", "2.13.0+cpu", {})
+    ours, other = lock.Key("cpu", "AVX512", "2.13.0+cpu", {}), lock.Key("cpu", "AVX2", "2.13.0+cpu", {})
     path = tmp_path / "m" / "spec.lock.json"
-    lock.write(path, ours if had == "this key's entry" else lock.Key("cpu", "AVX2", "2.13.0+cpu", {}), "freezing", {})
+    lock.write(path, other, "freezing", {})
+    without_ours = lock.Before.of(spec, ours)
+    lock.write(path, ours, "freezing", {})
     committed = path.read_text()
     before = lock.Before.of(spec, ours)
     lock.write(path, ours, "max-autotune", {"max_autotune": True})  # the refused build's search
-    said = before.way_back(tmp_path / "build" / "tiny" / "0.1" / "cpu")
-    was = "its entry: freezing" if had == "this key's entry" else "no entry for builds like this one"
-    assert (
-        said
-        == f"to go back to the lock as it was ({was}), `cp build/tiny/0.1/cpu/spec.lock.json.before m/spec.lock.json`"
+    kept_in = tmp_path / "build" / "tiny" / "0.1" / "cpu"
+    said = before.way_back(kept_in)
+    assert said == (
+        "to go back to the lock as it was (its entry: freezing), "
+        "`cp build/tiny/0.1/cpu/spec.lock.json.before m/spec.lock.json`"
     )
     subprocess.run(said.split("`")[1], shell=True, check=True)  # the command as the line gives it
     assert path.read_text() == committed
+    assert without_ours.way_back(kept_in).startswith(
+        "no way back through the lock (it had no entry for builds like this one, and a build without an entry is "
+        "this build again, from the build cache)"
+    )
 
 
 def test_a_search_with_no_spec_file_says_its_choice_is_locked_nowhere(tmp_path):

@@ -111,14 +111,20 @@ class Before:
         return cls(path, text, entry.chosen if entry else None)
 
     def way_back(self, keep_in: Path) -> str:
-        """How to put the file back as it was; a copy of it goes in ``keep_in`` (the build folder)."""
-        if self.text is None:
-            return f"to go back, remove {shown(self.path)} (this build made it)"
-        was = f"its entry: {self.chosen}" if self.chosen else "no entry for builds like this one"
+        """How to put the file back as it was; a copy of it goes in ``keep_in`` (the build folder).
+        Only an entry this build replaced is a way back: without one, a build is this one again, from
+        the build cache (H52 removed the file a refused build had made, and was refused again)."""
+        if self.chosen is None:
+            made = "this build made the file" if self.text is None else "it had no entry for builds like this one"
+            return (
+                f"no way back through the lock ({made}, and a build without an entry is this build again, from the "
+                "build cache): the hint below says the ways on"
+            )
+        was = f"its entry: {self.chosen}"
         kept = keep_in / f"{self.path.name}.before"
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
-            kept.write_text(self.text)
+            kept.write_text(self.text or "")  # a file with an entry has text
         except OSError:  # said on the way to dist/'s refusal, which stays the error
             return f"to go back, restore {shown(self.path)} as it was before this build ({was})"
         return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
