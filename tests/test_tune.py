@@ -832,6 +832,14 @@ def test_a_locked_choice_says_the_threads_it_was_timed_on_and_a_lower_median_wit
         "with other threads, may choose otherwise; `--update-lock` there searches again)"
     ]
     assert json.loads(path.read_text())["entries"][0]["threads"] == 1
+    # an --update-lock search that chooses as the entry did says so (H52 read "wrote the search's choice" as new)
+    said.clear()
+    lock.after_search(spec.path, key, tuned, {}, {"chosen": tuned.chosen, **tuned.manifest_record()}, said.append)
+    assert said[0] == (
+        f"    the search chose spec-options again, timed on 1 thread: {path}'s entry for builds like this one (cpu, "
+        f"CPU kind AVX2, torch {torch.__version__}) still names it, with this search's timings (the file's diff is "
+        "its record, not a new choice)"
+    ), said
     # a build on other threads is told what the entry was timed on; one on the same threads is not
     said.clear()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)

@@ -314,12 +314,22 @@ def keep_choice(
     path = lock_path(spec_path)
     assert path is not None  # consult() gives a key only to a spec with a file of its own
     rest = {k: v for k, v in search.items() if k != "chosen"}
+    previous = find(path, key)[0]
     write(path, key, search["chosen"], overrides, rest, tuned.why, tuned.threads)
     timed_on = f", timed on {_threads(tuned.threads)}" if tuned.threads else ""
-    say(
-        f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}: builds like this one "
-        f"({key.describe()}) use it and run no search (commit the file to keep that for everyone who builds this spec)"
-    )
+    if previous is not None and previous.chosen == search["chosen"]:
+        # H52 read "wrote the search's choice" after an --update-lock that chose as before as a new choice
+        say(
+            f"    the search chose {search['chosen']} again{timed_on}: {path}'s entry for builds like this one "
+            f"({key.describe()}) still names it, with this search's timings (the file's diff is its record, not "
+            "a new choice)"
+        )
+    else:
+        say(
+            f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}: builds like this one "
+            f"({key.describe()}) use it and run no search (commit the file to keep that for everyone who builds "
+            "this spec)"
+        )
     if lower := _lower_median(tuned):
         say(lower)
     written = find(path, key)[0]
