@@ -119,9 +119,30 @@ def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, c
     )
     ran = publish(home, wheel, **env)
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
-    assert f"error: {wheel.name} already on the index; nothing uploaded" in ran.err
-    assert "bump model.version" in ran.err
+    if checked_by == "simple page":  # the page's sha256 says it is this very file, and how a re-run passes
+        assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in ran.err
+        assert f"error: {wheel.name} already on the index, the same file; nothing uploaded" in ran.err
+        assert "hint: --skip-existing (make publish ARGS=--skip-existing) passes" in ran.err
+    else:
+        assert f"error: {wheel.name} already on the index; nothing uploaded" in ran.err
+        assert "bump model.version" in ran.err
     assert listing(Path(state["data"])) == before
+
+
+def test_publishing_another_build_of_a_published_version_says_the_index_holds_another(published, tmp_path):
+    """H53: after `build --overwrite` changed dist/'s wheel, publish said "already on the index … left as
+    it is", with no word that the index held another build, which `pip install` then gave."""
+    home, state, wheel = published
+    other = rewrite(
+        wheel, tmp_path, lambda name, data: data + b"\n" if name.endswith("METADATA") else data, rerecord=True
+    )
+    ran = run_cli("publish", "--without-report", "--wheel", str(other), cwd=home)
+    assert ran.code == AlreadyPublishedError.exit_code, ran.err
+    theirs = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
+    ours = hashlib.sha256(other.read_bytes()).hexdigest()[:16]
+    said = f"{other.name}: already on the index (cpu), another build of it (its sha256 {theirs}…, this wheel's {ours}…)"
+    assert said in ran.err, ran.err
+    assert "bump model.version" in ran.err
 
 
 def rewrite(wheel: Path, out: Path, change, *, rerecord: bool = False) -> Path:

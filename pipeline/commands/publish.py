@@ -190,16 +190,19 @@ def _publish(
     uploaded: list[str] = []
     existing: list[str] = []
     identical: list[str] = []
+    same_files: list[str] = []  # of those on the index, the ones it holds byte for byte
     for wheel, manifest in manifests:
         target = wheel_targets.variant(manifest)
         page = index.simple_url(target)
         known = on_index(index, target, manifest["dist_name"])  # None where there is no page
         if known is not None and page is not None and wheel.name in known:
-            same = skip_existing and (
-                published_sha256(index, known[wheel.name], page) == wheel_integrity.sha256_file(wheel)
-            )
-            say(f"    {wheel.name}: already on the index ({target}){', the same file' if same else ''}, left as it is")
-            (identical if same else existing).append(wheel.name)
+            ours = wheel_integrity.sha256_file(wheel)
+            theirs = _their_sha256(index, known[wheel.name], page, skip_existing)
+            same = theirs == ours
+            say(f"    {wheel.name}: already on the index ({target}){_which_file(theirs, ours)}, left as it is")
+            (identical if same and skip_existing else existing).append(wheel.name)
+            if same:
+                same_files.append(wheel.name)
         elif not _upload(index, wheel, target):
             say(f"    {wheel.name}: already on the index ({target}), left as it is")
             existing.append(wheel.name)
@@ -209,13 +212,38 @@ def _publish(
                 say(f"      install it: {install_line(manifest, page, index.local)}")
             uploaded.append(wheel.name)
     if existing and (skip_existing or not uploaded):
-        raise _refusal(existing, uploaded, skip_existing)
+        raise _refusal(existing, uploaded, skip_existing, same_files)
     return Published(tuple(uploaded), tuple(existing + identical))
 
 
-def _refusal(existing: list[str], uploaded: list[str], skip_existing: bool) -> AlreadyPublishedError:
+def _their_sha256(index: Index, file_url: str, page: str, needed: bool) -> str | None:
+    """The index's file's sha256, to say whether it is this wheel; where only said (not --skip-existing),
+    an index that cannot tell leaves it unsaid (H53: "already on the index" after dist/'s wheel had
+    changed, with no word that the index held another build)."""
+    try:
+        return published_sha256(index, file_url, page)
+    except IndexServerError:
+        if needed:
+            raise
+        return None
+
+
+def _which_file(theirs: str | None, ours: str) -> str:
+    if theirs is None:
+        return ""
+    if theirs == ours:
+        return ", the same file"
+    return f", another build of it (its sha256 {theirs[:16]}…, this wheel's {ours[:16]}…)"
+
+
+def _refusal(existing: list[str], uploaded: list[str], skip_existing: bool, same: list[str]) -> AlreadyPublishedError:
     hint = "an index never replaces a published version: bump model.version in the spec to publish a change"
     if not skip_existing:
+        if same and set(same) == set(existing):  # nothing to publish: say how a re-run ends 0
+            return AlreadyPublishedError(
+                f"{', '.join(existing)} already on the index, the same file; nothing uploaded",
+                "--skip-existing (make publish ARGS=--skip-existing) passes a wheel the index holds byte for byte",
+            )
         return AlreadyPublishedError(f"{', '.join(existing)} already on the index; nothing uploaded", hint)
     done = f" ({len(uploaded)} other wheel(s) uploaded)" if uploaded else ""
     return AlreadyPublishedError(
