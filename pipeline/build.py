@@ -228,10 +228,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
             if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version)):
                 assert before is not None  # a lock was written: the spec has a lock file's place
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
-                ctx.progress.say(
-                    f"    the lock's entry now names {tuned.chosen}: until dist/ takes this build (--overwrite), plain "
-                    f"builds make it and dist/ refuses them alike; {before.way_back(ctx.work_dir)}"
-                )
+                ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir))
             raise
     _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))
     return result

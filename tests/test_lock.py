@@ -367,16 +367,23 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
     before = lock.Before.of(spec, ours)
     lock.write(path, ours, "max-autotune", {"max_autotune": True})  # the refused build's search
     kept_in = tmp_path / "build" / "tiny" / "0.1" / "cpu"
-    said = before.way_back(kept_in)
+    plain = "until dist/ takes this build (--overwrite), plain builds make it and dist/ refuses them alike; "
+    back = "`cp build/tiny/0.1/cpu/spec.lock.json.before m/spec.lock.json`"
+    said = before.refused("max-autotune", kept_in)
     assert said == (
-        "to go back to the lock as it was (its entry: freezing), "
-        "`cp build/tiny/0.1/cpu/spec.lock.json.before m/spec.lock.json`"
+        f"    the lock's entry now names max-autotune: {plain}to go back to the lock as it was (its entry: freezing), "
+        + back
+    )
+    # H53: a second refused search that chose max-autotune again keeps the way back the first offered
+    assert lock.Before.of(spec, ours).refused("max-autotune", kept_in) == (
+        f"    the lock's entry still names max-autotune: {plain}to go back to the lock as it was before an earlier "
+        f"build changed it (its entry: freezing), {back}"
     )
     subprocess.run(said.split("`")[1], shell=True, check=True)  # the command as the line gives it
     assert path.read_text() == committed
-    assert without_ours.way_back(kept_in).startswith(
+    assert without_ours.refused("max-autotune", kept_in).endswith(
         "no way back through the lock (it had no entry for builds like this one, and a build without an entry is "
-        "this build again, from the build cache)"
+        "this build again, from the build cache): the hint below says the ways on"
     )
 
 

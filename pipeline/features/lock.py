@@ -98,6 +98,7 @@ class Before:
     written and never committed, where going back meant that entry)."""
 
     path: Path
+    key: Key
     text: str | None  # None: no file
     chosen: str | None  # its entry for the build's key, if any
 
@@ -108,11 +109,22 @@ class Before:
             return None
         text = path.read_text() if path.is_file() else None
         entry = find(path, key)[0] if text is not None else None
-        return cls(path, text, entry.chosen if entry else None)
+        return cls(path, key, text, entry.chosen if entry else None)
 
-    def way_back(self, keep_in: Path) -> str:
-        """How to put the file back as it was; a copy of it goes in ``keep_in`` (the build folder).
-        Only an entry this build replaced is a way back: without one, a build is this one again, from
+    def refused(self, chosen: str, keep_in: Path) -> str:
+        """The line before dist/'s refusal of a build whose search wrote ``chosen`` in the lock: what
+        plain builds now make, and the way back; the file as it was goes in ``keep_in`` (the build
+        folder). H53: a search that chose the entry's options again said "now names" them, and its
+        copy replaced the one an earlier refusal had offered, the way back to dist/'s options."""
+        again = self.chosen == chosen
+        return (
+            f"    the lock's entry {'still' if again else 'now'} names {chosen}: until dist/ takes this build "
+            f"(--overwrite), plain builds make it and dist/ refuses them alike; "
+            + (self._kept_earlier(keep_in, chosen) if again else self._way_back(keep_in))
+        )
+
+    def _way_back(self, keep_in: Path) -> str:
+        """Only an entry this build replaced is a way back: without one, a build is this one again, from
         the build cache (H52 removed the file a refused build had made, and was refused again)."""
         if self.chosen is None:
             made = "this build made the file" if self.text is None else "it had no entry for builds like this one"
@@ -128,6 +140,20 @@ class Before:
         except OSError:  # said on the way to dist/'s refusal, which stays the error
             return f"to go back, restore {shown(self.path)} as it was before this build ({was})"
         return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
+
+    def _kept_earlier(self, keep_in: Path, chosen: str) -> str:
+        """The way back an earlier refused build kept, where it leads elsewhere than ``chosen``."""
+        kept = keep_in / f"{self.path.name}.before"
+        try:
+            earlier = find(kept, self.key)[0] if kept.is_file() else None
+        except SpecError:  # not a lock any more: offered no longer
+            earlier = None
+        if earlier is None or earlier.chosen == chosen:
+            return "the hint below says the ways on"
+        return (
+            f"to go back to the lock as it was before an earlier build changed it (its entry: {earlier.chosen}), "
+            f"`cp {shown(kept)} {shown(self.path)}`"
+        )
 
 
 def shown(path: Path) -> str:
