@@ -221,11 +221,19 @@ def _key(loc: tuple[object, ...]) -> str:
     return key or "(top level)"
 
 
-def read_spec_toml(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The spec file's path (a folder's spec.toml) and its TOML, not yet validated."""
+def read_spec_toml(path: str | Path, overrides: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The spec file's path (a folder's spec.toml) and its TOML, not yet validated. ``overrides``:
+    an --hf build's --spec, a file of the keys that differ from the checkpoint's (H53 was told of
+    "a model's spec.toml, or the folder that holds it" for one, with the path as typed)."""
     spec_path = Path(path).resolve()
     if spec_path.is_dir():
         spec_path = spec_path / "spec.toml"
+    if overrides and not spec_path.is_file():
+        raise SpecError(
+            f"{path}: no such override spec ({spec_path} {_not_a_file(spec_path)})",
+            "with --hf, --spec takes a TOML file of only the keys that differ from those made from the "
+            "checkpoint (docs/library-models.md shows one); check its path",
+        )
     if not spec_path.is_file():
         # the models beside it named: `make build MODEL=nosuch` got a hint of --spec, which make users never type
         models = spec_path.parent.parent
@@ -360,7 +368,7 @@ def with_overrides(
 
 def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None, spec: str | None) -> SpecFile:
     """The SpecFile for `build --hf DIR --task TASK [--name N] [--version V] [--spec overrides.toml]`."""
-    spec_path, raw = read_spec_toml(spec) if spec else (None, {})
+    spec_path, raw = read_spec_toml(spec, overrides=True) if spec else (None, {})
     model = raw.setdefault("model", {})
     if not isinstance(model, dict):
         raise SpecError(f"{spec_path}: key 'model': must be a table ([model])", "write [model] as a TOML table")

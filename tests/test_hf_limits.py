@@ -193,3 +193,15 @@ def test_a_misspelt_dim_in_an_override_is_refused_with_the_one_meant(tmp_path, d
         "did you mean [dims.sequence]?"
     )
     assert refused.value.hint == "rename it [dims.sequence]"
+
+
+def test_a_missing_override_spec_is_said_as_an_override_with_the_path_looked_at(tmp_path):
+    """H53: `build --hf … --spec nosuchfile.toml` said "pass --spec PATH to a model's spec.toml, or the
+    folder that holds it", where --hf's --spec is an override file, with the path only as typed."""
+    ran = run_cli(
+        "build", "--hf", str(tmp_path), "--task", "feature-extraction", "--name", "m", "--version", "1",
+        "--spec", "nosuchfile.toml", cwd=tmp_path,
+    )  # fmt: skip
+    assert ran.code == SpecError.exit_code, ran.err
+    assert f"error: nosuchfile.toml: no such override spec ({tmp_path / 'nosuchfile.toml'} does not exist)" in ran.err
+    assert "hint: with --hf, --spec takes a TOML file of only the keys that differ from those made from the" in ran.err
