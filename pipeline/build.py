@@ -356,15 +356,17 @@ def compile_stage(
                 tuned = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False)
             locked = entry
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
-        if compiled.from_cache and all(trial.from_cache for trial in tuned.trials):
-            # The export runs where any planned compile is missing (a search stopped before compiling
-            # its candidates), so "no export" is said only where it did not run.
-            skipped_too = "" if "export" in ctx.progress.timings else "no export, "
-            say(f"    reused the compiled model from build cache {compiled.cache_key}: {skipped_too}no recompile")
+        reused = compiled.from_cache and all(trial.from_cache for trial in tuned.trials)  # this build's trials
         if locked:  # the manifest records the search as it ran when its choice was locked
             tuned = tune.as_locked(tuned, locked)
         verb = "used" if tuned.why == tune.LONE else "chose"  # nothing was chosen between
         say(f"    {verb} {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
+        if reused:
+            # After the choice it is of (H53 read it, between the timing rows and "chose", as a reuse
+            # before any choice). The export runs where any planned compile is missing (a search
+            # stopped before compiling its candidates), so "no export" is said only where it did not run.
+            skipped_too = "" if "export" in ctx.progress.timings else "no export, "
+            say(f"    reused the compiled model from build cache {compiled.cache_key}: {skipped_too}no recompile")
         if tuned.cost.undecided:  # why nothing is locked, after the choice it qualifies
             say(f"    {tuned.cost.undecided}")
     return tuned, compiled, locked
