@@ -238,7 +238,12 @@ def read_spec_toml(path: str | Path, overrides: bool = False) -> tuple[Path, dic
         # the models beside it named: `make build MODEL=nosuch` got a hint of --spec, which make users never type
         models = spec_path.parent.parent
         known = sorted(p.parent.name for p in models.glob("*/spec.toml")) if spec_path.name == "spec.toml" else []
-        beside = f"; the models in {models}: {', '.join(known)} (with make: MODEL=<name>)" if known else ""
+        # H54: "--spec PATH" under make means ARGS, which builds beside MODEL's spec: make's own is SPEC=
+        beside = (
+            f"; the models in {models}: {', '.join(known)} (with make: MODEL=<name>, or SPEC=path/to/spec.toml)"
+            if known
+            else ""
+        )
         raise SpecError(
             f"{path}: no such spec file",
             f"pass --spec PATH to a model's spec.toml, or the folder that holds it{beside}",

@@ -161,7 +161,9 @@ def test_cli_missing_spec_file(tmp_path):
     (tmp_path / "models" / "unet" / "spec.toml").write_text("")
     ran = run_cli("build", "--spec", str(tmp_path / "models" / "nosuch" / "spec.toml"))
     assert ran.code == SpecError.exit_code, ran.err
-    assert f"the models in {tmp_path / 'models'}: unet (with make: MODEL=<name>)" in ran.err, ran.err
+    assert (
+        f"the models in {tmp_path / 'models'}: unet (with make: MODEL=<name>, or SPEC=path/to/spec.toml)" in ran.err
+    ), ran.err
 
 
 @pytest.mark.parametrize("name", ["seed", "device", "not-an-identifier"])

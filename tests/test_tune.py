@@ -287,7 +287,9 @@ def test_search_tries_candidates_and_records_the_choice(mlp_search):
     assert again.code == 0, again.err
     assert " (compiled earlier, from the build cache): " in again.err and "no export, no recompile" in again.err
     # after the choice it is of, not between the timing rows and it (H53)
-    assert again.err.index(f"    chose {search['chosen']}") < again.err.index("    reused the compiled model"), again.err
+    assert again.err.index(f"    chose {search['chosen']}") < again.err.index("    reused the compiled model"), (
+        again.err
+    )
 
 
 def test_the_search_says_what_it_cost_and_won_in_the_summary_and_the_report(mlp_search):
