@@ -229,6 +229,13 @@ def build_target(ctx: BuildContext) -> BuildResult:
                 assert before is not None  # a lock was written: the spec has a lock file's place
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
                 ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir))
+            elif (
+                locked is not None
+                and ctx.update_lock
+                and (kept := options_lock.Before.of(ctx.spec_file.path, lock_key))
+            ):
+                # an --update-lock search that did not decide: the entry stays, and so does an earlier way back (H54)
+                ctx.progress.say(kept.refused(locked.chosen, ctx.work_dir))
             raise
     _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))
     return result

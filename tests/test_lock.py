@@ -282,6 +282,17 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     assert report["compile_search"]["chosen"] == entry and report["compile_search"]["locked"] == str(path)
     assert f"  search    --update-lock's search did not decide: spec.lock.json's entry kept ({entry})" in ran.stderr
+    if entry == "freezing":  # H54: where dist/ refuses it, the line before the error says what plain builds make
+        other = [*args[:-4], "--dist", str(tmp_path / "dist-other"), *args[-2:]]
+        assert run_cli("build", "--spec", str(spec), "--no-search", *other[4:]).code == 0
+        refused = subprocess.run(
+            [sys.executable, "-c", WIDE_ROUNDS, *other], capture_output=True, text=True, timeout=600
+        )
+        assert refused.returncode == OutputDirError.exit_code, refused.stderr
+        assert (
+            "    the lock's entry still names freezing: until dist/ takes this build (--overwrite), plain builds make "
+            "it and dist/ refuses them alike; the hint below says the ways on"
+        ) in refused.stderr.splitlines(), refused.stderr
     if entry == "freezing":  # H51: once compiled, the entry comes from the build cache, and the line says so
         again = subprocess.run([sys.executable, "-c", WIDE_ROUNDS, *args], capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stderr
