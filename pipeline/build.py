@@ -224,18 +224,14 @@ def build_target(ctx: BuildContext) -> BuildResult:
                 overwrite=ctx.overwrite,
             )
         except OutputDirError:
-            before = options_lock.Before.of(ctx.spec_file.path, searched)
+            before = options_lock.Before.of(ctx.spec_file.path, lock_key)  # read before the lock is written
             if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version)):
                 assert before is not None  # a lock was written: the spec has a lock file's place
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
                 ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir))
-            elif (
-                locked is not None
-                and ctx.update_lock
-                and (kept := options_lock.Before.of(ctx.spec_file.path, lock_key))
-            ):
+            elif locked is not None and ctx.update_lock and before is not None:
                 # an --update-lock search that did not decide: the entry stays, and so does an earlier way back (H54)
-                ctx.progress.say(kept.refused(locked.chosen, ctx.work_dir))
+                ctx.progress.say(before.refused(locked.chosen, ctx.work_dir))
             raise
     _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))
     return result
@@ -345,18 +341,17 @@ def compile_stage(
             # compiled already where it is the search's own first candidate (H50 read "compiles it" as a
             # second compile), taken from the build cache where it is there (H51 read "compiles it", then
             # "no recompile")
-            lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
-            cached = ctx.store.has(lone[0][1].key)
-            if entry.chosen == tuned.chosen:
-                then = "the candidate this build compiled already"
-            else:
-                done = "takes it from the build cache" if cached else "compiles it"
-                then = f"and this build {done}, as one without --update-lock does"
-            say(
+            stays = (
                 f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
-                f"this one stays ({entry.chosen}), {then}"
+                f"this one stays ({entry.chosen}), "
             )
-            if entry.chosen != tuned.chosen:  # else this build has compiled the entry's choice already
+            if entry.chosen == tuned.chosen:  # this build has compiled the entry's choice already
+                say(stays + "the candidate this build compiled already")
+            else:
+                lone, _ = tune.plans(exported, planned[0][1].cxx_version, ctx.out_dir, ctx.keep_debug, entry)
+                cached = ctx.store.has(lone[0][1].key)
+                done = "takes it from the build cache" if cached else "compiles it"
+                say(stays + f"and this build {done}, as one without --update-lock does")
                 # its own figure: the search's last ("its install", 2 s) stayed through a 25 s compile (H49)
                 guess = None if cached else tune.compile_estimate(tuned, entry.chosen)
                 ctx.progress.estimate(*(guess or (None, None)))

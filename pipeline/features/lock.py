@@ -123,6 +123,10 @@ class Before:
             + (self._kept_earlier(keep_in, chosen) if again else self._way_back(keep_in))
         )
 
+    def _kept(self, keep_in: Path) -> Path:
+        """Where the file as it was before a refused build is kept: one copy per build folder."""
+        return keep_in / f"{self.path.name}.before"
+
     def _way_back(self, keep_in: Path) -> str:
         """Only an entry this build replaced is a way back: without one, a build is this one again, from
         the build cache (H52 removed the file a refused build had made, and was refused again)."""
@@ -133,7 +137,7 @@ class Before:
                 "build cache): the hint below says the ways on"
             )
         was = f"its entry: {self.chosen}"
-        kept = keep_in / f"{self.path.name}.before"
+        kept = self._kept(keep_in)
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_text(self.text or "")  # a file with an entry has text
@@ -143,7 +147,7 @@ class Before:
 
     def _kept_earlier(self, keep_in: Path, chosen: str) -> str:
         """The way back an earlier refused build kept, where it leads elsewhere than ``chosen``."""
-        kept = keep_in / f"{self.path.name}.before"
+        kept = self._kept(keep_in)
         try:
             earlier = find(kept, self.key)[0] if kept.is_file() else None
         except SpecError:  # not a lock any more: offered no longer
