@@ -145,6 +145,27 @@ def test_publishing_another_build_of_a_published_version_says_the_index_holds_an
     assert "bump model.version" in ran.err
 
 
+def test_publishing_a_rebuild_of_the_same_model_and_options_says_nothing_needs_publishing(published, tmp_path):
+    """H54: a rebuild whose search timed other candidates but chose the same options: the hint said to
+    "bump model.version … to publish a change", though there was no change to publish."""
+    home, state, wheel = published
+
+    def other_record(name: str, data: bytes) -> bytes:
+        if not name.endswith("/manifest.json"):
+            return data
+        manifest = json.loads(data)
+        manifest["compile_search"]["not_tried"] = [{"name": "max-autotune", "reason": "left out in this build"}]
+        return json.dumps(manifest, indent=2).encode()
+
+    other = rewrite(wheel, tmp_path, other_record, rerecord=True)
+    ran = run_cli("publish", "--without-report", "--wheel", str(other), cwd=home)
+    assert ran.code == AlreadyPublishedError.exit_code, ran.err
+    assert f"{other.name}: already on the index (cpu), another build of the same model and options (its sha256" in ran.err
+    assert "they differ only in the search's record), left as it is" in ran.err
+    assert "hint: the index's wheel is the same model compiled with the same options and serves as well" in ran.err
+    assert "bump model.version in the spec to publish a change" not in ran.err
+
+
 def rewrite(wheel: Path, out: Path, change, *, rerecord: bool = False) -> Path:
     """A copy of ``wheel`` with members changed by ``change(name, data) -> data``; ``rerecord``
     also rewrites RECORD to match (a different, consistent wheel under the same name)."""

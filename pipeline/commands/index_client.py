@@ -241,17 +241,23 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
 
 
 def published_sha256(index: Index, file_url: str, page_url: str) -> str:
-    """The sha256 of a file on the index: from its link's ``#sha256=``, else by downloading it.
-    The index's credentials go only to its own scheme, host and port (``page_url``'s): a page
-    may link a file anywhere, and a host it names is no one the user gave a password to."""
+    """The sha256 of a file on the index: from its link's ``#sha256=``, else by downloading it."""
     url, _, fragment = file_url.partition("#")
     if fragment.startswith("sha256="):
         return fragment.removeprefix("sha256=")
+    return hashlib.sha256(published_file(index, url, page_url)).hexdigest()
+
+
+def published_file(index: Index, file_url: str, page_url: str) -> bytes:
+    """A file on the index, its bytes. The index's credentials go only to its own scheme, host and
+    port (``page_url``'s): a page may link a file anywhere, and a host it names is no one the user
+    gave a password to."""
+    url = file_url.partition("#")[0]
     foreign = _origin(url) != _origin(page_url)
     if foreign:
         require_secure(url, "the file the index's page links,", index.allow_insecure_http)
     try:
-        return hashlib.sha256(_get(url, index, foreign=foreign)).hexdigest()
+        return _get(url, index, foreign=foreign)
     except urllib.error.HTTPError as exc:
         raise IndexServerError(
             f"{proc.redact(url)} answered {exc.code}", "check the index URL and credentials"

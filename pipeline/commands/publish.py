@@ -9,6 +9,7 @@ lies beside the wheel.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -19,10 +20,11 @@ from typing import Any
 
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError
 from ..services import proc
+from ..services.manifest import read_wheel_manifest, record_only
 from ..stages.package import TORCH_INDEX
 from ..wheel_template.runtime import _integrity as wheel_integrity
 from ..wheel_template.runtime import _targets as wheel_targets
-from .index_client import UNREACHABLE_HINT, Index, on_index, one_line, published_sha256, require_secure
+from .index_client import UNREACHABLE_HINT, Index, on_index, one_line, published_file, published_sha256, require_secure
 from .wheel_check import private_copies, read_manifest
 
 # An index's refusal of a second upload of a file: pypiserver answers 409 (400 when the client is
@@ -191,18 +193,19 @@ def _publish(
     existing: list[str] = []
     identical: list[str] = []
     same_files: list[str] = []  # of those on the index, the ones it holds byte for byte
+    alike_files: list[str] = []  # ... and those it holds as another build of the same model and options
     for wheel, manifest in manifests:
         target = wheel_targets.variant(manifest)
         page = index.simple_url(target)
         known = on_index(index, target, manifest["dist_name"])  # None where there is no page
         if known is not None and page is not None and wheel.name in known:
-            ours = wheel_integrity.sha256_file(wheel)
-            theirs = _their_sha256(index, known[wheel.name], page, skip_existing)
-            same = theirs == ours
-            say(f"    {wheel.name}: already on the index ({target}){_which_file(theirs, ours)}, left as it is")
-            (identical if same and skip_existing else existing).append(wheel.name)
-            if same:
+            held = _held(index, known[wheel.name], page, wheel, manifest, skip_existing)
+            say(f"    {wheel.name}: already on the index ({target}){held.said}, left as it is")
+            (identical if held.same and skip_existing else existing).append(wheel.name)
+            if held.same:
                 same_files.append(wheel.name)
+            elif held.alike:
+                alike_files.append(wheel.name)
         elif not _upload(index, wheel, target):
             say(f"    {wheel.name}: already on the index ({target}), left as it is")
             existing.append(wheel.name)
@@ -212,7 +215,7 @@ def _publish(
                 say(f"      install it: {install_line(manifest, page, index.local)}")
             uploaded.append(wheel.name)
     if existing and (skip_existing or not uploaded):
-        raise _refusal(existing, uploaded, skip_existing, same_files)
+        raise _refusal(existing, uploaded, skip_existing, same_files, alike_files)
     return Published(tuple(uploaded), tuple(existing + identical))
 
 
@@ -228,16 +231,52 @@ def _their_sha256(index: Index, file_url: str, page: str, needed: bool) -> str |
         return None
 
 
-def _which_file(theirs: str | None, ours: str) -> str:
+@dataclass(frozen=True)
+class _Held:
+    """What the index holds under a wheel's file name, against the wheel."""
+
+    same: bool  # the same bytes
+    alike: bool  # another build of the same model and options (manifests other only in the search's record)
+    said: str  # ', the same file', ', another build of it (…)', or '' where the index's sha256 is unknown
+
+
+def _held(index: Index, file_url: str, page: str, wheel: Path, manifest: dict[str, Any], needed: bool) -> _Held:
+    ours = wheel_integrity.sha256_file(wheel)
+    theirs = _their_sha256(index, file_url, page, needed)
     if theirs is None:
-        return ""
+        return _Held(False, False, "")
     if theirs == ours:
-        return ", the same file"
-    return f", another build of it (its sha256 {theirs[:16]}…, this wheel's {ours[:16]}…)"
+        return _Held(True, False, ", the same file")
+    hashes = f"its sha256 {theirs[:16]}…, this wheel's {ours[:16]}…"
+    if _same_model_and_options(index, file_url, page, manifest):
+        return _Held(
+            False,
+            True,
+            f", another build of the same model and options ({hashes}; they differ only in the search's record)",
+        )
+    return _Held(False, False, f", another build of it ({hashes})")
 
 
-def _refusal(existing: list[str], uploaded: list[str], skip_existing: bool, same: list[str]) -> AlreadyPublishedError:
+def _same_model_and_options(index: Index, file_url: str, page: str, manifest: dict[str, Any]) -> bool:
+    """Whether the index's file is another build of this wheel's model with the same options chosen,
+    the two manifests other only in the search's record: nothing to publish, so no "bump the version"
+    (H54: a rebuild whose search timed other candidates). False where the file cannot be read."""
+    try:
+        theirs = read_wheel_manifest(io.BytesIO(published_file(index, file_url, page)))
+    except IndexServerError:
+        return False
+    return theirs is not None and record_only(theirs, manifest)
+
+
+def _refusal(
+    existing: list[str], uploaded: list[str], skip_existing: bool, same: list[str], alike: list[str]
+) -> AlreadyPublishedError:
     hint = "an index never replaces a published version: bump model.version in the spec to publish a change"
+    if alike and set(same) | set(alike) == set(existing):  # nothing to publish, but not byte for byte
+        hint = (
+            "the index's wheel is the same model compiled with the same options and serves as well: nothing needs "
+            "publishing (bump model.version only for a changed model)"
+        )
     if not skip_existing:
         if same and set(same) == set(existing):  # nothing to publish: say how a re-run ends 0
             return AlreadyPublishedError(
@@ -246,8 +285,10 @@ def _refusal(existing: list[str], uploaded: list[str], skip_existing: bool, same
             )
         return AlreadyPublishedError(f"{', '.join(existing)} already on the index; nothing uploaded", hint)
     done = f" ({len(uploaded)} other wheel(s) uploaded)" if uploaded else ""
+    if not alike:
+        hint += "; if the index has no simple page, give its URL in MODELWHEEL_SIMPLE_URL so the files can be compared"
     return AlreadyPublishedError(
         f"{', '.join(existing)} already on the index, but not as the same file: --skip-existing passes only a file "
         f"the index holds byte for byte (same sha256, read from its simple page){done}",
-        hint + "; if the index has no simple page, give its URL in MODELWHEEL_SIMPLE_URL so the files can be compared",
+        hint,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..wheel_template.runtime import _integrity as wheel_integrity
 from ..wheel_template.runtime._schema import Manifest
@@ -26,8 +26,9 @@ def dumps(manifest: Manifest) -> str:
 _FOLLOWS = ("artifacts", "golden", "content_hash", "compile_cache_key")
 
 
-def read_wheel_manifest(wheel: Path) -> dict[str, Any] | None:
-    """A modelwheel wheel's ``<import_name>/manifest.json`` (None where it is not one, or unreadable)."""
+def read_wheel_manifest(wheel: Path | IO[bytes]) -> dict[str, Any] | None:
+    """A modelwheel wheel's ``<import_name>/manifest.json`` (None where it is not one, or unreadable):
+    a file, or the bytes of one (an index's)."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/manifest.json")]
