@@ -357,8 +357,8 @@ def keep_choice(
     else:
         say(
             f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}: builds like this one "
-            f"({key.describe()}) use it and run no search (commit the file to keep that for everyone who builds "
-            "this spec)"
+            f"({key.describe()}) use it and run no search (once dist/ takes this build's wheel, commit the "
+            "file to keep that for everyone who builds this spec)"
         )
     if lower := _lower_median(tuned):
         say(lower)
