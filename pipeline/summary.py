@@ -28,7 +28,8 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
     where = "the rebuild, compared below" if rebuild else str(result.wheel)
     lines = [
         f"\n{'kept' if result.kept else 'built'} {report['wheel']['name']}"
-        + (" (dist/'s, of the same model and options)" if result.kept else ""),
+        + (" (dist/'s, of the same model and options)" if result.kept else "")
+        + (" (the same bytes as dist/'s wheel: left as it is)" if result.same_bytes and not rebuild else ""),
         f"  wheel     {where}  {mb(report['wheel']['size'])}  sha256 {report['wheel']['sha256'][:16]}…",
     ]
     lines += artifact_lines(report["artifacts"], mb)

@@ -224,6 +224,10 @@ def test_a_wheel_refused_in_dist_is_kept_in_the_build_cache_for_overwrite(tmp_pa
     assert (
         said.getvalue() == f"    --overwrite: {dist / wheel.name} held these same bytes already: nothing was replaced\n"
     )
+    # without --overwrite too: dist/'s wheel is left as it is (its mtime kept), and the result says so
+    mtime = (dist / wheel.name).stat().st_mtime_ns
+    again = commit(record, {"wheel": {}}, dist, "model_tiny", "0.1+cpu", overwrite=False)
+    assert again.same_bytes and (dist / wheel.name).stat().st_mtime_ns == mtime
 
 
 def test_the_refusal_says_overwrite_as_make_takes_it(tmp_path, wheel, monkeypatch):

@@ -596,6 +596,23 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
     assert report["build_cache"]["reused"] is True
     # nothing traced or generated: the cached report named the earlier build's folders (H42)
     assert report["trace_dir"] is None and report["sources_dir"] is None, report
+    # into the same dist/: its wheel holds these bytes already, left as it is and said so (H54 read a
+    # bare "built" with dist/'s own sha256, where another run said "kept")
+    kept_mtime = (tmp_path / "dist" / wheel.name).stat().st_mtime_ns
+    same = run_cli(
+        "build",
+        "--spec",
+        str(TINY_SPEC),
+        "--root",
+        str(build_dirs.root),
+        "--dist",
+        str(tmp_path / "dist"),
+        "--build-dir",
+        str(build_dirs.build),
+    )
+    assert same.code == 0, same.err
+    assert f"\nbuilt {wheel.name} (the same bytes as dist/'s wheel: left as it is)\n" in same.err, same.err
+    assert (tmp_path / "dist" / wheel.name).stat().st_mtime_ns == kept_mtime
     forced = run_cli(
         "build",
         "--spec",

@@ -28,6 +28,8 @@ class BuildResult:
     # dist/ kept its wheel of this model and options: this build's differs only in the search's record
     kept: str = ""
     own_sha256: str = ""  # where dist/ kept its wheel: this build's, which waits in the build cache
+    # dist/ held these very bytes already: the wheel was left as it is (its report is this build's)
+    same_bytes: bool = False
 
 
 def restore_to_dist(
@@ -95,8 +97,10 @@ def commit(
         raise
     finals = [dist_dir / report_file.name, dist_dir / wheel.path.name]
     # what --overwrite replaces, said: a newcomer's summary gave no word of the wheel it replaced,
-    # one already uploaded to the local index
-    replaced = sha256_file(finals[1]) if overwrite and finals[1].is_file() else None
+    # one already uploaded to the local index; the same bytes are left as they are, and said so (H54
+    # read "built" with dist/'s sha256 and a new mtime, where another run said "kept")
+    held = sha256_file(finals[1]) if finals[1].is_file() else None
+    same_bytes = held == wheel.sha256
     if not overwrite:
         try:
             kept_as_is = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
@@ -106,20 +110,21 @@ def commit(
             raise
         if kept_as_is is not None:
             return _kept(finals, report, kept_as_is, cache_entry, (wheel.path, report_file))
-    hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for final in finals]
+    written = [(report_file, finals[0])] + ([] if same_bytes else [(wheel.path, finals[1])])
+    hidden = [final.parent / f".{final.name}.partial-{os.getpid()}" for _, final in written]
     made, staged_entry = [], None
     try:
         made = made_folders(dist_dir)
         check_private(dist_dir, "--dist")  # made by another user after the check before the build: theirs
         sweep_partials(dist_dir)
-        for source, aside in zip((report_file, wheel.path), hidden):
+        for (source, _), aside in zip(written, hidden):
             shutil.copyfile(source, aside)
             os.chmod(aside, 0o644)  # whatever the umask: a wheel others install is theirs to read, not to change
         if cache_entry:
             staged_entry = cache_entry[0].stage(cache_entry[1], (wheel.path, report_file))
         check_stop()
         with signals_deferred(redeliver=False):
-            for aside, final in zip(hidden, finals):
+            for aside, (_, final) in zip(hidden, written):
                 os.replace(aside, final)
             if cache_entry and staged_entry:
                 cache_entry[0].commit(cache_entry[1], staged_entry)
@@ -130,8 +135,8 @@ def commit(
         if staged_entry:
             shutil.rmtree(staged_entry, ignore_errors=True)
         remove_if_empty(made)
-    if replaced == wheel.sha256:  # a newcomer's --overwrite "replaced" the kept wheel with its own bytes, unsaid
+    if overwrite and same_bytes:  # a newcomer's --overwrite "replaced" the kept wheel with its own bytes, unsaid
         say(f"    --overwrite: {finals[1]} held these same bytes already: nothing was replaced")
-    elif replaced is not None:
-        say(f"    --overwrite: replaced {finals[1]} (another build of this version, sha256 {replaced[:16]}…)")
-    return BuildResult(wheel=finals[1], report_path=finals[0], report=report)
+    elif overwrite and held is not None:
+        say(f"    --overwrite: replaced {finals[1]} (another build of this version, sha256 {held[:16]}…)")
+    return BuildResult(wheel=finals[1], report_path=finals[0], report=report, same_bytes=same_bytes)
