@@ -280,6 +280,9 @@ def test_the_live_area_says_the_time_left_in_its_own_row_without_its_basis(monke
     assert status.area().endswith("\n  running 10s past the estimate")  # the row above names the stage
     status.apply({"stage_end": 1070.2, "basis": None, "revised": True})
     assert status.area().endswith("\n  finishing, at the revised estimate"), status.area()
+    # the next figure came back with 2 s to go: still "finishing" (progress.held(); H53)
+    status.apply({"stage_end": 1072.0, "basis": None, "revised": True, "finishing": True})
+    assert status.area().endswith("\n  finishing, at the revised estimate"), status.area()
     status.apply({"stage_end": 1100.0, "basis": "from this build's compiles", "revised": True})
     assert status.area().endswith("\n  about 30s left of compile, revised"), status.area()
     clock[0] = 4000.0  # minutes in: every row still fits 80 columns

@@ -463,6 +463,16 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "stages after it (from earlier builds)"
         )
         assert brief(progress.outlook()) == "running 5s past the revised estimate, then about 7s for the later stages"
+        # it ran out, and the next figure came back with a few seconds to go: "finishing" holds until
+        # they run out too (H53: "finishing, at the revised estimate", then "about 2s left … revised")
+        progress.estimate(2.0)
+        assert progress.outlook().startswith("compile stage finishing, at the revised estimate"), progress.outlook()
+        clock[0] += 1.0
+        assert progress.outlook().startswith("compile stage finishing, at the revised estimate"), progress.outlook()
+        clock[0] += 2.0
+        assert progress.outlook().startswith("compile stage running 1s past the revised estimate"), progress.outlook()
+        progress.estimate(30.0)  # a figure well beyond it is said as it is
+        assert progress.outlook().startswith("about 37s left of the build: 30s of compile (revised"), progress.outlook()
     # a new figure that ends much later than the last one is revised too: "about 9s left", then
     # "about 1m12s left" of the timing rounds, with no word of it
     rounds = Progress(io.StringIO())

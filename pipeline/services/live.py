@@ -10,8 +10,9 @@ it is sent above a status area that rich redraws four times a second, ticking th
 Messages, in the order the build sent them: ``{"say": text}`` (a line to print above the area),
 ``{"stage": name or null, "began": t}``, ``{"step": text}`` (the candidate and what is done to
 it), ``{"expect": {stage: seconds}}`` (an earlier build's stage times), ``{"stage_end": t,
-"basis": text or null, "revised": bool}`` (when the stage expects to end, by its own estimate, what
-that rests on, and whether it ran past an earlier one), ``{"track": key,
+"basis": text or null, "revised": bool, "finishing": bool}`` (when the stage expects to end, by its
+own estimate, what that rests on, whether it ran past an earlier one, and whether it is said as
+finishing until then: progress.held()), ``{"track": key,
 "text": text}`` (one line per build of several). Times are ``time.monotonic()``, one clock for
 every process of the machine (CLOCK_MONOTONIC).
 
@@ -37,6 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .progress import held
 from .wording import brief, duration, outlook, status_text
 
 if TYPE_CHECKING:  # plain mode imports no rich
@@ -56,6 +58,7 @@ class Status:
         self.stage_end: float | None = None  # when the stage expects to end, by its own estimate
         self.basis: str | None = None  # what that estimate rests on (first_guess.py's), if not measured
         self.revised = False  # the stage ran past an estimate before this one (Progress.estimate says)
+        self.finishing = False  # said as finishing until stage_end (progress.held())
         self.expected: dict[str, float] = {}
         self.tracks: dict[str, str] = {}
         self.spinner: Spinner | None = None  # rich's, made on the first draw (plain mode imports no rich)
@@ -63,10 +66,11 @@ class Status:
     def apply(self, message: dict) -> None:
         if "stage" in message:
             self.stage = None if message["stage"] is None else (message["stage"], message["began"])
-            self.detail, self.stage_end, self.basis, self.revised = "", None, None, False
+            self.detail, self.stage_end, self.basis, self.revised, self.finishing = "", None, None, False, False
         elif "stage_end" in message:
             self.stage_end, self.basis = message["stage_end"], message.get("basis")
             self.revised = message.get("revised", False)
+            self.finishing = message.get("finishing", False)
         elif "step" in message:
             self.detail = message["step"]
         elif "expect" in message:
@@ -80,7 +84,8 @@ class Status:
         if stage is None:
             return None
         (name, began), now, end = stage, time.monotonic(), self.stage_end
-        ahead = outlook(self.expected, name, now - began, None if end is None else end - now, self.basis, self.revised)
+        left = None if end is None else held(end - now, self.finishing)
+        ahead = outlook(self.expected, name, now - began, left, self.basis, self.revised)
         return name, now - began, now - self.began, ahead
 
     def line(self) -> str | None:

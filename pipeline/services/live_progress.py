@@ -114,7 +114,7 @@ class LiveProgress(Progress):
     def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
         super().estimate(stage_left_s, basis)
         end = None if stage_left_s is None else time.monotonic() + stage_left_s
-        self._send(stage_end=end, basis=basis, revised=self.revised)
+        self._send(stage_end=end, basis=basis, revised=self.revised, finishing=self.finishing)
 
     def track(self, key: str, text: str) -> None:
         if not self._send(track=key, text=text):

@@ -42,6 +42,13 @@ STATUS_ENV = "MODELWHEEL_STATUS_EVERY_S"
 REVISED_S = 10.0
 
 
+def held(left_s: float, finishing: bool) -> float:
+    """The figure said: where the last one ran out (finishing, or past it) and the next came back
+    with under REVISED_S to go, "finishing" holds until that one runs out too (H53: "finishing, at
+    the revised estimate", then "about 2s left of compile, revised", read as a hiccup)."""
+    return min(left_s, 0.0) if finishing else left_s
+
+
 def status_every_s(environ: Mapping[str, str] = os.environ) -> float:
     try:
         seconds = float(environ.get(STATUS_ENV, ""))
@@ -78,6 +85,7 @@ class Progress:
         self.stage_end: float | None = None  # perf_counter() when the stage expects to end, if it said
         self.basis: str | None = None  # what that estimate rests on, where not this build's measurement
         self.revised = False  # the stage ran past an estimate before the one it has now
+        self.finishing = False  # a figure came back after the last ran out: said as finishing (holds())
         self.began = self.last_line = time.perf_counter()
         self.every_s = status_every_s()
         self.lock = threading.Lock()  # the heartbeat's lines and the build's never interleave
@@ -115,6 +123,8 @@ class Progress:
         now = time.perf_counter()
         if self.current is not None and not self.revised:
             self.revised = self._revises(now, stage_left_s, basis)
+        left_s = None if self.stage_end is None else held(self.stage_end - now, self.finishing)
+        self.finishing = left_s is not None and left_s < 0.5 and stage_left_s is not None and stage_left_s < REVISED_S
         self.stage_end = None if stage_left_s is None else now + stage_left_s
         self.basis = basis
 
@@ -140,7 +150,7 @@ class Progress:
             return None
         name, began = self.current
         now = time.perf_counter()
-        left = None if self.stage_end is None else self.stage_end - now
+        left = None if self.stage_end is None else held(self.stage_end - now, self.finishing)
         return outlook(self.expected, name, now - began, left, self.basis, self.revised)
 
     def status(self) -> str | None:
@@ -164,6 +174,7 @@ class Progress:
         self.say(f"==> {name}" + (f": {detail}" if detail else ""))
         start = time.perf_counter()
         self.current, self.detail, self.stage_end, self.basis, self.revised = (name, start), "", None, None, False
+        self.finishing = False
         done = threading.Event()
         if self.HEARTBEAT:
             threading.Thread(target=self._heartbeat, args=(done,), name="modelwheel-status", daemon=True).start()
