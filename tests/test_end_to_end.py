@@ -21,7 +21,7 @@ from pipeline.spec import load_spec
 from pipeline.stages import package
 from pipeline.stages.loader import load_model
 
-from .conftest import TINY_SPEC, attach_torch, copy_compiled, make_venv, pip_install, run_cli
+from .conftest import TINY_SPEC, Ran, attach_torch, copy_compiled, make_venv, pip_install, run_cli
 
 RUNTIME_FORBIDDEN = ("torch._inductor", "torch._dynamo")
 
@@ -576,17 +576,12 @@ def test_fp64_reference_reports_eager_own_error(variant_build):
 
 def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path):
     build_dirs, _ = tiny_build
-    again = run_cli(
-        "build",
-        "--spec",
-        str(TINY_SPEC),
-        "--root",
-        str(build_dirs.root),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(build_dirs.build),
-    )
+
+    def build_into(dist: str, *more: str) -> Ran:
+        where = ("--root", str(build_dirs.root), "--dist", str(tmp_path / dist), "--build-dir", str(build_dirs.build))
+        return run_cli("build", "--spec", str(TINY_SPEC), *where, *more)
+
+    again = build_into("dist")
     assert again.code == 0, again.err
     assert "unchanged since the build in cache build-" in again.err and "reusing its verified wheel" in again.err
     for skipped in ("==> doctor", "==> export", "==> compile", "==> verify", "==> package"):
@@ -599,32 +594,11 @@ def test_unchanged_rebuild_reuses_the_verified_wheel(tiny_build, wheel, tmp_path
     # into the same dist/: its wheel holds these bytes already, left as it is and said so (H54 read a
     # bare "built" with dist/'s own sha256, where another run said "kept")
     kept_mtime = (tmp_path / "dist" / wheel.name).stat().st_mtime_ns
-    same = run_cli(
-        "build",
-        "--spec",
-        str(TINY_SPEC),
-        "--root",
-        str(build_dirs.root),
-        "--dist",
-        str(tmp_path / "dist"),
-        "--build-dir",
-        str(build_dirs.build),
-    )
+    same = build_into("dist")
     assert same.code == 0, same.err
     assert f"\nbuilt {wheel.name} (the same bytes as dist/'s wheel: left as it is)\n" in same.err, same.err
     assert (tmp_path / "dist" / wheel.name).stat().st_mtime_ns == kept_mtime
-    forced = run_cli(
-        "build",
-        "--spec",
-        str(TINY_SPEC),
-        "--root",
-        str(build_dirs.root),
-        "--dist",
-        str(tmp_path / "dist2"),
-        "--build-dir",
-        str(build_dirs.build),
-        "--no-cache",
-    )
+    forced = build_into("dist2", "--no-cache")
     assert forced.code == 0 and "==> export" in forced.err and "==> compile" in forced.err, forced.err
     assert "reused" not in forced.err
     # the export and compile anew give the same wheel, byte for byte (a fresh build folder's rebuild:

@@ -160,7 +160,9 @@ def test_publishing_a_rebuild_of_the_same_model_and_options_says_nothing_needs_p
     other = rewrite(wheel, tmp_path, other_record, rerecord=True)
     ran = run_cli("publish", "--without-report", "--wheel", str(other), cwd=home)
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
-    assert f"{other.name}: already on the index (cpu), another build of the same model and options (its sha256" in ran.err
+    assert (
+        f"{other.name}: already on the index (cpu), another build of the same model and options (its sha256" in ran.err
+    )
     assert "they differ only in the search's record), left as it is" in ran.err
     assert "hint: the index's wheel is the same model compiled with the same options and serves as well" in ran.err
     assert "bump model.version in the spec to publish a change" not in ran.err

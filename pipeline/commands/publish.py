@@ -190,33 +190,27 @@ def _publish(
             hint="the wheel's metadata is incomplete: rebuild it with this pipeline",
         )
     uploaded: list[str] = []
-    existing: list[str] = []
-    identical: list[str] = []
-    same_files: list[str] = []  # of those on the index, the ones it holds byte for byte
-    alike_files: list[str] = []  # ... and those it holds as another build of the same model and options
+    held: dict[str, _Held] = {}  # the wheels the index holds already, by name
     for wheel, manifest in manifests:
         target = wheel_targets.variant(manifest)
         page = index.simple_url(target)
         known = on_index(index, target, manifest["dist_name"])  # None where there is no page
         if known is not None and page is not None and wheel.name in known:
-            held = _held(index, known[wheel.name], page, wheel, manifest, skip_existing)
-            say(f"    {wheel.name}: already on the index ({target}){held.said}, left as it is")
-            (identical if held.same and skip_existing else existing).append(wheel.name)
-            if held.same:
-                same_files.append(wheel.name)
-            elif held.alike:
-                alike_files.append(wheel.name)
+            held[wheel.name] = _held(index, known[wheel.name], page, wheel, manifest, skip_existing)
+            say(f"    {wheel.name}: already on the index ({target}){held[wheel.name].said}, left as it is")
         elif not _upload(index, wheel, target):
             say(f"    {wheel.name}: already on the index ({target}), left as it is")
-            existing.append(wheel.name)
+            held[wheel.name] = _Held(same=False, alike=False, said="")
         else:
             say(f"    {wheel.name}: uploaded to the {target} index")
             if page is not None:  # what to type next, where the index's pages are known
                 say(f"      install it: {install_line(manifest, page, index.local)}")
             uploaded.append(wheel.name)
-    if existing and (skip_existing or not uploaded):
-        raise _refusal(existing, uploaded, skip_existing, same_files, alike_files)
-    return Published(tuple(uploaded), tuple(existing + identical))
+    passed = [name for name, found in held.items() if found.same and skip_existing]
+    refused = {name: found for name, found in held.items() if name not in passed}
+    if refused and (skip_existing or not uploaded):
+        raise _refusal(refused, uploaded, skip_existing)
+    return Published(tuple(uploaded), tuple([*refused, *passed]))
 
 
 def _their_sha256(index: Index, file_url: str, page: str, needed: bool) -> str | None:
@@ -268,27 +262,26 @@ def _same_model_and_options(index: Index, file_url: str, page: str, manifest: di
     return theirs is not None and record_only(theirs, manifest)
 
 
-def _refusal(
-    existing: list[str], uploaded: list[str], skip_existing: bool, same: list[str], alike: list[str]
-) -> AlreadyPublishedError:
+def _refusal(refused: dict[str, _Held], uploaded: list[str], skip_existing: bool) -> AlreadyPublishedError:
+    names = ", ".join(refused)
     hint = "an index never replaces a published version: bump model.version in the spec to publish a change"
-    if alike and set(same) | set(alike) == set(existing):  # nothing to publish, but not byte for byte
-        hint = (
+    if any(found.alike for found in refused.values()) and all(f.same or f.alike for f in refused.values()):
+        hint = (  # nothing to publish, but not byte for byte
             "the index's wheel is the same model compiled with the same options and serves as well: nothing needs "
             "publishing (bump model.version only for a changed model)"
         )
     if not skip_existing:
-        if same and set(same) == set(existing):  # nothing to publish: say how a re-run ends 0
+        if all(found.same for found in refused.values()):  # nothing to publish: say how a re-run ends 0
             return AlreadyPublishedError(
-                f"{', '.join(existing)} already on the index, the same file; nothing uploaded",
+                f"{names} already on the index, the same file; nothing uploaded",
                 "--skip-existing (make publish ARGS=--skip-existing) passes a wheel the index holds byte for byte",
             )
-        return AlreadyPublishedError(f"{', '.join(existing)} already on the index; nothing uploaded", hint)
+        return AlreadyPublishedError(f"{names} already on the index; nothing uploaded", hint)
     done = f" ({len(uploaded)} other wheel(s) uploaded)" if uploaded else ""
-    if not alike:
+    if not any(found.alike for found in refused.values()):
         hint += "; if the index has no simple page, give its URL in MODELWHEEL_SIMPLE_URL so the files can be compared"
     return AlreadyPublishedError(
-        f"{', '.join(existing)} already on the index, but not as the same file: --skip-existing passes only a file "
+        f"{names} already on the index, but not as the same file: --skip-existing passes only a file "
         f"the index holds byte for byte (same sha256, read from its simple page){done}",
         hint,
     )
