@@ -398,6 +398,14 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
         "no way back through the lock (it had no entry for builds like this one, and a build without an entry is "
         "this build again, from the build cache): the hint below says the ways on"
     )
+    # a build folder the copy cannot go in (another user's, or a file in its place): the way back said
+    # in words, and the refusal that follows stays the error
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a folder")
+    assert before.refused("max-autotune", blocked / "cpu").endswith(
+        "to go back, restore m/spec.lock.json as it was before this build (its entry: freezing; no copy of it could "
+        "be kept in blocked/cpu: Not a directory)"
+    )
 
 
 def test_a_search_with_no_spec_file_says_its_choice_is_locked_nowhere(tmp_path):

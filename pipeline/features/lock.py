@@ -108,7 +108,7 @@ class Before:
         if path is None or key is None:
             return None
         text = path.read_text() if path.is_file() else None
-        entry = find(path, key)[0] if text is not None else None
+        entry = find(path, key, text)[0] if text is not None else None  # the text kept, as it was read
         return cls(path, key, text, entry.chosen if entry else None)
 
     def refused(self, chosen: str, keep_in: Path) -> str:
@@ -141,8 +141,12 @@ class Before:
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_text(self.text or "")  # a file with an entry has text
-        except OSError:  # said on the way to dist/'s refusal, which stays the error
-            return f"to go back, restore {shown(self.path)} as it was before this build ({was})"
+        except OSError as exc:  # said on the way to dist/'s refusal, which stays the error
+            why = exc.strerror or type(exc).__name__
+            return (
+                f"to go back, restore {shown(self.path)} as it was before this build ({was}; no copy of it could be "
+                f"kept in {shown(keep_in)}: {why})"
+            )
         return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
 
     def _kept_earlier(self, keep_in: Path, chosen: str) -> str:
@@ -173,11 +177,11 @@ def compile_keys(compile_section: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sorted(compile_section.items()) if k not in CompileSection.SEARCH_KEYS}
 
 
-def read(path: Path) -> list[dict[str, Any]]:
-    """The file's entries ([] where there is no file). A damaged file names itself: it was
-    committed with the spec, and a build must not silently search past it."""
+def read(path: Path, text: str | None = None) -> list[dict[str, Any]]:
+    """The file's entries ([] where there is no file); ``text``: the file's, read already. A damaged
+    file names itself: it was committed with the spec, and a build must not silently search past it."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text() if text is None else text)
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:
@@ -194,9 +198,9 @@ def read(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def find(path: Path, key: Key) -> tuple[Locked | None, str]:
+def find(path: Path, key: Key, text: str | None = None) -> tuple[Locked | None, str]:
     """The entry for ``key``, or None and why none is used ("" where the file has none for the target)."""
-    entries = read(path)
+    entries = read(path, text)
     for entry in entries:
         if all(entry.get(name) == value for name, value in key.record().items()):
             return Locked(
