@@ -225,7 +225,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
             )
         except OutputDirError:
             before = options_lock.Before.of(ctx.spec_file.path, lock_key)  # read before the lock is written
-            if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version)):
+            if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version), refused=True):
                 assert before is not None  # a lock was written: the spec has a lock file's place
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
                 ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir))
@@ -244,10 +244,13 @@ def _lock_choice(
     overrides: dict[str, Any],
     search: dict[str, Any],
     keyed: tuple[str, str, str],
+    refused: bool = False,
 ) -> bool:
     """The search's choice into the lock, where it decided; this build, stored in the build cache under
     the key of a build from that entry too, is then that build whole (H46 waited 1m16s for it)."""
-    written = options_lock.after_search(ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say)
+    written = options_lock.after_search(
+        ctx.spec_file.path, searched, tuned, overrides, search, ctx.progress.say, refused
+    )
     if written is not None:
         build_key, content, cxx_version = keyed
         ctx.store.copy_entry(build_key, whole_build_key(ctx, content, cxx_version, written))

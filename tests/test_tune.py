@@ -831,6 +831,7 @@ def test_a_locked_choice_says_the_threads_it_was_timed_on_and_a_lower_median_wit
     lock.after_search(spec.path, key, tuned, {}, {"chosen": tuned.chosen, **tuned.manifest_record()}, said.append)
     path = tmp_path / "m" / "spec.lock.json"
     assert said[0].startswith(f"    wrote the search's choice (spec-options, timed on 1 thread) to {path}: "), said
+    assert said[0].endswith("run no search (commit the file to keep that for everyone who builds this spec)"), said
     assert said[1:] == [
         "    (freezing's median was lower, 104 ms against 118 ms, within its rounds' noise: a quieter machine, or one "
         "with other threads, may choose otherwise; `--update-lock` there searches again)"

@@ -329,22 +329,32 @@ def after_search(
     overrides: dict[str, Any],
     search: dict[str, Any],
     say: Callable[[str], None],
+    refused: bool = False,
 ) -> Locked | None:
     """After a build whose search ran for a lock entry (``key``; None: no search, or no lock file):
     its choice becomes the entry, unless the search did not decide (it says why). The entry written,
-    as a later build finds it, or None."""
+    as a later build finds it, or None. ``refused``: dist/ refused the build's wheel (the line after
+    says what the lock then makes, and the way back)."""
     if key is None:
         return None
     if why := tuned.not_decided():
         say(f"    the search did not decide ({why}): nothing locked in {lock_path(spec_path)} ({SEARCHES_AGAIN})")
         return None
-    return keep_choice(spec_path, key, overrides, search, tuned, say)
+    return keep_choice(spec_path, key, overrides, search, tuned, say, refused)
 
 
 def keep_choice(
-    spec_path: Path, key: Key, overrides: dict[str, Any], search: dict[str, Any], tuned: Any, say: Callable[[str], None]
+    spec_path: Path,
+    key: Key,
+    overrides: dict[str, Any],
+    search: dict[str, Any],
+    tuned: Any,
+    say: Callable[[str], None],
+    refused: bool = False,
 ) -> Locked:
-    """After a build whose search ran: its choice becomes the key's entry."""
+    """After a build whose search ran: its choice becomes the key's entry. Committing the file is
+    advised where dist/ took the build, or kept a wheel of the same options: not two lines before
+    dist/'s refusal (H54), nor as waiting for a wheel dist/ had just kept its own over (H55)."""
     path = lock_path(spec_path)
     assert path is not None  # consult() gives a key only to a spec with a file of its own
     rest = {k: v for k, v in search.items() if k != "chosen"}
@@ -361,8 +371,8 @@ def keep_choice(
     else:
         say(
             f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}: builds like this one "
-            f"({key.describe()}) use it and run no search (once dist/ takes this build's wheel, commit the "
-            "file to keep that for everyone who builds this spec)"
+            f"({key.describe()}) use it and run no search"
+            + ("" if refused else " (commit the file to keep that for everyone who builds this spec)")
         )
     if lower := _lower_median(tuned):
         say(lower)
