@@ -463,8 +463,14 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
             "stages after it (from earlier builds)"
         )
         assert brief(progress.outlook()) == "running 5s past the revised estimate, then about 7s for the later stages"
-        # it ran out, and the next figure came back with a few seconds to go: "finishing" holds until
-        # they run out too (H53: "finishing, at the revised estimate", then "about 2s left … revised")
+        # past it, a figure with a few seconds to go is said in numbers, revised (H55: "finishing, at the
+        # revised estimate" straight after "running 10s past" named a figure never shown)
+        progress.estimate(3.0)
+        assert progress.outlook().startswith("about 10s left of the build: 3s of compile (revised"), progress.outlook()
+        clock[0] += 3.0
+        assert progress.outlook().startswith("compile stage finishing, at the revised estimate"), progress.outlook()
+        # at it, the next figure came back with a few seconds to go: "finishing" holds until they run out
+        # too (H53: "finishing, at the revised estimate", then "about 2s left … revised")
         progress.estimate(2.0)
         assert progress.outlook().startswith("compile stage finishing, at the revised estimate"), progress.outlook()
         clock[0] += 1.0
@@ -473,6 +479,14 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
         assert progress.outlook().startswith("compile stage running 1s past the revised estimate"), progress.outlook()
         progress.estimate(30.0)  # a figure well beyond it is said as it is
         assert progress.outlook().startswith("about 37s left of the build: 30s of compile (revised"), progress.outlook()
+    # held at finishing, a figure revises nothing the user saw: not "the revised estimate" (H55)
+    held = Progress(io.StringIO())
+    held.expect({"compile": 100.0})
+    with held.stage("compile"):
+        held.estimate(5.0)
+        clock[0] += 5.0
+        held.estimate(4.0)
+        assert held.outlook() == "compile stage finishing, at the estimate (from this build's compiles)", held.outlook()
     # a new figure that ends much later than the last one is revised too: "about 9s left", then
     # "about 1m12s left" of the timing rounds, with no word of it
     rounds = Progress(io.StringIO())

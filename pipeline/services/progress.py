@@ -43,9 +43,9 @@ REVISED_S = 10.0
 
 
 def held(left_s: float, finishing: bool) -> float:
-    """The figure said: where the last one ran out (finishing, or past it) and the next came back
-    with under REVISED_S to go, "finishing" holds until that one runs out too (H53: "finishing, at
-    the revised estimate", then "about 2s left of compile, revised", read as a hiccup)."""
+    """The figure said: where the last one said "finishing" and the next came back with under
+    REVISED_S to go, "finishing" holds until that one runs out too (H53: "finishing, at the revised
+    estimate", then "about 2s left of compile, revised", read as a hiccup)."""
     return min(left_s, 0.0) if finishing else left_s
 
 
@@ -121,10 +121,14 @@ class Progress:
     def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
         """The running stage's own estimate of what is left of it (the search's); None: none now."""
         now = time.perf_counter()
-        if self.current is not None and not self.revised:
-            self.revised = self._revises(now, stage_left_s, basis)
         left_s = None if self.stage_end is None else held(self.stage_end - now, self.finishing)
-        self.finishing = left_s is not None and left_s < 0.5 and stage_left_s is not None and stage_left_s < REVISED_S
+        # said as finishing: a figure past its end (running Ns past) is revised in numbers, and a figure
+        # held at finishing revises nothing the user saw (H55: "finishing, at the revised estimate"
+        # after "running 10s past the estimate", with no revised figure ever shown)
+        finishing = left_s is not None and abs(left_s) < 0.5 and stage_left_s is not None and stage_left_s < REVISED_S
+        if self.current is not None and not self.revised and not finishing:
+            self.revised = self._revises(now, stage_left_s, basis)
+        self.finishing = finishing
         self.stage_end = None if stage_left_s is None else now + stage_left_s
         self.basis = basis
 
