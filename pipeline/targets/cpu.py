@@ -65,7 +65,7 @@ class BUILD_OPTIONS(Frozen):  # noqa: N801  # the Target protocol's name for it
     isa: Literal["native", "avx2", "avx512"] = Field(
         "native",
         description="the CPU kind the kernels are built for: the build machine's own (native), or avx2 (any "
-        "x86-64 CPU of the last decade) or avx512",
+        "x86-64 CPU with AVX2) or avx512",
     )
 
 
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             choices=ISA_CHOICES,
             default=None,
             help="the CPU kind a cpu wheel's kernels are built for: native (this machine's), or avx2 for "
-            f"any x86-64 CPU of the last decade (default: ${ISA_ENV}, else the spec's [build.cpu] isa, "
+            f"any x86-64 CPU with AVX2 (default: ${ISA_ENV}, else the spec's [build.cpu] isa, "
             "else native)",
         )
     ]
