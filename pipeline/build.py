@@ -22,6 +22,7 @@ from .features.candidates import Skipped, screening_calls
 from .features.tune import Tuned
 from .services import cache, dist_guard
 from .services.layout import WorkLayout, hold_work_dir, written_trace
+from .services.manifest import read_wheel_manifest
 from .services.outdir import claim_output_dir, output_path, refuse_if_held
 from .services.progress import Progress, Steps, reporting, stop_requested
 from .services.writable import NO_ROOM, NOT_ALLOWED, write_error
@@ -228,13 +229,21 @@ def build_target(ctx: BuildContext) -> BuildResult:
             if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version), refused=True):
                 assert before is not None  # a lock was written: the spec has a lock file's place
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
-                ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir))
+                ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel)))
             elif locked is not None and ctx.update_lock and before is not None:
                 # an --update-lock search that did not decide: the entry stays, and so does an earlier way back (H54)
-                ctx.progress.say(before.refused(locked.chosen, ctx.work_dir))
+                ctx.progress.say(before.refused(locked.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel)))
             raise
     _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))
     return result
+
+
+def _dist_choice(ctx: BuildContext, wheel: Wheel) -> str | None:
+    """The options dist/'s wheel of this name was built with, where its manifest says: where a
+    refused build's way back leads."""
+    kept = read_wheel_manifest(ctx.dist_dir / wheel.path.name) or {}
+    chosen = (kept.get("compile_search") or {}).get("chosen")
+    return chosen if isinstance(chosen, str) else None
 
 
 def _lock_choice(

@@ -398,6 +398,26 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
         "no way back through the lock (it had no entry for builds like this one, and a build without an entry is "
         "this build again, from the build cache): the hint below says the ways on"
     )
+    # H56: a second refused search that chose other options again (max-autotune, then spec-options):
+    # the lock as it found it names options dist/ refuses too, so the way back stays the one an earlier
+    # refusal kept, the lock as it was with dist/'s options (freezing)
+    lock.write(path, ours, "max-autotune", {"max_autotune": True})
+    assert lock.Before.of(spec, ours).refused("spec-options", kept_in, dist_chosen="freezing") == (
+        f"    the lock's entry now names spec-options: {plain}to go back to the lock as it was before an earlier "
+        f"build changed it (its entry: freezing), {back}"
+    )
+    assert lock.find(kept_in / "spec.lock.json.before", ours)[0].chosen == "freezing", "the earlier copy is kept"
+    # where no kept copy leads to dist/'s options, no way back is offered as one
+    assert lock.Before.of(spec, ours).refused("spec-options", tmp_path / "elsewhere", dist_chosen="freezing") == (
+        f"    the lock's entry now names spec-options: {plain}no way back through the lock leads to dist/'s options "
+        "(freezing): as this build found it, its entry named max-autotune, which dist/ refuses too; the hint below "
+        "says the ways on"
+    )
+    # where the lock as the build found it names dist/'s options, it is the way back, as before
+    lock.write(path, ours, "freezing", {})
+    assert lock.Before.of(spec, ours).refused("spec-options", kept_in, dist_chosen="freezing").endswith(
+        f"to go back to the lock as it was (its entry: freezing), {back}"
+    )
     # a build folder the copy cannot go in (another user's, or a file in its place): the way back said
     # in words, and the refusal that follows stays the error
     blocked = tmp_path / "blocked"

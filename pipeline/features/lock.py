@@ -111,16 +111,20 @@ class Before:
         entry = find(path, key, text)[0] if text is not None else None  # the text kept, as it was read
         return cls(path, key, text, entry.chosen if entry else None)
 
-    def refused(self, chosen: str, keep_in: Path) -> str:
+    def refused(self, chosen: str, keep_in: Path, dist_chosen: str | None = None) -> str:
         """The line before dist/'s refusal of a build whose search wrote ``chosen`` in the lock: what
         plain builds now make, and the way back; the file as it was goes in ``keep_in`` (the build
-        folder). H53: a search that chose the entry's options again said "now names" them, and its
-        copy replaced the one an earlier refusal had offered, the way back to dist/'s options."""
+        folder). ``dist_chosen``: the options of dist/'s wheel, where its manifest says. H53: a search
+        that chose the entry's options again said "now names" them, and its copy replaced the one an
+        earlier refusal had offered, the way back to dist/'s options. H56: so did a second refused
+        search that chose other options again, whose lock as it found it names options dist/ refuses
+        too: the way back is the one that leads to dist/'s options."""
         again = self.chosen == chosen
+        elsewhere = self.chosen is not None and dist_chosen is not None and self.chosen != dist_chosen
         return (
             f"    the lock's entry {'still' if again else 'now'} names {chosen}: until dist/ takes this build "
             f"(--overwrite), plain builds make it and dist/ refuses them alike; "
-            + (self._kept_earlier(keep_in, chosen) if again else self._way_back(keep_in))
+            + (self._kept_earlier(keep_in, chosen, dist_chosen) if again or elsewhere else self._way_back(keep_in))
         )
 
     def _kept(self, keep_in: Path) -> Path:
@@ -149,19 +153,25 @@ class Before:
             )
         return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
 
-    def _kept_earlier(self, keep_in: Path, chosen: str) -> str:
-        """The way back an earlier refused build kept, where it leads elsewhere than ``chosen``."""
+    def _kept_earlier(self, keep_in: Path, chosen: str, dist_chosen: str | None) -> str:
+        """The way back an earlier refused build kept, where it leads elsewhere than ``chosen`` (to
+        ``dist_chosen``, where dist/'s options are known)."""
         kept = self._kept(keep_in)
         try:
             earlier = find(kept, self.key)[0] if kept.is_file() else None
         except SpecError:  # not a lock any more: offered no longer
             earlier = None
-        if earlier is None or earlier.chosen == chosen:
-            return "the hint below says the ways on"
-        return (
-            f"to go back to the lock as it was before an earlier build changed it (its entry: {earlier.chosen}), "
-            f"`cp {shown(kept)} {shown(self.path)}`"
-        )
+        if earlier is not None and earlier.chosen != chosen and dist_chosen in (None, earlier.chosen):
+            return (
+                f"to go back to the lock as it was before an earlier build changed it (its entry: {earlier.chosen}), "
+                f"`cp {shown(kept)} {shown(self.path)}`"
+            )
+        if dist_chosen is not None and self.chosen not in (chosen, dist_chosen):
+            return (
+                f"no way back through the lock leads to dist/'s options ({dist_chosen}): as this build found it, its "
+                f"entry named {self.chosen}, which dist/ refuses too; the hint below says the ways on"
+            )
+        return "the hint below says the ways on"
 
 
 def shown(path: Path) -> str:
