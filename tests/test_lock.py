@@ -415,8 +415,10 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
     )
     # where the lock as the build found it names dist/'s options, it is the way back, as before
     lock.write(path, ours, "freezing", {})
-    assert lock.Before.of(spec, ours).refused("spec-options", kept_in, dist_chosen="freezing").endswith(
-        f"to go back to the lock as it was (its entry: freezing), {back}"
+    assert (
+        lock.Before.of(spec, ours)
+        .refused("spec-options", kept_in, dist_chosen="freezing")
+        .endswith(f"to go back to the lock as it was (its entry: freezing), {back}")
     )
     # a build folder the copy cannot go in (another user's, or a file in its place): the way back said
     # in words, and the refusal that follows stays the error
