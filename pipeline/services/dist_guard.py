@@ -77,13 +77,17 @@ class KeptAsIs:
     sha256: str  # the kept wheel's
 
 
-def keep_what_was_tested(existing: Path, new_wheel: Path, new_sha256: str) -> KeptAsIs | None:
+def keep_what_was_tested(
+    existing: Path, new_wheel: Path, new_sha256: str, existing_sha256: str | None = None
+) -> KeptAsIs | None:
     """The late check: ``existing`` (dist/'s file of the new wheel's name) must hold the same bytes
     (None), or the same model with the same options chosen, its manifest other only in the search's
     record: then dist/ keeps its wheel, which serves as well (KeptAsIs). A newcomer's refusal of
     such a wheel said "nothing to do", and every later plain build was refused alike (the lock
-    file then held the new record). Anything else is refused."""
-    existing_sha256 = sha256_file(existing) if existing.is_file() else new_sha256
+    file then held the new record). Anything else is refused. ``existing_sha256``: its sha256, where
+    the caller has it (an 85 MB CUDA wheel is read once)."""
+    if existing_sha256 is None:
+        existing_sha256 = sha256_file(existing) if existing.is_file() else new_sha256
     if existing_sha256 == new_sha256:
         return None
     kept, made = read_wheel_manifest(existing), read_wheel_manifest(new_wheel)

@@ -103,7 +103,7 @@ def commit(
     same_bytes = held == wheel.sha256
     if not overwrite:
         try:
-            kept_as_is = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256)
+            kept_as_is = dist_guard.keep_what_was_tested(finals[1], wheel.path, wheel.sha256, held or wheel.sha256)
         except OutputDirError:
             if cache_entry:  # what the refusal says: --overwrite then takes this wheel, not an older one
                 cache_entry[0].store(cache_entry[1], (wheel.path, report_file), stoppable=False)
