@@ -857,6 +857,16 @@ def test_a_locked_choice_says_the_threads_it_was_timed_on_and_a_lower_median_wit
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     lock.consult(spec, "cpu", "AVX2", False, said.append)
     assert "as the search chose there; no option search" in said[0], said
+    # one that chose other options than the entry's says which it replaced (H57: dist/'s options written
+    # back over a choice dist/ had refused, unsaid)
+    said.clear()
+    lock.after_search(spec.path, key, tuned, {}, {**tuned.manifest_record(), "chosen": "freezing"}, said.append)
+    assert said[0].startswith(f"    wrote the search's choice (freezing, timed on 1 thread) to {path}, in place of "), (
+        said
+    )
+    assert said[0].startswith(
+        f"{path}, in place of its entry's spec-options: builds like this one", said[0].index(str(path))
+    )
 
 
 def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):

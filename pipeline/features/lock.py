@@ -380,8 +380,10 @@ def keep_choice(
         )
     else:
         say(
-            f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}: builds like this one "
-            f"({key.describe()}) use it and run no search"
+            f"    wrote the search's choice ({search['chosen']}{timed_on}) to {path}"
+            # in place of what: H57 read an entry dist/ refused replaced by dist/'s options, unsaid
+            + (f", in place of its entry's {previous.chosen}" if previous is not None else "")
+            + f": builds like this one ({key.describe()}) use it and run no search"
             + ("" if refused else " (commit the file to keep that for everyone who builds this spec)")
         )
     if lower := _lower_median(tuned):
