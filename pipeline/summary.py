@@ -36,6 +36,8 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
     manifest = read_wheel_manifest(result.wheel)  # read once: the runs-on line and the usage lines
     if manifest is not None:  # before it is published: a default (native) build runs on CPUs of this kind only
         lines.append(f"  runs on   {targets.get(manifest['target']).where_it_runs(manifest)}")
+    if manifest is not None and (checkpoint := manifest.get("checkpoint")):  # an --hf build's, as `info` says it
+        lines.append(f"  checkpoint {checkpoint['folder']} ({checkpoint['task']}, {checkpoint['class']})")
     if result.kept:  # the rows below are this build's, not the kept wheel's (H45 read them as one wheel's)
         lines.append(
             f"  this build sha256 {result.own_sha256[:16]}…, in the build cache: its wheel differs only in the "
