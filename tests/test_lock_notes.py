@@ -3,6 +3,8 @@ with each other (test_lock.py has the lock file itself)."""
 
 from __future__ import annotations
 
+import torch
+
 from pipeline import targets
 from pipeline.features import lock
 from pipeline.spec import load_spec
@@ -25,7 +27,16 @@ def test_an_ignored_entry_says_the_choice_is_added_only_where_the_search_runs_to
         "    (only where the search decides: one the noise stops before it compiles a candidate, one whose budget "
         "leaves room for no other candidate, or whose rounds cannot tell the candidates apart, adds nothing)"
     ]
-    # --update-lock's line says the same of the entry it replaces
+    # --update-lock's line says the same: "added" where the lock has no entry for this build (H58 read
+    # "replaces this build's entry" where there was none), "replaces" where it has one
+    said.clear()
+    lock.consult(spec, "cpu", kind, True, said.append)
+    lock_file = spec.path.parent / "spec.lock.json"
+    assert said[0] == f"    --update-lock: the option search runs, and its choice is added to {lock_file}", said
+    assert said[1].endswith("or whose rounds cannot tell the candidates apart, adds nothing)"), said
+    lock.write(
+        tmp_path / "m" / "spec.lock.json", lock.Key("cpu", kind, torch.__version__, compile_keys), "freezing", {}
+    )
     said.clear()
     lock.consult(spec, "cpu", kind, True, said.append)
     assert said[0].startswith("    --update-lock: the option search runs, and its choice replaces this build's entry")

@@ -1278,7 +1278,11 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
     display.expect({"compile": 90.0})  # scaled to this build's compiles: max-autotune's 3 plain ones
     with progress.reporting(display), display.stage("compile"):
         outlook = search_time.Outlook(planned, Cache(cache), workers=1)
-        outlook.before_search(None, ["max-autotune"])
+        lines = outlook.before_search(None, ["max-autotune"])
+        # from the earlier builds' stage too, the caveat that the search may stop (H58: "about 4m04s", then
+        # the noise stopped it at 48 s, with no word that it might)
+        assert lines[0].endswith("then all timed together: about 1m30s on this machine"), lines
+        assert lines[2].startswith("    spec-options comes from the build cache; the search may stop"), lines
         outlook.first("spec-options", 2.0, from_cache=True)
         outlook.announce("spec-options", 2.0, ["max-autotune"], [])
         assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0 + 0.0), search_time.EARLIER_COMPILES), estimates

@@ -292,8 +292,11 @@ def consult(
             )
         return None, None
     if update:
-        say(f"    --update-lock: the option search runs, and its choice replaces this build's entry in {path}")
-        say(only_at_the_end("replaces"))
+        # "replaces" only an entry there is (H58 read it where the lock had none for this CPU kind)
+        entry = find(path, key)[0]
+        does = f"replaces this build's entry in {path}" if entry else f"is added to {path}"
+        say(f"    --update-lock: the option search runs, and its choice {does}")
+        say(only_at_the_end("replaces" if entry else "adds"))
         return key, None
     locked, why_not = find(path, key)
     if locked:

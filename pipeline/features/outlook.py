@@ -185,7 +185,8 @@ class Outlook:
         if last:
             unit = "compiles'" if rounds != 1 else "compile's"
             how = f"    (earlier builds' compile stage, scaled to {figure(rounds)} plain {unit} time: {room})"
-            return [f"{what}: about {duration(last)} on this machine", how, shorter(self.cache_dir)]
+            # the caveat too: a noise-stopped search after "about 4m04s" with no word that it may stop (H58)
+            return [f"{what}: about {duration(last)} on this machine", how, rest, shorter(self.cache_dir)]
         # the rounds after the first run side by side, each compile slower beside another
         side_by_side = at_once > 1
         slowed = self.slowdown if side_by_side else 1.0
