@@ -38,7 +38,8 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
         lines.append(f"  runs on   {targets.get(manifest['target']).where_it_runs(manifest)}")
     if manifest is not None and (checkpoint := manifest.get("checkpoint")):  # an --hf build's, as `info` says it
         # "from", in the rows' 10-character column ("checkpoint" put its value a column right, H58)
-        lines.append(f"  from      checkpoint {checkpoint['folder']} ({checkpoint['task']}, {checkpoint['class']})")
+        where = (report.get("checkpoint") or {}).get("path") or checkpoint["folder"]  # the report's full path (H59)
+        lines.append(f"  from      checkpoint {where} ({checkpoint['task']}, {checkpoint['class']})")
     if result.kept:  # the rows below are this build's, not the kept wheel's (H45 read them as one wheel's)
         lines.append(
             f"  this build sha256 {result.own_sha256[:16]}…, in the build cache: its wheel differs only in the "

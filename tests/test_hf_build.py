@@ -257,7 +257,7 @@ def test_checkpoint_builds_installs_verifies_and_reproduces(family, hf_venv, tmp
     assert f"  command   model-hf-{family} verify | info  (installed with the wheel)" in ran.err  # a CPU wheel: no link
     # the checkpoint, as `info` names it (H57 looked for it in the summary, as library-models.md said)
     task = FAMILIES[family][1]
-    assert f"\n  from      checkpoint {folder.name} ({task}, " in ran.err, ran.err
+    assert f"\n  from      checkpoint {folder} ({task}, " in ran.err, ran.err  # its full path, as the other rows
     assert (
         f"            from your index: pip install model-hf-{family}==1.0 --index-url <your index>/cpu/simple "
         "--extra-index-url https://download.pytorch.org/whl/cpu\n" in ran.err
