@@ -20,6 +20,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import IndexServerError, UsageError
@@ -240,12 +241,13 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
     return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
 
 
-def published_sha256(index: Index, file_url: str, page_url: str) -> str:
-    """The sha256 of a file on the index: from its link's ``#sha256=``, else by downloading it."""
-    url, _, fragment = file_url.partition("#")
+def published_sha256(file_url: str, fetch: Callable[[], bytes]) -> str:
+    """The sha256 of a file on the index: from its link's ``#sha256=``, else of its bytes, as
+    ``fetch`` downloads them (published_file)."""
+    fragment = file_url.partition("#")[2]
     if fragment.startswith("sha256="):
         return fragment.removeprefix("sha256=")
-    return hashlib.sha256(published_file(index, url, page_url)).hexdigest()
+    return hashlib.sha256(fetch()).hexdigest()
 
 
 def published_file(index: Index, file_url: str, page_url: str) -> bytes:

@@ -9,6 +9,7 @@ lies beside the wheel.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -213,12 +214,12 @@ def _publish(
     return Published(tuple(uploaded), tuple([*refused, *passed]))
 
 
-def _their_sha256(index: Index, file_url: str, page: str, needed: bool) -> str | None:
+def _their_sha256(file_url: str, fetch: Callable[[], bytes], needed: bool) -> str | None:
     """The index's file's sha256, to say whether it is this wheel; where only said (not --skip-existing),
     an index that cannot tell leaves it unsaid (H53: "already on the index" after dist/'s wheel had
     changed, with no word that the index held another build)."""
     try:
-        return published_sha256(index, file_url, page)
+        return published_sha256(file_url, fetch)
     except IndexServerError:
         if needed:
             raise
@@ -236,13 +237,15 @@ class _Held:
 
 def _held(index: Index, file_url: str, page: str, wheel: Path, manifest: dict[str, Any], needed: bool) -> _Held:
     ours = wheel_integrity.sha256_file(wheel)
-    theirs = _their_sha256(index, file_url, page, needed)
+    # the index's file, downloaded at most once: for its sha256 (where its link has none), then its manifest
+    fetch = functools.cache(functools.partial(published_file, index, file_url, page))
+    theirs = _their_sha256(file_url, fetch, needed)
     if theirs is None:
         return _Held(False, False, "")
     if theirs == ours:
         return _Held(True, False, ", the same file")
     hashes = f"its sha256 {theirs[:16]}…, this wheel's {ours[:16]}…"
-    if _same_model_and_options(index, file_url, page, manifest):
+    if _same_model_and_options(fetch, manifest):
         return _Held(
             False,
             True,
@@ -251,12 +254,12 @@ def _held(index: Index, file_url: str, page: str, wheel: Path, manifest: dict[st
     return _Held(False, False, f", another build of it ({hashes})")
 
 
-def _same_model_and_options(index: Index, file_url: str, page: str, manifest: dict[str, Any]) -> bool:
+def _same_model_and_options(fetch: Callable[[], bytes], manifest: dict[str, Any]) -> bool:
     """Whether the index's file is another build of this wheel's model with the same options chosen,
     the two manifests other only in the search's record: nothing to publish, so no "bump the version"
     (H54: a rebuild whose search timed other candidates). False where the file cannot be read."""
     try:
-        theirs = read_wheel_manifest(io.BytesIO(published_file(index, file_url, page)))
+        theirs = read_wheel_manifest(io.BytesIO(fetch()))
     except IndexServerError:
         return False
     return theirs is not None and record_only(theirs, manifest)
