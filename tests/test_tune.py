@@ -1288,6 +1288,27 @@ def test_the_searchs_figure_follows_what_is_left_to_compile(tmp_path):
         assert estimates[-1] == (pytest.approx(30.0 * 3 + 2.0 + 0.0), search_time.EARLIER_COMPILES), estimates
 
 
+def test_a_search_with_every_candidate_from_the_cache_says_so_before_it_starts(tmp_path):
+    """H59: an --update-lock run whose candidates all came from the build cache began its search
+    without a word (the line before a search spoke only of candidates to compile)."""
+    from types import SimpleNamespace
+
+    from pipeline.services.cache import Cache
+
+    planned = [(name, SimpleNamespace(key=name)) for name in ("spec-options", "freezing")]
+    cache = tmp_path / "cache"
+    for name in ("spec-options", "freezing"):
+        (cache / name).mkdir(parents=True)
+    lines = search_time.Outlook(planned, Cache(cache), workers=2).before_search(None, [])
+    assert lines == [
+        "    search: 2 candidates, all from the build cache (spec-options, freezing): nothing to compile; "
+        "each is verified, then all timed together",
+        "    the search may stop once spec-options is timed, where the machine is too noisy for a candidate to win",
+    ], lines
+    lone = search_time.Outlook(planned[:1], Cache(cache), workers=2)
+    assert lone.before_search(None, []) == [], "a lone candidate is no search"
+
+
 def test_a_lone_candidates_figure_after_its_compile_is_its_install(tmp_path):
     """H49: once a lock's max-autotune compiled, the row showed the earlier builds' whole stage again
     ("about 58s left of the build") just before "compile done"; before it compiled, the search's last

@@ -133,8 +133,15 @@ class Outlook:
         """What the search will cost here, said before it starts: from the last build's compile
         stage where there was one, else in compiles (the first one's time gives the estimate).
         ``compiles``: the fresh candidates its budget likely lets compile (tune.likely_compiled)."""
-        if len(self.order) < 2 or not self.fresh:
+        if len(self.order) < 2:
             return []
+        if not self.fresh:  # all from the build cache: said too (H59: such a search began without a word)
+            return [
+                f"    search: {len(self.order)} candidates, all from the build cache ({', '.join(self.order)}): "
+                "nothing to compile; each is verified, then all timed together",
+                f"    the search may stop once {self.order[0]} is timed, where the machine is too noisy for a "
+                "candidate to win",
+            ]
         fresh, first_fresh = [n for n in self.order if n in self.fresh], self.order[0] in self.fresh
         rounds = rounds_of(compiles, first_fresh, self.workers)
         # side by side only where two or more compile at once (a newcomer's one fresh candidate read "2 at a time")
