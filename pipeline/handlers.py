@@ -26,6 +26,7 @@ from .services.layout import WorkLayout
 from .services.outdir import check_trusted, claim_inductor_cache, output_path
 from .services.parallel import build_many, default_jobs
 from .services.progress import Progress, QuietProgress, Steps, reporting
+from .services.wording import as_run
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
@@ -305,11 +306,15 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
 
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
+    # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
+    missing = [w for w in args.wheel or () if not Path(w).is_file()]
+    if missing:
+        raise UsageError(
+            f"no such wheel: {', '.join(missing)}",
+            f"build it first with {as_run('`make build`', '`modelwheel build`')}, or give the path of one it built",
+        )
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
-    missing = [str(w) for w in wheels if not w.is_file()]
-    if missing:
-        raise UsageError(f"no such wheel: {', '.join(missing)}", "build it first with `make build`")
     with progress.stage("publish", ", ".join(w.name for w in wheels)):
         result = publish(
             wheels, index, progress.say, skip_existing=args.skip_existing, require_report=not args.without_report

@@ -117,12 +117,13 @@ def test_publishing_again_is_refused_and_leaves_the_index_unchanged(published, c
             "TWINE_PASSWORD": "no-auth",  # never sent: the local index gets its own password
         }
     )
-    ran = publish(home, wheel, **env)
+    ran = publish(home, wheel, **env, MAKELEVEL="")  # the tool run as itself, not through make
     assert ran.code == AlreadyPublishedError.exit_code, ran.err
     if checked_by == "simple page":  # the page's sha256 says it is this very file, and how a re-run passes
         assert f"{wheel.name}: already on the index (cpu), the same file, left as it is" in ran.err
         assert f"error: {wheel.name} already on the index, the same file; nothing uploaded" in ran.err
-        assert "hint: --skip-existing (make publish ARGS=--skip-existing) passes" in ran.err
+        # the tool's own flag: the pip-installed tool's hint said `make publish ARGS=…` (H60)
+        assert "hint: --skip-existing passes a wheel the index holds byte for byte" in ran.err, ran.err
     else:
         assert f"error: {wheel.name} already on the index; nothing uploaded" in ran.err
         assert "bump model.version" in ran.err
@@ -400,6 +401,7 @@ def test_an_index_started_on_a_port_another_index_holds_is_refused(index, tmp_pa
     assert f"error: the local index cannot listen on 127.0.0.1:{state['port']}: Address already in use" in ran.err
     assert "hint: another program holds the port (an index started from another folder, too)" in ran.err
     assert not (tmp_path / "build" / "index" / "state.json").exists()
+    (tmp_path / "x.whl").write_bytes(b"")  # a wheel that is there: a missing one is said before the index
     publishing = run_cli("publish", "--wheel", str(tmp_path / "x.whl"), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
     assert f"no local index started from this folder ({tmp_path / 'build' / 'index'})" in publishing.err
     stopping = run_cli("index", "stop", cwd=tmp_path)

@@ -35,6 +35,23 @@ def test_a_renamed_wheel_is_refused_naming_both_names(wheel, tmp_path, name, sai
 
 
 @pytest.mark.parametrize(
+    ("makelevel", "build"), [("", "`modelwheel build` (`make build` in a checkout)"), ("1", "`make build`")]
+)
+def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel, build):
+    """H60: from a folder with no local index, `publish --wheel <typo>` said "no package index"
+    (exit 13), and only the next try, with an index, that the wheel was not there; the pip-installed
+    tool's hint said `make build`, which only a checkout has."""
+    missing = tmp_path / "dist" / "model_nope-1.0-py3-none-any.whl"
+    ran = run_cli("publish", "--wheel", str(missing), cwd=tmp_path, env={"MAKELEVEL": makelevel})
+    assert ran.code == 2, ran.err
+    assert ran.err.splitlines()[-2:] == [
+        f"error: no such wheel: {missing}",
+        f"hint: build it first with {build}, or give the path of one it built",
+    ], ran.err
+    assert not (tmp_path / "build").exists(), "nothing written"
+
+
+@pytest.mark.parametrize(
     ("manifest", "says"),
     [
         (

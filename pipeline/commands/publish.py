@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import AlreadyPublishedError, IndexServerError, UploadError
 from ..services import proc
 from ..services.manifest import read_wheel_manifest, record_only
+from ..services.wording import under_make
 from ..stages.package import TORCH_INDEX
 from ..wheel_template.runtime import _integrity as wheel_integrity
 from ..wheel_template.runtime import _targets as wheel_targets
@@ -277,7 +278,8 @@ def _refusal(refused: dict[str, _Held], uploaded: list[str], skip_existing: bool
         if all(found.same for found in refused.values()):  # nothing to publish: say how a re-run ends 0
             return AlreadyPublishedError(
                 f"{names} already on the index, the same file; nothing uploaded",
-                "--skip-existing (make publish ARGS=--skip-existing) passes a wheel the index holds byte for byte",
+                f"--skip-existing{' (make publish ARGS=--skip-existing)' if under_make() else ''} passes a wheel "
+                "the index holds byte for byte",
             )
         return AlreadyPublishedError(f"{names} already on the index; nothing uploaded", hint)
     done = f" ({len(uploaded)} other wheel(s) uploaded)" if uploaded else ""

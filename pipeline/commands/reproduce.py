@@ -48,7 +48,8 @@ def read_wheel_manifest(wheel: Path) -> dict[str, Any]:
     """``<import_name>/manifest.json`` inside the wheel."""
     if not wheel.is_file():  # a wheel name copied from the docs, with another machine's tag
         near = sorted(wheel.parent.glob("*.whl")) if wheel.parent.is_dir() else []
-        raise UnverifiedWheelError(
+        # a usage error, as publish's for the same mistake (H60: exit 15 read as an altered wheel)
+        raise UsageError(
             f"{wheel}: no such file",
             f"the wheels in {wheel.parent}: {', '.join(p.name for p in near)}"
             if near

@@ -22,6 +22,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from ..errors import OutputDirError, UnverifiedWheelError
+from ..services.wording import as_run
 from ..wheel_template.runtime import _integrity as wheel_integrity
 
 
@@ -46,6 +47,11 @@ REPORT_HINT = (
     "report its build wrote (a report left from another build of the same version does not fit)"
 )
 ALTERED_HINT = "the wheel was altered after its build: rebuild it"
+
+
+def built_by() -> str:
+    """The build command a hint names, as this run was started (make's, or the tool's own)."""
+    return as_run("`make build`", "`modelwheel build`")
 
 
 @contextlib.contextmanager
@@ -88,14 +94,14 @@ def read_manifest(path: Path, shown: Path | None = None, *, require_report: bool
         names = [n for n in archive.namelist() if n.endswith("/manifest.json") and n.count("/") == 1]
         if not names:
             raise UnverifiedWheelError(
-                f"{wheel}: no manifest.json: not a wheel built by this pipeline", "build it with `make build`"
+                f"{wheel}: no manifest.json: not a wheel built by this pipeline", f"build it with {built_by()}"
             )
         package = names[0].split("/")[0]
         manifest = _parsed_manifest(wheel, archive, names[0])
         if manifest["verification"].get("passed") is not True:
             raise UnverifiedWheelError(
                 f"{wheel}: its manifest does not record a passed verification",
-                "build it with `make build`, which verifies",
+                f"build it with {built_by()}, which verifies",
             )
         # Every member hashed once: the manifest and RECORD checks both read these.
         digests = {
@@ -198,7 +204,7 @@ def _check_record(wheel: Path, archive: zipfile.ZipFile, digests: dict[str, tupl
     if len(records) != 1:
         raise UnverifiedWheelError(
             f"{wheel}: {'no' if not records else 'more than one'} *.dist-info/RECORD",
-            "not a wheel as pip builds them: rebuild it with `make build`",
+            f"not a wheel as pip builds them: rebuild it with {built_by()}",
         )
     record = records[0]
     try:
@@ -237,7 +243,7 @@ def _check_report(read: Path, manifest: dict, wheel: Path, required: bool) -> No
             raise UnverifiedWheelError(
                 f"{wheel}: no build report beside it ({wheel.parent / name}): nothing ties this wheel to a build "
                 "that verified it",
-                "publish the wheel with the report its build wrote beside it (`make build` leaves "
+                "publish the wheel with the report its build wrote beside it (a build leaves "
                 "both in dist/; the release workflow carries both), or pass --without-report to publish a wheel built "
                 "elsewhere, checked by its RECORD and manifest alone",
             )

@@ -6,7 +6,6 @@ budget counts (payback.Budget refuses by the same measure, once the first compil
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from ..services.cache import Cache, first_compile_s, newest_reports
 from ..services.contention import SAID_FROM_CORES
 from ..services.progress import estimate, expected_s, say
-from ..services.wording import FIRST_COMPILE, MEASURED_HERE, duration, figure, ratio
+from ..services.wording import FIRST_COMPILE, MEASURED_HERE, duration, figure, ratio, under_make
 from .first_guess import Guess
 from .payback import BUDGET_FACTOR, COMPILE_COST, compiled_side_by_side
 
@@ -49,7 +48,7 @@ def shorter(cache_dir: Path) -> str:
     """How to make the search shorter, naming this build's cache (--build-dir moves it: a newcomer's
     build said build/cache where its cache was another folder)."""
     # through make, as make takes it: `build --no-search` read to a newcomer of `make build` as a make flag
-    flag = '`ARGS="--no-search"`' if os.environ.get("MAKELEVEL") else "`build --no-search`"
+    flag = '`ARGS="--no-search"`' if under_make() else "`build --no-search`"
     return (
         f"    to make it shorter: {flag} or `[compile] search = false` in the spec (one compile, the "
         "spec's options), a smaller `[compile] search_budget_s` (fewer candidates), or build again unchanged "

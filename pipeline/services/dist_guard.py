@@ -11,7 +11,6 @@ searching; and when the wheel is put in dist/, with its bytes.
 from __future__ import annotations
 
 import glob
-import os
 import platform
 import shlex
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 from ..errors import OutputDirError
 from .manifest import differences, read_wheel_manifest, record_only, sha256_file
+from .wording import under_make
 
 # Flags the refusal's ARGS leave out: the refused wheel waits in the build cache, and with them the
 # build would compile and search again (`ARGS="--update-lock --overwrite"` searched 86 s, and put a
@@ -32,7 +32,7 @@ def overwrite(argv: list[str] | None = None) -> str:
     """--overwrite as the user gives it: through make, in ARGS with the build's other flags (a
     newcomer's `make build MODEL=unet --overwrite` got make's own usage screen, and
     `ARGS="--overwrite"` after `ARGS="--no-search"` dropped --no-search and rebuilt another wheel)."""
-    if not os.environ.get("MAKELEVEL"):
+    if not under_make():
         return "--overwrite"
     given, args = [], _build_args(argv)
     while args:  # what the make target adds itself: --spec and --target with their values
@@ -56,7 +56,7 @@ def not_kept(argv: list[str] | None = None) -> str:
     `ARGS="--no-cache --overwrite"`, which searched again and put another wheel in dist/."""
     with_it = f"with {overwrite(argv)}"
     again = [flag for flag in NOT_AGAIN[1:] if flag in _build_args(argv)]
-    if again and not os.environ.get("MAKELEVEL"):
+    if again and not under_make():
         with_it = f"without {' and '.join(again)}, with --overwrite,"
     return (
         "it is left as it is, and this build's verified wheel is kept in the build cache: the same build "

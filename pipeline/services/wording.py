@@ -5,8 +5,22 @@ modelwheel's."""
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
+
+
+def under_make() -> bool:
+    """Whether make started this run (its hints then say make's way: ARGS="…")."""
+    return bool(os.environ.get("MAKELEVEL"))
+
+
+def as_run(make: str, tool: str) -> str:
+    """A hint's command as this run was started: ``make``'s where make ran it, else the tool's own,
+    with make's named for a checkout (H60: the pip-installed tool's hints, run from /, said
+    `make build` and `make publish ARGS=…`, where no make target exists)."""
+    return make if under_make() else f"{tool} ({make} in a checkout)"
+
 
 STAGES = ("load", "doctor", "export", "compile", "verify", "static", "package")  # static: only with static sizes
 
