@@ -13,6 +13,7 @@ from .services.progress import Progress
 from .services.wording import ratio, took
 from .stages.package import TORCH_INDEX
 from .wheel_template.runtime._bounds import decided_by
+from .wheel_template.runtime._info import SEARCH_OFF
 
 if TYPE_CHECKING:  # the build imports torch; the summary is printed from its result only
     from .stages.deliver import BuildResult
@@ -47,7 +48,7 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
         )
     lines.append(f"  stages    {stages}")
     searched = search_lines(report.get("compile_search") or {})
-    if searched and (report.get("build_cache") or {}).get("reused"):
+    if searched and (report.get("build_cache") or {}).get("reused") and not searched[0].endswith(SEARCH_OFF):
         # this run searched nothing: the row under "no option search" read as its own (H47)
         searched[0] = searched[0].replace("  search    ", "  search    the cached build's: ", 1)
     lines += searched
@@ -113,12 +114,11 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     if search.get("entry_kept"):  # said in the summary too, not only in the lines that scrolled by (H44)
         name = Path(search["locked"]).name
         return [f"  search    --update-lock's search did not decide: {name}'s entry kept ({search['chosen']})"]
-    if (
-        not cost
-        or search.get("locked")
-        or (len(search.get("candidates", ())) < 2 and not cost["stopped"] and not left_out)
-    ):
+    if not cost or search.get("locked"):
         return []
+    if len(search.get("candidates", ())) < 2 and not cost["stopped"] and not left_out:
+        # said, as the wheel's `info` says it: nothing on screen said a --no-search build searched nothing (H60)
+        return [f"  search    {SEARCH_OFF}"]
     # the candidates whose .so the build cache held, spec-options too: not among those compiled
     # (a newcomer's summary named neither the one compiled nor spec-options from the cache)
     candidates = search.get("candidates", ())

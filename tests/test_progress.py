@@ -52,7 +52,7 @@ PLAIN_LINES = [
     r"==> compile: 1 candidate, into .*/tiny/0\.1/cpu \(held while the build runs; the wheel carries the "
     r"files\)",
     r"    candidate spec-options: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
-    r"measures the wheel\)",
+    r"measures the wheel\)(; other processes kept [\d.]+ of the \d+ cores busy meanwhile: it may be far slower .*)?",
     r"    used spec-options: the only candidate, as the option search is off",
     rf"    compile done in {TOOK}",
     r"==> verify",
@@ -66,6 +66,7 @@ PLAIN_LINES = [
     r"  runs on   x86-64 CPUs with AVX(2|512), the build machine's kind \(native(; --cpu-isa avx2 builds one for any "
     r"x86-64 CPU with AVX2)?\)",
     rf"  stages    load {TOOK} · doctor {TOOK} · export {TOOK} · compile {TOOK} · verify {TOOK} · package {TOOK}",
+    r"  search    off: the spec's options alone \(\[compile\] search = false, or --no-search\)",
     r"  verified  features: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  verified  logits: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  report    .*\.report\.json",
@@ -177,7 +178,7 @@ def test_a_status_line_comes_when_nothing_was_printed_for_a_while(monkeypatch):
         assert re.fullmatch(
             r"    \.\.\. compile 1/2 spec-options: compiling · [01]s in compile · [01]s in all · "
             r"about 2m0[45]s left of compile \(from this build's compiles\); no figure yet for the stages after "
-            r"it \(no earlier build of this model here on as many threads\)",
+            r"it \(the build cache holds no earlier build of this model on as many threads\)",
             line,
         ), line
     quiet = io.StringIO()
@@ -521,7 +522,9 @@ def test_estimate_of_what_is_left_comes_from_the_last_build(tmp_path, monkeypatc
 
 
 # A first build's figure is the stage's own: it says so (in the next build it is "left of the build").
-FIRST_BUILD = "; no figure yet for the stages after it (no earlier build of this model here on as many threads)"
+FIRST_BUILD = (
+    "; no figure yet for the stages after it (the build cache holds no earlier build of this model on as many threads)"
+)
 
 
 def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_figure(monkeypatch):

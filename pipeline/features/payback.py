@@ -200,15 +200,22 @@ NO_PAYBACK = "cannot pay back its compile: an earlier build of this model measur
 NOISY = "cannot win beyond the noise measured before the compiles (the build's report has the spread)"
 
 
-def stopped_line(noise: Timed, baseline: str, refused: int) -> str:
-    """Counted as the compile stage's first line counts ("4 candidates to try": the 3 after the first)."""
+def stopped_line(noise: Timed, baseline: str, refused: int, best: Expected | None = None) -> str:
+    """Counted as the compile stage's first line counts ("4 candidates to try": the 3 after the first).
+    ``best``: the candidate expected to gain most, whose gain is the spread a search needs."""
     which = f"any of the {refused} candidates" if refused > 1 else "the 1 candidate"
     # the busy clause once, on the noise line just above: both lines carried its 250 characters
     why = ", the noise line above says why" if noise.busy() else ""
+    # the bar named: a newcomer's spreads narrowed from 2.25x to 1.34x, with no word of how close that was (H60)
+    bar = (
+        f": a spread under {ratio(best.gain)} (the most {best.name} is expected to gain) lets a candidate compile"
+        if best is not None
+        else ""
+    )
     return (
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
         f"{which} after {baseline} to win (rounds {figure(noise.low_ms)} to "
-        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread{why}); "
+        f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread{why}){bar}; "
         "build on a quieter machine for a search, "
         "or set `[compile] search_when_noisy = true` to compile them anyway"
     )

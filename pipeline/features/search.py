@@ -40,6 +40,9 @@ class Trial:
     rounds_ms: tuple[float, ...] = ()  # each timing round's median, in round order
     spread_ms: tuple[float, float] | None = None  # the fastest and slowest round
     compile_s: float | None = None  # its fresh compile's seconds (None: from the cache, or not compiled)
+    # how many of the cores other processes kept busy while it was timed (None: could not tell): a
+    # figure timed under load is that load's, and the report says so beside it
+    others_cores: float | None = None
 
 
 FROM_CACHE = " (compiled earlier, from the build cache)"
@@ -256,6 +259,7 @@ class Search:
         for name, plan in self.planned:
             if name in self.passed and name in timed:
                 t, cached = timed[name], self.passed[name].from_cache
+                busy = None if t.others_cores is None else round(t.others_cores, 2)
                 # unrounded: the choice is made on them
                 out.append(
                     Trial(
@@ -267,10 +271,12 @@ class Search:
                         rounds_ms=t.rounds_ms,
                         spread_ms=(t.low_ms, t.high_ms),
                         compile_s=self.compile_s.get(name),
+                        others_cores=busy,
                     )
                 )
                 # a lone candidate: nothing to compare, and one round on a busy machine read like the model's latency
-                line = t.describe() if shown else f"{figure(t.median_ms)} ms a call, one round here ({LONE_CAVEAT})"
+                lone = f"{figure(t.median_ms)} ms a call, one round here ({LONE_CAVEAT})"
+                line = t.describe() if shown else lone + contention.lone(busy, t.threads)
                 if t is not noise:  # the noise rounds as its timing: their line said it already
                     # where its .so came from said first: a trailing "(cached)" read as a cached timing
                     say(f"    candidate {name}{FROM_CACHE if cached else ''}: {line}")

@@ -278,7 +278,7 @@ def choose_candidates(
     earlier = payback.earlier_search(store.directory, spec.model.name, exported.target.NAME)
     expected = payback.expectations([name for name, _ in planned[1:]], earlier)
     carried = {c["name"]: c for c in earlier.get("candidates", ())}  # an untimed candidate's report keeps it
-    refused, noisy, open_ = [], [], []
+    refused, noisy, open_, too_noisy = [], [], [], list[payback.Expected]()
     gate = noise is not None and not spec.compile.search_when_noisy
     for one in expected:
         if why := payback.payback_refusal(one, first):
@@ -286,6 +286,7 @@ def choose_candidates(
         elif why := payback.noise_refusal(one, noise, first) if noise is not None else None:
             if gate:
                 noisy.append(Skipped(one.name, why, payback.NOISY, carried.get(one.name)))
+                too_noisy.append(one)
                 continue
             # what the setting changed, said (a newcomer who set it saw it nowhere)
             say(f"    candidate {one.name}: kept in by `[compile] search_when_noisy = true`, though it {why}")
@@ -297,7 +298,8 @@ def choose_candidates(
     for skip in refused:
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     if noisy and not open_ and noise is not None:
-        line = payback.stopped_line(noise, first, len(noisy))
+        best = max(too_noisy, key=lambda one: one.gain)
+        line = payback.stopped_line(noise, first, len(noisy), best)
         say(line)
         return [], refused + noisy, dataclasses.replace(cost, stopped=line.strip())
     refused += noisy

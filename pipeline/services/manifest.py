@@ -5,6 +5,7 @@ Its type is the runtime's (runtime/_schema.py); the package stage makes it (stag
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import IO, Any
@@ -71,9 +72,23 @@ def _record_differs(kept: dict[str, Any], new: dict[str, Any]) -> str:
         return f"the kept wheel records {kept_said} as timed, this build's {new_said}"
     kept_why, new_why = ({s.get("name", "?"): s.get("reason") for s in r.get("not_tried", ())} for r in (kept, new))
     left_out = [name for name in {**kept_why, **new_why} if kept_why.get(name) != new_why.get(name)]
-    if left_out:
-        return f"the same candidates timed; the reason {listed(left_out)} was not tried differs"
-    return "the same candidates timed; another of its fields differs"
+    tried = f"{listed(kept_tried) or 'none'} tried in both"
+    if left_out:  # each side's reason, in its first words (H60 could not parse "the reason … was not tried differs")
+        kept_said, new_said = (_first_words(why.get(left_out[0])) for why in (kept_why, new_why))
+        if kept_said == new_said:  # the same reason, with other figures (a refusal's diffs)
+            return f"{tried}; {listed(left_out)} not tried for the same reason in both, with other figures"
+        sides = f"{_left_out(kept_said, 'the kept wheel')}, {_left_out(new_said, 'this build')}"
+        return f"{tried}; {listed(left_out)}: {sides}"
+    return f"{tried}; another of its fields differs"
+
+
+def _first_words(reason: str | None) -> str:
+    return re.split(r": | \(", reason, maxsplit=1)[0] if reason else ""
+
+
+def _left_out(reason: str, whose: str) -> str:
+    """Why candidates were not tried in ``whose`` search, or that they were none of its candidates."""
+    return f"not tried in {whose} ({reason})" if reason else f"not among {whose}'s candidates"
 
 
 def _described(key: str, kept: Any, new: Any) -> str:

@@ -117,7 +117,8 @@ def outlook(
     # A first build says its figure is the stage's alone: "left of compile" there and "left of the
     # build" in the next read to a newcomer as the same figure said two ways.
     unknown = (
-        "; no figure yet for the stages after it (no earlier build of this model here on as many threads)"
+        "; no figure yet for the stages after it (the build cache holds no earlier build of this model on as many "
+        "threads)"
         if after and not expected
         else ""
     )

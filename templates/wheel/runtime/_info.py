@@ -101,7 +101,11 @@ def _search(m: Manifest) -> str:
         )
     if left_out:  # a search that compiled no other (the noise, the budget)
         return f"tried {search['chosen']} only{left_out}"
-    return "off: the spec's options alone ([compile] search = false, or --no-search)"
+    return SEARCH_OFF
+
+
+# the build's summary says it in the same words (pipeline/summary.py)
+SEARCH_OFF = "off: the spec's options alone ([compile] search = false, or --no-search)"
 
 
 def _verified(m: Manifest) -> str:
