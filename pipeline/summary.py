@@ -171,6 +171,17 @@ def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:
     commands = "verify | info" if manifest.get("relocatable") else "verify | info | link"
     # load_numpy() only where the target's runtime has it (a CUDA wheel's said so, and has not)
     numpy = "  (or load_numpy(): no torch import)" if targets.runtime(targets.get(manifest["target"])).NUMPY else ""
+    # a --cpu-isa build shares its file name with the native one: an index holding that installs it (H60
+    # followed this line after publishing the native build, and would have got the AVX-512 wheel)
+    named_kind = (manifest.get("platform") or {}).get("onednn_max_isa")
+    one_per_version = (
+        [
+            "            (an index keeps one wheel of a version, and a native build's has this file name: publish this "
+            "one to an index without it, or bump the version)"
+        ]
+        if named_kind
+        else []
+    )
     return [
         f"  import    import {import_name}; model = {import_name}.load(){numpy}",
         f"  command   {dist} {commands}  (installed with the wheel)",
@@ -179,6 +190,7 @@ def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:
         # "make index" alone sent a pip-installed tool's user looking for a Makefile they do not have
         f"            from the local index (modelwheel index start; make index in a checkout): pip install "
         f"{dist}=={version} --index-url {local}",
+        *one_per_version,
         f"            from your index: pip install {dist}=={version} --index-url <your index>/{variant}/simple "
         f"--extra-index-url {torch_index}",
     ]

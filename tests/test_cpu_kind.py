@@ -140,6 +140,19 @@ def test_the_summary_and_info_say_which_machines_a_wheel_runs_on():
         "x86-64 CPUs with AVX2 (built for that kind by name: --cpu-isa avx2)"
     )
     assert runs_on({"target": "cpu", "platform": {"machine": "aarch64"}}) == "aarch64 CPUs like the build machine's"
+    # the summary's installs: a --cpu-isa build's file name is the native build's, and an index keeps one (H60)
+    from pathlib import Path
+
+    from pipeline.summary import usage_lines
+
+    names = {"import_name": "model_tiny", "dist_name": "model-tiny", "variant": "cpu", "version": "0.1"}
+    named = {**names, **cpu_wheel(cpu_capability="AVX2", onednn_max_isa="AVX2"), "relocatable": True}
+    note = (
+        "            (an index keeps one wheel of a version, and a native build's has this file name: publish this "
+        "one to an index without it, or bump the version)"
+    )
+    assert note in usage_lines(Path("/d/w.whl"), named)
+    assert note not in usage_lines(Path("/d/w.whl"), {**names, **cpu_wheel(cpu_capability="AVX2"), "relocatable": True})
     needs = _target_cuda.requirements("13.0", (9, 0))
     assert targets.get("cuda").where_it_runs({"cuda": {**needs, "multi_arch": False}}) == (
         "NVIDIA GPUs of compute capability 9.0 (sm_90) only (the build GPU's), with a driver for CUDA 13.0 "

@@ -164,6 +164,10 @@ def test_cli_missing_spec_file(tmp_path):
     assert (
         f"the models in {tmp_path / 'models'}: unet (with make: MODEL=<name>, or SPEC=path/to/spec.toml)" in ran.err
     ), ran.err
+    assert "did you mean" not in ran.err, ran.err  # nosuch is near no model's name
+    # a misspelt one: the one meant (H60: `make build MODEL=unte`)
+    typo = run_cli("build", "--spec", str(tmp_path / "models" / "unte" / "spec.toml"))
+    assert f"error: {tmp_path / 'models' / 'unte' / 'spec.toml'}: no such spec file (did you mean 'unet'?)" in typo.err
 
 
 @pytest.mark.parametrize("name", ["seed", "device", "not-an-identifier"])
