@@ -309,11 +309,14 @@ def test_a_wheel_that_differs_only_in_the_searchs_record_is_kept_in_dist_and_the
     # a search that stopped on the noise beside one that was off: each side's reason (H60 could not parse "the
     # reason bf16-autocast, freezing, … was not tried differs")
     noisy = [{"name": n, "reason": "cannot win beyond the noise (the report has it)"} for n in ("freezing", "x")]
+    noisy.append({"name": "bf16-autocast", "reason": "this CPU has no native bfloat16 instructions"})
     assert differences(
         {"compile_search": {**again, "not_tried": noisy}}, {"compile_search": {**again, "not_tried": []}}
     ) == [
         "compile_search (only its record: spec-options chosen in both; spec-options tried in both; freezing and x: "
-        "not tried in the kept wheel (cannot win beyond the noise), not among this build's candidates)"
+        "not tried in the kept wheel (cannot win beyond the noise), not among this build's candidates; "
+        "bf16-autocast: not tried in the kept wheel (this CPU has no native bfloat16 instructions), not among this "
+        "build's candidates)"
     ]
     kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
     (tmp_path / "new").mkdir()

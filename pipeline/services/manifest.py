@@ -73,13 +73,20 @@ def _record_differs(kept: dict[str, Any], new: dict[str, Any]) -> str:
     kept_why, new_why = ({s.get("name", "?"): s.get("reason") for s in r.get("not_tried", ())} for r in (kept, new))
     left_out = [name for name in {**kept_why, **new_why} if kept_why.get(name) != new_why.get(name)]
     tried = f"{listed(kept_tried) or 'none'} tried in both"
-    if left_out:  # each side's reason, in its first words (H60 could not parse "the reason … was not tried differs")
-        kept_said, new_said = (_first_words(why.get(left_out[0])) for why in (kept_why, new_why))
-        if kept_said == new_said:  # the same reason, with other figures (a refusal's diffs)
-            return f"{tried}; {listed(left_out)} not tried for the same reason in both, with other figures"
-        sides = f"{_left_out(kept_said, 'the kept wheel')}, {_left_out(new_said, 'this build')}"
-        return f"{tried}; {listed(left_out)}: {sides}"
-    return f"{tried}; another of its fields differs"
+    if not left_out:
+        return f"{tried}; another of its fields differs"
+    # each side's reason, in its first words, for the candidates that share them (H60 could not parse
+    # "the reason bf16-autocast, freezing, … was not tried differs")
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in left_out:
+        groups.setdefault((_first_words(kept_why.get(name)), _first_words(new_why.get(name))), []).append(name)
+    said = [
+        f"{listed(names)} not tried for the same reason in both, with other figures"  # a refusal's diffs, say
+        if kept_said == new_said
+        else f"{listed(names)}: {_left_out(kept_said, 'the kept wheel')}, {_left_out(new_said, 'this build')}"
+        for (kept_said, new_said), names in groups.items()
+    ]
+    return f"{tried}; " + "; ".join(said)
 
 
 def _first_words(reason: str | None) -> str:
