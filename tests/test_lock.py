@@ -293,15 +293,13 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
             "    the lock's entry still names freezing: until dist/ takes this build (--overwrite), plain builds make "
             "it and dist/ refuses them alike; the hint below says the ways on"
         ) in refused.stderr.splitlines(), refused.stderr
-    if entry == "freezing":  # H51: once compiled, the entry comes from the build cache, and the line says so
-        again = subprocess.run([sys.executable, "-c", WIDE_ROUNDS, *args], capture_output=True, text=True, timeout=600)
-        assert again.returncode == 0, again.stderr
+        # H51: once compiled (by the first run), the entry comes from the build cache, and the line says so
         assert (
             "    --update-lock: the search did not decide (the noise stopped it), so spec.lock.json's entry for "
             "builds like this one stays (freezing), and this build takes it from the build cache, as one without "
             "--update-lock does"
-        ) in again.stderr.splitlines(), again.stderr
-        assert "reused the compiled model from build cache" in again.stderr
+        ) in refused.stderr.splitlines(), refused.stderr
+        assert "reused the compiled model from build cache" in refused.stderr
 
 
 def deciding_search(tmp_path: Path) -> list[str]:
