@@ -563,6 +563,7 @@ def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_searc
     assert later and set(later) <= {
         None,
         tune.rounds.ROUNDS_SO_FAR,
+        tune.rounds.NOISE_SO_FAR,
         "the noise rounds' time, for each candidate",
         search_time.INSTALL_LEFT,
     }
@@ -1206,6 +1207,24 @@ def test_candidates_are_ordered_by_expected_gain_per_compile_second():
     found = {e.name: e for e in payback.expectations(names, measured)}
     assert (found["max-autotune"].gain, found["max-autotune"].cost, found["max-autotune"].measured) == (2.0, 2.0, True)
     assert [e.name for e in payback.expectations(names, measured)] == ["bf16-autocast", "max-autotune", "freezing"]
+
+
+def test_the_noise_rounds_say_their_own_time_left():
+    """H60: the unet's noise rounds ran 31 s with no time left on the status line (the search's figure
+    comes only once they are timed): after each round but the last, their own, as a part of the stage."""
+    estimates: list[tuple[float | None, str | None]] = []
+
+    class Display(progress.Progress):
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            estimates.append((stage_left_s, basis))
+
+    with progress.reporting(Display(io.StringIO())):
+        tune.rounds.time_in_rounds({"spec-options": lambda: time.sleep(0.001)}, part=tune.rounds.NOISE_SO_FAR)
+    assert [basis for _, basis in estimates] == [tune.rounds.NOISE_SO_FAR] * (tune.rounds.ROUNDS - 1), estimates
+    assert all(left is not None and left > 0 for left, _ in estimates), estimates
+    assert wording.outlook({}, "compile", 40.0, 12.0, tune.rounds.NOISE_SO_FAR) == (
+        "about 12s left of the noise rounds (from the timing rounds so far); the stage's figure comes after it"
+    )
 
 
 def test_the_searchs_figure_counts_the_timing_rounds_once_the_noise_was_timed(tmp_path):

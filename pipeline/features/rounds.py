@@ -19,7 +19,7 @@ import torch
 
 from ..services import contention
 from ..services.progress import check_stop, estimate, step
-from ..services.wording import apart, figure, ratio
+from ..services.wording import apart, figure, part_only, ratio
 
 ROUNDS = 5
 ROUND_RUNS, ROUND_SECONDS = 3, 0.2  # per candidate and round: at least this many calls and seconds
@@ -104,6 +104,8 @@ def _round_median(call: Callable[[], object], synchronize: Callable[[], object])
 
 
 ROUNDS_SO_FAR = "from the timing rounds so far"
+# the noise rounds' own figure, a part of the compile stage (H60: 31 s of them with no time left said)
+NOISE_SO_FAR = part_only("the noise rounds") + ROUNDS_SO_FAR
 
 
 def time_in_rounds(
@@ -112,12 +114,14 @@ def time_in_rounds(
     rounds: int = ROUNDS,
     doing: str = "",
     last: bool = False,
+    part: str | None = None,
 ) -> dict[str, Timed]:
     """``calls``: name -> a function running one call of that candidate. Every candidate runs in
     every round; round r starts at candidate r (mod their number), so none always follows another.
     ``doing``: the live status, said with the round running (``…: round 2/5``); ``last``: the rounds
     end their stage, whose time left they then give from the rounds so far (a newcomer's build,
-    past the rounds' first estimate, said only how far past it)."""
+    past the rounds' first estimate, said only how far past it); ``part``: the rounds are a part of
+    their stage, whose own figure they give with this basis (wording.part_only)."""
     names = list(calls)
     for name in names:
         for _ in range(WARMUP_RUNS):
@@ -130,9 +134,10 @@ def time_in_rounds(
         for name in rotated(names, index):
             check_stop()
             medians[name].append(_round_median(calls[name], synchronize))
-        if last and index < rounds - 1:  # after the last, the caller's figure (an estimate of 0 here read
-            # "finishing, at its revised estimate" just after "running 3s past" to a newcomer, H45)
-            estimate((time.perf_counter() - started) / (index + 1) * (rounds - index - 1), ROUNDS_SO_FAR)
+        if (last or part) and index < rounds - 1:  # after the last, the caller's figure (an estimate of 0
+            # here read "finishing, at its revised estimate" just after "running 3s past" to a newcomer, H45)
+            left = (time.perf_counter() - started) / (index + 1) * (rounds - index - 1)
+            estimate(left, ROUNDS_SO_FAR if last else part)
     others_cores = others.cores()
     threads = torch.get_num_threads()  # the OpenMP threads the calls ran on
     return {name: Timed(tuple(found), others_cores, threads) for name, found in medians.items()}

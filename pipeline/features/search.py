@@ -134,6 +134,7 @@ class Search:
             timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
             self.exported.target.synchronize,
             doing=doing,
+            part=rounds.NOISE_SO_FAR,
         )[name]
         self.noise_s = time.perf_counter() - started
         # the setting said where it is read (a newcomer who set it saw it nowhere when nothing was noisy)
