@@ -120,8 +120,8 @@ def test_in_a_pipe_a_silent_stage_says_what_runs_and_for_how_long(json_build):
     assert guessed and all(
         re.search(
             r" · (about \d+s left of compile|compile stage (running \d+s past|finishing, at) the estimate) "
-            r"\(a first guess from the graph's \d+ ops\); no figure yet for the stages after it \(no earlier "
-            r"build of this model here on as many threads\)$",
+            r"\(a first guess from the graph's \d+ ops\); no figure yet for the stages after it \(the build cache "
+            r"holds no earlier build of this model on as many threads\)$",
             line,
         )
         for line in guessed
