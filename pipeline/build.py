@@ -214,6 +214,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
         searched = lock_key if locked is None else None
         overrides: dict[str, Any] = next((plan.overrides for name, plan in planned if name == tuned.chosen), {})
         search = dict(packaged.manifest.get("compile_search") or {})
+        # the entry this build replaces, where its search may write a lock entry dist/ then refuses
+        aside = ctx.store.set_aside(build_key) if searched is not None else None
         try:
             result = commit(
                 packaged.wheel,
@@ -228,12 +230,20 @@ def build_target(ctx: BuildContext) -> BuildResult:
             before = options_lock.Before.of(ctx.spec_file.path, lock_key)  # read before the lock is written
             if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version), refused=True):
                 assert before is not None  # a lock was written: the spec has a lock file's place
+                # this build waits under its entry's key; without the entry, a build is the one before it (H61)
+                earlier = aside is not None
+                ctx.store.put_back(build_key, aside)
+                aside = None
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
-                ctx.progress.say(before.refused(tuned.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel)))
+                said = before.refused(tuned.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel), earlier)
+                ctx.progress.say(said)
             elif locked is not None and ctx.update_lock and before is not None:
                 # an --update-lock search that did not decide: the entry stays, and so does an earlier way back (H54)
                 ctx.progress.say(before.refused(locked.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel)))
             raise
+        finally:
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
     _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version))
     return result
 

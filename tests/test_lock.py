@@ -336,19 +336,22 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     assert why.startswith("no other candidate was compiled (") and "cannot pay back its compile" in why, why
     said = (
         "    the lock's entry now names spec-options: until dist/ takes this build (--overwrite), plain builds make "
-        "it and dist/ refuses them alike; no way back through the lock (this build made the file, and a build "
-        "without an entry is this build again, from the build cache): the hint below says the ways on"
+        f"it and dist/ refuses them alike; to go back, remove {tmp_path / 'm' / 'spec.lock.json'} (this build made "
+        "it): a build without an entry then searches again"
     )
     assert said in refused.err.splitlines(), refused.err
     assert refused.err.index(said) < refused.err.index("error: ")
     again = run_cli("build", *args)  # the refused build, whole, from the build cache: refused alike, at once
     assert again.code == OutputDirError.exit_code and "reusing its verified wheel" in again.err, again.err
     assert "==> doctor" not in again.err, again.err
-    # without the file, as before the refused build, a build is that build again (H52 removed it, as told)
+    # without the file, as before the refused build, a build searches again, as the line said: the refused build
+    # waits under its entry's key alone (H52 removed the file and got the refused build again; H61 too, after
+    # `git checkout` of a lock with no entry for it); here it decides as before, and is refused as before
     entries = (tmp_path / "m" / "spec.lock.json").read_text()
     (tmp_path / "m" / "spec.lock.json").unlink()
     without = run_cli("build", *args)
-    assert without.code == OutputDirError.exit_code and "reusing its verified wheel" in without.err, without.err
+    assert without.code == OutputDirError.exit_code and "reusing its verified wheel" not in without.err, without.err
+    assert "    wrote the search's choice (spec-options" in without.err, without.err
     (tmp_path / "m" / "spec.lock.json").write_text(entries)
     overwritten = run_cli("build", *args, "--overwrite")
     assert overwritten.code == 0 and "reusing its verified wheel" in overwritten.err, overwritten.err
@@ -363,8 +366,8 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
 def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_path, monkeypatch):
     """H51: the refusal's "`git checkout` the lock file to go back" dropped the entry a newcomer's
     own first build had written and never committed, where going back meant that entry. The file as
-    it was is kept in the build folder, and the line gives the command that puts it back. Without an
-    entry before, a build is the refused one again (the build cache has it): no way back is offered."""
+    it was is kept in the build folder, and the line gives the command that puts it back, also where it
+    had no entry for the build (the refused build then waits under its entry's key alone)."""
     import subprocess
 
     monkeypatch.chdir(tmp_path)
@@ -392,9 +395,14 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
     )
     subprocess.run(said.split("`")[1], shell=True, check=True)  # the command as the line gives it
     assert path.read_text() == committed
-    assert without_ours.refused("max-autotune", kept_in).endswith(
-        "no way back through the lock (it had no entry for builds like this one, and a build without an entry is "
-        "this build again, from the build cache): the hint below says the ways on"
+    # no entry before: the lock as it was is the way back too (H61's `git checkout` of it led back nowhere),
+    # and a build without the entry is the build before this one (where the build cache holds it) or a search
+    assert without_ours.refused("max-autotune", tmp_path / "b2") == (
+        f"    the lock's entry now names max-autotune: {plain}to go back to the lock as it was (no entry for builds "
+        "like this one), `cp b2/spec.lock.json.before m/spec.lock.json`: a build without an entry then searches again"
+    )
+    assert without_ours.refused("max-autotune", tmp_path / "b2", earlier=True).endswith(
+        "`: a build without an entry then reuses the build before this one, from the build cache"
     )
     # H56: a second refused search that chose other options again (max-autotune, then spec-options):
     # the lock as it found it names options dist/ refuses too, so the way back stays the one an earlier
@@ -443,3 +451,29 @@ def test_a_search_with_no_spec_file_says_its_choice_is_locked_nowhere(tmp_path):
         "    the search's choice is locked nowhere: a --hf build without --spec has no spec file for a lock beside it "
         "(with --spec FILE, FILE's .lock.json keeps it; an unchanged rebuild reuses this build from the build cache)"
     ]
+
+
+def test_a_refused_builds_entry_is_put_back_as_it_was(tmp_path):
+    """H61: after an --update-lock search chose other options and dist/ refused the wheel, `git checkout`
+    of the lock led back nowhere: the build cache's entry for builds without a lock entry held the refused
+    build. The build sets that entry aside before it stores its own, and puts it back once a lock entry
+    holds the refused build (under that entry's key): the earlier build's files, or no entry."""
+    from pipeline.services.cache import Cache
+
+    store = Cache(tmp_path / "cache")
+    (tmp_path / "earlier.whl").write_text("dist/'s build")
+    (tmp_path / "refused.whl").write_text("the refused build")
+    store.store("build-k0", (tmp_path / "earlier.whl",))
+    aside = store.set_aside("build-k0")
+    store.store("build-k0", (tmp_path / "refused.whl",))  # the refused build replaces it, as commit() stores it
+    store.copy_entry("build-k0", "build-k1")  # and the lock entry's key holds it (_lock_choice)
+    store.put_back("build-k0", aside)
+    assert [p.name for p in (tmp_path / "cache" / "build-k0").iterdir()] == ["earlier.whl"]
+    assert (tmp_path / "cache" / "build-k0" / "earlier.whl").read_text() == "dist/'s build"
+    assert [p.name for p in (tmp_path / "cache" / "build-k1").iterdir()] == ["refused.whl"]
+    assert not list((tmp_path / "cache").glob(".*")), "nothing left aside"
+    # no entry before: none after (a build without the lock entry searches again)
+    assert store.set_aside("build-k2") is None
+    store.store("build-k2", (tmp_path / "refused.whl",))
+    store.put_back("build-k2", None)
+    assert not (tmp_path / "cache" / "build-k2").exists()

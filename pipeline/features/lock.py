@@ -111,47 +111,57 @@ class Before:
         entry = find(path, key, text)[0] if text is not None else None  # the text kept, as it was read
         return cls(path, key, text, entry.chosen if entry else None)
 
-    def refused(self, chosen: str, keep_in: Path, dist_chosen: str | None = None) -> str:
+    def refused(self, chosen: str, keep_in: Path, dist_chosen: str | None = None, earlier: bool = False) -> str:
         """The line before dist/'s refusal of a build whose search wrote ``chosen`` in the lock: what
         plain builds now make, and the way back; the file as it was goes in ``keep_in`` (the build
         folder). ``dist_chosen``: the options of dist/'s wheel, where its manifest says. H53: a search
         that chose the entry's options again said "now names" them, and its copy replaced the one an
         earlier refusal had offered, the way back to dist/'s options. H56: so did a second refused
         search that chose other options again, whose lock as it found it names options dist/ refuses
-        too: the way back is the one that leads to dist/'s options."""
+        too: the way back is the one that leads to dist/'s options. ``earlier``: the build cache holds the
+        build of this key from before this one (a build without an entry reuses it)."""
         again = self.chosen == chosen
         elsewhere = self.chosen is not None and dist_chosen is not None and self.chosen != dist_chosen
         return (
             f"    the lock's entry {'still' if again else 'now'} names {chosen}: until dist/ takes this build "
             f"(--overwrite), plain builds make it and dist/ refuses them alike; "
-            + (self._kept_earlier(keep_in, chosen, dist_chosen) if again or elsewhere else self._way_back(keep_in))
+            + (
+                self._kept_earlier(keep_in, chosen, dist_chosen)
+                if again or elsewhere
+                else self._way_back(keep_in, earlier)
+            )
         )
 
     def _kept(self, keep_in: Path) -> Path:
         """Where the file as it was before a refused build is kept: one copy per build folder."""
         return keep_in / f"{self.path.name}.before"
 
-    def _way_back(self, keep_in: Path) -> str:
-        """Only an entry this build replaced is a way back: without one, a build is this one again, from
-        the build cache (H52 removed the file a refused build had made, and was refused again)."""
-        if self.chosen is None:
-            made = "this build made the file" if self.text is None else "it had no entry for builds like this one"
-            return (
-                f"no way back through the lock ({made}, and a build without an entry is this build again, from the "
-                "build cache): the hint below says the ways on"
-            )
-        was = f"its entry: {self.chosen}"
+    def _way_back(self, keep_in: Path, earlier: bool = False) -> str:
+        """The lock as it was, and what a build from it makes: without an entry, the build of this key
+        from before this one (``earlier``: the build cache holds it), else a search. This build waits
+        under its entry's key alone (H52 removed the file a refused build had made, and was refused
+        again; H61's `git checkout` of it too)."""
+        then = (
+            "a build without an entry then reuses the build before this one, from the build cache"
+            if earlier
+            else "a build without an entry then searches again"
+        )
+        if self.text is None:
+            return f"to go back, remove {shown(self.path)} (this build made it): {then}"
+        was = f"its entry: {self.chosen}" if self.chosen is not None else "no entry for builds like this one"
         kept = self._kept(keep_in)
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
-            kept.write_text(self.text or "")  # a file with an entry has text
+            kept.write_text(self.text)
         except OSError as exc:  # said on the way to dist/'s refusal, which stays the error
             why = exc.strerror or type(exc).__name__
             return (
                 f"to go back, restore {shown(self.path)} as it was before this build ({was}; no copy of it could be "
-                f"kept in {shown(keep_in)}: {why})"
+                f"kept in {shown(keep_in)}: {why})" + (f": {then}" if self.chosen is None else "")
             )
-        return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`"
+        return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`" + (
+            f": {then}" if self.chosen is None else ""
+        )
 
     def _kept_earlier(self, keep_in: Path, chosen: str, dist_chosen: str | None) -> str:
         """The way back an earlier refused build kept, where it leads elsewhere than ``chosen`` (to

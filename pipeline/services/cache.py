@@ -268,6 +268,32 @@ class Cache:
         if entry.is_dir() and key != other_key:
             self.store(other_key, tuple(sorted(entry.iterdir())))
 
+    def set_aside(self, key: str) -> Path | None:
+        """Entry ``key`` as it is now, linked into a folder aside (None where there is none), so that
+        put_back() can undo what a build then stores under it. Named as a partial: an aside a killed
+        build left is swept like one."""
+        entry = self.directory / key
+        if not self.has(key):
+            return None
+        aside = self.directory / f".{key}.aside.partial-{os.getpid()}"
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir()
+        for path in entry.iterdir():
+            try:  # a link costs nothing: the entry's files are replaced, never written in place
+                os.link(path, aside / path.name)
+            except OSError:
+                shutil.copyfile(path, aside / path.name)
+        return aside
+
+    def put_back(self, key: str, aside: Path | None) -> None:
+        """Entry ``key`` as set_aside() found it: its files, or no entry where it had none (a build dist/
+        refused, whose search wrote a lock entry, waits under that entry's key; without the entry, a
+        build is the earlier one again, not the refused one: H61 could not go back)."""
+        with signals_deferred(redeliver=False):
+            shutil.rmtree(self.directory / key, ignore_errors=True)
+            if aside is not None:
+                aside.rename(self.directory / key)
+
     def stage(self, key: str, files: tuple[Path, ...]) -> Path:
         """The entry written aside; removed again when writing it fails (a full disk) or is
         interrupted, so no half entry stays behind. An entry stored already is replaced by the
