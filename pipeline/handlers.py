@@ -309,9 +309,9 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
     # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
     missing = [w for w in args.wheel or () if not Path(w).is_file()]
     if missing:
+        build = as_run("`make build MODEL=<name>`", "`modelwheel build`")
         raise UsageError(
-            f"no such wheel: {', '.join(missing)}",
-            f"build it first with {as_run('`make build`', '`modelwheel build`')}, or give the path of one it built",
+            f"no such wheel: {', '.join(missing)}", f"build it first with {build}, or give the path of one it built"
         )
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)

@@ -247,8 +247,10 @@ def read_spec_toml(path: str | Path, overrides: bool = False) -> tuple[Path, dic
         # a misspelt name answered with the one meant, as a task's and a key's are (H60: MODEL=unte)
         near = difflib.get_close_matches(spec_path.parent.name, known, n=1) if known else []
         meant = f" (did you mean {near[0]!r}?)" if near else ""
+        # a relative path said as looked for: `modelwheel publish unet` from / read "models/unet/spec.toml" (H61)
+        looked = f" (looked for {spec_path})" if str(path) != str(spec_path) else ""
         raise SpecError(
-            f"{path}: no such spec file{meant}",
+            f"{path}: no such spec file{looked}{meant}",
             f"pass --spec PATH to a model's spec.toml, or the folder that holds it{beside}",
         )
     try:

@@ -48,7 +48,9 @@ def report_lines(result: BuildResult, rebuild: bool = False) -> list[str]:
         )
     lines.append(f"  stages    {stages}")
     searched = search_lines(report.get("compile_search") or {})
-    if searched and (report.get("build_cache") or {}).get("reused") and not searched[0].endswith(SEARCH_OFF):
+    # a row of a search that did not run (off, or the lock's options) is no search of the cached build's
+    ran = searched and not searched[0].startswith(("  search    none: ", f"  search    {SEARCH_OFF}"))
+    if ran and (report.get("build_cache") or {}).get("reused"):
         # this run searched nothing: the row under "no option search" read as its own (H47)
         searched[0] = searched[0].replace("  search    ", "  search    the cached build's: ", 1)
     lines += searched
@@ -114,7 +116,11 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     if search.get("entry_kept"):  # said in the summary too, not only in the lines that scrolled by (H44)
         name = Path(search["locked"]).name
         return [f"  search    --update-lock's search did not decide: {name}'s entry kept ({search['chosen']})"]
-    if not cost or search.get("locked"):
+    if search.get("locked"):  # the options a lock entry pins (H61: the README's AVX2 build had no row)
+        return [
+            f"  search    none: {search['chosen']}, from {Path(search['locked']).name} (--update-lock searches again)"
+        ]
+    if not cost:
         return []
     if len(search.get("candidates", ())) < 2 and not cost["stopped"] and not left_out:
         # said, as the wheel's `info` says it: nothing on screen said a --no-search build searched nothing (H60)

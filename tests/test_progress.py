@@ -52,7 +52,7 @@ PLAIN_LINES = [
     r"==> compile: 1 candidate, into .*/tiny/0\.1/cpu \(held while the build runs; the wheel carries the "
     r"files\)",
     r"    candidate spec-options: \d+(\.\d+)? ms a call, one round here \(a rough figure for the report: make bench "
-    r"measures the wheel\)(; other processes kept [\d.]+ of the \d+ cores busy meanwhile: it may be far slower .*)?",
+    r"measures the wheel\)(; other processes kept [\d.]+ of the \d+ cores busy meanwhile, so it may be far slower .*)?",
     r"    used spec-options: the only candidate, as the option search is off",
     rf"    compile done in {TOOK}",
     r"==> verify",

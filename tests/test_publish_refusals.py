@@ -35,7 +35,8 @@ def test_a_renamed_wheel_is_refused_naming_both_names(wheel, tmp_path, name, sai
 
 
 @pytest.mark.parametrize(
-    ("makelevel", "build"), [("", "`modelwheel build` (`make build` in a checkout)"), ("1", "`make build`")]
+    ("makelevel", "build"),
+    [("", "`modelwheel build` (`make build MODEL=<name>` in a checkout)"), ("1", "`make build MODEL=<name>`")],
 )
 def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel, build):
     """H60: from a folder with no local index, `publish --wheel <typo>` said "no package index"

@@ -168,6 +168,12 @@ def test_cli_missing_spec_file(tmp_path):
     # a misspelt one: the one meant (H60: `make build MODEL=unte`)
     typo = run_cli("build", "--spec", str(tmp_path / "models" / "unte" / "spec.toml"))
     assert f"error: {tmp_path / 'models' / 'unte' / 'spec.toml'}: no such spec file (did you mean 'unet'?)" in typo.err
+    # a relative path, as a model name outside a checkout makes it, is said as looked for (H61: from /)
+    relative = run_cli("build", "--spec", "models/unte/spec.toml", cwd=tmp_path)
+    assert (
+        f"error: models/unte/spec.toml: no such spec file (looked for {tmp_path / 'models' / 'unte' / 'spec.toml'}) "
+        "(did you mean 'unet'?)"
+    ) in relative.err, relative.err
 
 
 @pytest.mark.parametrize("name", ["seed", "device", "not-an-identifier"])

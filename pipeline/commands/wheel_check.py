@@ -51,7 +51,7 @@ ALTERED_HINT = "the wheel was altered after its build: rebuild it"
 
 def built_by() -> str:
     """The build command a hint names, as this run was started (make's, or the tool's own)."""
-    return as_run("`make build`", "`modelwheel build`")
+    return as_run("`make build MODEL=<name>`", "`modelwheel build`")
 
 
 @contextlib.contextmanager

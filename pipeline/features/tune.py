@@ -336,11 +336,12 @@ def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
     )
     skipped = tuple(Skipped(s["name"], s["reason"]) for s in locked.search.get("not_tried", []))
     # "the search that wrote it": the reason's figures are that search's, not this build's (a newcomer's
-    # AVX2 build quoted "the noise measured in this run", though it measured nothing)
+    # AVX2 build quoted "the noise measured in this run", though it measured nothing; H61 read its 2750 ms
+    # beside this build's 121 ms a call, with no word of where that was timed)
     source = (
         f"the options {locked.path.name} records" if locked.path.suffix == ".whl" else f"locked in {locked.path.name}"
     )
-    why = source + (f" (the search that wrote it: {locked.why})" if locked.why else "")
+    why = source + (f" (the search that wrote it, timed where it ran: {locked.why})" if locked.why else "")
     return dataclasses.replace(tuned, trials=trials, skipped=skipped, why=why)
 
 

@@ -105,11 +105,11 @@ def lone(others_cores: float | None, threads: int) -> str:
     if others_cores is None or others_cores < SAID_FROM_CORES:
         return ""
     waits = (
-        f", by far where the model's {threads} threads wait for each other at every operator while one is off its core"
+        f" (the model's {threads} threads wait for each other at every operator while one is off its core)"
         if threads > 1
         else ""
     )
-    return f"{_kept(others_cores, 'meanwhile')}: it may be far slower than on a quiet machine{waits}"
+    return f"{_kept(others_cores, 'meanwhile')}, so it may be far slower than on a quiet machine{waits}"
 
 
 def _kept(others_cores: float, when: str) -> str:
