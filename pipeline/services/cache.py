@@ -273,8 +273,9 @@ class Cache:
         put_back() can undo what a build then stores under it. Named as a partial: an aside a killed
         build left is swept like one."""
         entry = self.directory / key
-        if not self.has(key):
+        if not entry.is_dir():  # looked at under --no-cache too: that build stores its entry all the same
             return None
+        check_private(self.directory, "--build-dir's cache")
         aside = self.directory / f".{key}.aside.partial-{os.getpid()}"
         shutil.rmtree(aside, ignore_errors=True)
         aside.mkdir()
