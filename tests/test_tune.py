@@ -491,6 +491,40 @@ def test_a_candidate_whose_runner_raises_is_dropped_and_the_search_goes_on(mlp_s
     }
 
 
+def test_a_candidate_that_does_not_compile_is_dropped_naming_its_error_in_full(mlp_search, tmp_path, monkeypatch):
+    """H61: "candidate freezing: did not compile, dropped (… C++ compile error)" pointed nowhere, and the
+    candidate's inductor.log was empty (a worker compiled it): the error is kept whole, and the line names it."""
+    from pipeline.errors import CompileError
+    from pipeline.features import search
+
+    real = search._compile
+
+    def failing(exported, name, *args, **kwargs):
+        if name == "max-autotune":
+            raise CompileError(
+                "AOTInductor failed: InductorError: CppCompileError: C++ compile error\nthe g++ output", ""
+            )
+        return real(exported, name, *args, **kwargs)
+
+    monkeypatch.setattr(search, "_compile", failing)
+    exported, planned, skipped, store = searched_mlp(mlp_search, tmp_path)
+    said: list[str] = []
+
+    class Display(progress.Progress):
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    with progress.reporting(Display()):
+        tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", store)
+    kept = tmp_path / "work" / "candidates" / "max-autotune" / "compile-error.txt"
+    assert (
+        "    candidate max-autotune: did not compile, dropped (AOTInductor failed: InductorError: CppCompileError: "
+        f"C++ compile error; the error in full: {kept})"
+    ) in said, said
+    assert kept.read_text().endswith("C++ compile error\nthe g++ output\n")
+    assert "max-autotune" not in {t.name for t in tuned.trials if t.passed}
+
+
 def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search, tmp_path):
     """The options pinned (search = false, --no-search, a lock entry): nothing to choose between, so
     the compile stage neither verifies the .so (the verify stage does, on the bytes that ship) nor

@@ -288,6 +288,17 @@ class Search:
         return tuple(out)
 
 
+def _error_kept(folder: Path, exc: CompileError | ExportError) -> Path | None:
+    """A dropped candidate's error, message and hint, written to its work folder (None where it cannot be)."""
+    path = folder / "compile-error.txt"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(exc.message + (f"\nhint: {exc.hint}" if exc.hint else "") + "\n")
+    except OSError:
+        return None
+    return path
+
+
 def _compile_and_verify(
     exported: Exported,
     index: int,
@@ -320,7 +331,11 @@ def _compile_and_verify(
             raise full from exc
         if index == 0:  # the spec's own options: their failure is the build's
             raise
-        say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]})")
+        # the error whole, where the line can name it: its first line alone ("C++ compile error") pointed
+        # nowhere, and the worker's compile left Inductor's log empty (H61)
+        kept = _error_kept(trial_work, exc)
+        whole = f"; the error in full: {kept}" if kept else ""
+        say(f"    candidate {name}: did not compile, dropped ({exc.message.splitlines()[0][:120]}{whole})")
         return Trial(name, plan.options, False, None, False, exc.message.splitlines()[0]), None
     if alone:
         # A lone candidate (the options pinned: search = false, --no-search, a lock entry) has nothing
