@@ -306,6 +306,11 @@ def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
 
 
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
+    if args.model and args.model.endswith(".whl"):  # H62: read as a model name, "models/dist/….whl/spec.toml"
+        raise UsageError(
+            f"{args.model}: a wheel, given where publish takes a model name",
+            f"give wheels with --wheel: modelwheel publish --wheel {args.model}",
+        )
     # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
     missing = [w for w in args.wheel or () if not Path(w).is_file()]
     if missing:

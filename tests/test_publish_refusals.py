@@ -52,6 +52,17 @@ def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel,
     assert not (tmp_path / "build").exists(), "nothing written"
 
 
+def test_a_wheel_given_as_the_model_is_said_with_the_flag_that_takes_it(tmp_path):
+    """H62: `modelwheel publish dist/x.whl` read the path as a model name: "models/dist/x.whl/spec.toml:
+    no such spec file"."""
+    ran = run_cli("publish", "dist/model_tiny-0.1-py3-none-any.whl", cwd=tmp_path)
+    assert ran.code == 2, ran.err
+    assert ran.err.splitlines()[-2:] == [
+        "error: dist/model_tiny-0.1-py3-none-any.whl: a wheel, given where publish takes a model name",
+        "hint: give wheels with --wheel: modelwheel publish --wheel dist/model_tiny-0.1-py3-none-any.whl",
+    ], ran.err
+
+
 @pytest.mark.parametrize(
     ("manifest", "says"),
     [
