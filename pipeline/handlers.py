@@ -311,6 +311,10 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
             f"{args.model}: a wheel, given where publish takes a model name",
             f"give wheels with --wheel: modelwheel publish --wheel {args.model}",
         )
+    if (
+        not args.wheel
+    ):  # the spec, as the wheels below: said before the index is looked for (H62: `publish unet` from /)
+        _spec_from(args)
     # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
     missing = [w for w in args.wheel or () if not Path(w).is_file()]
     if missing:

@@ -61,6 +61,13 @@ def test_a_wheel_given_as_the_model_is_said_with_the_flag_that_takes_it(tmp_path
         "error: dist/model_tiny-0.1-py3-none-any.whl: a wheel, given where publish takes a model name",
         "hint: give wheels with --wheel: modelwheel publish --wheel dist/model_tiny-0.1-py3-none-any.whl",
     ], ran.err
+    # a model name with no spec here (`publish unet` from /): said before the missing index (H62)
+    ran = run_cli("publish", "unet", cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
+    assert ran.code == 3, ran.err
+    assert (
+        f"error: models/unet/spec.toml: no such spec file (looked for {tmp_path / 'models' / 'unet' / 'spec.toml'})"
+        in ran.err
+    )
 
 
 @pytest.mark.parametrize(
