@@ -466,14 +466,7 @@ def test_a_candidate_whose_runner_raises_is_dropped_and_the_search_goes_on(mlp_s
 
     monkeypatch.setattr(targets, "open_runner", open_runner)
     exported, planned, skipped, store = searched_mlp(mlp_search, tmp_path)
-    said = []
-
-    class Display(progress.Progress):
-        def say(self, text: str) -> None:
-            said.append(text)
-
-    with progress.reporting(Display()):
-        tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", store)
+    tuned, said = tune_said(exported, planned, skipped, store, tmp_path / "work")
     assert any("max-autotune" in path for path in opened), opened
     dropped = {trial.name: trial for trial in tuned.trials if not trial.passed}
     assert list(dropped) == ["max-autotune"], tuned.trials
@@ -508,14 +501,7 @@ def test_a_candidate_that_does_not_compile_is_dropped_naming_its_error_in_full(m
 
     monkeypatch.setattr(search, "_compile", failing)
     exported, planned, skipped, store = searched_mlp(mlp_search, tmp_path)
-    said: list[str] = []
-
-    class Display(progress.Progress):
-        def say(self, text: str) -> None:
-            said.append(text)
-
-    with progress.reporting(Display()):
-        tuned = tune.tune(exported, planned, skipped, None, tmp_path / "work", store)
+    tuned, said = tune_said(exported, planned, skipped, store, tmp_path / "work")
     kept = tmp_path / "work" / "candidates" / "max-autotune" / "compile-error.txt"
     assert (
         "    candidate max-autotune: did not compile, dropped (AOTInductor failed: InductorError: CppCompileError: "
@@ -751,6 +737,19 @@ def waves(folder: Path, compile_keys: str = ""):
         sys.path.remove(str(folder))
     exported = export_program(prepare(spec_file, loaded, targets.get("cpu")), loaded.source_files)
     return (exported, *tune.plans(exported, find_cxx(), folder / "opt"))
+
+
+def tune_said(exported, planned, skipped, store, work: Path) -> tuple:
+    """tune.tune() of the candidates, and the lines it said."""
+    said: list[str] = []
+
+    class Display(progress.Progress):
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    with progress.reporting(Display()):
+        tuned = tune.tune(exported, planned, skipped, None, work, store)
+    return tuned, said
 
 
 def searched_mlp(mlp_search, folder: Path):
