@@ -276,9 +276,8 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-def _wheels_for(args: argparse.Namespace, progress: Progress) -> list[Path]:
+def _wheels_for(spec_file: SpecFile, args: argparse.Namespace, progress: Progress) -> list[Path]:
     """The spec's wheels in dist/, built first when one is missing."""
-    spec_file = _spec_from(args)
     spec = spec_file.spec
     for name in spec.build.targets:  # before torch is imported, as a build does (the cpu target's ISA)
         targets.get(name).before_torch(spec.build.options(name), args)
@@ -311,10 +310,8 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
             f"{args.model}: a wheel, given where publish takes a model name",
             f"give wheels with --wheel: modelwheel publish --wheel {args.model}",
         )
-    if (
-        not args.wheel
-    ):  # the spec, as the wheels below: said before the index is looked for (H62: `publish unet` from /)
-        _spec_from(args)
+    # the spec, as the wheels below, read before the index is looked for (H62: `publish unet` from /)
+    spec_file = None if args.wheel else _spec_from(args)
     # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
     missing = [w for w in args.wheel or () if not Path(w).is_file()]
     if missing:
@@ -323,7 +320,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
             f"no such wheel: {', '.join(missing)}", f"build it first with {build}, or give the path of one it built"
         )
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
-    wheels = [Path(w) for w in args.wheel] if args.wheel else _wheels_for(args, progress)
+    wheels = [Path(w) for w in args.wheel] if spec_file is None else _wheels_for(spec_file, args, progress)
     with progress.stage("publish", ", ".join(w.name for w in wheels)):
         result = publish(
             wheels, index, progress.say, skip_existing=args.skip_existing, require_report=not args.without_report
