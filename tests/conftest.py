@@ -40,7 +40,7 @@ def _forget_the_calling_make() -> None:
     _, _, overrides = os.environ.get("MAKEFLAGS", "").partition(" -- ")
     for name in re.findall(r"(?:^|(?<!\\) )([^\s=]+)=", overrides):  # make escapes a space in a value: "\ "
         os.environ.pop(name, None)
-    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MODELWHEEL_MAKE_TARGET"):
         os.environ.pop(name, None)
 
 

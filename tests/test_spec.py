@@ -168,6 +168,14 @@ def test_cli_missing_spec_file(tmp_path):
     # a misspelt one: the one meant (H60: `make build MODEL=unte`)
     typo = run_cli("build", "--spec", str(tmp_path / "models" / "unte" / "spec.toml"))
     assert f"error: {tmp_path / 'models' / 'unte' / 'spec.toml'}: no such spec file (did you mean 'unet'?)" in typo.err
+    # through make, the hint leads with make's own words (H62: it led with --spec, which make users never type)
+    made = run_cli(
+        "build",
+        "--spec",
+        str(tmp_path / "models" / "unte" / "spec.toml"),
+        env={"MAKELEVEL": "1", "MODELWHEEL_MAKE_TARGET": "publish"},
+    )
+    assert f"\nhint: make publish MODEL=unet: the models in {tmp_path / 'models'}: unet (a spec elsewhere: " in made.err
     # a relative path, as a model name outside a checkout makes it, is said as looked for (H61: from /)
     relative = run_cli("build", "--spec", "models/unte/spec.toml", cwd=tmp_path)
     assert (

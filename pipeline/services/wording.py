@@ -15,6 +15,12 @@ def under_make() -> bool:
     return bool(os.environ.get("MAKELEVEL"))
 
 
+def make_command() -> str:
+    """``make <target>`` of the make target running this command (the Makefile exports its name),
+    for a hint that names it again: ``make build`` where make did not say."""
+    return f"make {os.environ.get('MODELWHEEL_MAKE_TARGET') or 'build'}"
+
+
 def as_run(make: str, tool: str) -> str:
     """A hint's command as this run was started: ``make``'s where make ran it, else the tool's own,
     with make's named for a checkout (H60: the pip-installed tool's hints, run from /, said
