@@ -226,7 +226,7 @@ def build_target(ctx: BuildContext) -> BuildResult:
                 (ctx.store, build_key),
                 overwrite=ctx.overwrite,
             )
-        except OutputDirError:
+        except OutputDirError as refused:
             before = options_lock.Before.of(ctx.spec_file.path, lock_key)  # read before the lock is written
             if _lock_choice(ctx, searched, tuned, overrides, search, (build_key, content, cxx_version), refused=True):
                 assert before is not None  # a lock was written: the spec has a lock file's place
@@ -235,11 +235,16 @@ def build_target(ctx: BuildContext) -> BuildResult:
                 ctx.store.put_back(build_key, aside)
                 aside = None
                 # H47: the lock changed, dist/ refused, and every plain build after it was refused alike, unsaid
-                said = before.refused(tuned.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel), earlier)
+                said, back = before.refused(tuned.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel), earlier)
                 ctx.progress.say(said)
             elif locked is not None and ctx.update_lock and before is not None:
                 # an --update-lock search that did not decide: the entry stays, and so does an earlier way back (H54)
-                ctx.progress.say(before.refused(locked.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel)))
+                said, back = before.refused(locked.chosen, ctx.work_dir, _dist_choice(ctx, packaged.wheel))
+                ctx.progress.say(said)
+            else:
+                back = ""
+            if back:  # the hint, last on screen, ends with it (H62 scrolled up for it)
+                refused.hint += f"; or {back} (above)"
             raise
         finally:
             if aside is not None:

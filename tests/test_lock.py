@@ -342,6 +342,11 @@ def test_a_lock_written_by_a_build_dist_refused_is_said_and_later_builds_are_tha
     )
     assert said in refused.err.splitlines(), refused.err
     assert refused.err.index(said) < refused.err.index("error: ")
+    # the hint, last on screen, ends with the way back too (H62 scrolled up two lines for it)
+    hint = refused.err.rstrip().splitlines()[-1]
+    assert hint.startswith("hint: ") and hint.endswith(
+        f"; or go back: remove {tmp_path / 'm' / 'spec.lock.json'} (this build made it) (above)"
+    ), refused.err
     again = run_cli("build", *args)  # the refused build, whole, from the build cache: refused alike, at once
     assert again.code == OutputDirError.exit_code and "reusing its verified wheel" in again.err, again.err
     assert "==> doctor" not in again.err, again.err
@@ -384,32 +389,34 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
     kept_in = tmp_path / "build" / "tiny" / "0.1" / "cpu"
     plain = "until dist/ takes this build (--overwrite), plain builds make it and dist/ refuses them alike; "
     back = "`cp build/tiny/0.1/cpu/spec.lock.json.before m/spec.lock.json`"
-    said = before.refused("max-autotune", kept_in)
+    said, hint_end = before.refused("max-autotune", kept_in)
     assert said == (
         f"    the lock's entry now names max-autotune: {plain}to go back to the lock as it was (its entry: freezing), "
         + back
     )
+    assert hint_end == f"put the lock back: {back}"  # for the end of dist/'s hint, the last line on screen (H62)
     # H53: a second refused search that chose max-autotune again keeps the way back the first offered
     assert lock.Before.of(spec, ours).refused("max-autotune", kept_in) == (
         f"    the lock's entry still names max-autotune: {plain}to go back to the lock as it was before an earlier "
-        f"build changed it (its entry: freezing), {back}"
+        f"build changed it (its entry: freezing), {back}",
+        f"put the lock back as it was before an earlier build changed it: {back}",
     )
     subprocess.run(said.split("`")[1], shell=True, check=True)  # the command as the line gives it
     assert path.read_text() == committed
     # no entry before: the lock as it was is the way back too (H61's `git checkout` of it led back nowhere),
     # and a build without the entry is the build before this one (where the build cache holds it) or a search
-    assert without_ours.refused("max-autotune", tmp_path / "b2") == (
+    assert without_ours.refused("max-autotune", tmp_path / "b2")[0] == (
         f"    the lock's entry now names max-autotune: {plain}to go back to the lock as it was (no entry for builds "
         "like this one), `cp b2/spec.lock.json.before m/spec.lock.json`: a build without an entry then searches again"
     )
-    assert without_ours.refused("max-autotune", tmp_path / "b2", earlier=True).endswith(
+    assert without_ours.refused("max-autotune", tmp_path / "b2", earlier=True)[0].endswith(
         "`: a build without an entry then reuses the build before this one, from the build cache"
     )
     # H56: a second refused search that chose other options again (max-autotune, then spec-options):
     # the lock as it found it names options dist/ refuses too, so the way back stays the one an earlier
     # refusal kept, the lock as it was with dist/'s options (freezing)
     lock.write(path, ours, "max-autotune", {"max_autotune": True})
-    assert lock.Before.of(spec, ours).refused("spec-options", kept_in, dist_chosen="freezing") == (
+    assert lock.Before.of(spec, ours).refused("spec-options", kept_in, dist_chosen="freezing")[0] == (
         f"    the lock's entry now names spec-options: {plain}to go back to the lock as it was before an earlier "
         f"build changed it (its entry: freezing), {back}"
     )
@@ -418,20 +425,21 @@ def test_the_way_back_from_a_refused_lock_write_restores_the_file_as_it_was(tmp_
     assert lock.Before.of(spec, ours).refused("spec-options", tmp_path / "elsewhere", dist_chosen="freezing") == (
         f"    the lock's entry now names spec-options: {plain}no way back through the lock leads to dist/'s options "
         "(freezing): as this build found it, its entry named max-autotune, which dist/ refuses too; the hint below "
-        "says the ways on"
+        "says the ways on",
+        "",
     )
     # where the lock as the build found it names dist/'s options, it is the way back, as before
     lock.write(path, ours, "freezing", {})
     assert (
         lock.Before.of(spec, ours)
-        .refused("spec-options", kept_in, dist_chosen="freezing")
+        .refused("spec-options", kept_in, dist_chosen="freezing")[0]
         .endswith(f"to go back to the lock as it was (its entry: freezing), {back}")
     )
     # a build folder the copy cannot go in (another user's, or a file in its place): the way back said
     # in words, and the refusal that follows stays the error
     blocked = tmp_path / "blocked"
     blocked.write_text("not a folder")
-    assert before.refused("max-autotune", blocked / "cpu").endswith(
+    assert before.refused("max-autotune", blocked / "cpu")[0].endswith(
         "to go back, restore m/spec.lock.json as it was before this build (its entry: freezing; no copy of it could "
         "be kept in blocked/cpu: Not a directory)"
     )

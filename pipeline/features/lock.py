@@ -111,7 +111,9 @@ class Before:
         entry = find(path, key, text)[0] if text is not None else None  # the text kept, as it was read
         return cls(path, key, text, entry.chosen if entry else None)
 
-    def refused(self, chosen: str, keep_in: Path, dist_chosen: str | None = None, earlier: bool = False) -> str:
+    def refused(
+        self, chosen: str, keep_in: Path, dist_chosen: str | None = None, earlier: bool = False
+    ) -> tuple[str, str]:
         """The line before dist/'s refusal of a build whose search wrote ``chosen`` in the lock: what
         plain builds now make, and the way back; the file as it was goes in ``keep_in`` (the build
         folder). ``dist_chosen``: the options of dist/'s wheel, where its manifest says. H53: a search
@@ -119,24 +121,25 @@ class Before:
         earlier refusal had offered, the way back to dist/'s options. H56: so did a second refused
         search that chose other options again, whose lock as it found it names options dist/ refuses
         too: the way back is the one that leads to dist/'s options. ``earlier``: the build cache holds the
-        build of this key from before this one (a build without an entry reuses it)."""
+        build of this key from before this one (a build without an entry reuses it). With the line,
+        the way back alone ('' where there is none), for the end of dist/'s hint: the last line on
+        screen offered only --dist and --overwrite, the way back two lines above it (H62)."""
         again = self.chosen == chosen
         elsewhere = self.chosen is not None and dist_chosen is not None and self.chosen != dist_chosen
+        said, back = (
+            self._kept_earlier(keep_in, chosen, dist_chosen) if again or elsewhere else self._way_back(keep_in, earlier)
+        )
         return (
             f"    the lock's entry {'still' if again else 'now'} names {chosen}: until dist/ takes this build "
-            f"(--overwrite), plain builds make it and dist/ refuses them alike; "
-            + (
-                self._kept_earlier(keep_in, chosen, dist_chosen)
-                if again or elsewhere
-                else self._way_back(keep_in, earlier)
-            )
+            f"(--overwrite), plain builds make it and dist/ refuses them alike; {said}",
+            back,
         )
 
     def _kept(self, keep_in: Path) -> Path:
         """Where the file as it was before a refused build is kept: one copy per build folder."""
         return keep_in / f"{self.path.name}.before"
 
-    def _way_back(self, keep_in: Path, earlier: bool = False) -> str:
+    def _way_back(self, keep_in: Path, earlier: bool = False) -> tuple[str, str]:
         """The lock as it was, and what a build from it makes: without an entry, the build of this key
         from before this one (``earlier``: the build cache holds it), else a search. This build waits
         under its entry's key alone (H52 removed the file a refused build had made, and was refused
@@ -147,7 +150,8 @@ class Before:
             else "a build without an entry then searches again"
         )
         if self.text is None:
-            return f"to go back, remove {shown(self.path)} (this build made it): {then}"
+            back = f"remove {shown(self.path)} (this build made it)"
+            return f"to go back, {back}: {then}", f"go back: {back}"
         was = f"its entry: {self.chosen}" if self.chosen is not None else "no entry for builds like this one"
         kept = self._kept(keep_in)
         try:
@@ -157,13 +161,16 @@ class Before:
             why = exc.strerror or type(exc).__name__
             return (
                 f"to go back, restore {shown(self.path)} as it was before this build ({was}; no copy of it could be "
-                f"kept in {shown(keep_in)}: {why})" + (f": {then}" if self.chosen is None else "")
+                f"kept in {shown(keep_in)}: {why})" + (f": {then}" if self.chosen is None else ""),
+                f"restore {shown(self.path)} as it was before this build",
             )
-        return f"to go back to the lock as it was ({was}), `cp {shown(kept)} {shown(self.path)}`" + (
-            f": {then}" if self.chosen is None else ""
+        copy = f"`cp {shown(kept)} {shown(self.path)}`"
+        return (
+            f"to go back to the lock as it was ({was}), {copy}" + (f": {then}" if self.chosen is None else ""),
+            f"put the lock back: {copy}",
         )
 
-    def _kept_earlier(self, keep_in: Path, chosen: str, dist_chosen: str | None) -> str:
+    def _kept_earlier(self, keep_in: Path, chosen: str, dist_chosen: str | None) -> tuple[str, str]:
         """The way back an earlier refused build kept, where it leads elsewhere than ``chosen`` (to
         ``dist_chosen``, where dist/'s options are known)."""
         kept = self._kept(keep_in)
@@ -172,16 +179,19 @@ class Before:
         except SpecError:  # not a lock any more: offered no longer
             earlier = None
         if earlier is not None and earlier.chosen != chosen and dist_chosen in (None, earlier.chosen):
+            copy = f"`cp {shown(kept)} {shown(self.path)}`"
             return (
                 f"to go back to the lock as it was before an earlier build changed it (its entry: {earlier.chosen}), "
-                f"`cp {shown(kept)} {shown(self.path)}`"
+                f"{copy}",
+                f"put the lock back as it was before an earlier build changed it: {copy}",
             )
         if dist_chosen is not None and self.chosen not in (chosen, dist_chosen):
             return (
                 f"no way back through the lock leads to dist/'s options ({dist_chosen}): as this build found it, its "
-                f"entry named {self.chosen}, which dist/ refuses too; the hint below says the ways on"
+                f"entry named {self.chosen}, which dist/ refuses too; the hint below says the ways on",
+                "",
             )
-        return "the hint below says the ways on"
+        return "the hint below says the ways on", ""
 
 
 def shown(path: Path) -> str:
