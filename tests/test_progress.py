@@ -574,6 +574,17 @@ def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_fig
             clock[0] += took
             steps.done(number)
         assert sized.outlook() == f"about 8s left of verify ({StepClock.BASIS})" + FIRST_BUILD  # not 6 x 0.5625
+    # a search's candidate after the first: its cases, then what the search has left after it (H62:
+    # "about 1s left" before two verifications that ran 29 s past it)
+    searching = Progress(io.StringIO())
+    with reporting(searching), searching.stage("compile"):
+        steps = StepClock("compile", 10, "from this candidate's cases so far", then_s=20.0)
+        for number, took in enumerate((1.0, 2.0, 2.0, 2.0), 1):
+            clock[0] += took
+            steps.done(number)
+        assert searching.outlook() == (
+            "about 32s left of compile (from this candidate's cases so far)" + FIRST_BUILD
+        )  # 2 s for each of 6 cases, then 20 s
     doctor = Progress(io.StringIO())  # the doctor's numbered steps, in a model's first build
     with reporting(doctor), doctor.stage("doctor"):
         numbered = Steps(5, stage="doctor")

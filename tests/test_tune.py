@@ -596,6 +596,8 @@ def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_searc
 def test_the_counters_count_the_candidates_the_search_compiles():
     """A newcomer saw `compile 1/4 spec-options`, then `3/4 freezing+channels-last`, and no 2/4 or
     4/4: the budget and the noise had left two out. Once chosen, the counters count those."""
+    from types import SimpleNamespace
+
     from pipeline.features.search import Search
 
     planned = [(name, None) for name in ("spec-options", "freezing", "freezing+channels-last", "max-autotune")]
@@ -603,6 +605,17 @@ def test_the_counters_count_the_candidates_the_search_compiles():
     assert search.counter("spec-options") == "1/4 spec-options"
     search.narrow(["freezing+channels-last"])
     assert search.counter("freezing+channels-last") == "2/2 freezing+channels-last"
+    # before the first compile, of those the budget likely allows (and those in the build cache, which
+    # cost none), as the compile line counts them: H62 read "1/4", then "2/3", as a counter going back
+    cached = SimpleNamespace(has=lambda key: key == "k-max-autotune")
+    planned = [(name, SimpleNamespace(key=f"k-{name}")) for name, _ in planned]
+    search = Search(None, planned, None, Path("/nonexistent"), cached, None)
+    search.count_likely(["spec-options", "freezing"])  # freezing+channels-last likely over the budget
+    assert [search.counter(name) for name in ("spec-options", "freezing", "max-autotune")] == [
+        "1/3 spec-options",
+        "2/3 freezing",
+        "3/3 max-autotune",
+    ]
 
 
 def test_a_runner_that_raises_is_a_verification_error_naming_the_case():
@@ -821,6 +834,9 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     # "running 3s past" (H45)
     rounds_left = [seconds for seconds, basis in estimates if basis == tune.rounds.ROUNDS_SO_FAR]
     assert len(rounds_left) == tune.rounds.ROUNDS - 1 and all(left > 0 for left in rounds_left), estimates
+    # before the first round, one from the warm-up calls, made under the load (H62: 1 s said of 58 s)
+    warm = [i for i, (_, basis) in enumerate(estimates) if basis == tune.rounds.ROUNDS_FROM_WARMUP]
+    assert len(warm) == 1 and warm[0] < estimates.index((rounds_left[0], tune.rounds.ROUNDS_SO_FAR)), estimates
     after = estimates[estimates.index((rounds_left[-1], tune.rounds.ROUNDS_SO_FAR)) + 1]
     assert after == (search_time.INSTALL_S, search_time.INSTALL_LEFT), estimates
     assert all(trial.from_cache for trial in tuned.trials), "compiled by the search build, timed here"
@@ -931,6 +947,12 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
         # compiled side by side: what is left is verifying the other, 20 s (it ran out while they were verified)
         outlook.after(["freezing+channels-last"], compiled=True)
         assert shown.stage_end - time.perf_counter() == pytest.approx(20.0, abs=1.0)
+        # a verification slower than the first's counts for the others (H62: 25 s each under load, the first's 2 s)
+        outlook.verified(35.0)
+        outlook.after(["freezing+channels-last"], compiled=True)
+        assert shown.stage_end - time.perf_counter() == pytest.approx(35.0, abs=1.0)
+        outlook.verified(5.0)
+        assert outlook.verify_s == 35.0
         outlook.after([], compiled=True)
     # two compiles of 100 s on two cores, each 1.26x as slow beside the other (no earlier search here
     # measured it), then two verifications of 20 s one after the other
@@ -941,6 +963,15 @@ def test_the_searchs_estimate_leaves_out_what_its_budget_will_skip(tmp_path):
         "candidate(s) (2/3 freezing, 3/3 freezing+channels-last; max-autotune left out, over the search's compile "
         "budget, so counted of 3), 2 at a time and the timing"
     ]
+    # where the first's counter was of 3 already (the budget's likely count, as the compile line said), the
+    # count held: no recount to explain (H62 read "1/4", then "2/3", as a counter going back)
+    with progress.reporting(progress.Progress(again := io.StringIO())):
+        outlook.announce("spec-options", 120.0, [e.name for e in chosen], [e.name for e, _ in over], counted_before=3)
+    assert (
+        again.getvalue()
+        .splitlines()[0]
+        .endswith("(2/3 freezing, 3/3 freezing+channels-last), 2 at a time and the timing")
+    ), again.getvalue()
     assert shown.stage_end is None, "nothing left to compile: the timing rounds get no estimate (it said 0s, or 16m)"
 
 
@@ -1262,9 +1293,14 @@ def test_the_noise_rounds_say_their_own_time_left():
             estimates.append((stage_left_s, basis))
 
     with progress.reporting(Display(io.StringIO())):
-        tune.rounds.time_in_rounds({"spec-options": lambda: time.sleep(0.001)}, part=tune.rounds.NOISE_SO_FAR)
-    assert [basis for _, basis in estimates] == [tune.rounds.NOISE_SO_FAR] * (tune.rounds.ROUNDS - 1), estimates
+        tune.rounds.time_in_rounds({"spec-options": lambda: time.sleep(0.001)}, part=tune.rounds.NOISE)
+    # from the warm-up calls first (H62: a figure taken from quiet rounds said "about 1s left" of 58 s), then
+    # from the rounds so far
+    warm = wording.part_only(tune.rounds.NOISE) + tune.rounds.ROUNDS_FROM_WARMUP
+    assert [basis for _, basis in estimates] == [warm] + [tune.rounds.NOISE_SO_FAR] * (tune.rounds.ROUNDS - 1)
     assert all(left is not None and left > 0 for left, _ in estimates), estimates
+    # a round of a call of 1 ms runs 0.2 s and a call; five of them
+    assert estimates[0][0] == pytest.approx(tune.rounds.ROUNDS * 0.201, rel=0.05), estimates
     assert wording.outlook({}, "compile", 40.0, 12.0, tune.rounds.NOISE_SO_FAR) == (
         "about 12s left of the noise rounds (from the timing rounds so far); the stage's figure comes after it"
     )

@@ -96,6 +96,8 @@ def rounds_of(names: list[str], first_fresh: bool, workers: int) -> float:
 
 
 MEASURED_WITH_ROUNDS = "from this build's compiles and noise rounds"
+# a candidate's verification under way: its cases, then the others and the timing rounds as counted before
+VERIFYING = "from this candidate's cases so far, then the rest as this build measured it"
 EARLIER_COMPILES, AND_ROUNDS = "from earlier builds' compiles", " and this build's noise rounds"
 INSTALL_S, INSTALL_LEFT = 2.0, "nothing more to compile: the chosen one's install"
 
@@ -264,6 +266,12 @@ class Outlook:
         else:
             estimate(None)
 
+    def verified(self, seconds: float) -> None:
+        """A candidate compiled before was verified in ``seconds``: the others' verification is
+        counted as the slowest so far, the first's included. Under load a newcomer's took 25 s each
+        against the first's 2 s, and the stage ran 29 s past "about 1s left" (H62)."""
+        self.verify_s = max(self.verify_s, seconds)
+
     def compiling(self, left: dict[str, float], names: list[str]) -> None:
         """Side by side, some compiled: what is left is the longest of those still to finish (``left``:
         each with the seconds it has run), by its own estimate less that time, then every candidate's
@@ -290,9 +298,11 @@ class Outlook:
         skipped: list[str],
         costs: dict[str, float] | None = None,
         others: int = 0,
+        counted_before: int | None = None,
     ) -> None:
         """Once the search knows what it will compile: how long that should take. ``skipped``: those
-        over the budget; ``others``: how many more it refused for other reasons (said above)."""
+        over the budget; ``others``: how many more it refused for other reasons (said above);
+        ``counted_before``: what the first's counter counted, where the count changes said why."""
         self.timed = len(chosen) + 1 if chosen else 0
         left = self.left_s(chosen, costs)
         if not chosen:  # only the chosen one's install is left: a whole search's figure stayed (H43: 3m39s for 15 s)
@@ -310,7 +320,8 @@ class Outlook:
             total = len(chosen) + 1
             recount = f"; {', '.join(skipped)} left out, over the search's compile budget, so counted of {total}"
             counters = ", ".join(f"{n}/{total} {name}" for n, name in enumerate(chosen, 2))
-            counted = f" ({counters}{recount if skipped else ''})" if chosen else ""
+            changed = skipped and total != counted_before  # the likely count held: nothing to explain
+            counted = f" ({counters}{recount if changed else ''})" if chosen else ""
             took = f"    candidate {first} took {duration(seconds)} to compile and verify: "
             if chosen:
                 say(

@@ -95,6 +95,11 @@ def rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
+def _round_s(call_s: float) -> float:
+    """A round's seconds for one candidate whose calls take ``call_s``: _round_median's loop."""
+    return max(ROUND_RUNS * call_s, ROUND_SECONDS + call_s)
+
+
 def _round_median(call: Callable[[], object], synchronize: Callable[[], object]) -> float:
     times: list[float] = []
     started = time.perf_counter()
@@ -108,8 +113,10 @@ def _round_median(call: Callable[[], object], synchronize: Callable[[], object])
 
 
 ROUNDS_SO_FAR = "from the timing rounds so far"
+ROUNDS_FROM_WARMUP = "from the warm-up calls"
 # the noise rounds' own figure, a part of the compile stage (H60: 31 s of them with no time left said)
-NOISE_SO_FAR = part_only("the noise rounds") + ROUNDS_SO_FAR
+NOISE = "the noise rounds"
+NOISE_SO_FAR = part_only(NOISE) + ROUNDS_SO_FAR
 
 
 def time_in_rounds(
@@ -124,12 +131,21 @@ def time_in_rounds(
     every round; round r starts at candidate r (mod their number), so none always follows another.
     ``doing``: the live status, said with the round running (``…: round 2/5``); ``last``: the rounds
     end their stage, whose time left they then give from the rounds so far (a newcomer's build,
-    past the rounds' first estimate, said only how far past it); ``part``: the rounds are a part of
-    their stage, whose own figure they give with this basis (wording.part_only)."""
+    past the rounds' first estimate, said only how far past it); ``part``: the rounds are this part
+    of their stage (``the noise rounds``), whose own figure they give (wording.part_only). Either way
+    the first figure comes from the warm-up calls, on the machine as it is then."""
     names = list(calls)
+    warm_s: dict[str, float] = {}
     for name in names:
         for _ in range(WARMUP_RUNS):
+            synchronize()
+            t0 = time.perf_counter()
             calls[name]()
+            synchronize()
+            warm_s[name] = time.perf_counter() - t0  # the last: a warm call, on the machine as it is now
+    if last or part:  # H62: the noise rounds, timed alone and quiet (1.5 s), gave "about 1s left" of 58 s
+        basis = part_only(part) if part else ""
+        estimate(rounds * sum(_round_s(seconds) for seconds in warm_s.values()), basis + ROUNDS_FROM_WARMUP)
     medians: dict[str, list[float]] = {name: [] for name in names}
     started, others = time.perf_counter(), contention.OthersBusy()
     for index in range(rounds):
@@ -141,7 +157,7 @@ def time_in_rounds(
         if (last or part) and index < rounds - 1:  # after the last, the caller's figure (an estimate of 0
             # here read "finishing, at its revised estimate" just after "running 3s past" to a newcomer, H45)
             left = (time.perf_counter() - started) / (index + 1) * (rounds - index - 1)
-            estimate(left, ROUNDS_SO_FAR if last else part)
+            estimate(left, basis + ROUNDS_SO_FAR)
     others_cores = others.cores()
     threads = torch.get_num_threads()  # the OpenMP threads the calls ran on
     return {name: Timed(tuple(found), others_cores, threads) for name, found in medians.items()}

@@ -25,7 +25,7 @@ from ..stages.export import Exported
 from ..stages.verify import open_runner, verify_model
 from . import parallel, payback, rounds
 from .candidates import Skipped
-from .outlook import INSTALL_LEFT, INSTALL_S, Outlook
+from .outlook import INSTALL_LEFT, INSTALL_S, VERIFYING, Outlook
 from .payback import Budget
 
 
@@ -92,13 +92,24 @@ class Search:
         3/4, and no 2/4 or 4/4, where the budget and the noise had left two out)."""
         self.order = [self.order[0], *chosen]
 
+    def count_likely(self, likely: list[str]) -> None:
+        """Before the first compile: counted of the candidates the budget likely allows (``likely``,
+        the fresh ones; those in the build cache cost no compile), as the compile line says. "1/4", then
+        "2/3" and "3/3" once the budget left one out read as a counter going back (H62)."""
+        self.narrow([name for name, plan in self.planned[1:] if name in likely or self.store.has(plan.key)])
+
     def from_cache(self, name: str) -> bool:
         return name in self.passed and self.passed[name].from_cache
 
     def counter(self, name: str) -> str:
         return f"{self.order.index(name) + 1}/{len(self.order)} {name}"
 
-    def compile_and_verify(self, name: str, precompiled: parallel.Done | None = None) -> None:
+    def compile_and_verify(
+        self, name: str, precompiled: parallel.Done | None = None, then_s: float | None = None
+    ) -> None:
+        """``then_s``: what the search has left after this candidate, where it is known: its
+        verification's cases then revise the stage's figure (H62: "about 1s left" came before
+        two verifications that ran 29 s past it)."""
         check_stop()  # an interrupt Python could not raise where it landed stops the search here at the latest
         index = [n for n, _ in self.planned].index(name)
         outcome = _compile_and_verify(
@@ -113,6 +124,7 @@ class Search:
             self.store,
             self.budget,
             precompiled,
+            then_s,
         )
         if isinstance(outcome, tuple):
             self.failed[name] = outcome[0]
@@ -134,7 +146,7 @@ class Search:
             timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
             self.exported.target.synchronize,
             doing=doing,
-            part=rounds.NOISE_SO_FAR,
+            part=rounds.NOISE,
         )[name]
         self.noise_s = time.perf_counter() - started
         # the setting said where it is read (a newcomer who set it saw it nowhere when nothing was noisy)
@@ -232,7 +244,10 @@ class Search:
                 self.budget.spent(name, done[name].seconds)
         wall_s = time.perf_counter() - started
         for index, name in enumerate(names):
-            self.compile_and_verify(name, done.get(name))
+            verifying = time.perf_counter()
+            self.compile_and_verify(name, done.get(name), outlook.left_s(names[index + 1 :], compiled=bool(done)))
+            if done:  # compiled before: this was its verification, which revises the others' (H62: 10x the first's)
+                outlook.verified(time.perf_counter() - verifying)
             outlook.after(names[index + 1 :], compiled=bool(done))  # side by side: all compiled already
         spent = sum(self.compile_s.get(name, 0.0) for name in fresh)
         # one after the other, compiled here, where there were no cores (or candidates) to share
@@ -311,10 +326,12 @@ def _compile_and_verify(
     store: Cache,
     budget: Budget,
     precompiled: parallel.Done | None = None,
+    then_s: float | None = None,
 ) -> Compiled | tuple[Trial, VerificationError | None]:
     """The candidate compiled and verified, or (the Trial saying why it was dropped, its
     VerificationError or None): that error is the build's message when every candidate fails.
-    ``precompiled``: a worker compiled it into the cache (parallel.py); it is taken from there."""
+    ``precompiled``: a worker compiled it into the cache (parallel.py); it is taken from there.
+    ``then_s``: what the search has left after it, where known (Search.compile_and_verify)."""
     trial_work = work_dir / "candidates" / name
     try:
         if precompiled is not None:
@@ -346,12 +363,14 @@ def _compile_and_verify(
         # The first candidate's verification: the first compile's guess left it out, and a newcomer saw
         # "running past the estimate" while it ran; its cases give the figure (the rest's comes after it).
         stage, basis = ("compile", FIRST_VERIFY) if index == 0 else (None, StepClock.BASIS)
-        if index == 0:
+        if index > 0 and then_s is not None:
+            stage, basis = "compile", VERIFYING
             estimate(None, FIRST_VERIFY_PENDING)
         # said from the first case on: a cached candidate read "verifying case 6/10" for 45 s, as if just compiled
         # short: a row cut at 80 columns lost its case count behind "(from the build cache)" (H43)
         cached = " (cached)" if compiled.from_cache else ""
-        verify_model(exported, compiled, trial_work, weights_file, f"{counter}{cached}: verifying ", stage, basis)
+        doing = f"{counter}{cached}: verifying "
+        verify_model(exported, compiled, trial_work, weights_file, doing, stage, basis, then_s or 0.0)
     except VerificationError as exc:
         say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
         return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc

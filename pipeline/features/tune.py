@@ -205,11 +205,14 @@ def tune(
         if expected_s("compile") is not None  # the last build of this model here says it better
         else first_guess.first_compile(exported.program, exported.target, store.directory)
     )
-    for line in outlook.before_search(guess, likely_compiled(exported, planned, store)):
+    likely = likely_compiled(exported, planned, store)
+    for line in outlook.before_search(guess, likely):
         say(line)
     outlook.start(guess)
     first, plans = planned[0][0], dict(planned)
     search = Search(exported, planned, weights_file, work_dir, store, budget, time_lone)
+    search.count_likely(likely)
+    counted_first = len(search.order)
     started = time.perf_counter()
     search.compile_and_verify(first)
     first_s = time.perf_counter() - started
@@ -228,6 +231,7 @@ def tune(
             [s.name for s in refused if s.recorded == payback.OVER_BUDGET],
             {e.name: e.cost for e in chosen},
             others=len(skipped) - sum(s.recorded == payback.OVER_BUDGET for s in refused),
+            counted_before=counted_first,
         )
         cost = search.compile_candidates([e.name for e in chosen], workers, outlook, cost)
     if not search.passed:  # the first candidate's own report, with every case's diffs

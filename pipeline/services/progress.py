@@ -251,11 +251,13 @@ class StepClock:
         unlike: frozenset[int] = frozenset(),
         sizes: list[float] | None = None,
         weights: list[float] | None = None,
+        then_s: float = 0.0,
     ) -> None:
         """``sizes``: each step's work, relative (the verify cases' input elements): a newcomer's
         unet said "about 4s left" before its batch-8 case, which took 20 s. ``weights``: each
-        step's work where it is counted instead (the doctor's eager calls), taken as they are."""
-        self.stage, self.total, self.basis, self.unlike = stage, total, basis, unlike
+        step's work where it is counted instead (the doctor's eager calls), taken as they are.
+        ``then_s``: what the stage has left after these steps (a search's candidates after this one)."""
+        self.stage, self.total, self.basis, self.unlike, self.then_s = stage, total, basis, unlike, then_s
         mean = sum(sizes) / len(sizes) if sizes else 1.0
         # a quarter of a step's time taken as fixed (opening, Python), the rest as growing with its
         # size: under load the threads' waits grow with the work (H41: "about 3s left" of 30 s)
@@ -283,7 +285,7 @@ class StepClock:
         if self.total >= MANY_STEPS and len(self.like) < 3:
             return
         per_step_s = statistics.median(self.like) if self.total >= MANY_STEPS else sum(self.like) / len(self.like)
-        estimate(per_step_s * sum(self.weights[number:]), self.basis)
+        estimate(per_step_s * sum(self.weights[number:]) + self.then_s, self.basis)
 
 
 class Steps:

@@ -267,12 +267,14 @@ def verify_model(
     doing: str = "",
     stage: str | None = None,
     basis: str = StepClock.BASIS,
+    then_s: float = 0.0,
 ) -> Verified:
     """``weights_file``: write_weights()'s file for a model with external weights, else None.
     The status names each case as it runs, ``doing`` before it (``1/4 spec-options: verifying ``):
     the unet's ten cases took 100 s that said only what ran, not how far along it was. ``stage``:
     the stage verifying is the whole of, which then estimates what is left from the cases (StepClock),
-    ``basis`` said beside that figure."""
+    ``basis`` said beside that figure, and ``then_s`` added to it: what the stage has left after this
+    verification."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
     runner, library_sha256 = open_hashed(compiled, weights_file)
@@ -285,7 +287,7 @@ def verify_model(
     results, golden = [], {}
     cases = verification_cases(exported)
     sizes = [float(sum(getattr(t, "numel", lambda: 1)() for t in case.inputs)) for case in cases]  # batch 8 is slower
-    clock = StepClock(stage, len(cases), basis, sizes=sizes) if stage else None
+    clock = StepClock(stage, len(cases), basis, sizes=sizes, then_s=then_s) if stage else None
     for number, case in enumerate(cases, 1):
         step(f"{doing}case {number}/{len(cases)} {case.name}")
         with torch.no_grad(), targets.reference(target):
