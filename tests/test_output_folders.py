@@ -143,3 +143,33 @@ def test_a_compiler_that_ran_out_of_disk_is_said_as_a_full_disk():
     assert str(full) == "cannot write /tmp/ccNDoxDg.s: No space left on device"
     assert full.hint.startswith("free space on the disk holding /tmp (df -h /tmp)")
     assert writable.disk_full("CppCompileError: C++ compile error\nerror: 'x' was not declared") is None
+
+
+def test_a_compile_whose_folder_was_removed_meanwhile_is_said_as_such(tmp_path):
+    """H61: another user's `rm -rf` of the shared root while a build held it dropped two candidates as
+    "C++ compile error", then failed 4 minutes later with "No such file or directory". A failed compile
+    whose folder is gone stops the build, saying what was removed."""
+    from types import SimpleNamespace
+
+    from pipeline.features import parallel, search
+
+    held = tmp_path / "opt" / "unet" / "1.3" / "cpu"
+    plan = SimpleNamespace(compile_dir=held / ".candidates" / "freezing", options={})
+    held.mkdir(parents=True)
+    failed = parallel.Done("freezing", 12.0, "AOTInductor failed: CppCompileError: C++ compile error")
+    args = (None, 1, "freezing", plan, "2/3 freezing", False, None, tmp_path / "work", None, None, failed)
+    with pytest.raises(OutputDirError) as caught:  # the folder gone, with its parents up to the root's
+        search._compile_and_verify(*args)
+    assert caught.value.message == (
+        f"{held / '.candidates'} was removed while this build used it (by another process?): its compile failed "
+        f"for want of {plan.compile_dir}"
+    )
+    assert caught.value.hint.startswith("build again; where others use the same root, build into one of your own")
+    (tmp_path / "opt").rename(tmp_path / "gone")
+    with pytest.raises(OutputDirError) as caught:
+        search._compile_and_verify(*args)
+    assert caught.value.message.startswith(f"{tmp_path / 'opt'} was removed while this build used it")
+    # where the folder is there, the failure is the candidate's: dropped, as before
+    plan.compile_dir.mkdir(parents=True)
+    trial, error = search._compile_and_verify(*args)
+    assert not trial.passed and error is None

@@ -346,6 +346,8 @@ def _compile_and_verify(
     except (CompileError, ExportError) as exc:
         if full := writable.disk_full(exc.message):  # the machine's, not the candidate's (H40: "C++ compile error")
             raise full from exc
+        if gone := writable.removed_meanwhile(plan.compile_dir):  # not the candidate's either (H61)
+            raise gone from exc
         if index == 0:  # the spec's own options: their failure is the build's
             raise
         # the error whole, where the line can name it: its first line alone ("C++ compile error") pointed
