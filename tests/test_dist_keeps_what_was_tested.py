@@ -291,6 +291,11 @@ def test_a_wheel_that_differs_only_in_the_searchs_record_is_kept_in_dist_and_the
         "compile_search (only its record: spec-options chosen in both; the kept wheel records spec-options, freezing "
         "and x as timed, this build's spec-options)"
     ]
+    # one candidate, none left out: no search (H62 read "this build's spec-options" with no reason beside three)
+    lone = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "not_tried": []}
+    assert differences({"compile_search": first}, {"compile_search": lone})[0].endswith(
+        "the kept wheel records spec-options, freezing and x as timed, this build's spec-options alone (no search))"
+    )
     # the same candidates, one left out for another reason (H45 read "spec-options as timed, this build's
     # spec-options": the bf16 refusal's diffs, then recorded, differed with the build's threads)
     refused = [{"name": "bf16-autocast", "reason": "the output tolerances refuse it: max abs diff 0.0167"}]

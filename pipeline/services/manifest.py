@@ -68,7 +68,7 @@ def _record_differs(kept: dict[str, Any], new: dict[str, Any]) -> str:
     timed, this build's spec-options": the difference was a refusal's reason)."""
     kept_tried, new_tried = ([c.get("name", "?") for c in r.get("candidates", ())] for r in (kept, new))
     if kept_tried != new_tried:
-        kept_said, new_said = listed(kept_tried) or "none", listed(new_tried) or "none"
+        kept_said, new_said = (_tried(tried, r) for tried, r in ((kept_tried, kept), (new_tried, new)))
         return f"the kept wheel records {kept_said} as timed, this build's {new_said}"
     kept_why, new_why = ({s.get("name", "?"): s.get("reason") for s in r.get("not_tried", ())} for r in (kept, new))
     left_out = [name for name in {**kept_why, **new_why} if kept_why.get(name) != new_why.get(name)]
@@ -87,6 +87,15 @@ def _record_differs(kept: dict[str, Any], new: dict[str, Any]) -> str:
         for (kept_said, new_said), names in groups.items()
     ]
     return f"{tried}; " + "; ".join(said)
+
+
+def _tried(names: list[str], record: dict[str, Any]) -> str:
+    """The candidates a record timed; one alone, with none left out, was no search (--no-search,
+    `search = false` or a lock's entry): H62 read "this build's spec-options" with no reason beside
+    the kept wheel's three."""
+    if len(names) == 1 and not record.get("not_tried"):
+        return f"{names[0]} alone (no search)"
+    return listed(names) or "none"
 
 
 def _first_words(reason: str | None) -> str:
