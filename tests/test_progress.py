@@ -785,7 +785,7 @@ def test_the_doctor_numbers_its_steps_over_all_its_phases(tmp_path):
     """The build's doctor said 1/3 ... 3/3, then ran two unnumbered steps (signal, the search's
     candidates) that took 60 of its 94 s on the unet: its status now counts them all."""
     from pipeline import targets
-    from pipeline.build import BuildContext, doctor_stage
+    from pipeline.build_stages import BuildContext, doctor_stage
     from pipeline.spec import load_spec
     from pipeline.stages.compile import find_cxx
     from pipeline.stages.loader import load_model
