@@ -586,7 +586,9 @@ def test_the_first_candidates_verification_is_estimated_from_its_cases(mlp_searc
     later = [basis for _, basis in bases[first_verify[-1] + 1 :]]
     assert later and set(later) <= {
         None,
+        tune.rounds.ROUNDS_FROM_WARMUP,
         tune.rounds.ROUNDS_SO_FAR,
+        wording.part_only(tune.rounds.NOISE) + tune.rounds.ROUNDS_FROM_WARMUP,
         tune.rounds.NOISE_SO_FAR,
         "the noise rounds' time, for each candidate",
         search_time.INSTALL_LEFT,

@@ -342,6 +342,7 @@ def _compile_and_verify(
                 compile_model(exported, plan, trial_work, Cache(store.directory)), from_cache=False
             )
         else:
+            plan.compile_dir.mkdir(parents=True, exist_ok=True)  # made here: gone after a failure, it was removed
             compiled = _compile(exported, name, plan, counter, trial_work, store, budget)
     except (CompileError, ExportError) as exc:
         if full := writable.disk_full(exc.message):  # the machine's, not the candidate's (H40: "C++ compile error")
@@ -365,9 +366,10 @@ def _compile_and_verify(
         # The first candidate's verification: the first compile's guess left it out, and a newcomer saw
         # "running past the estimate" while it ran; its cases give the figure (the rest's comes after it).
         stage, basis = ("compile", FIRST_VERIFY) if index == 0 else (None, StepClock.BASIS)
-        if index > 0 and then_s is not None:
-            stage, basis = "compile", VERIFYING
+        if index == 0:
             estimate(None, FIRST_VERIFY_PENDING)
+        elif then_s is not None:
+            stage, basis = "compile", VERIFYING
         # said from the first case on: a cached candidate read "verifying case 6/10" for 45 s, as if just compiled
         # short: a row cut at 80 columns lost its case count behind "(from the build cache)" (H43)
         cached = " (cached)" if compiled.from_cache else ""
@@ -387,7 +389,6 @@ def _compile(
     # a cached one is not said as compiling, even for a moment (H43)
     step(f"{counter}: " + ("from the build cache" if store.has(plan.key) else "compiling"))
     shutil.rmtree(trial_work, ignore_errors=True)
-    plan.compile_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     compiled = compile_model(exported, plan, trial_work, store)
     if not compiled.from_cache:
