@@ -75,6 +75,34 @@ def test_missing_factory_module_still_says_it_cannot_be_found(tmp_path):
     assert "cannot import module 'no_such_module_xyz'" in ran.err and "Traceback" not in ran.err
 
 
+def test_two_specs_in_one_process_each_import_the_factory_beside_them(tmp_path):
+    """Two specs, each with its own tiny_model.py, loaded in one process (the library's API, a test
+    run): the second got the first's module from sys.modules, and with the first's folder gone,
+    failed reading its source ("No such file or directory")."""
+    import shutil
+
+    from pipeline.stages.loader import load_model
+
+    first = spec_copy(tmp_path / "a")
+    assert load_model(load_spec(first)).module.norm.num_groups == 2
+    second = spec_copy(tmp_path / "b")
+    code = tmp_path / "b" / "tiny_model.py"
+    code.write_text(code.read_text().replace("nn.GroupNorm(2, channels)", "nn.GroupNorm(1, channels)"))
+    shutil.rmtree(tmp_path / "a")
+    loaded = load_model(load_spec(second))
+    assert loaded.module.norm.num_groups == 1, "the second spec's own module"
+    assert all(Path(path).is_relative_to(tmp_path / "b") for path in loaded.source_files), loaded.source_files
+    # a module with no copy beside the spec (an installed package's) is left as it was imported
+    import torch.nn as before
+
+    from pipeline.stages import factory_import
+
+    factory_import._forget_another_copy("torch.nn", [str(tmp_path / "b")])
+    import torch.nn as after
+
+    assert after is before
+
+
 def test_the_installed_command_imports_a_factory_named_from_the_specs_package(tmp_path, monkeypatch):
     """`modelwheel doctor unet` in the checkout failed: 'cannot import module models.unet.model'.
     A spec in the package its factory's dotted name names is now found from any folder; neither

@@ -54,12 +54,33 @@ def import_roots(spec_dir: Path, module_name: str) -> list[str]:
     return roots
 
 
+def _forget_another_copy(module_name: str, roots: list[str]) -> None:
+    """A module of this name imported before in this process from elsewhere, where this spec's folder
+    holds its own: dropped, so this spec's is imported, not the other's (two specs loaded in one
+    process, each with a tiny_model.py beside it, got the first one's). A package installed
+    elsewhere, with no copy beside the spec, is left as it is."""
+    top = module_name.split(".")[0]
+    cached = sys.modules.get(top)
+    if cached is None:
+        return
+    where = getattr(cached, "__file__", None) or next(iter(getattr(cached, "__path__", None) or ()), None)
+    if where and any(Path(where).resolve().is_relative_to(root) for root in roots):
+        return
+    if not any((Path(root) / f"{top}.py").is_file() or (Path(root) / top).is_dir() for root in roots):
+        return
+    for name in [name for name in sys.modules if name == top or name.startswith(f"{top}.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
 def import_factory(spec_file: SpecFile, named: str) -> Callable[..., Any]:
     """``named`` (the spec's model.factory, 'package.module:callable') imported from beside the spec."""
     module_name, _, attr = named.partition(":")
-    for root in reversed(import_roots(spec_file.path.parent.resolve(), module_name)):
+    roots = import_roots(spec_file.path.parent.resolve(), module_name)
+    for root in reversed(roots):
         if root not in sys.path:
             sys.path.insert(0, root)
+    _forget_another_copy(module_name, roots)
     spec_dir = str(spec_file.path.parent)
     key = f"{spec_file.path}: key 'model.factory'"
     _refuse_a_second_pipeline(key, module_name, Path(spec_dir))
