@@ -845,9 +845,10 @@ def test_under_load_the_search_keeps_the_spec_options_unless_a_candidate_wins_be
     timed = {trial.name: trial for trial in tuned.trials if trial.passed}
     assert {"spec-options", "freezing"} <= set(timed), tuned.trials
     for name, trial in timed.items():
-        # the range leaves out the rounds that stalled (over 2x the median), as a busy loop may make them
-        median = statistics.median(trial.rounds_ms)
-        kept = [ms for ms in trial.rounds_ms if ms <= 2 * median]
+        # the range leaves out one round that stalled (over 2x the next slowest), as a busy loop may make one
+        kept = (
+            sorted(trial.rounds_ms)[:-1] if max(trial.rounds_ms) > 2 * sorted(trial.rounds_ms)[-2] else trial.rounds_ms
+        )
         assert len(trial.rounds_ms) == tune.rounds.ROUNDS and trial.spread_ms == (min(kept), max(kept))
         assert trial.median_ms == statistics.median(trial.rounds_ms)
         assert any(
@@ -1153,11 +1154,11 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
 def test_one_stalled_round_of_five_is_left_out_of_the_range_and_stops_no_search(tmp_path):
     # H41's BERT: four rounds within 13%, one 1000x (a thread off its core); it stopped as a "1126x spread"
     stalled = tune.rounds.Timed((0.117, 0.128, 0.132, 0.13, 132.0))
-    assert stalled.stalled_ms == (132.0,) and stalled.high_ms == 0.132 and stalled.median_ms == 0.13
+    assert stalled.stalled_ms == 132.0 and stalled.high_ms == 0.132 and stalled.median_ms == 0.13
     assert payback.spread(stalled) == pytest.approx(0.132 / 0.117)
     assert stalled.describe() == (
         "0.13 ms [0.117-0.132] over 5 rounds (0.117, 0.128, 0.132, 0.13, 132; the 132 ms round stalled, "
-        "over 2x the median, and is left out of the range)"
+        "over 2x the next slowest, and is left out of the range)"
     )
     exported, planned, _ = waves(tmp_path)
     chosen, refused, cost, said = choose_said(exported, planned, stalled, tmp_path / "cache")
@@ -1181,17 +1182,20 @@ def test_one_stalled_round_of_five_is_left_out_of_the_range_and_stops_no_search(
         "spec-options",
     )
     assert why.startswith("its slowest round (0.1192 ms) is faster than spec-options's fastest (0.1193 ms)"), why
-    # two stalls are each other's next slowest: against the median both are left out (H62's ViT
-    # read "0.398 ms [0.385-416]" as a unit bug); only of a full set, and only where they stand far out
+    # only one round, of a full set, and only where it stands far out: two slow rounds are noise, and count
+    # (left out against the median, a heavy load's two slow rounds of each let a candidate "win 3.27x"
+    # that was 1.13x faster, H63); such rounds are said as far out, and as counted: H62's ViT read
+    # "0.398 ms [0.385-416]" as a unit bug
     two = tune.rounds.Timed((416.0, 416.0, 0.385, 0.398, 0.392))
-    assert two.stalled_ms == (416.0, 416.0) and two.high_ms == 0.398
+    assert two.stalled_ms is None and two.high_ms == 416.0
     assert two.describe() == (
-        "0.398 ms [0.385-0.398] over 5 rounds (416, 416, 0.385, 0.398, 0.392; the 416 and 416 ms rounds "
-        "stalled, over 2x the median, and are left out of the range)"
+        "0.398 ms [0.385-416] over 5 rounds (416, 416, 0.385, 0.398, 0.392; the 416 and 416 ms rounds are over "
+        "2x the median (other work held the cores then), and count in the range)"
     )
-    assert tune.rounds.Timed((0.1, 0.1, 132.0)).stalled_ms == ()
-    assert tune.rounds.Timed((0.1, 0.1, 100.0, 100.0, 120.0)).high_ms == 120.0  # most rounds slow: no stall
+    assert tune.rounds.Timed((0.1, 0.1, 0.1, 100.0, 120.0)).stalled_ms is None
+    assert tune.rounds.Timed((0.1, 0.1, 132.0)).stalled_ms is None
     assert tune.rounds.Timed((267.0, 275.0, 297.0, 379.0, 550.0)).high_ms == 550.0  # H41's unet: 1.45x, kept
+    assert "median" not in tune.rounds.Timed((267.0, 275.0, 297.0, 379.0, 550.0)).describe()
 
 
 def test_the_summarys_words_for_each_refusal_match_how_the_search_records_it():
