@@ -173,3 +173,27 @@ def test_a_compile_whose_folder_was_removed_meanwhile_is_said_as_such(tmp_path):
     plan.compile_dir.mkdir(parents=True)
     trial, error = search._compile_and_verify(*args)
     assert not trial.passed and error is None
+
+
+def test_a_held_output_folder_another_process_removed_is_said_as_such(tmp_path):
+    """H63: `rm -rf <root>/tiny` during a build ended in "cannot write …/.cpu.removing-17494: No such file
+    or directory", a file the user never made. Where the build fails, the removal is its error; where the
+    build finished (its wheel carries the files), there is nothing left to remove, and nothing is said."""
+    import shutil
+
+    from pipeline.services import progress
+    from pipeline.services.outdir import claim_output_dir
+
+    out = tmp_path / "root" / "tiny" / "0.2" / "cpu"
+    with progress.reporting(progress.QuietProgress(result_stream=None)):
+        with pytest.raises(OutputDirError) as caught, claim_output_dir(out):
+            shutil.rmtree(tmp_path / "root" / "tiny")
+            raise FileNotFoundError(2, "No such file or directory", str(out / "model.so"))
+        assert caught.value.message == (
+            f"{tmp_path / 'root' / 'tiny'} was removed while this build used it (by another process?): the build "
+            f"failed for want of {out}"
+        )
+        assert isinstance(caught.value.__context__, FileNotFoundError)
+        with claim_output_dir(out):  # the build done: nothing to remove, and no error
+            shutil.rmtree(tmp_path / "root" / "tiny")
+        assert not (tmp_path / "root" / "tiny").exists()

@@ -26,6 +26,7 @@ from ..errors import OutputDirError
 from ..wheel_template.runtime import _trust as wheel_trust
 from .locks import held_elsewhere, holder, recorded_pid
 from .progress import say, stop_requested
+from .writable import removed_meanwhile
 
 MARKER = ".modelwheel-build"
 
@@ -205,7 +206,7 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
     lock = FileLock(str(lock_file), blocking=False)
     displaced = path.parent / f".{path.name}.displaced-{os.getpid()}"
     created: list[Path] = []
-    made = False
+    made = failing = False
     try:
         with signals_deferred():
             check_trusted(path)
@@ -232,9 +233,15 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
             _make_marked(path)
             made = True
         yield path
+    except BaseException:
+        failing = True
+        raise
     finally:
         with signals_deferred():
-            if made:
+            # removed by another process while the build ran: nothing to remove, and where the build
+            # failed, the cause it is said as (H63: the rename below failing named `.cpu.removing-N`)
+            gone = removed_meanwhile(path, "the build failed") if made else None
+            if made and gone is None:
                 _remove_marked(path)
             if displaced.is_symlink():
                 try:
@@ -249,3 +256,5 @@ def claim_output_dir(path: Path) -> Iterator[Path]:
                     parent.rmdir()
                 except OSError:
                     break
+            if gone is not None and failing:
+                raise gone

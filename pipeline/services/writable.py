@@ -88,17 +88,18 @@ def disk_full(output: str) -> OutputDirError | None:
     return write_error(OSError(errno.ENOSPC, NO_SPACE, written.group(1) if written else None))
 
 
-def removed_meanwhile(folder: Path) -> OutputDirError | None:
+def removed_meanwhile(folder: Path, failed: str = "its compile failed") -> OutputDirError | None:
     """``folder``, made by this build, as removed while it ran (by another process), or None where
-    it is there. H61: another user's `rm -rf` of the shared root dropped two candidates as "C++
-    compile error", then failed 4 minutes later with "No such file or directory"."""
+    it is there; ``failed``: what failed for want of it. H61: another user's `rm -rf` of the shared
+    root dropped two candidates as "C++ compile error", then failed 4 minutes later with "No such
+    file or directory"; H63's, of a tiny model's, named the build's own `.cpu.removing-N`."""
     if folder.is_dir():
         return None
     gone = folder
     while not gone.parent.exists() and gone.parent != gone:  # the highest folder removed
         gone = gone.parent
     return OutputDirError(
-        f"{gone} was removed while this build used it (by another process?): its compile failed for want of {folder}",
+        f"{gone} was removed while this build used it (by another process?): {failed} for want of {folder}",
         "build again; where others use the same root, build into one of your own: --root DIR (or MODELWHEEL_ROOT=DIR)",
     )
 
