@@ -107,15 +107,17 @@ def rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
-def _round_s(call_s: float) -> float:
+def _round_s(call_s: float, seconds: float = ROUND_SECONDS) -> float:
     """A round's seconds for one candidate whose calls take ``call_s``: _round_median's loop."""
-    return max(ROUND_RUNS * call_s, ROUND_SECONDS + call_s)
+    return max(ROUND_RUNS * call_s, seconds + call_s)
 
 
-def _round_median(call: Callable[[], object], synchronize: Callable[[], object]) -> float:
+def _round_median(
+    call: Callable[[], object], synchronize: Callable[[], object], seconds: float = ROUND_SECONDS
+) -> float:
     times: list[float] = []
     started = time.perf_counter()
-    while len(times) < ROUND_RUNS or time.perf_counter() - started < ROUND_SECONDS:
+    while len(times) < ROUND_RUNS or time.perf_counter() - started < seconds:
         synchronize()
         t0 = time.perf_counter()
         call()
@@ -147,6 +149,9 @@ def time_in_rounds(
     of their stage (``the noise rounds``), whose own figure they give (wording.part_only). Either way
     the first figure comes from the warm-up calls, on the machine as it is then."""
     names = list(calls)
+    # one round alone (a lone candidate's figure) runs long enough for the load on the machine to be
+    # measured and said beside it: H63's tiny model read "16 ms a call" (0.34 ms quiet), with no word of it
+    seconds = max(ROUND_SECONDS, contention.MEASURED_FROM_S + 0.1) if rounds == 1 else ROUND_SECONDS
     warm_s: dict[str, float] = {}
     for name in names:
         for _ in range(WARMUP_RUNS):
@@ -157,7 +162,7 @@ def time_in_rounds(
             warm_s[name] = time.perf_counter() - t0  # the last: a warm call, on the machine as it is now
     if last or part:  # H62: the noise rounds, timed alone and quiet (1.5 s), gave "about 1s left" of 58 s
         basis = part_only(part) if part else ""
-        estimate(rounds * sum(_round_s(seconds) for seconds in warm_s.values()), basis + ROUNDS_FROM_WARMUP)
+        estimate(rounds * sum(_round_s(call_s, seconds) for call_s in warm_s.values()), basis + ROUNDS_FROM_WARMUP)
     medians: dict[str, list[float]] = {name: [] for name in names}
     started, others = time.perf_counter(), contention.OthersBusy()
     for index in range(rounds):
@@ -165,7 +170,7 @@ def time_in_rounds(
             step(f"{doing}: round {index + 1}/{rounds}")
         for name in rotated(names, index):
             check_stop()
-            medians[name].append(_round_median(calls[name], synchronize))
+            medians[name].append(_round_median(calls[name], synchronize, seconds))
         if (last or part) and index < rounds - 1:  # after the last, the caller's figure (an estimate of 0
             # here read "finishing, at its revised estimate" just after "running 3s past" to a newcomer, H45)
             left = (time.perf_counter() - started) / (index + 1) * (rounds - index - 1)
