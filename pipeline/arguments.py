@@ -61,6 +61,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         guesses = [difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.7) for word in unknown]
         meant = [f"{word} (did you mean {guess[0]}?)" if guess else word for word, guess in zip(unknown, guesses)]
         command.error(f"unrecognized arguments: {' '.join(meant)}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a hint that repeats the command keeps them
     return args
 
 

@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from .arguments import DEFAULT_ROOT, ROOT_ENV, TARGET_FLAGS
 from .commands.index_client import resolve_index
 from .commands.matrix import build_matrix, spec_paths
 from .commands.publish import publish
+from .commands.wheel_check import built_by, wheels_there
 from .errors import PackageError, UsageError
 from .hf import guess_task
 from .hf_tasks import supported
@@ -26,7 +28,6 @@ from .services.layout import WorkLayout
 from .services.outdir import check_trusted, claim_inductor_cache, output_path
 from .services.parallel import build_many, default_jobs
 from .services.progress import Progress, QuietProgress, Steps, reporting
-from .services.wording import as_run
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
@@ -306,18 +307,22 @@ def _wheels_for(spec_file: SpecFile, args: argparse.Namespace, progress: Progres
 
 def _publish(args: argparse.Namespace, progress: Progress) -> int:
     if args.model and args.model.endswith(".whl"):  # H62: read as a model name, "models/dist/….whl/spec.toml"
+        # the command as given, the wheel moved to --wheel (H63: a hint without the --index given failed)
+        words = list(args.argv)
+        words.remove(args.model)
         raise UsageError(
             f"{args.model}: a wheel, given where publish takes a model name",
-            f"give wheels with --wheel: modelwheel publish --wheel {args.model}",
+            f"give wheels with --wheel: modelwheel {shlex.join([*words, '--wheel', args.model])}",
         )
     # the spec, as the wheels below, read before the index is looked for (H62: `publish unet` from /)
     spec_file = None if args.wheel else _spec_from(args)
     # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
     missing = [w for w in args.wheel or () if not Path(w).is_file()]
     if missing:
-        build = as_run("`make build MODEL=<name>`", "`modelwheel build`")
+        there = wheels_there(Path(missing[0]))  # H63: reproduce named them, publish did not
         raise UsageError(
-            f"no such wheel: {', '.join(missing)}", f"build it first with {build}, or give the path of one it built"
+            f"no such wheel: {', '.join(missing)}",
+            f"build it first with {built_by()}, or give the path of one it built" + (f"; {there}" if there else ""),
         )
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if spec_file is None else _wheels_for(spec_file, args, progress)

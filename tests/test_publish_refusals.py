@@ -50,16 +50,26 @@ def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel,
         f"hint: build it first with {build}, or give the path of one it built",
     ], ran.err
     assert not (tmp_path / "build").exists(), "nothing written"
+    # a name mistyped beside wheels that are there: those named, as reproduce names them (H63)
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "model_nope-1.0+cpu.torch2.13.0-py3-none-any.whl").write_bytes(b"")
+    ran = run_cli("publish", "--wheel", str(missing), cwd=tmp_path, env={"MAKELEVEL": makelevel})
+    assert ran.err.splitlines()[-1] == (
+        f"hint: build it first with {build}, or give the path of one it built; the wheels in {tmp_path / 'dist'}: "
+        "model_nope-1.0+cpu.torch2.13.0-py3-none-any.whl"
+    ), ran.err
 
 
 def test_a_wheel_given_as_the_model_is_said_with_the_flag_that_takes_it(tmp_path):
     """H62: `modelwheel publish dist/x.whl` read the path as a model name: "models/dist/x.whl/spec.toml:
     no such spec file"."""
-    ran = run_cli("publish", "dist/model_tiny-0.1-py3-none-any.whl", cwd=tmp_path)
+    ran = run_cli("publish", "--index", "http://127.0.0.1:8765/", "dist/model_tiny-0.1-py3-none-any.whl", cwd=tmp_path)
     assert ran.code == 2, ran.err
+    # the command as given, the wheel moved to --wheel (H63: the hint dropped --index, and failed from /)
     assert ran.err.splitlines()[-2:] == [
         "error: dist/model_tiny-0.1-py3-none-any.whl: a wheel, given where publish takes a model name",
-        "hint: give wheels with --wheel: modelwheel publish --wheel dist/model_tiny-0.1-py3-none-any.whl",
+        "hint: give wheels with --wheel: modelwheel publish --index http://127.0.0.1:8765/ --wheel "
+        "dist/model_tiny-0.1-py3-none-any.whl",
     ], ran.err
     # a model name with no spec here (`publish unet` from /): said before the missing index (H62)
     ran = run_cli("publish", "unet", cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})

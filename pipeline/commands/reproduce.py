@@ -27,6 +27,7 @@ from ..features.lock import Locked
 from ..spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from ..stages.compile import find_cxx
 from ..targets.views import Rebuild
+from .wheel_check import wheels_there
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,10 @@ class Recipe:
 def read_wheel_manifest(wheel: Path) -> dict[str, Any]:
     """``<import_name>/manifest.json`` inside the wheel."""
     if not wheel.is_file():  # a wheel name copied from the docs, with another machine's tag
-        near = sorted(wheel.parent.glob("*.whl")) if wheel.parent.is_dir() else []
         # a usage error, as publish's for the same mistake (H60: exit 15 read as an altered wheel)
         raise UsageError(
             f"{wheel}: no such file",
-            f"the wheels in {wheel.parent}: {', '.join(p.name for p in near)}"
-            if near
-            else f"{wheel.parent} holds no wheel: give the path of one modelwheel built",
+            wheels_there(wheel) or f"{wheel.parent} holds no wheel: give the path of one modelwheel built",
         )
     try:
         with zipfile.ZipFile(wheel) as archive:

@@ -54,6 +54,14 @@ def built_by() -> str:
     return as_run("`make build MODEL=<name>`", "`modelwheel build`")
 
 
+def wheels_there(wheel: Path) -> str:
+    """The wheels in the folder of ``wheel`` (a path that is not one), for the hint: a name copied
+    from the docs has another machine's tag, or a version typed without its local label; "" where
+    the folder holds none."""
+    near = sorted(wheel.parent.glob("*.whl")) if wheel.parent.is_dir() else []
+    return f"the wheels in {wheel.parent}: {', '.join(p.name for p in near)}" if near else ""
+
+
 @contextlib.contextmanager
 def private_copies(wheels: list[Path]) -> Iterator[list[tuple[Path, Path]]]:
     """(wheel, its copy) for each wheel, copied with the build's report beside it (where there)
