@@ -246,7 +246,8 @@ def read_spec_toml(path: str | Path, overrides: bool = False) -> tuple[Path, dic
             else ""
         )
         # a misspelt name answered with the one meant, as a task's and a key's are (H60: MODEL=unte)
-        near = difflib.get_close_matches(spec_path.parent.name, known, n=1) if known else []
+        # above difflib's 0.6: MODEL=resnet got "did you mean 'unet'?" for its shared "net" (H63)
+        near = difflib.get_close_matches(spec_path.parent.name, known, n=1, cutoff=0.7) if known else []
         meant = f" (did you mean {near[0]!r}?)" if near else ""
         # a relative path said as looked for: `modelwheel publish unet` from / read "models/unet/spec.toml" (H61)
         looked = f" (looked for {spec_path})" if str(path) != str(spec_path) else ""

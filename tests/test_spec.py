@@ -165,6 +165,9 @@ def test_cli_missing_spec_file(tmp_path):
         f"the models in {tmp_path / 'models'}: unet (with make: MODEL=<name>, or SPEC=path/to/spec.toml)" in ran.err
     ), ran.err
     assert "did you mean" not in ran.err, ran.err  # nosuch is near no model's name
+    # nor is resnet, though it shares "net" with unet (H63 was asked "did you mean 'unet'?")
+    other = run_cli("build", "--spec", str(tmp_path / "models" / "resnet" / "spec.toml"))
+    assert "no such spec file" in other.err and "did you mean" not in other.err, other.err
     # a misspelt one: the one meant (H60: `make build MODEL=unte`)
     typo = run_cli("build", "--spec", str(tmp_path / "models" / "unte" / "spec.toml"))
     assert f"error: {tmp_path / 'models' / 'unte' / 'spec.toml'}: no such spec file (did you mean 'unet'?)" in typo.err
