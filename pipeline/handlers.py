@@ -234,11 +234,19 @@ def _doctor(args: argparse.Namespace, progress: Progress) -> int:
 
 def _index(args: argparse.Namespace, progress: Progress) -> int:
     if args.action == "stop":
-        progress.say(
-            f"local index stopped (the one started from this folder: {index.STATE_DIR.resolve()})"
-            if index.stop()
-            else f"no local index was started from this folder ({index.STATE_DIR.resolve()})"
-        )
+        here = index.STATE_DIR.resolve()
+        if index.stop():
+            progress.say(f"local index stopped (the one started from this folder: {here})")
+            return 0
+        elsewhere = [(pid, folder) for pid, folder in index.yours_elsewhere() if folder != here]
+        if elsewhere:  # H63: "no local index was started from this folder", exit 0, with one running
+            pid, folder = elsewhere[0]
+            started_in = folder.parent.parent  # <the folder it was started from>/build/index
+            raise UsageError(
+                f"no local index was started from this folder ({here}); yours runs from {started_in} (pid {pid})",
+                f"stop it there: cd {started_in} && modelwheel index stop (make index-stop in a checkout)",
+            )
+        progress.say(f"no local index was started from this folder ({here}), and none of yours is running")
         return 0
     port = index.DEFAULT_PORT if args.port is None else args.port
     fallback_url: str = index.FALLBACK_URL if args.fallback_url is None else args.fallback_url
@@ -255,8 +263,10 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
             private=private,
         )
         return 0
+    already = index.read_state()  # H63: a second start reprinted the block, and said nothing of it
     state = index.start(Path(args.data), port, fallback_url=fallback_url, torch_url=torch_url, private=private)
-    progress.say(f"local index at {state['url']} (pid {state['pid']}, files in {state['data']})")
+    running = "already running, started from this folder earlier: " if already else ""
+    progress.say(f"local index {running}at {state['url']} (pid {state['pid']}, files in {state['data']})")
     progress.say(
         f"  install from it: pip install <name>==<version> --index-url {state['url']}<variant>/simple  "
         "(variant: cpu, or the CUDA build's cuNNN, e.g. cu130)"

@@ -38,6 +38,11 @@ def index(tmp_path_factory):
     # how to stop it, said where it starts (a newcomer found it in docs/publishing.md only)
     assert started.err.splitlines()[-1] == "  stop it: make index-stop in a checkout, else modelwheel index stop"
     state = json.loads((home / "build" / "index" / "state.json").read_text())
+    # a second start is the same index, said as already running (H63: the same block again, unsaid)
+    again = run_cli("index", "start", "--port", "0", "--data", str(home / "data"), cwd=home)
+    assert again.code == 0 and again.err.startswith(
+        f"local index already running, started from this folder earlier: at {state['url']} (pid {state['pid']}"
+    ), again.err
     yield home, state
     stopped = run_cli("index", "stop", cwd=home)
     assert stopped.code == 0, stopped.err
@@ -404,11 +409,20 @@ def test_an_index_started_on_a_port_another_index_holds_is_refused(index, tmp_pa
     (tmp_path / "x.whl").write_bytes(b"")  # a wheel that is there: a missing one is said before the index
     publishing = run_cli("publish", "--wheel", str(tmp_path / "x.whl"), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
     assert f"no local index started from this folder ({tmp_path / 'build' / 'index'})" in publishing.err
+    # nothing started here, but the index of another folder runs: said, with how to stop it (H63 read exit 0
+    # and "no local index was started from this folder" as stopped)
     stopping = run_cli("index", "stop", cwd=tmp_path)
-    assert (
-        stopping.code == 0
-        and f"no local index was started from this folder ({tmp_path / 'build' / 'index'})" in stopping.err
+    assert stopping.code == UsageError.exit_code, stopping.err
+    # this module's index, or another test's running meanwhile: a folder, its pid, and how to stop it there
+    error, hint = stopping.err.splitlines()[-2:]
+    said = re.fullmatch(
+        rf"error: no local index was started from this folder \({re.escape(str(tmp_path / 'build' / 'index'))}\); "
+        r"yours runs from (/\S+) \(pid (\d+)\)",
+        error,
     )
+    assert said, stopping.err
+    assert hint == f"hint: stop it there: cd {said[1]} && modelwheel index stop (make index-stop in a checkout)"
+    assert (Path(said[1]) / "build" / "index" / "state.json").is_file()
 
 
 def plant_state(home: Path, url: str, pid: int, mode: int = 0o755) -> None:

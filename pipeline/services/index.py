@@ -243,6 +243,25 @@ def _is_index_process(pid: object) -> bool:
     return command[1:5] == [b"-m", b"pipeline", b"index", b"serve"]
 
 
+def yours_elsewhere() -> list[tuple[int, Path]]:
+    """This user's running local indexes, each (pid, its state folder), from the kernel's record of
+    their command lines: `index stop` from another folder said only "no local index was started from
+    this folder", and exited 0, with one running (H63)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid() or not _is_index_process(int(entry.name)):
+                continue
+            command = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone meanwhile
+            continue
+        if "--state-dir" in command[:-1]:
+            found.append((int(entry.name), Path(command[command.index("--state-dir") + 1])))
+    return found
+
+
 def private_prefixes(extra: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """model- and the prefixes given (``--private-prefix``), normalised as pip normalises names."""
     return tuple(dict.fromkeys([*PRIVATE_PREFIXES, *(_normalized(p) for p in extra if p)]))
