@@ -288,13 +288,14 @@ def test_a_wheel_that_differs_only_in_the_searchs_record_is_kept_in_dist_and_the
     # two lists a reader can tell apart (H42 read "…, x in the kept wheel, spec-options in this build" three times),
     # each what its manifest records (H44: a build from the lock records the lock's search, not its own)
     assert differ == [
-        "compile_search (only its record: spec-options chosen in both; the kept wheel records spec-options, freezing "
-        "and x as timed, this build's spec-options)"
+        "compile_search (only its record: spec-options chosen in both; the kept wheel's options were chosen from "
+        "spec-options, freezing and x, this build's from spec-options)"
     ]
     # one candidate, none left out: no search (H62 read "this build's spec-options" with no reason beside three)
     lone = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "not_tried": []}
     assert differences({"compile_search": first}, {"compile_search": lone})[0].endswith(
-        "the kept wheel records spec-options, freezing and x as timed, this build's spec-options alone (no search))"
+        "the kept wheel's options were chosen from spec-options, freezing and x, this build's from spec-options "
+        "alone (no search))"
     )
     # the same candidates, one left out for another reason (H45 read "spec-options as timed, this build's
     # spec-options": the bf16 refusal's diffs, then recorded, differed with the build's threads)

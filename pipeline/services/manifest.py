@@ -69,7 +69,9 @@ def _record_differs(kept: dict[str, Any], new: dict[str, Any]) -> str:
     kept_tried, new_tried = ([c.get("name", "?") for c in r.get("candidates", ())] for r in (kept, new))
     if kept_tried != new_tried:
         kept_said, new_said = (_tried(tried, r) for tried, r in ((kept_tried, kept), (new_tried, new)))
-        return f"the kept wheel records {kept_said} as timed, this build's {new_said}"
+        # "chosen from", not "timed": a wheel built from a lock records the lock's search, which timed them
+        # elsewhere (H63 read "the kept wheel records … as timed" of a build that timed nothing)
+        return f"the kept wheel's options were chosen from {kept_said}, this build's from {new_said}"
     kept_why, new_why = ({s.get("name", "?"): s.get("reason") for s in r.get("not_tried", ())} for r in (kept, new))
     left_out = [name for name in {**kept_why, **new_why} if kept_why.get(name) != new_why.get(name)]
     tried = f"{listed(kept_tried) or 'none'} tried in both"
