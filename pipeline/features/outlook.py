@@ -100,6 +100,7 @@ MEASURED_WITH_ROUNDS = "from this build's compiles and noise rounds"
 VERIFYING = "from this candidate's cases so far, then the rest as this build measured it"
 EARLIER_COMPILES, AND_ROUNDS = "from earlier builds' compiles", " and this build's noise rounds"
 INSTALL_S, INSTALL_LEFT = 2.0, "nothing more to compile: the chosen one's install"
+OVERRUN_MORE = 0.2  # a compile past its estimate: this much of its time so far, still to come
 
 
 class Outlook:
@@ -279,7 +280,12 @@ class Outlook:
         figure made for the pair)."""
         if self.plain_s is None:
             return
-        own = max(self.plain_s * COMPILE_COST.get(name, 1.0) - ran_s for name, ran_s in left.items())
+        # one past its own estimate is given a fifth of its time so far more, not none: "about 1s left
+        # (revised)" came 30 s before a compile that had overrun ended (H63)
+        own = max(
+            max(self.plain_s * COMPILE_COST.get(name, 1.0) - ran_s, OVERRUN_MORE * ran_s)
+            for name, ran_s in left.items()
+        )
         estimate(max(0.0, own) + self.verify_s * len(names) + self.round_s * self.timed, self.basis())
 
     def after(self, rest: list[str], compiled: bool = False) -> None:
