@@ -152,6 +152,7 @@ def time_in_rounds(
     # one round alone (a lone candidate's figure) runs long enough for the load on the machine to be
     # measured and said beside it: H63's tiny model read "16 ms a call" (0.34 ms quiet), with no word of it
     seconds = max(ROUND_SECONDS, contention.MEASURED_FROM_S + 0.1) if rounds == 1 else ROUND_SECONDS
+    basis = part_only(part) if part else ""  # the figure's words: the part's, or the stage's own
     warm_s: dict[str, float] = {}
     for name in names:
         for _ in range(WARMUP_RUNS):
@@ -161,7 +162,6 @@ def time_in_rounds(
             synchronize()
             warm_s[name] = time.perf_counter() - t0  # the last: a warm call, on the machine as it is now
     if last or part:  # H62: the noise rounds, timed alone and quiet (1.5 s), gave "about 1s left" of 58 s
-        basis = part_only(part) if part else ""
         estimate(rounds * sum(_round_s(call_s, seconds) for call_s in warm_s.values()), basis + ROUNDS_FROM_WARMUP)
     medians: dict[str, list[float]] = {name: [] for name in names}
     started, others = time.perf_counter(), contention.OthersBusy()
