@@ -462,7 +462,9 @@ def test_a_state_file_naming_no_local_index_of_this_tool_is_not_used(tiny_build,
     wheel = next(tiny_build[0].dist.glob("*.whl"))
     ran = run_cli("publish", "--wheel", str(wheel), cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
     assert ran.code == 13 and "no local index started from this folder" in ran.err, ran.err
-    assert run_cli("index", "stop", cwd=tmp_path).code == 0
+    # nothing stopped here; the real index, started from another folder, is named, not killed
+    stopping = run_cli("index", "stop", cwd=tmp_path)
+    assert stopping.code == UsageError.exit_code and "; yours runs from " in stopping.err, stopping.err
     os.kill(index[1]["pid"], 0)  # the real index still runs
 
 

@@ -516,7 +516,7 @@ def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search,
     the compile stage neither verifies the .so (the verify stage does, on the bytes that ship) nor
     times it in five rounds: one round gives the build's figure (the unet's spent 70 s and 25 s)."""
     exported, planned, _, store = searched_mlp(mlp_search, tmp_path)
-    steps, said = [], []
+    steps, said, bases = [], [], []
 
     class Display(progress.Progress):
         def say(self, text: str) -> None:
@@ -525,10 +525,17 @@ def test_a_lone_candidate_is_timed_once_and_left_to_the_verify_stage(mlp_search,
         def step(self, text: str) -> None:
             steps.append(text)
 
+        def estimate(self, stage_left_s: float | None, basis: str | None = None) -> None:
+            bases.append(basis)
+
     with progress.reporting(Display()):
         tuned = tune.tune(exported, planned[:1], [], None, tmp_path / "work", store)
     assert not [s for s in steps if "verifying" in s], steps
     assert "timing spec-options in 1 round" in steps, steps
+    # while it is timed, said as such, then the install (H64: "nothing more to compile: the chosen one's install")
+    from pipeline.features import search
+
+    assert bases[-2:] == [search.LONE_TIMING, search_time.INSTALL_LEFT], bases
     [trial] = tuned.trials
     assert trial.passed and len(trial.rounds_ms) == 1 and trial.median_ms > 0
     # the round runs long enough for the load to be measured (H63: 0.2 s measured none, and the line said none)
@@ -1639,6 +1646,8 @@ def test_the_way_to_a_shorter_search_is_said_as_make_takes_it(monkeypatch, tmp_p
     assert "to make it shorter: `build --no-search` or " in tune.shorter(tmp_path)
     monkeypatch.setenv("MAKELEVEL", "1")
     assert 'to make it shorter: `ARGS="--no-search"` or ' in tune.shorter(tmp_path)
+    # a --hf build without --spec has no spec of its own: an override spec holds the key (H64)
+    assert "`[compile] search = false` in an override spec (--spec) (one compile" in tune.shorter(tmp_path, False)
     # and a later build unchanged is quicker still (H62 took --no-search on a second build: 97 s, against 3 s)
     assert tune.shorter(tmp_path).endswith(
         f"once this build is done, building again unchanged is quickest of all (its verified wheel comes from "

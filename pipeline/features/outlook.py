@@ -44,14 +44,16 @@ def side_by_side_slowdown(cache_dir: Path) -> tuple[float, str]:
     return SIDE_BY_SIDE_SLOWDOWN, "as measured on a 2-core machine"
 
 
-def shorter(cache_dir: Path) -> str:
+def shorter(cache_dir: Path, own_spec: bool = True) -> str:
     """How to make the search shorter, naming this build's cache (--build-dir moves it: a newcomer's
     build said build/cache where its cache was another folder)."""
     # through make, as make takes it: `build --no-search` read to a newcomer of `make build` as a make flag
     flag = '`ARGS="--no-search"`' if under_make() else "`build --no-search`"
+    # a --hf build without --spec has no spec to put it in (H64): an override spec holds it
+    spec = "in the spec" if own_spec else "in an override spec (--spec)"
     # H62 followed it on a second build: 97 s of doctor and verify again, where an unchanged build took 3 s
     return (
-        f"    to make it shorter: {flag} or `[compile] search = false` in the spec (one compile, the "
+        f"    to make it shorter: {flag} or `[compile] search = false` {spec} (one compile, the "
         "spec's options), or a smaller `[compile] search_budget_s` (fewer candidates); once this build is done, "
         f"building again unchanged is quickest of all (its verified wheel comes from the build cache, {cache_dir})"
     )
@@ -107,8 +109,9 @@ class Outlook:
     """About how long the search has left, from the time its first fresh compile took (times a
     candidate's cost for each fresh one still to come, shared among the cores compiling them)."""
 
-    def __init__(self, planned: list[tuple[str, Any]], store: Cache, workers: int = 1) -> None:
+    def __init__(self, planned: list[tuple[str, Any]], store: Cache, workers: int = 1, own_spec: bool = True) -> None:
         self.order = [name for name, _ in planned]
+        self.own_spec = own_spec  # a spec file of the user's (not a --hf build's made from its folder alone)
         self.fresh = {name for name, plan in planned if not store.has(plan.key)}
         self.cache_dir = store.directory
         self.workers = workers
@@ -196,7 +199,12 @@ class Outlook:
             unit = "compiles'" if rounds != 1 else "compile's"
             how = f"    (earlier builds' compile stage, scaled to {figure(rounds)} plain {unit} time: {room})"
             # the caveat too: a noise-stopped search after "about 4m04s" with no word that it may stop (H58)
-            return [f"{what}: about {duration(last)} on this machine", how, rest, shorter(self.cache_dir)]
+            return [
+                f"{what}: about {duration(last)} on this machine",
+                how,
+                rest,
+                shorter(self.cache_dir, self.own_spec),
+            ]
         # the rounds after the first run side by side, each compile slower beside another
         side_by_side = at_once > 1
         slowed = self.slowdown if side_by_side else 1.0
@@ -215,14 +223,14 @@ class Outlook:
                 f"{what}: about {duration(guess.seconds * times)} on this machine",
                 how,
                 rest,
-                shorter(self.cache_dir),
+                shorter(self.cache_dir, self.own_spec),
             ]
         how = f"    ({room}{slower})"
         return [
             f"{what}: each is a full compile, so about {ratio(times)} one compile here",
             how,
             rest,
-            shorter(self.cache_dir),
+            shorter(self.cache_dir, self.own_spec),
         ]
 
     def left_s(self, names: list[str], costs: dict[str, float] | None = None, compiled: bool = False) -> float | None:

@@ -47,6 +47,7 @@ class Trial:
 
 FROM_CACHE = " (compiled earlier, from the build cache)"
 FIRST_VERIFY = part_only("the first candidate's verification") + "from its cases so far"
+LONE_ROUND_S, LONE_TIMING = 1.0, "its one round of timing, then the chosen one's install"
 # Said while the first candidate's cases are too few for a figure: the first compile's guess, run
 # out, read "compile stage running 4s past the estimate" to a newcomer while the stage was on time.
 FIRST_VERIFY_PENDING = "time left: known once its first cases are verified"  # short: a row of an 80-column terminal
@@ -195,6 +196,8 @@ class Search:
         it (five took 25 s of the unet's build). Not verified yet (the verify stage does that), so a
         .so that raises on the example inputs is left untimed, for the verify stage to report."""
         step(f"timing {name} in 1 round")
+        # said as what runs: "nothing more to compile: the chosen one's install" read oddly beside it (H64)
+        estimate(INSTALL_S + LONE_ROUND_S, LONE_TIMING)
         try:
             return rounds.time_in_rounds(
                 timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
@@ -204,6 +207,8 @@ class Search:
         except Exception as exc:  # noqa: BLE001 (the runner's own error: the verify stage names the case)
             say(f"    candidate {name}: not timed: it raised on the example inputs ({str(exc).splitlines()[0][:120]})")
             return {}
+        finally:
+            estimate(INSTALL_S, INSTALL_LEFT)
 
     def kept_alone(self, cost: payback.Cost, skipped: list[Skipped]) -> str:
         """Why the spec's own options are kept when no other candidate was there to time. Said whole:

@@ -199,7 +199,10 @@ def tune(
         say(f"    candidate {skip.name}: not tried: {skip.reason}")
     spec, skipped = exported.spec_file.spec, list(skipped)
     workers = search_workers(exported, planned)
-    budget, outlook = Budget(spec.compile.search_budget_s, workers), Outlook(planned, store, workers)
+    budget, outlook = (
+        Budget(spec.compile.search_budget_s, workers),
+        Outlook(planned, store, workers, own_spec=exported.spec_file.path.suffix == ".toml"),
+    )
     guess = (
         None
         if expected_s("compile") is not None  # the last build of this model here says it better
