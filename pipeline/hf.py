@@ -61,8 +61,12 @@ def _model_folder(folder: Path, task: Task) -> Path:
     """The folder whose config.json describes the model: a diffusers pipeline's (model_index.json
     beside unet/, vae/, …) keeps its UNet in unet/."""
     if not folder.is_dir():
+        # a misspelt folder answered with the one beside it, as a task's is (H64: my-vitt beside my-vit)
+        beside = [p.name for p in folder.parent.iterdir() if p.is_dir()] if folder.parent.is_dir() else []
+        near = difflib.get_close_matches(folder.name, beside, n=1, cutoff=0.8)
+        meant = f" (did you mean {folder.parent / near[0]}?)" if near and not folder.exists() else ""
         raise CheckpointError(
-            f"--hf {folder}: {'is not a folder' if folder.exists() else 'does not exist'}",
+            f"--hf {folder}: {'is not a folder' if folder.exists() else 'does not exist'}{meant}",
             "give the folder that model.save_pretrained(folder) wrote",
         )
     if (folder / "model_index.json").is_file() and not (folder / "config.json").is_file():

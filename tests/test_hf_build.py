@@ -417,7 +417,13 @@ def test_a_folder_without_config_is_not_a_checkpoint(tmp_path):
     ran = run_cli(
         "build", "--hf", str(tmp_path / "nowhere"), "--task", "image-classification", "--name", "v", "--version", "1"
     )
-    assert ran.code == 18 and "does not exist" in ran.err, ran.err
+    assert ran.code == 18 and "does not exist" in ran.err and "did you mean" not in ran.err, ran.err
+    # a misspelt folder, the one meant beside it (H64: my-vitt, my-vit there)
+    (tmp_path / "my-vit").mkdir()
+    ran = run_cli(
+        "build", "--hf", str(tmp_path / "my-vitt"), "--task", "image-classification", "--name", "v", "--version", "1"
+    )
+    assert f"error: --hf {tmp_path / 'my-vitt'}: does not exist (did you mean {tmp_path / 'my-vit'}?)" in ran.err
 
 
 def test_hf_needs_task_name_and_version(tmp_path):
