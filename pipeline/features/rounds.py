@@ -107,17 +107,17 @@ def rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
-def _round_s(call_s: float, seconds: float = ROUND_SECONDS) -> float:
+def _round_s(call_s: float) -> float:
     """A round's seconds for one candidate whose calls take ``call_s``: _round_median's loop."""
-    return max(ROUND_RUNS * call_s, seconds + call_s)
+    return max(ROUND_RUNS * call_s, ROUND_SECONDS + call_s)
 
 
-def _round_median(
-    call: Callable[[], object], synchronize: Callable[[], object], seconds: float = ROUND_SECONDS
-) -> float:
+def _round_median(call: Callable[[], object], synchronize: Callable[[], object], until: float = 0.0) -> float:
+    """The median call of a round: at least ROUND_RUNS calls and ROUND_SECONDS, and on to ``until``
+    (a time.perf_counter()) where that is later."""
     times: list[float] = []
     started = time.perf_counter()
-    while len(times) < ROUND_RUNS or time.perf_counter() - started < seconds:
+    while len(times) < ROUND_RUNS or time.perf_counter() < max(started + ROUND_SECONDS, until):
         synchronize()
         t0 = time.perf_counter()
         call()
@@ -140,6 +140,7 @@ def time_in_rounds(
     doing: str = "",
     last: bool = False,
     part: str | None = None,
+    since: contention.OthersBusy | None = None,
 ) -> dict[str, Timed]:
     """``calls``: name -> a function running one call of that candidate. Every candidate runs in
     every round; round r starts at candidate r (mod their number), so none always follows another.
@@ -147,11 +148,9 @@ def time_in_rounds(
     end their stage, whose time left they then give from the rounds so far (a newcomer's build,
     past the rounds' first estimate, said only how far past it); ``part``: the rounds are this part
     of their stage (``the noise rounds``), whose own figure they give (wording.part_only). Either way
-    the first figure comes from the warm-up calls, on the machine as it is then."""
+    the first figure comes from the warm-up calls, on the machine as it is then. ``since``: the load
+    is measured from then (a lone candidate's round alone is too short to measure it)."""
     names = list(calls)
-    # one round alone (a lone candidate's figure) runs long enough for the load on the machine to be
-    # measured and said beside it: H63's tiny model read "16 ms a call" (0.34 ms quiet), with no word of it
-    seconds = max(ROUND_SECONDS, contention.MEASURED_FROM_S + 0.1) if rounds == 1 else ROUND_SECONDS
     basis = part_only(part) if part else ""  # the figure's words: the part's, or the stage's own
     warm_s: dict[str, float] = {}
     for name in names:
@@ -162,15 +161,17 @@ def time_in_rounds(
             synchronize()
             warm_s[name] = time.perf_counter() - t0  # the last: a warm call, on the machine as it is now
     if last or part:  # H62: the noise rounds, timed alone and quiet (1.5 s), gave "about 1s left" of 58 s
-        estimate(rounds * sum(_round_s(call_s, seconds) for call_s in warm_s.values()), basis + ROUNDS_FROM_WARMUP)
+        estimate(rounds * sum(_round_s(call_s) for call_s in warm_s.values()), basis + ROUNDS_FROM_WARMUP)
     medians: dict[str, list[float]] = {name: [] for name in names}
-    started, others = time.perf_counter(), contention.OthersBusy()
+    started, others = time.perf_counter(), since or contention.OthersBusy()
     for index in range(rounds):
         if doing:
             step(f"{doing}: round {index + 1}/{rounds}")
         for name in rotated(names, index):
             check_stop()
-            medians[name].append(_round_median(calls[name], synchronize, seconds))
+            # a lone round goes on until the load can be measured, where it began too late for that
+            until = since.measurable_at() if since is not None and rounds == 1 else 0.0
+            medians[name].append(_round_median(calls[name], synchronize, until))
         if (last or part) and index < rounds - 1:  # after the last, the caller's figure (an estimate of 0
             # here read "finishing, at its revised estimate" just after "running 3s past" to a newcomer, H45)
             left = (time.perf_counter() - started) / (index + 1) * (rounds - index - 1)

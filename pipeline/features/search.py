@@ -87,6 +87,9 @@ class Search:
         self.first_failure: VerificationError | None = None
         self.noise_s = 0.0
         self.order = [name for name, _ in planned]  # what the counters count: narrowed once chosen
+        # the load, from the first compile on: a lone candidate's one round (0.2 s) is too short to measure
+        # it, and H63's tiny model read "16 ms a call" (0.34 ms quiet) with no word of it
+        self.since = contention.OthersBusy()
 
     def narrow(self, chosen: list[str]) -> None:
         """The candidates chosen after the first: the counters count those (a newcomer saw 1/4, then
@@ -203,6 +206,7 @@ class Search:
                 timed_calls({name: self.passed[name]}, self.weights_file, self.exported.example_inputs),
                 self.exported.target.synchronize,
                 rounds=1,
+                since=self.since,
             )
         except Exception as exc:  # noqa: BLE001 (the runner's own error: the verify stage names the case)
             say(f"    candidate {name}: not timed: it raised on the example inputs ({str(exc).splitlines()[0][:120]})")

@@ -53,6 +53,11 @@ class OthersBusy:
         self.cpus = frozenset(os.sched_getaffinity(0))
         self.started = (time.monotonic(), _busy_s(self.cpus), _own_s())
 
+    def measurable_at(self) -> float:
+        """The time.perf_counter() from which cores() can tell (MEASURED_FROM_S after the start)."""
+        # a tick past it: the two clocks are read a moment apart
+        return time.perf_counter() + MEASURED_FROM_S + 0.01 - (time.monotonic() - self.started[0])
+
     def cores(self) -> float | None:
         wall, busy, own = time.monotonic(), _busy_s(self.cpus), _own_s()
         wall_0, busy_0, own_0 = self.started
