@@ -142,7 +142,8 @@ def parser() -> argparse.ArgumentParser:
         "--no-search",
         action="store_true",
         help="compile the spec's own options once, with no compile-option search, as `[compile] search = false` "
-        "does (a quicker build; nothing is read from or written to spec.lock.json)",
+        "does (a quicker first build; spec.lock.json is neither used nor written: a build says where it has an "
+        "entry it leaves unused)",
     )
     build.add_argument(
         "--update-lock",

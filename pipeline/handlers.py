@@ -28,6 +28,7 @@ from .services.layout import WorkLayout
 from .services.outdir import check_trusted, claim_inductor_cache, output_path
 from .services.parallel import build_many, default_jobs
 from .services.progress import Progress, QuietProgress, Steps, reporting
+from .services.wording import under_make
 from .services.writable import check_private, check_writable
 from .spec import SpecFile, checkpoint_spec, load_spec, with_overrides
 from .spec_schema import spec_schema
@@ -104,6 +105,12 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
     if getattr(args, "hf", None) or getattr(args, "task", None) or getattr(args, "name", None):
         return _run_build(_checkpoint_spec(args), args, progress)  # --version and --name are in its spec
     if not args.spec:
+        if under_make():  # `make build MODEL=` (empty): said in make's terms (H65)
+            raise UsageError(
+                "no model to build: MODEL (or SPEC) is empty",
+                "make build MODEL=<name> (a folder of models/ holding a spec.toml, e.g. MODEL=unet), or "
+                "make build SPEC=path/to/spec.toml",
+            )
         raise UsageError(
             "give --spec PATH, or --hf DIR for a save_pretrained folder",
             "e.g. modelwheel build --spec my_model/spec.toml, or modelwheel build --hf ./my-vit "

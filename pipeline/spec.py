@@ -397,7 +397,8 @@ def checkpoint_spec(hf: str, task: str, *, name: str | None, version: str | None
     if missing:
         raise UsageError(
             f"--hf needs {' and '.join(missing)}: the wheel is model-<name>, version <version>",
-            f"e.g. --name {suggested_name(Path(hf))} --version 1.0",
+            # only the flags missing (H65: "e.g. --name my_vit --version 1.0" beside a --version given)
+            "e.g. " + " ".join(f"{flag} {suggested_name(Path(hf)) if flag == '--name' else '1.0'}" for flag in missing),
         )
     model.update(hf=str(Path(hf).resolve()), task=task)
     where = str(spec_path) if spec_path else f"--hf {hf}"

@@ -433,6 +433,13 @@ def test_hf_needs_task_name_and_version(tmp_path):
     assert "its config.json names ViTForImageClassification: add --task image-classification" in ran.err
     ran = run_cli("build", "--hf", str(folder), "--task", "image-classification")
     assert ran.code == 2 and "--hf needs --name and --version" in ran.err, ran.err
+    assert ran.err.splitlines()[-1] == "hint: e.g. --name vit --version 1.0", ran.err
+    # only the flag missing (H65 was shown --version beside the one given)
+    ran = run_cli("build", "--hf", str(folder), "--task", "image-classification", "--version", "1.0")
+    assert ran.err.splitlines()[-2:] == [
+        "error: --hf needs --name: the wheel is model-<name>, version <version>",
+        "hint: e.g. --name vit",
+    ], ran.err
     # said as the flag it came from (it was "key 'model.name'" of a spec the user never wrote)
     ran = run_cli("build", "--hf", str(folder), "--task", "image-classification", "--name", "my-vit", "--version", "1")
     assert ran.code == 2 and ran.err.splitlines()[-2:] == [
@@ -443,6 +450,13 @@ def test_hf_needs_task_name_and_version(tmp_path):
     assert ran.code == 2 and "go with --hf DIR" in ran.err, ran.err
     ran = run_cli("build")
     assert ran.code == 2 and "give --spec PATH, or --hf DIR" in ran.err, ran.err
+    # through make (`make build MODEL=`, empty): in make's terms (H65 was shown the tool's flags)
+    ran = run_cli("build", env={"MAKELEVEL": "1"})
+    assert ran.code == 2 and ran.err.splitlines()[-2:] == [
+        "error: no model to build: MODEL (or SPEC) is empty",
+        "hint: make build MODEL=<name> (a folder of models/ holding a spec.toml, e.g. MODEL=unet), or make build "
+        "SPEC=path/to/spec.toml",
+    ], ran.err
 
 
 def test_a_task_that_does_not_fit_the_folder_names_the_one_that_does(tmp_path):
