@@ -1647,7 +1647,9 @@ def test_the_way_to_a_shorter_search_is_said_as_make_takes_it(monkeypatch, tmp_p
     monkeypatch.setenv("MAKELEVEL", "1")
     assert 'to make it shorter: `ARGS="--no-search"` or ' in tune.shorter(tmp_path)
     # a --hf build without --spec has no spec of its own: an override spec holds the key (H64)
-    assert "`[compile] search = false` in an override spec (--spec) (one compile" in tune.shorter(tmp_path, False)
+    assert "`[compile] search = false` in an override spec that --spec gives (one compile" in tune.shorter(
+        tmp_path, False
+    )
     # and a later build unchanged is quicker still (H62 took --no-search on a second build: 97 s, against 3 s)
     assert tune.shorter(tmp_path).endswith(
         f"once this build is done, building again unchanged is quickest of all (its verified wheel comes from "

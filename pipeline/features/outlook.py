@@ -50,7 +50,7 @@ def shorter(cache_dir: Path, own_spec: bool = True) -> str:
     # through make, as make takes it: `build --no-search` read to a newcomer of `make build` as a make flag
     flag = '`ARGS="--no-search"`' if under_make() else "`build --no-search`"
     # a --hf build without --spec has no spec to put it in (H64): an override spec holds it
-    spec = "in the spec" if own_spec else "in an override spec (--spec)"
+    spec = "in the spec" if own_spec else "in an override spec that --spec gives"
     # H62 followed it on a second build: 97 s of doctor and verify again, where an unchanged build took 3 s
     return (
         f"    to make it shorter: {flag} or `[compile] search = false` {spec} (one compile, the "
