@@ -232,15 +232,20 @@ def _file_problem(path: Path) -> str | None:
     return None
 
 
-def _is_index_process(pid: object) -> bool:
-    """``pid`` is a live `pipeline index serve` (the kernel's record of its command line, not the file's word)."""
+def _index_command(pid: object) -> list[str] | None:
+    """The command line of ``pid`` where it is a live `pipeline index serve` (the kernel's record of
+    it, not the state file's word), else None."""
     if not isinstance(pid, int) or pid <= 0:
-        return False
+        return None
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
-        return False
-    return command[1:5] == [b"-m", b"pipeline", b"index", b"serve"]
+        return None
+    return command if command[1:5] == ["-m", "pipeline", "index", "serve"] else None
+
+
+def _is_index_process(pid: object) -> bool:
+    return _index_command(pid) is not None
 
 
 def yours_elsewhere() -> list[tuple[int, Path]]:
@@ -252,12 +257,12 @@ def yours_elsewhere() -> list[tuple[int, Path]]:
         if not entry.name.isdigit():
             continue
         try:
-            if entry.stat().st_uid != os.getuid() or not _is_index_process(int(entry.name)):
+            if entry.stat().st_uid != os.getuid():
                 continue
-            command = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # gone meanwhile
             continue
-        if "--state-dir" in command[:-1]:
+        command = _index_command(int(entry.name))  # read once: None where it is no index, or gone
+        if command is not None and "--state-dir" in command[:-1]:
             found.append((int(entry.name), Path(command[command.index("--state-dir") + 1])))
     return found
 
