@@ -176,7 +176,8 @@ def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:
     # loads from its package, and its --help says it has no link to make
     commands = "verify | info" if manifest.get("relocatable") else "verify | info | link"
     # load_numpy() only where the target's runtime has it (a CUDA wheel's said so, and has not)
-    numpy = "  (or load_numpy(): no torch import)" if targets.runtime(targets.get(manifest["target"])).NUMPY else ""
+    has_numpy = targets.runtime(targets.get(manifest["target"])).NUMPY
+    numpy = "  (or load_numpy(), example_arrays(): no torch import)" if has_numpy else ""
     # a --cpu-isa build shares its file name with the native one: an index holding that installs it (H60
     # followed this line after publishing the native build, and would have got the AVX-512 wheel)
     named_kind = (manifest.get("platform") or {}).get("onednn_max_isa")

@@ -122,7 +122,19 @@ def test_the_build_summary_offers_load_numpy_only_where_the_target_runs_it(cuda_
     cuda_lines = usage_lines(cuda_wheel[0], read_wheel_manifest(cuda_wheel[0]))
     assert "  import    import model_tiny; model = model_tiny.load()" in cuda_lines
     cpu_lines = usage_lines(wheel, read_wheel_manifest(wheel))
-    assert "  import    import model_tiny; model = model_tiny.load()  (or load_numpy(): no torch import)" in cpu_lines
+    numpy_too = "  (or load_numpy(), example_arrays(): no torch import)"
+    assert f"  import    import model_tiny; model = model_tiny.load(){numpy_too}" in cpu_lines
+    # and the wheel's README (its METADATA's description) likewise
+    readme = {name: _description(built) for name, built in (("cuda", cuda_wheel[0]), ("cpu", wheel))}
+    assert "load_numpy" not in readme["cuda"]
+    assert "`model = model_tiny.load_numpy()`, then `outputs = model(*model_tiny.example_arrays())`" in readme["cpu"]
+
+
+def _description(wheel) -> str:
+    """The wheel's README, as its METADATA carries it."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.message_from_bytes(archive.read(metadata)).get_payload()
 
 
 def test_the_build_summary_lists_many_kernels_in_one_line():
@@ -142,10 +154,7 @@ def test_the_build_summary_lists_many_kernels_in_one_line():
 
 def test_its_readme_names_pytorchs_index_for_its_cuda(cuda_wheel):
     """The wheel pins a CUDA torch (`+cu130`) that only PyTorch's cu130 index carries: its README says so."""
-    path, m, _ = cuda_wheel
-    with zipfile.ZipFile(path) as archive:
-        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        description = email.message_from_bytes(archive.read(metadata)).get_payload()
+    description = _description(cuda_wheel[0])
     lines = [line.strip() for line in description.splitlines() if line.strip().startswith("pip install ")]
     assert lines == ["pip install model-tiny==0.1 --extra-index-url https://download.pytorch.org/whl/cu130"], lines
     assert "`--index-url <your index>/cu130/simple`" in description

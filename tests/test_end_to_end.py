@@ -264,7 +264,8 @@ def test_load_numpy_names_bad_arguments_and_refuses_a_lower_cpu(installed):
         "input 't': dim 0 (batch) is 1, but input 'x' has batch=2",
         "input 'x': expected dtype float32, got float64",
         "input 'x': expected a numpy.ndarray, got list",
-        "input 'x': expected a numpy.ndarray, got Tensor (a torch tensor: pass t.numpy(), or use load())",
+        "input 'x': expected a numpy.ndarray, got Tensor "
+        "(a torch tensor: pass t.numpy(), make arrays with example_arrays(), or use load())",
     ]
     needed = json.loads(run_in(installed, "import model_tiny, json; print(json.dumps(model_tiny.manifest()))").stdout)
     if needed["platform"]["cpu_capability"] == "AVX512":  # ATen and load_numpy() both honour the variable

@@ -191,3 +191,97 @@ def test_the_docs_unet_example_makes_the_inputs_the_unet_spec_declares():
         assert array.dtype == np.dtype(declared.get("dtype", "float32")), declared["name"]
         if "low" in declared:
             assert declared["low"] <= array.min() and array.max() < declared["high"], declared["name"]
+
+
+# --- example_arrays(): load_numpy()'s example inputs, made without torch ---
+
+EXAMPLE_ARRAYS = r"""
+import json, sys, numpy as np, model_tiny
+made = model_tiny.example_arrays()
+again = model_tiny.example_arrays(seed=0)
+other_seed = model_tiny.example_arrays(3)
+at_max = model_tiny.example_arrays(batch=4)
+outputs = model_tiny.load_numpy()(*made)
+result = {
+    "torch_imported": "torch" in sys.modules,
+    "types": [type(a).__name__ for a in made],
+    "shapes": [list(a.shape) for a in made],
+    "dtypes": [str(a.dtype) for a in made],
+    "at_max": [list(a.shape) for a in at_max],
+    "same_seed_equal": all(np.array_equal(a, b) for a, b in zip(made, again)),
+    "other_seed_differs": not np.array_equal(made[0], other_seed[0]),
+    "t_range": [float(made[1].min()), float(made[1].max())],
+    "outputs_finite": all(bool(np.isfinite(o).all()) for o in outputs),
+    "errors": [],
+}
+for sizes in ({"batch": 5}, {"height": 3}):
+    try:
+        model_tiny.example_arrays(**sizes)
+    except ValueError as exc:
+        result["errors"].append(str(exc))
+tensors = model_tiny.example_inputs()
+result["tensor_shapes"] = [list(t.shape) for t in tensors]
+result["tensor_dtypes"] = [str(t.dtype).removeprefix("torch.") for t in tensors]
+print(json.dumps(result))
+"""
+
+
+def test_example_arrays_make_load_numpys_inputs_without_torch(installed):
+    """A newcomer read `load_numpy()` in the README but found only example_inputs(), whose torch
+    tensors load_numpy() refuses: example_arrays() makes the same shapes and dtypes as numpy arrays."""
+    ran = run_in(installed, EXAMPLE_ARRAYS)
+    assert ran.returncode == 0, ran.stderr
+    made = json.loads(ran.stdout.splitlines()[-1])
+    assert made["torch_imported"] is False
+    assert made["types"] == ["ndarray", "ndarray"]
+    assert made["shapes"] == made["tensor_shapes"] and made["dtypes"] == made["tensor_dtypes"]
+    assert made["at_max"] == [[4, 3, 8, 8], [4]]
+    assert made["same_seed_equal"] and made["other_seed_differs"]
+    assert 0 <= made["t_range"][0] and made["t_range"][1] < 1000  # the spec's low and high for t
+    assert made["outputs_finite"]
+    assert made["errors"] == [
+        "input 'x': dim 0 (batch) is 5, outside the built range [1, 4]",
+        "unknown dims ['height']; this model's dynamic dims are ['batch']",
+    ]
+
+
+def test_example_arrays_keep_integer_and_bool_inputs_in_bounds_and_refuse_bfloat16():
+    import numpy as np
+
+    from pipeline.wheel_template.runtime import _inputs
+
+    specs = [
+        {"name": "ids", "shape": ["batch", 5], "dtype": "int64", "low": 3, "high": 9},
+        {"name": "mask", "shape": ["batch", 5], "dtype": "bool", "low": 0, "high": 2},
+        {"name": "half", "shape": [2], "dtype": "float16"},
+    ]
+    ids, mask, half = _inputs.make_arrays(specs, {"batch": 64}, seed=0)
+    assert ids.dtype == np.int64 and ids.shape == (64, 5) and ids.min() == 3 and ids.max() == 8
+    assert mask.dtype == np.bool_ and mask.any() and not mask.all()
+    assert half.dtype == np.float16 and half.shape == (2,)
+    with pytest.raises(ValueError, match=r"input 'h' is bfloat16, which numpy has no type for: use example_inputs\(\)"):
+        _inputs.make_arrays([{"name": "h", "shape": [2], "dtype": "bfloat16"}], {}, seed=0)
+
+
+# --- README.md's python one-liners run on an installed wheel ---
+
+
+def readme_python_lines() -> list[str]:
+    from .test_docs_commands import commands
+
+    return [words[2] for words in commands(REPO / "README.md") if words[:2] == ["python", "-c"]]
+
+
+def test_the_readmes_python_one_liners_run_on_an_installed_wheel(installed):
+    """The README's lines (for the unet: a build takes minutes) run on the tiny wheel, its second
+    output's shape printed where the unet's one output's is; load_numpy()'s without torch."""
+    lines = readme_python_lines()
+    assert any("load_numpy" in line for line in lines) and any("load()" in line for line in lines), lines
+    for line in lines:
+        assert line.count(").shape)") == 1, line
+        on_tiny = line.replace("model_unet", "model_tiny").replace(").shape)", ")[1].shape)")
+        ran = run_in(installed, on_tiny + "\nimport sys; print('torch' in sys.modules)")
+        assert ran.returncode == 0, f"{line}\n{ran.stderr}"
+        printed, torch_imported = ran.stdout.splitlines()
+        assert "2, 4" in printed, printed  # the tiny model's logits at its example batch
+        assert torch_imported == str("load_numpy" not in line), line

@@ -70,7 +70,8 @@ PLAIN_LINES = [
     r"  verified  features: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  verified  logits: 10 cases, max abs diff .*, max rel diff .*: passed, every (relative )?diff within .*",
     r"  report    .*\.report\.json",
-    r"  import    import model_tiny; model = model_tiny\.load\(\)  \(or load_numpy\(\): no torch import\)",
+    r"  import    import model_tiny; model = model_tiny\.load\(\)  "
+    r"\(or load_numpy\(\), example_arrays\(\): no torch import\)",
     r"  command   model-tiny verify \| info  \(installed with the wheel\)",
     r"  install   this wheel: pip install /.*/model_tiny-0\.1\+cpu.*\.whl "
     r"--extra-index-url https://download\.pytorch\.org/whl/cpu",

@@ -172,6 +172,14 @@ def _stage(staging: Path, manifest: Manifest, artifacts: list[Path], extras: lis
             f"there (else it loads from site-packages); `{manifest['dist_name']} link` makes it ahead, "
             "e.g. as root in a Dockerfile step."
         ),
+        # load_numpy() only where the target's runtime has it (a CUDA wheel's README offered it, which refuses)
+        "numpy_note": (
+            f"Without importing torch (numpy arrays in and out, a faster start): "
+            f"`model = {manifest['import_name']}.load_numpy()`, "
+            f"then `outputs = model(*{manifest['import_name']}.example_arrays())`.\n\n"
+            if targets.runtime(targets.get(manifest["target"])).NUMPY
+            else ""
+        ),
         "inputs_summary": ", ".join(f"`{i['name']}` {i['dtype']}{list(i['shape'])}" for i in manifest["inputs"]),
         "outputs_summary": ", ".join(
             f"`{o['name']}` {o['dtype']} (rtol {o['rtol']:g}, atol {o['atol']:g})" for o in manifest["outputs"]

@@ -7,6 +7,7 @@
     load(weights="finetune.safetensors") # other weights, when built with [weights] external = true
     model.swap_weights("v2.safetensors") # switch weights in place, without downtime
     fast = load_numpy()                  # numpy arrays in and out, without importing torch
+    fast(*example_arrays())              # example inputs as numpy arrays, made without torch
     lazy = lazy_load(numpy=True)         # serving: loads on first use in each process (fork-safe)
     DynamicBatcher(lazy)                 # serving: concurrent requests batched up to the built max
     ModelThreads(lazy)                   # serving: an asyncio server's calls, on the model's own thread
@@ -31,6 +32,7 @@ _TORCH_SIDE = {
     "GoldenMismatch": "._golden",
     "WeightsMismatch": "._weights",
     "NumpyModel": "._native",
+    "example_arrays": "._native",
     "GraphCaptureWarning": "._graphs",
 }
 # the serving helpers (docs/serving.md): they import asyncio, and torch or numpy only when called
@@ -66,6 +68,7 @@ __all__ = [
     "UntrustedPathWarning",
     "WeightsMismatch",
     "check_request",
+    "example_arrays",
     "example_inputs",
     "lazy_load",
     "load",

@@ -2,8 +2,8 @@
 
 This file is shared: the build pipeline imports it to make export and verification inputs,
 and every wheel carries a copy, so both sides make the same tensors from the same seed.
-It imports torch only inside the functions that need it: ``check_sizes`` also serves
-``load_numpy()``, which must start without importing torch.
+It imports torch only inside the functions that need it: ``check_sizes`` and ``make_arrays``
+serve ``load_numpy()``, which must start without importing torch.
 """
 
 from __future__ import annotations
@@ -39,6 +39,40 @@ def make_inputs(inputs: Sequence[Mapping[str, Any]], sizes: Mapping[str, int], s
             # an integer input always has both ends (the spec requires them)
             tensors.append(torch.randint(int(spec["low"]), int(spec["high"]), shape, generator=generator, dtype=dtype))
     return tensors
+
+
+def example_sizes(dims: Mapping[str, Mapping[str, Any]], sizes: Mapping[str, int]) -> dict[str, int]:
+    """Each dynamic dim's size: ``sizes``' where given, else its example size; an unknown dim is refused."""
+    unknown = sorted(set(sizes) - set(dims))
+    if unknown:
+        raise ValueError(f"unknown dims {unknown}; this model's dynamic dims are {sorted(dims)}")
+    return {name: dim["example"] for name, dim in dims.items()} | dict(sizes)
+
+
+def make_arrays(inputs: Sequence[Mapping[str, Any]], sizes: Mapping[str, int], seed: int) -> list[Any]:
+    """One numpy array per input spec, from numpy's generator seeded with ``seed``: the shapes,
+    dtypes and bounds of ``make_inputs``, made without torch (so other numbers than its tensors)."""
+    from ._deps import require
+
+    np = require("numpy", "numpy", "example_arrays() (numpy example inputs)")
+    generator = np.random.default_rng(seed)
+    arrays = []
+    for spec in inputs:
+        shape = resolve_shape(spec["shape"], sizes)
+        try:
+            dtype = np.dtype(spec["dtype"])
+        except TypeError:
+            raise ValueError(
+                f"input {spec['name']!r} is {spec['dtype']}, which numpy has no type for: "
+                "use example_inputs() and load()"
+            ) from None
+        low, high = spec.get("low"), spec.get("high")
+        if dtype.kind == "f":
+            values = generator.standard_normal(shape) if low is None else generator.uniform(low, high, shape)
+            arrays.append(values.astype(dtype))
+        else:  # an integer (or bool) input always has both ends (the spec requires them)
+            arrays.append(generator.integers(int(spec["low"]), int(spec["high"]), shape).astype(dtype))
+    return arrays
 
 
 def check_inputs(

@@ -20,7 +20,7 @@ from ._constants import Store
 from ._direct import DirectRunner, DirectUnavailable
 from ._golden import GoldenMismatch, GoldenResult, describe_failures, run_golden
 from ._graphs import GraphCaptureWarning, GraphRunner
-from ._inputs import check_inputs, check_sizes, make_inputs, resolve_shape
+from ._inputs import check_inputs, check_sizes, example_sizes, make_inputs, resolve_shape
 from ._integrity import opened_verified, weights_record
 from ._manifest import ARTIFACTS_DIR, PACKAGE_DIR, manifest
 from ._open import checked
@@ -43,10 +43,7 @@ def example_inputs(
     """Seeded inputs of the declared shapes, on the model's device (``cuda`` is the current GPU);
     dynamic dims default to their example size."""
     m = manifest()
-    unknown = sorted(set(sizes) - set(m["dims"]))
-    if unknown:
-        raise ValueError(f"unknown dims {unknown}; this model's dynamic dims are {sorted(m['dims'])}")
-    chosen = {name: dim["example"] for name, dim in m["dims"].items()} | sizes
+    chosen = example_sizes(m["dims"], sizes)
     # The sizes first, before any tensor is made: batch=10**6 filled 770 MB before it was refused.
     check_sizes(m["inputs"], m["dims"], [resolve_shape(spec["shape"], chosen) for spec in m["inputs"]])
     where = _device(m, device)

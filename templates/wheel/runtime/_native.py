@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from . import _describe, _dispatch, _targets
 from ._constants import Store, pairs
 from ._deps import require
-from ._inputs import check_count, check_sizes
+from ._inputs import check_count, check_sizes, example_sizes, make_arrays, resolve_shape
 from ._integrity import opened_verified
 from ._malloc import keep_freed_memory
 from ._manifest import NativeRuntimeError, manifest
@@ -156,7 +156,11 @@ def _check_array(spec: Mapping[str, Any], arg: object) -> None:
     name = spec["name"]
     if not isinstance(arg, np.ndarray):
         # a newcomer passed load_numpy() the example_inputs() of the README's load() line: torch tensors
-        tensor = " (a torch tensor: pass t.numpy(), or use load())" if type(arg).__name__ == "Tensor" else ""
+        tensor = (
+            " (a torch tensor: pass t.numpy(), make arrays with example_arrays(), or use load())"
+            if type(arg).__name__ == "Tensor"
+            else ""
+        )
         raise ValueError(f"input {name!r}: expected a numpy.ndarray, got {type(arg).__name__}{tensor}")
     if isinstance(arg, np.ma.MaskedArray):
         # The C interface sees the data under the mask, never the mask itself.
@@ -349,6 +353,15 @@ class NumpyModel:
 
 
 _describe.describe(NumpyModel, manifest(), "arrays")  # input_names, output_names, help(model)
+
+
+def example_arrays(seed: int = 0, **sizes: int) -> tuple[np.ndarray, ...]:
+    """example_inputs() for load_numpy(): seeded numpy arrays of the declared shapes, dtypes and
+    bounds, made without torch (numpy's generator: other numbers than the tensors of that seed)."""
+    m = manifest()
+    chosen = example_sizes(m["dims"], sizes)
+    check_sizes(m["inputs"], m["dims"], [resolve_shape(spec["shape"], chosen) for spec in m["inputs"]])
+    return tuple(make_arrays(m["inputs"], chosen, seed))
 
 
 def load_numpy(num_models: int = 1) -> NumpyModel:
