@@ -4,7 +4,7 @@ their records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,9 @@ def compile_stage(
                 # its own figure: the search's last ("its install", 2 s) stayed through a 25 s compile (H49)
                 guess = None if cached else tune.compile_estimate(tuned, entry.chosen)
                 ctx.progress.estimate(*(guess or (None, None)))
+                searched = tuned.cost  # what the search cost, for the summary (H65: its row said none of it)
                 tuned = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False)
+                tuned = replace(tuned, searched=searched)
             locked = entry
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         reused = compiled.from_cache and all(trial.from_cache for trial in tuned.trials)  # this build's trials

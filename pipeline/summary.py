@@ -112,19 +112,35 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     """What the option search cost (compile and timing seconds) and what it won, where it ran."""
     cost = search.get("cost")
     refused = not_tried(search)
-    left_out = f" ({refused})" if refused else ""
     if search.get("entry_kept"):  # said in the summary too, not only in the lines that scrolled by (H44)
         name = Path(search["locked"]).name
-        return [f"  search    --update-lock's search did not decide: {name}'s entry kept ({search['chosen']})"]
+        # with what it cost (H65's row left out the 149 s it had taken), by the figures alone: the
+        # candidates and refusals recorded are the lock's, from the search that wrote the entry
+        searched = search.get("searched_cost") or cost
+        spent = f"; {search_cost({}, searched, '')}" if searched else ""
+        return [f"  search    --update-lock's search did not decide: {name}'s entry kept ({search['chosen']}){spent}"]
     if search.get("locked"):  # the options a lock entry pins (H61: the README's AVX2 build had no row)
         return [
             f"  search    none: {search['chosen']}, from {Path(search['locked']).name} (--update-lock searches again)"
         ]
     if not cost:
         return []
-    if len(search.get("candidates", ())) < 2 and not cost["stopped"] and not left_out:
+    if len(search.get("candidates", ())) < 2 and not cost["stopped"] and not refused:
         # said, as the wheel's `info` says it: nothing on screen said a --no-search build searched nothing (H60)
         return [f"  search    {SEARCH_OFF}"]
+    won = (
+        f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
+        if cost["won"]
+        else "won nothing (spec-options kept, the options it started from"
+        + ("; the rounds could not tell)" if cost.get("undecided") else ")")
+    )
+    return [f"  search    {search_cost(search, cost, refused)}; {won}"]
+
+
+def search_cost(search: dict[str, Any], cost: dict[str, Any], refused: str) -> str:
+    """``2 candidate(s) beyond spec-options compiled (…) in 78.0s …; timed 5.4s (…)``: what the
+    search compiled, verified and timed, and in how long."""
+    left_out = f" ({refused})" if refused else ""
     # the candidates whose .so the build cache held, spec-options too: not among those compiled
     # (a newcomer's summary named neither the one compiled nor spec-options from the cache)
     candidates = search.get("candidates", ())
@@ -153,15 +169,9 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         named = f" ({fresh})" if fresh else ""
         spent = f"{cost['compiled']} candidate(s) beyond spec-options compiled{named} {compiled_in}"
         spent += f"{from_cache}{verified}{left_out}"
-    won = (
-        f"won {ratio(cost['won'])} ({search['chosen']} over spec-options)"
-        if cost["won"]
-        else "won nothing (spec-options kept, the options it started from"
-        + ("; the rounds could not tell)" if cost.get("undecided") else ")")
-    )
     # the noise's rounds (spec-options alone) apart: a newcomer's "timed 38.5s" was 33 s of them
     noise = f" ({cost['noise_s']:.1f}s of it spec-options alone, for the noise)" if cost["timing_s"] else ""
-    return [f"  search    {spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s{noise}; {won}"]
+    return f"{spent}; timed {cost['noise_s'] + cost['timing_s']:.1f}s{noise}"
 
 
 def usage_lines(wheel: Path, manifest: dict[str, Any]) -> list[str]:

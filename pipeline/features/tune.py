@@ -50,6 +50,8 @@ class Tuned:
     cost: payback.Cost = payback.Cost()  # what the search cost and won
     graph_ops: int | None = None  # the exported graph's size: a later first build's guess (first_guess.py)
     threads: int | None = None  # the OpenMP threads its timing rounds ran on (None: no rounds)
+    # an --update-lock search that did not decide, whose cost the lone compile of the entry kept replaced
+    searched: payback.Cost | None = None
 
     def not_decided(self) -> str:
         """Why this search's choice is no decision to lock ("" where it is one): the noise stopped it,
@@ -83,7 +85,7 @@ class Tuned:
             "cost": dataclasses.asdict(self.cost),  # what the search cost and won (payback.py)
             "graph_ops": self.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
             "threads": self.threads,  # what its rounds ran on: the lock's entry says it (lock.py)
-        }
+        } | ({"searched_cost": dataclasses.asdict(self.searched)} if self.searched else {})
 
 
 def plans(
