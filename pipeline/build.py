@@ -31,6 +31,7 @@ from .build_stages import (
 from .errors import BuildInterrupted, OutputDirError, PipelineError
 from .features import lock as options_lock
 from .features import tune
+from .features.candidates import SPEC_OPTIONS
 from .features.tune import Tuned
 from .services import cache, dist_guard
 from .services.layout import WorkLayout, hold_work_dir
@@ -121,6 +122,16 @@ def _say_all(ctx: BuildContext, lines: list[str]) -> None:
         ctx.progress.say(line)
 
 
+def _known_choice(ctx: BuildContext, locked: options_lock.Locked | None) -> str | None:
+    """The options this build will choose, where that is known before the doctor: the spec's with
+    the search off, a lock entry's where one matches (None: a search decides, or reproduce's forced)."""
+    if ctx.forced or ctx.update_lock:
+        return None
+    if not ctx.spec_file.spec.compile.search:
+        return SPEC_OPTIONS
+    return locked.chosen if locked is not None else None
+
+
 def build_target(ctx: BuildContext) -> BuildResult:
     """The stages, in order. A build whose inputs are all unchanged reuses its verified wheel."""
     ctx.progress.timings.clear()
@@ -131,9 +142,6 @@ def build_target(ctx: BuildContext) -> BuildResult:
     if not ctx.keep_debug:  # checked before minutes of compiling, not after
         find_strip()
     content = content_hash(ctx.spec_file, loaded)
-    if not ctx.overwrite:  # a kept wheel of another root or content: said now, not after minutes of search
-        version = full_version(ctx.spec_file.spec.model.version, ctx.target.NAME)
-        dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, version, ctx.out_dir, content)
     # What the lock says is said once this build goes on: a second build refused a moment later
     # told a newcomer "its choice is added to spec.lock.json" just before its refusal.
     lock_notes: list[str] = []
@@ -144,6 +152,10 @@ def build_target(ctx: BuildContext) -> BuildResult:
             ctx.spec_file, ctx.target.NAME, ctx.target.machine(), ctx.update_lock, lock_notes.append
         )
     )
+    if not ctx.overwrite:  # a kept wheel of another root, content or choice: said now, not after minutes of search
+        version = full_version(ctx.spec_file.spec.model.version, ctx.target.NAME)
+        chosen = _known_choice(ctx, locked)
+        dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, version, ctx.out_dir, content, chosen)
     build_key = whole_build_key(ctx, content, cxx_version, locked)
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         # where the options came from (a lock's entry, or the spec's with the search off); not "the

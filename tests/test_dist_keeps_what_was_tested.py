@@ -157,6 +157,30 @@ def test_the_early_check_refuses_other_content_and_leaves_the_same_content_to_th
     assert refused.value.hint.startswith("bump model.version")
 
 
+def test_the_early_check_refuses_another_choice_where_this_builds_is_known(tmp_path, wheel):
+    """H65: `--no-search` after a search that chose freezing was refused once its wheel was made (18 s):
+    a choice known before the doctor (the search off, a lock's entry) is compared then."""
+    kept = json.loads(zipfile.ZipFile(wheel).read("model_tiny/manifest.json"))
+    assert kept["compile_search"]["chosen"] == "spec-options"
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    shutil.copy(wheel, dist)
+    name, version, opt = kept["import_name"], kept["full_version"], Path(kept["opt_path"])
+    content = kept["content_hash"]
+    dist_guard.refuse_early(dist, name, version, opt, content, "spec-options")  # the same choice: the late check's
+    dist_guard.refuse_early(dist, name, version, opt, content, None)  # a search decides: not known yet
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.refuse_early(dist, name, version, opt, content, "freezing")
+    assert (
+        "their manifests differ in compile_search (the options chosen): spec-options in the kept wheel, freezing in "
+        "this build; it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
+    ) in str(refused.value)
+    assert refused.value.hint == (
+        "the two are the same model with other compile options chosen: build into another --dist to keep both, "
+        "or pass --overwrite to replace it"
+    )
+
+
 def test_a_fresh_build_replaces_the_older_cache_entry_of_its_key(tmp_path, wheel):
     """H45: --update-lock (which reuses no build) made dist/'s wheel again, but the build cache kept
     an older build's under the same key; the next plain build reused that one and said "kept … differ"."""

@@ -291,6 +291,13 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
         re.M,
     ), ran.stderr
     if entry == "freezing":  # H54: where dist/ refuses it, the line before the error says what plain builds make
+        # H65: --no-search into this dist/ (its wheel chose freezing) is refused before the doctor, not after its work
+        early = run_cli("build", "--spec", str(spec), "--no-search", *args[4:])
+        assert early.code == OutputDirError.exit_code, early.err
+        assert "==> doctor" not in early.err and "this build stops here, before the doctor" in early.err, early.err
+        choices = "compile_search (the options chosen): freezing in the kept wheel, spec-options in this build"
+        assert choices in early.err, early.err
+        assert "error: " in early.err and "the same model with other compile options chosen" in early.err
         other = [*args[:-4], "--dist", str(tmp_path / "dist-other"), *args[-2:]]
         assert run_cli("build", "--spec", str(spec), "--no-search", *other[4:]).code == 0
         refused = subprocess.run(

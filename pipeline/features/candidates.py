@@ -49,6 +49,7 @@ class Skipped:
         return self.recorded or self.reason
 
 
+SPEC_OPTIONS = "spec-options"  # the first candidate: the spec's own options, as the search names them
 BF16 = ("bf16-autocast", {"freezing": True, precision.AUTOCAST_OPTION: precision.AUTOCAST_DTYPE})
 
 
@@ -57,10 +58,10 @@ def candidates(exported: Exported, locked: Locked | None = None) -> tuple[list[t
     entry (lock.py) is the one candidate: what the search chose before, with no search."""
     spec = exported.spec_file.spec
     if not spec.compile.search:  # the spec's options alone, named as the search names them
-        return [("spec-options", {})], []
+        return [(SPEC_OPTIONS, {})], []
     if locked is not None:
         return [(locked.chosen, locked.overrides)], []
-    found: list[tuple[str, dict]] = [("spec-options", {})]
+    found: list[tuple[str, dict]] = [(SPEC_OPTIONS, {})]
     skipped: list[Skipped] = []
     ops = heavy_ops(exported)
     if not spec.weights.external and not spec.compile.freezing:

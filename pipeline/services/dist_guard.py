@@ -4,8 +4,9 @@ that would replace it is refused (--overwrite replaces it).
 
 Checked twice: before the doctor, where the clash can be known already (a kept wheel compiled for
 another artifact root, or from other code, weights or spec: its manifest's opt_path or
-content_hash is not this build's), so such a build is not refused only after minutes of
-searching; and when the wheel is put in dist/, with its bytes.
+content_hash is not this build's; or with other options chosen, where this build's choice is
+known then), so such a build is not refused only after minutes of searching; and when the wheel
+is put in dist/, with its bytes.
 """
 
 from __future__ import annotations
@@ -98,18 +99,25 @@ def keep_what_was_tested(
     raise refusal(existing, hashes, differ, other_root(kept, made), not_kept())
 
 
-def refuse_early(dist_dir: Path, import_name: str, full_version: str, opt_path: Path, content_hash: str) -> None:
+def refuse_early(
+    dist_dir: Path, import_name: str, full_version: str, opt_path: Path, content_hash: str, chosen: str | None = None
+) -> None:
     """The early check, before the doctor: a wheel in dist/ of this name and version (target and
     torch are in the version), made on a machine like this one (so the platform tag the compile
     gives is the same, and so the wheel's file name), compiled for another /opt path or from other
-    code, weights or spec (its manifest's content_hash): the late check would refuse this build's
-    wheel, after minutes of search."""
+    code, weights or spec (its manifest's content_hash), or with other options chosen than this
+    build's ``chosen``, where it is known before the doctor (the search off, or a lock's entry):
+    the late check would refuse this build's wheel, after minutes of search (H65: `--no-search`
+    after a search that chose freezing was refused once its wheel was made)."""
     pattern = f"{glob.escape(import_name)}-{glob.escape(full_version)}-py3-none-*_{platform.machine()}.whl"
     for existing in sorted(dist_dir.glob(pattern)):
         kept = read_wheel_manifest(existing)
         if not kept or not _made_like_here(kept):
             continue
-        made = {"opt_path": str(opt_path), "content_hash": content_hash}
+        made: dict[str, Any] = {"opt_path": str(opt_path), "content_hash": content_hash}
+        kept_choice = (kept.get("compile_search") or {}).get("chosen")
+        if chosen and kept_choice and kept_choice != chosen:  # the choice alone, said as the late check says it
+            made["compile_search"], kept = {"chosen": chosen}, {**kept, "compile_search": {"chosen": kept_choice}}
         compared = {key: kept[key] for key in made if kept.get(key) is not None}
         differ = [_content_named(line) for line in differences(compared, {k: made[k] for k in compared})]
         if differ:
