@@ -154,7 +154,8 @@ def build_target(ctx: BuildContext) -> BuildResult:
     )
     if not ctx.overwrite:  # a kept wheel of another root, content or choice: said now, not after minutes of search
         version = full_version(ctx.spec_file.spec.model.version, ctx.target.NAME)
-        chosen = _known_choice(ctx, locked)
+        known = _known_choice(ctx, locked)
+        chosen = (known, ctx.target.machine()) if known else None
         dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, version, ctx.out_dir, content, chosen)
     build_key = whole_build_key(ctx, content, cxx_version, locked)
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for

@@ -167,10 +167,13 @@ def test_the_early_check_refuses_another_choice_where_this_builds_is_known(tmp_p
     shutil.copy(wheel, dist)
     name, version, opt = kept["import_name"], kept["full_version"], Path(kept["opt_path"])
     content = kept["content_hash"]
-    dist_guard.refuse_early(dist, name, version, opt, content, "spec-options")  # the same choice: the late check's
+    kind = kept["platform"]["cpu_capability"]
+    dist_guard.refuse_early(dist, name, version, opt, content, ("spec-options", kind))  # the same: the late check's
     dist_guard.refuse_early(dist, name, version, opt, content, None)  # a search decides: not known yet
+    # a wheel for another CPU kind (--cpu-isa avx2 beside it): the late check names that first
+    dist_guard.refuse_early(dist, name, version, opt, content, ("freezing", "another kind"))
     with pytest.raises(OutputDirError) as refused:
-        dist_guard.refuse_early(dist, name, version, opt, content, "freezing")
+        dist_guard.refuse_early(dist, name, version, opt, content, ("freezing", kind))
     assert (
         "their manifests differ in compile_search (the options chosen): spec-options in the kept wheel, freezing in "
         "this build; it is left as it is, and this build stops here, before the doctor (it wrote nothing)"

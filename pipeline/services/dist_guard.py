@@ -100,15 +100,22 @@ def keep_what_was_tested(
 
 
 def refuse_early(
-    dist_dir: Path, import_name: str, full_version: str, opt_path: Path, content_hash: str, chosen: str | None = None
+    dist_dir: Path,
+    import_name: str,
+    full_version: str,
+    opt_path: Path,
+    content_hash: str,
+    chosen: tuple[str, str] | None = None,
 ) -> None:
     """The early check, before the doctor: a wheel in dist/ of this name and version (target and
     torch are in the version), made on a machine like this one (so the platform tag the compile
     gives is the same, and so the wheel's file name), compiled for another /opt path or from other
     code, weights or spec (its manifest's content_hash), or with other options chosen than this
-    build's ``chosen``, where it is known before the doctor (the search off, or a lock's entry):
-    the late check would refuse this build's wheel, after minutes of search (H65: `--no-search`
-    after a search that chose freezing was refused once its wheel was made)."""
+    build's, where they are known before the doctor (``chosen``: the search off, or a lock's entry,
+    with the machine kind this build runs kernels for): the late check would refuse this build's
+    wheel, after minutes of search (H65: `--no-search` after a search that chose freezing was
+    refused once its wheel was made). A kept wheel for another CPU kind is left to the late
+    check, which names that difference first."""
     pattern = f"{glob.escape(import_name)}-{glob.escape(full_version)}-py3-none-*_{platform.machine()}.whl"
     for existing in sorted(dist_dir.glob(pattern)):
         kept = read_wheel_manifest(existing)
@@ -116,8 +123,10 @@ def refuse_early(
             continue
         made: dict[str, Any] = {"opt_path": str(opt_path), "content_hash": content_hash}
         kept_choice = (kept.get("compile_search") or {}).get("chosen")
-        if chosen and kept_choice and kept_choice != chosen:  # the choice alone, said as the late check says it
-            made["compile_search"], kept = {"chosen": chosen}, {**kept, "compile_search": {"chosen": kept_choice}}
+        kept_kind = (kept.get("platform") or {}).get("cpu_capability")
+        if chosen and kept_choice and kept_choice != chosen[0] and kept_kind in (None, chosen[1]):
+            # the choice alone, said as the late check says it
+            made["compile_search"], kept = {"chosen": chosen[0]}, {**kept, "compile_search": {"chosen": kept_choice}}
         compared = {key: kept[key] for key in made if kept.get(key) is not None}
         differ = [_content_named(line) for line in differences(compared, {k: made[k] for k in compared})]
         if differ:
