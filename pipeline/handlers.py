@@ -271,7 +271,9 @@ def _index(args: argparse.Namespace, progress: Progress) -> int:
         )
         return 0
     already = index.read_state()  # H63: a second start reprinted the block, and said nothing of it
-    state = index.start(Path(args.data), port, fallback_url=fallback_url, torch_url=torch_url, private=private)
+    state = already or index.start(
+        Path(args.data), port, fallback_url=fallback_url, torch_url=torch_url, private=private
+    )
     running = "already running, started from this folder earlier: " if already else ""
     progress.say(f"local index {running}at {state['url']} (pid {state['pid']}, files in {state['data']})")
     progress.say(
