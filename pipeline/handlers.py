@@ -213,12 +213,17 @@ def _checkpoint_spec(args: argparse.Namespace) -> SpecFile:
     )
 
 
-def _spec_from(args: argparse.Namespace) -> SpecFile:
+def _spec_from(args: argparse.Namespace, wheels: bool = False) -> SpecFile:
+    """``wheels``: the command also takes --wheel instead (publish: H66 was told of the other two only)."""
     if bool(args.model) == bool(args.spec):
+        what = "a model name, --spec PATH or --wheel PATH" if wheels else "a model name or --spec PATH"
+        # with the flags given (H63: a hint without the --index given failed)
+        given = shlex.join(getattr(args, "argv", None) or [args.command])
+        built = f", or modelwheel {given} --wheel dist/<wheel>.whl for a wheel built already" if wheels else ""
         raise UsageError(
-            "give a model name or --spec PATH (one of them)",
+            f"give {what} (one of them)",
             f"e.g. modelwheel {args.command} --spec my_model/spec.toml, "
-            f"or make {args.command} MODEL=unet in a checkout",
+            f"or make {args.command} MODEL=unet in a checkout{built}",
         )
     return load_spec(args.spec or Path("models") / args.model / "spec.toml")
 
@@ -334,7 +339,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
             f"give wheels with --wheel: modelwheel {shlex.join([*words, '--wheel', args.model])}",
         )
     # the spec, as the wheels below, read before the index is looked for (H62: `publish unet` from /)
-    spec_file = None if args.wheel else _spec_from(args)
+    spec_file = None if args.wheel else _spec_from(args, wheels=True)
     # the wheels named checked first: a typo in --wheel was said only after the index was found (H60)
     missing = [w for w in args.wheel or () if not Path(w).is_file()]
     if missing:

@@ -71,6 +71,14 @@ def test_a_wheel_given_as_the_model_is_said_with_the_flag_that_takes_it(tmp_path
         "hint: give wheels with --wheel: modelwheel publish --index http://127.0.0.1:8765/ --wheel "
         "dist/model_tiny-0.1-py3-none-any.whl",
     ], ran.err
+    # nothing to publish named: each way to name it, --wheel too, with the flags given (H66 was told of two)
+    ran = run_cli("publish", "--index", "http://127.0.0.1:8765/", cwd=tmp_path)
+    assert ran.code == 2, ran.err
+    assert ran.err.splitlines()[-2:] == [
+        "error: give a model name, --spec PATH or --wheel PATH (one of them)",
+        "hint: e.g. modelwheel publish --spec my_model/spec.toml, or make publish MODEL=unet in a checkout, or "
+        "modelwheel publish --index http://127.0.0.1:8765/ --wheel dist/<wheel>.whl for a wheel built already",
+    ], ran.err
     # a model name with no spec here (`publish unet` from /): said before the missing index (H62)
     ran = run_cli("publish", "unet", cwd=tmp_path, env={"MODELWHEEL_INDEX_URL": ""})
     assert ran.code == 3, ran.err
