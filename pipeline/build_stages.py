@@ -136,14 +136,13 @@ def compile_stage(
     with ctx.progress.stage("compile", header):
         # reproduce's rebuild (forced options) is compared, not reported: no rough timing for it
         tuned = tune.tune(exported, planned, skipped, weights_file, ctx.work_dir, ctx.store, ctx.forced is None)
-        if entry is not None and (why := tuned.not_decided()):
+        why = _entry_stays(tuned, entry)
+        if entry is not None and why:
             # compiled already where it is the search's own first candidate (H50 read "compiles it" as a
             # second compile), taken from the build cache where it is there (H51 read "compiles it", then
             # "no recompile")
-            stays = (
-                f"    --update-lock: the search did not decide ({why}), so {entry.path.name}'s entry for builds like "
-                f"this one stays ({entry.chosen}), "
-            )
+            stays = f"    --update-lock: {why}, so {entry.path.name}'s entry for builds like this one "
+            stays += f"stays ({entry.chosen}), "
             if entry.chosen == tuned.chosen:  # this build has compiled the entry's choice already
                 say(stays + "the candidate this build compiled already")
             else:
@@ -157,7 +156,7 @@ def compile_stage(
                 searched = tuned.cost  # what the search cost, for the summary (H65: its row said none of it)
                 tuned = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False)
                 tuned = replace(tuned, searched=searched)
-            locked = entry
+            tuned, locked = replace(tuned, entry_kept_why=why), entry
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         reused = compiled.from_cache and all(trial.from_cache for trial in tuned.trials)  # this build's trials
         if locked:  # the manifest records the search as it ran when its choice was locked
@@ -173,6 +172,14 @@ def compile_stage(
         if tuned.cost.undecided:  # why nothing is locked, after the choice it qualifies
             say(f"    {tuned.cost.undecided}")
     return tuned, compiled, locked
+
+
+def _entry_stays(tuned: Tuned, entry: options_lock.Locked | None) -> str:
+    """Why the lock's entry --update-lock searches to replace stays ("" where the search replaces it)."""
+    if entry is None:
+        return ""
+    undecided = tuned.not_decided()
+    return f"the search did not decide ({undecided})" if undecided else tuned.keeps_entry(entry.chosen)
 
 
 def verify_stage(ctx: BuildContext, exported: Exported, compiled: Compiled, weights_file: Path | None) -> Verified:

@@ -118,7 +118,9 @@ def search_lines(search: dict[str, Any]) -> list[str]:
         # candidates and refusals recorded are the lock's, from the search that wrote the entry
         searched = search.get("searched_cost") or cost
         spent = f"; {search_cost({}, searched, '')}" if searched else ""
-        return [f"  search    --update-lock's search did not decide: {name}'s entry kept ({search['chosen']}){spent}"]
+        # why, where the report has it: it did not decide, or it did not beat the entry (H66)
+        why = search.get("entry_kept_why") or "the search did not decide"
+        return [f"  search    --update-lock kept {name}'s entry ({search['chosen']}): {why}{spent}"]
     if search.get("locked"):  # the options a lock entry pins (H61: the README's AVX2 build had no row)
         return [
             f"  search    none: {search['chosen']}, from {Path(search['locked']).name} (--update-lock searches again)"

@@ -284,7 +284,8 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
     report = json.loads(next((tmp_path / "dist").glob("*.report.json")).read_text())
     assert report["compile_search"]["chosen"] == entry and report["compile_search"]["locked"] == str(path)
     # with what the search cost (H65: the row alone left out the 149 s it had taken)
-    row = f"  search    --update-lock's search did not decide: spec.lock.json's entry kept ({entry}); "
+    row = f"  search    --update-lock kept spec.lock.json's entry ({entry}): "
+    row += "the search did not decide (the noise stopped it); "
     assert re.search(
         re.escape(row) + r"stopped by the noise before compiling a candidate \(\S+ spread[^)]*\); timed \d+\.\ds$",
         ran.stderr,
@@ -500,3 +501,37 @@ def test_a_refused_builds_entry_is_put_back_as_it_was(tmp_path):
     store.store("build-k2", (tmp_path / "refused.whl",))
     store.put_back("build-k2", None)
     assert not (tmp_path / "cache" / "build-k2").exists()
+
+
+def _tuned(chosen: str, spreads: dict[str, tuple[float, float]]):
+    """A search's record as --update-lock weighs it against the entry: each candidate's fastest and
+    slowest round (the compiled model and plan play no part in that)."""
+    from pipeline.features.search import Trial
+    from pipeline.features.tune import Tuned
+
+    trials = tuple(Trial(name, {}, True, sum(s) / 2, False, spread_ms=s) for name, s in spreads.items())
+    return Tuned(compiled=None, chosen=chosen, plan=None, trials=trials)  # type: ignore[arg-type]
+
+
+def test_update_lock_replaces_the_entry_only_with_options_faster_beyond_the_noise():
+    """H66: three --update-lock searches minutes apart locked freezing, freezing+channels-last, then
+    spec-options, the first by a 0.4 ms round: the entry now stays unless the new choice beats it
+    by the rule the search holds the spec's options to."""
+    from pipeline.summary import search_lines
+
+    rounds = {"spec-options": (91.0, 92.7), "freezing": (88.1, 90.6), "freezing+channels-last": (87.4, 89.9)}
+    kept = _tuned("freezing", rounds).keeps_entry("freezing+channels-last")
+    assert kept == (
+        "the search's freezing is not faster than the entry's freezing+channels-last beyond the noise (its slowest "
+        "round, 90.6 ms, is not under freezing+channels-last's fastest, 87.4 ms)"
+    )
+    # spec-options kept by a search (no candidate beat it) does not replace a timed entry either
+    assert _tuned("spec-options", rounds).keeps_entry("freezing").startswith("the search's spec-options is not")
+    assert _tuned("freezing", {**rounds, "freezing": (80.0, 82.0)}).keeps_entry("freezing+channels-last") == ""
+    assert _tuned("freezing", rounds).keeps_entry("freezing") == ""  # the same choice: its timings are written
+    assert _tuned("freezing", rounds).keeps_entry("max-autotune") == ""  # the entry's options were not timed here
+    # the summary's row says which it was
+    record = {"chosen": "freezing+channels-last", "locked": "m/spec.lock.json", "entry_kept": True}
+    record["entry_kept_why"] = kept
+    row = "  search    --update-lock kept spec.lock.json's entry (freezing+channels-last): "
+    assert search_lines(record) == [row + kept]

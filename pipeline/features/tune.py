@@ -25,7 +25,7 @@ from .. import targets
 from ..errors import VerificationError
 from ..services.cache import Cache
 from ..services.progress import expected_s, say
-from ..services.wording import ratio
+from ..services.wording import apart, ratio
 from ..stages import constants
 from ..stages.compile import Compiled, CompilePlan, compile_model, plan_compile, plan_in
 from ..stages.export import Exported
@@ -50,7 +50,9 @@ class Tuned:
     cost: payback.Cost = payback.Cost()  # what the search cost and won
     graph_ops: int | None = None  # the exported graph's size: a later first build's guess (first_guess.py)
     threads: int | None = None  # the OpenMP threads its timing rounds ran on (None: no rounds)
-    # an --update-lock search that did not decide, whose cost the lone compile of the entry kept replaced
+    # an --update-lock search that left the entry: why (it did not decide, or did not beat the entry's
+    # options), and its cost where the lone compile of the entry's options replaced it
+    entry_kept_why: str = ""
     searched: payback.Cost | None = None
 
     def not_decided(self) -> str:
@@ -66,6 +68,21 @@ class Tuned:
             return f"its compile budget left room for no candidate beyond {self.chosen}"
         return ""
 
+    def keeps_entry(self, entry_chosen: str) -> str:
+        """Why --update-lock's choice does not replace the entry's ("" where it does): it must be
+        faster than the entry's options beyond the noise, by the rule the search holds the spec's
+        options to, where both were timed. H66's three --update-lock searches minutes apart locked
+        freezing, freezing+channels-last, then spec-options, the first by a 0.4 ms round."""
+        timed = {trial.name: trial.spread_ms for trial in self.trials if trial.spread_ms}
+        new, old = timed.get(self.chosen), timed.get(entry_chosen)
+        if self.chosen == entry_chosen or new is None or old is None or new[1] < old[0]:
+            return ""
+        slowest, fastest = apart(new[1], old[0])
+        return (
+            f"the search's {self.chosen} is not faster than the entry's {entry_chosen} beyond the noise (its slowest "
+            f"round, {slowest} ms, is not under {entry_chosen}'s fastest, {fastest} ms)"
+        )
+
     def manifest_record(self) -> CompileSearch:
         """The manifest's record of the search (its timings stay in the report: in the manifest
         they would make every wheel's bytes differ)."""
@@ -77,15 +94,19 @@ class Tuned:
 
     def report_record(self) -> dict[str, Any]:
         """The report's record of the search: the manifest's, with why, the timings and the cost."""
-        return {
-            "chosen": self.chosen,
-            "why": self.why,
-            "candidates": [dataclasses.asdict(trial) for trial in self.trials],
-            "not_tried": [dataclasses.asdict(skip) for skip in self.skipped],
-            "cost": dataclasses.asdict(self.cost),  # what the search cost and won (payback.py)
-            "graph_ops": self.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
-            "threads": self.threads,  # what its rounds ran on: the lock's entry says it (lock.py)
-        } | ({"searched_cost": dataclasses.asdict(self.searched)} if self.searched else {})
+        return (
+            {
+                "chosen": self.chosen,
+                "why": self.why,
+                "candidates": [dataclasses.asdict(trial) for trial in self.trials],
+                "not_tried": [dataclasses.asdict(skip) for skip in self.skipped],
+                "cost": dataclasses.asdict(self.cost),  # what the search cost and won (payback.py)
+                "graph_ops": self.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
+                "threads": self.threads,  # what its rounds ran on: the lock's entry says it (lock.py)
+            }
+            | ({"entry_kept_why": self.entry_kept_why} if self.entry_kept_why else {})
+            | ({"searched_cost": dataclasses.asdict(self.searched)} if self.searched else {})
+        )
 
 
 def plans(
