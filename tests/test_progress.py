@@ -528,6 +528,24 @@ FIRST_BUILD = (
 )
 
 
+def test_the_pending_note_names_the_case_after_which_the_figure_comes(monkeypatch):
+    """H66 read "time left: known once its first cases are verified" at case 4 of 10, three of them
+    done, as stuck: the note says how many, and the figure comes exactly then."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    for total, needed in ((10, 4), (4, 2)):
+        progress = Progress(io.StringIO())
+        with reporting(progress), progress.stage("verify"):
+            steps = StepClock("verify", total)
+            assert steps.pending() == f"time left: known once {needed} of its {total} cases are verified"
+            progress.estimate(None, steps.pending())
+            for number in range(1, needed + 1):
+                assert progress.outlook().startswith("time left: known once"), (total, number)
+                clock[0] += 1.0
+                steps.done(number)
+            assert progress.outlook().startswith("about "), (total, progress.outlook())
+
+
 def test_the_verify_stage_estimates_from_its_cases_once_past_the_last_builds_figure(monkeypatch):
     """A --no-search unet build verified in 38 s after a searched build's 2.5 s: 'running 29s past
     the last build's 2s' was all it said. Past that figure the cases verified so far give it."""
@@ -704,8 +722,8 @@ def test_a_first_build_guesses_its_compile_from_the_graph_scaled_by_earlier_buil
         clock[0] += 25.0
         assert progress.outlook() == f"compile stage running 5s past the estimate ({scaled.basis}){unknown}"
         # no figure now, and what will give one: said, where no last build gives the stage one
-        progress.estimate(None, "time left: known once its first cases are verified")
-        assert progress.outlook() == (f"time left: known once its first cases are verified{unknown}")
+        progress.estimate(None, StepClock("compile", 10).pending())
+        assert progress.outlook() == (f"time left: known once 4 of its 10 cases are verified{unknown}")
         progress.expect({"compile": 60.0, "verify": 5.0})
         assert progress.outlook() == "about 30s left of the build (from earlier builds)"
     # in a search, the guess is the first compile's alone, and said so: "left of compile (for the first

@@ -48,9 +48,6 @@ class Trial:
 FROM_CACHE = " (compiled earlier, from the build cache)"
 FIRST_VERIFY = part_only("the first candidate's verification") + "from its cases so far"
 LONE_ROUND_S, LONE_TIMING = 1.0, "its one round of timing, then the chosen one's install"
-# Said while the first candidate's cases are too few for a figure: the first compile's guess, run
-# out, read "compile stage running 4s past the estimate" to a newcomer while the stage was on time.
-FIRST_VERIFY_PENDING = "time left: known once its first cases are verified"  # short: a row of an 80-column terminal
 LONE_CAVEAT = "a rough figure for the report: make bench measures the wheel"
 
 
@@ -375,15 +372,15 @@ def _compile_and_verify(
         # The first candidate's verification: the first compile's guess left it out, and a newcomer saw
         # "running past the estimate" while it ran; its cases give the figure (the rest's comes after it).
         stage, basis = ("compile", FIRST_VERIFY) if index == 0 else (None, StepClock.BASIS)
-        if index == 0:
-            estimate(None, FIRST_VERIFY_PENDING)
-        elif then_s is not None:
+        if index != 0 and then_s is not None:
             stage, basis = "compile", VERIFYING
         # said from the first case on: a cached candidate read "verifying case 6/10" for 45 s, as if just compiled
         # short: a row cut at 80 columns lost its case count behind "(from the build cache)" (H43)
         cached = " (cached)" if compiled.from_cache else ""
         doing = f"{counter}{cached}: verifying "
-        verify_model(exported, compiled, trial_work, weights_file, doing, stage, basis, then_s or 0.0)
+        # the first's "pending" in place of the first compile's guess, which, run out, read "compile stage
+        # running 4s past the estimate" to a newcomer while the stage was on time
+        verify_model(exported, compiled, trial_work, weights_file, doing, stage, basis, then_s or 0.0, index == 0)
     except VerificationError as exc:
         say(f"    candidate {name}: fails verification, dropped ({exc.message.splitlines()[0][:160]})")
         return Trial(name, plan.options, False, None, compiled.from_cache, exc.message.splitlines()[0]), exc

@@ -21,7 +21,7 @@ import torch
 
 from .. import targets
 from ..errors import VerificationError
-from ..services.progress import StepClock, step
+from ..services.progress import StepClock, estimate, expected_s, step
 from ..wheel_template.runtime import _compare as wheel_compare
 from ..wheel_template.runtime import _constants as wheel_constants
 from ..wheel_template.runtime import _integrity as wheel_integrity
@@ -268,13 +268,15 @@ def verify_model(
     stage: str | None = None,
     basis: str = StepClock.BASIS,
     then_s: float = 0.0,
+    pending: bool = False,
 ) -> Verified:
     """``weights_file``: write_weights()'s file for a model with external weights, else None.
     The status names each case as it runs, ``doing`` before it (``1/4 spec-options: verifying ``):
     the unet's ten cases took 100 s that said only what ran, not how far along it was. ``stage``:
     the stage verifying is the whole of, which then estimates what is left from the cases (StepClock),
     ``basis`` said beside that figure, and ``then_s`` added to it: what the stage has left after this
-    verification."""
+    verification. ``pending``: its figure replaces the stage's own, which is said to be pending
+    until it comes (else only where the stage has no figure)."""
     spec = exported.spec_file.spec
     work_dir.mkdir(parents=True, exist_ok=True)
     runner, library_sha256 = open_hashed(compiled, weights_file)
@@ -288,6 +290,8 @@ def verify_model(
     cases = verification_cases(exported)
     sizes = [float(sum(getattr(t, "numel", lambda: 1)() for t in case.inputs)) for case in cases]  # batch 8 is slower
     clock = StepClock(stage, len(cases), basis, sizes=sizes, then_s=then_s) if stage else None
+    if clock is not None and (pending or expected_s(clock.stage) is None):  # H66: a first verify said no time left
+        estimate(None, clock.pending())
     for number, case in enumerate(cases, 1):
         step(f"{doing}case {number}/{len(cases)} {case.name}")
         with torch.no_grad(), targets.reference(target):
