@@ -200,7 +200,12 @@ def parser() -> argparse.ArgumentParser:
     )
     publish.add_argument("model", nargs="?", help="a model under models/ (e.g. unet)")
     publish.add_argument("--spec", help="path to a spec.toml (instead of a model name)")
-    publish.add_argument("--wheel", nargs="+", help="upload these wheels instead of building")
+    publish.add_argument(
+        "--wheel",
+        nargs="+",
+        help="upload these wheels, as they are, instead of the model's from dist/ (a model name or --spec given "
+        "too, as make publish gives one, is then not read)",
+    )
     publish.add_argument(
         "--index", help=f"index URL (may hold {{target}}); default ${'{'}MODELWHEEL_INDEX_URL{'}'} or the local index"
     )

@@ -346,7 +346,8 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
         there = wheels_there(Path(missing[0]))  # H63: reproduce named them, publish did not
         raise UsageError(
             f"no such wheel: {', '.join(missing)}",
-            f"build it first with {built_by()}, or give the path of one it built" + (f"; {there}" if there else ""),
+            f"build it first with {built_by(args.spec or args.model and f'models/{args.model}/spec.toml')}, or give "
+            "the path of one it built" + (f"; {there}" if there else ""),
         )
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)
     wheels = [Path(w) for w in args.wheel] if spec_file is None else _wheels_for(spec_file, args, progress)

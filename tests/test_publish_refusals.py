@@ -58,6 +58,17 @@ def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel,
         f"hint: build it first with {build}, or give the path of one it built; the wheels in {tmp_path / 'dist'}: "
         "model_nope-1.0+cpu.torch2.13.0-py3-none-any.whl"
     ), ran.err
+    # `make publish MODEL=unet ARGS="--wheel …"` (make gives --spec models/unet/spec.toml): that model named (H66)
+    ran = run_cli(
+        "publish",
+        "--spec",
+        "models/unet/spec.toml",
+        "--wheel",
+        str(missing),
+        cwd=tmp_path,
+        env={"MAKELEVEL": makelevel},
+    )
+    assert f"hint: build it first with {build.replace('<name>', 'unet')}, or give the path" in ran.err, ran.err
 
 
 def test_a_wheel_given_as_the_model_is_said_with_the_flag_that_takes_it(tmp_path):

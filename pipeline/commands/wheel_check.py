@@ -49,9 +49,12 @@ REPORT_HINT = (
 ALTERED_HINT = "the wheel was altered after its build: rebuild it"
 
 
-def built_by() -> str:
-    """The build command a hint names, as this run was started (make's, or the tool's own)."""
-    return as_run("`make build MODEL=<name>`", "`modelwheel build`")
+def built_by(spec: str | None = None) -> str:
+    """The build command a hint names, as this run was started (make's, or the tool's own), for the
+    model of ``spec`` where it is one of a checkout's (H66: `make publish MODEL=unet` was told `MODEL=<name>`)."""
+    path = Path(spec) if spec else None
+    model = path.parent.name if path and path.name == "spec.toml" and path.parent.parent.name == "models" else "<name>"
+    return as_run(f"`make build MODEL={model}`", "`modelwheel build`")
 
 
 def wheels_there(wheel: Path) -> str:
