@@ -137,6 +137,19 @@ def test_the_late_check_names_what_differs_between_the_manifests(tmp_path, wheel
     )
     assert refused.value.hint.startswith("bump model.version")
     dist_guard.keep_what_was_tested(wheel, wheel, sha256_file(wheel))  # the same bytes: kept, nothing said
+    # a --hf build's version comes from --version: its hint says that (H66 was told "model.version in the spec")
+    checkpoint = {
+        "folder": "/tmp/my-bert",
+        "library": "transformers",
+        "class": "BertModel",
+        "task": "feature-extraction",
+    }
+    with_manifest(wheel, new_wheel, description="retrained", checkpoint=checkpoint)
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.keep_what_was_tested(wheel, new_wheel, sha256_file(new_wheel))
+    assert refused.value.hint.startswith(
+        "bump --version for a changed model (a --hf build's version is the one --version gives), build into another"
+    ), refused.value.hint
     # another CPU kind (the README's --cpu-isa avx2 after a native build): the same model, another --dist
     with_manifest(wheel, new_wheel, platform={**kept["platform"], "onednn_max_isa": "AVX2"})
     with pytest.raises(OutputDirError) as refused:

@@ -96,7 +96,7 @@ def keep_what_was_tested(
     if kept is not None and made is not None and record_only(kept, made):
         return KeptAsIs(differ[0], existing_sha256)
     hashes = f"sha256 {existing_sha256[:16]}…, this build's {new_sha256[:16]}…"
-    raise refusal(existing, hashes, differ, other_root(kept, made), not_kept())
+    raise refusal(existing, hashes, differ, other_root(kept, made), not_kept(), _from_checkpoint(made or kept))
 
 
 def refuse_early(
@@ -132,7 +132,7 @@ def refuse_early(
         if differ:
             stopped = "it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
             hashes = f"sha256 {sha256_file(existing)[:16]}…"
-            raise refusal(existing, hashes, differ, other_root(kept, made), stopped)
+            raise refusal(existing, hashes, differ, other_root(kept, made), stopped, _from_checkpoint(kept))
 
 
 def _content_named(described: str) -> str:
@@ -153,8 +153,16 @@ def _made_like_here(kept: dict[str, Any]) -> bool:
     return facts.get("machine") == platform.machine() and facts.get("glibc") == platform.libc_ver()[1]
 
 
-def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outcome: str) -> OutputDirError:
-    """The same refusal, early or late: what is kept, what differs, and how to go on."""
+def _from_checkpoint(manifest: dict[str, Any] | None) -> bool:
+    """A --hf build's wheel: its version comes from --version, not from a spec's model.version."""
+    return bool((manifest or {}).get("checkpoint"))
+
+
+def refusal(
+    existing: Path, hashes: str, differ: list[str], root_hint: str, outcome: str, checkpoint: bool = False
+) -> OutputDirError:
+    """The same refusal, early or late: what is kept, what differs, and how to go on. ``checkpoint``:
+    a --hf build's, told to bump --version (H66 was told "model.version in the spec", which it had not)."""
     # another CPU kind (--cpu-isa avx2 beside a native build): the same model, so not "bump the version"
     for_other_machines = any(line.split(":")[0] == "platform" for line in differ)
     choice_only = bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
@@ -162,6 +170,8 @@ def refusal(existing: Path, hashes: str, differ: list[str], root_hint: str, outc
         lead = "the two are for other machines (another CPU kind): "
     elif choice_only:  # a lock entry, or a search on a noisy machine, chose other options
         lead = "the two are the same model with other compile options chosen: "
+    elif checkpoint:
+        lead = "bump --version for a changed model (a --hf build's version is the one --version gives), "
     else:
         lead = "bump model.version in the spec (or --version) for a changed model, "
     return OutputDirError(
