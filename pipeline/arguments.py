@@ -154,8 +154,9 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--keep-debug",
         action="store_true",
-        help="ship the .so with its debug info (by default it is stripped with strip --strip-debug: "
-        "about a quarter of the size)",
+        help="ship the .so with its debug info (by default strip --strip-debug removes it: the tiny test model's "
+        ".so goes from 1.55 to 0.39 MB; the weights a .so holds are not debug info, so a large model's shrinks far "
+        "less in proportion)",
     )
     build.add_argument("--json-out", help=argparse.SUPPRESS)  # where a parallel build's child writes its record
     doctor = commands.add_parser(
