@@ -156,7 +156,18 @@ def build_target(ctx: BuildContext) -> BuildResult:
         version = full_version(ctx.spec_file.spec.model.version, ctx.target.NAME)
         known = _known_choice(ctx, locked)
         chosen = (known, ctx.target.machine()) if known else None
-        dist_guard.refuse_early(ctx.dist_dir, ctx.spec_file.spec.import_name, version, ctx.out_dir, content, chosen)
+        # the quick way, where the search is off (H67 was offered only another --dist or --overwrite)
+        note = "or keep dist/'s wheel, as the same build without --no-search does "
+        note += "(from the build cache, with no search)"
+        dist_guard.refuse_early(
+            ctx.dist_dir,
+            ctx.spec_file.spec.import_name,
+            version,
+            ctx.out_dir,
+            content,
+            chosen,
+            note if known == SPEC_OPTIONS else "",
+        )
     build_key = whole_build_key(ctx, content, cxx_version, locked)
     if ctx.store.has(build_key) and not ctx.update_lock:  # --update-lock: the search itself is asked for
         # where the options came from (a lock's entry, or the spec's with the search off); not "the

@@ -141,6 +141,7 @@ def compile_stage(
             # compiled already where it is the search's own first candidate (H50 read "compiles it" as a
             # second compile), taken from the build cache where it is there (H51 read "compiles it", then
             # "no recompile")
+            ran = tuple({"name": trial.name, "from_cache": trial.from_cache} for trial in tuned.trials)
             stays = f"    --update-lock: {why}, so {entry.path.name}'s entry for builds like this one "
             stays += f"stays ({entry.chosen}), "
             if entry.chosen == tuned.chosen:  # this build has compiled the entry's choice already
@@ -156,7 +157,7 @@ def compile_stage(
                 searched = tuned.cost  # what the search cost, for the summary (H65: its row said none of it)
                 tuned = tune.tune(exported, lone, [], weights_file, ctx.work_dir, ctx.store, False)
                 tuned = replace(tuned, searched=searched)
-            tuned, locked = replace(tuned, entry_kept_why=why), entry
+            tuned, locked = replace(tuned, entry_kept_why=why, searched_candidates=ran), entry
         compiled = tune.install(tuned, exported, ctx.out_dir, ctx.work_dir, ctx.store)
         reused = compiled.from_cache and all(trial.from_cache for trial in tuned.trials)  # this build's trials
         if locked:  # the manifest records the search as it ran when its choice was locked

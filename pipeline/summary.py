@@ -114,10 +114,11 @@ def search_lines(search: dict[str, Any]) -> list[str]:
     refused = not_tried(search)
     if search.get("entry_kept"):  # said in the summary too, not only in the lines that scrolled by (H44)
         name = Path(search["locked"]).name
-        # with what it cost (H65's row left out the 149 s it had taken), by the figures alone: the
-        # candidates and refusals recorded are the lock's, from the search that wrote the entry
+        # with what it cost (H65's row left out the 149 s it had taken) and its candidates, named (H67):
+        # those recorded beside them are the lock's, from the search that wrote the entry
         searched = search.get("searched_cost") or cost
-        spent = f"; {search_cost({}, searched, '')}" if searched else ""
+        ran = {"candidates": search.get("searched_candidates") or []}
+        spent = f"; {search_cost(ran, searched, '')}" if searched else ""
         # why, where the report has it: it did not decide, or it did not beat the entry (H66)
         why = search.get("entry_kept_why") or "the search did not decide"
         return [f"  search    --update-lock kept {name}'s entry ({search['chosen']}): {why}{spent}"]

@@ -168,6 +168,14 @@ def test_the_early_check_refuses_other_content_and_leaves_the_same_content_to_th
         dist_guard.refuse_early(dist, name, version, opt, "0" * 64)
     assert "differ in the model's code, weights or spec (content_hash " in str(refused.value)
     assert refused.value.hint.startswith("bump model.version")
+    # a --hf build's: what its content is made of, and its version's flag (H67: only its --spec had changed)
+    hf_dist = tmp_path / "hf-dist"
+    hf_dist.mkdir()
+    with_manifest(wheel, hf_dist / wheel.name, checkpoint={"folder": "/tmp/my-bert", "task": "fill-mask"})
+    with pytest.raises(OutputDirError) as refused:
+        dist_guard.refuse_early(hf_dist, name, version, opt, "0" * 64)
+    assert "differ in the checkpoint folder's files or the override spec (content_hash " in str(refused.value)
+    assert refused.value.hint.startswith("bump --version for a changed model")
 
 
 def test_the_early_check_refuses_another_choice_where_this_builds_is_known(tmp_path, wheel):

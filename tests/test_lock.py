@@ -5,6 +5,7 @@ and the build says why. These tests read, match and write the file; the last bui
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -185,7 +186,10 @@ def test_a_build_ignores_another_torchs_entry_searches_then_builds_from_its_own(
     ) in again.err.splitlines()
     assert "not tried" not in again.err and "search:" not in again.err
     # the reason is the search's that wrote the lock: "measured in this run" read as this build's
-    said = f"    chose spec-options: locked in {path.name} (the search that wrote it, timed where it ran: decided)"
+    said = (
+        f"    chose spec-options: locked in {path.name} (the entry's reason, from the search that wrote it, timed "
+        "where it ran: decided)"
+    )
     assert said in again.err, again.err
     first_wheel, second_wheel = (next((tmp_path / d).glob("*.whl")) for d in ("dist", "dist2"))
     assert first_wheel.read_bytes() == second_wheel.read_bytes(), "built from the lock: the search's own wheel"
@@ -299,6 +303,13 @@ def test_an_update_lock_search_that_does_not_decide_keeps_the_entry_and_builds_i
         choices = "compile_search (the options chosen): freezing in the kept wheel, spec-options in this build"
         assert choices in early.err, early.err
         assert "error: " in early.err and "the same model with other compile options chosen" in early.err
+        # and the quick way, which holds (H67 was offered only another --dist or --overwrite)
+        assert early.err.rstrip().endswith(
+            "; or keep dist/'s wheel, as the same build without --no-search does (from the build cache, with no search)"
+        ), early.err
+        plain = run_cli("build", "--spec", str(spec), *args[4:])
+        assert plain.code == 0 and "(the same bytes as dist/'s wheel: left as it is)" in plain.err, plain.err
+        assert "    search: " not in plain.err and "reused the compiled model from build cache" in plain.err
         other = [*args[:-4], "--dist", str(tmp_path / "dist-other"), *args[-2:]]
         assert run_cli("build", "--spec", str(spec), "--no-search", *other[4:]).code == 0
         refused = subprocess.run(
@@ -535,3 +546,12 @@ def test_update_lock_replaces_the_entry_only_with_options_faster_beyond_the_nois
     record["entry_kept_why"] = kept
     row = "  search    --update-lock kept spec.lock.json's entry (freezing+channels-last): "
     assert search_lines(record) == [row + kept]
+    # with what this search compiled, named (H67: the row gave "1 candidate(s)" and no name), and cost
+    from pipeline.features.payback import Cost
+
+    record["cost"] = dataclasses.asdict(Cost(compiled=1, compile_s=81.0, verify_s=5.8, noise_s=1.0, timing_s=2.0))
+    record["searched_candidates"] = [{"name": "spec-options", "from_cache": True}, {"name": "max-autotune"}]
+    assert search_lines(record) == [
+        row + kept + "; 1 candidate(s) beyond spec-options compiled (max-autotune) in 81.0s (and spec-options from "
+        "the build cache), verified in 5.8s; timed 3.0s (1.0s of it spec-options alone, for the noise)"
+    ]

@@ -36,7 +36,10 @@ def test_a_renamed_wheel_is_refused_naming_both_names(wheel, tmp_path, name, sai
 
 @pytest.mark.parametrize(
     ("makelevel", "build"),
-    [("", "`modelwheel build` (`make build MODEL=<name>` in a checkout)"), ("1", "`make build MODEL=<name>`")],
+    [
+        ("", "`modelwheel build --spec <its spec.toml>` (`make build MODEL=<name>` in a checkout)"),
+        ("1", "`make build MODEL=<name>`"),
+    ],
 )
 def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel, build):
     """H60: from a folder with no local index, `publish --wheel <typo>` said "no package index"
@@ -68,7 +71,8 @@ def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel,
         cwd=tmp_path,
         env={"MAKELEVEL": makelevel},
     )
-    assert f"hint: build it first with {build.replace('<name>', 'unet')}, or give the path" in ran.err, ran.err
+    named = build.replace("<name>", "unet").replace("<its spec.toml>", "models/unet/spec.toml")
+    assert f"hint: build it first with {named}, or give the path" in ran.err, ran.err
 
 
 def test_a_wheel_given_as_the_model_is_said_with_the_flag_that_takes_it(tmp_path):

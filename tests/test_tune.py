@@ -1106,7 +1106,8 @@ def test_where_the_spec_options_time_too_noisily_the_search_stops_before_compili
         f"for any of the {len(refused)} candidates after spec-options to win (rounds 0.0803 to 205 ms, "
         # the bar named: how close a narrower spread came was never said (H60: 2.25x, 1.55x, then 1.34x)
         f"a 2553x spread): a spread under {expected_best} lets a candidate compile; "
-        "build on a quieter machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
+        "build on a quieter machine for a search (with --no-cache: an unchanged build reuses this one), or set "
+        "`[compile] search_when_noisy = true` to compile them anyway"
     ]
     assert cost.stopped == said[0].strip() and cost.spread == pytest.approx(205.0 / 0.0803)
     record = {"chosen": "spec-options", "candidates": [{"name": "spec-options"}], "cost": dataclasses.asdict(cost)}
@@ -1573,7 +1574,8 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     assert payback.stopped_line(busy["spec-options"], "spec-options", 1) == (
         "    search stopped before compiling a candidate: spec-options cannot be timed steadily enough here for the "
         "1 candidate after spec-options to win (rounds 284 to 447 ms, a 1.57x spread, the noise line above says why); "
-        "build on a quieter machine for a search, or set `[compile] search_when_noisy = true` to compile them anyway"
+        "build on a quieter machine for a search (with --no-cache: an unchanged build reuses this one), or set "
+        "`[compile] search_when_noisy = true` to compile them anyway"
     )
     # on 2 threads, what the busy cores do to them: "other processes" alone read as the cause of calls
     # 2000x slower, which no 2 busy cores make

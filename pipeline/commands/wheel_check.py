@@ -54,7 +54,8 @@ def built_by(spec: str | None = None) -> str:
     model of ``spec`` where it is one of a checkout's (H66: `make publish MODEL=unet` was told `MODEL=<name>`)."""
     path = Path(spec) if spec else None
     model = path.parent.name if path and path.name == "spec.toml" and path.parent.parent.name == "models" else "<name>"
-    return as_run(f"`make build MODEL={model}`", "`modelwheel build`")
+    # the tool's with its --spec: a bare `modelwheel build` is refused (H67, from /)
+    return as_run(f"`make build MODEL={model}`", f"`modelwheel build --spec {spec or '<its spec.toml>'}`")
 
 
 def wheels_there(wheel: Path) -> str:

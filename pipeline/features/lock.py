@@ -42,14 +42,21 @@ ABOUT = (
 SEARCHES_AGAIN = "a later build searches again, unless it reuses this one from the build cache"
 
 
-def only_at_the_end(does: str) -> str:
+def only_at_the_end(does: str, entry: bool = False) -> str:
     """After the line saying what the search's choice does to the lock ("adds", "replaces"): when it
     does not, said before the search, so the build's last line ("nothing locked") breaks no promise
-    (a newcomer's search ran to its end, its rounds could not decide, and it locked nothing)."""
-    return (
-        f"    (only where the search decides: one the noise stops before it compiles a candidate, one whose budget "
-        f"leaves room for no other candidate, or whose rounds cannot tell the candidates apart, {does} nothing)"
+    (a newcomer's search ran to its end, its rounds could not decide, and it locked nothing). With an
+    ``entry``, a choice not faster than the entry's options beyond the noise keeps it (H67)."""
+    cases = (
+        "one the noise stops before it compiles a candidate, one whose budget leaves room for no other candidate, "
+        "or whose rounds cannot tell the candidates apart"
     )
+    if entry:
+        return (
+            f"    (only where the search decides, and its choice is faster than the entry's options beyond the noise: "
+            f"{cases}, or one whose choice is not, {does} nothing)"
+        )
+    return f"    (only where the search decides: {cases}, {does} nothing)"
 
 
 def lock_path(spec_path: Path) -> Path | None:
@@ -316,7 +323,7 @@ def consult(
         entry = find(path, key)[0]
         does = f"replaces this build's entry in {path}" if entry else f"is added to {path}"
         say(f"    --update-lock: the option search runs, and its choice {does}")
-        say(only_at_the_end("replaces" if entry else "adds"))
+        say(only_at_the_end("replaces" if entry else "adds", entry is not None))
         return key, None
     locked, why_not = find(path, key)
     if locked:

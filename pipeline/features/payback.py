@@ -216,7 +216,7 @@ def stopped_line(noise: Timed, baseline: str, refused: int, best: Expected | Non
         f"    search stopped before compiling a candidate: {baseline} cannot be timed steadily enough here for "
         f"{which} after {baseline} to win (rounds {figure(noise.low_ms)} to "
         f"{figure(noise.high_ms)} ms, a {ratio(spread(noise))} spread{why}){bar}; "
-        "build on a quieter machine for a search, "
+        "build on a quieter machine for a search (with --no-cache: an unchanged build reuses this one), "
         "or set `[compile] search_when_noisy = true` to compile them anyway"
     )
 

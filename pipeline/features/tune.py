@@ -54,6 +54,7 @@ class Tuned:
     # options), and its cost where the lone compile of the entry's options replaced it
     entry_kept_why: str = ""
     searched: payback.Cost | None = None
+    searched_candidates: tuple[dict[str, Any], ...] = ()  # its candidates, by name, from the build cache or not
 
     def not_decided(self) -> str:
         """Why this search's choice is no decision to lock ("" where it is one): the noise stopped it,
@@ -104,7 +105,11 @@ class Tuned:
                 "graph_ops": self.graph_ops,  # with the first compile's seconds: a first build's guess (first_guess.py)
                 "threads": self.threads,  # what its rounds ran on: the lock's entry says it (lock.py)
             }
-            | ({"entry_kept_why": self.entry_kept_why} if self.entry_kept_why else {})
+            | (
+                {"entry_kept_why": self.entry_kept_why, "searched_candidates": list(self.searched_candidates)}
+                if self.entry_kept_why
+                else {}
+            )
             | ({"searched_cost": dataclasses.asdict(self.searched)} if self.searched else {})
         )
 
@@ -371,7 +376,9 @@ def as_locked(tuned: Tuned, locked: Locked) -> Tuned:
     source = (
         f"the options {locked.path.name} records" if locked.path.suffix == ".whl" else f"locked in {locked.path.name}"
     )
-    why = source + (f" (the search that wrote it, timed where it ran: {locked.why})" if locked.why else "")
+    why = source + (
+        f" (the entry's reason, from the search that wrote it, timed where it ran: {locked.why})" if locked.why else ""
+    )
     return dataclasses.replace(tuned, trials=trials, skipped=skipped, why=why)
 
 

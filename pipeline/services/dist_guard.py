@@ -106,6 +106,7 @@ def refuse_early(
     opt_path: Path,
     content_hash: str,
     chosen: tuple[str, str] | None = None,
+    choice_note: str = "",
 ) -> None:
     """The early check, before the doctor: a wheel in dist/ of this name and version (target and
     torch are in the version), made on a machine like this one (so the platform tag the compile
@@ -115,7 +116,8 @@ def refuse_early(
     with the machine kind this build runs kernels for): the late check would refuse this build's
     wheel, after minutes of search (H65: `--no-search` after a search that chose freezing was
     refused once its wheel was made). A kept wheel for another CPU kind is left to the late
-    check, which names that difference first."""
+    check, which names that difference first. ``choice_note``: added to the hint where the choice
+    alone differs (H67: `--no-search` was offered another --dist or --overwrite, not the quick way)."""
     pattern = f"{glob.escape(import_name)}-{glob.escape(full_version)}-py3-none-*_{platform.machine()}.whl"
     for existing in sorted(dist_dir.glob(pattern)):
         kept = read_wheel_manifest(existing)
@@ -128,22 +130,28 @@ def refuse_early(
             # the choice alone, said as the late check says it
             made["compile_search"], kept = {"chosen": chosen[0]}, {**kept, "compile_search": {"chosen": kept_choice}}
         compared = {key: kept[key] for key in made if kept.get(key) is not None}
-        differ = [_content_named(line) for line in differences(compared, {k: made[k] for k in compared})]
+        checkpoint = _from_checkpoint(kept)
+        differ = [_content_named(line, checkpoint) for line in differences(compared, {k: made[k] for k in compared})]
         if differ:
             stopped = "it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
             hashes = f"sha256 {sha256_file(existing)[:16]}…"
-            raise refusal(existing, hashes, differ, other_root(kept, made), stopped, _from_checkpoint(kept))
+            refused = refusal(existing, hashes, differ, other_root(kept, made), stopped, checkpoint)
+            if choice_note and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ):
+                refused.hint += f"; {choice_note}"
+            raise refused
 
 
-def _content_named(described: str) -> str:
-    """content_hash said as what it hashes."""
+def _content_named(described: str, checkpoint: bool = False) -> str:
+    """content_hash said as what it hashes: for a --hf build, its folder and override spec (H67 read
+    "the model's code, weights or spec" where only its --spec had changed)."""
     if not described.startswith("content_hash"):
         return described
+    what = "the checkpoint folder's files or the override spec" if checkpoint else "the model's code, weights or spec"
     kept, _, new = described.removeprefix("content_hash: ").partition(" in the kept wheel, ")
     return (
-        f"the model's code, weights or spec (content_hash {kept[:16]}… in the kept wheel, {new[:16]}… in this build)"
+        f"{what} (content_hash {kept[:16]}… in the kept wheel, {new[:16]}… in this build)"
         if new
-        else "the model's code, weights or spec (content_hash)"
+        else f"{what} (content_hash)"
     )
 
 
