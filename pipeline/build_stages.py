@@ -162,7 +162,8 @@ def compile_stage(
         reused = compiled.from_cache and all(trial.from_cache for trial in tuned.trials)  # this build's trials
         if locked:  # the manifest records the search as it ran when its choice was locked
             tuned = tune.as_locked(tuned, locked)
-        verb = "used" if tuned.why == tune.LONE else "chose"  # nothing was chosen between
+        # nothing was chosen between; or --update-lock kept its entry ("chose" read as the search's choice, H68)
+        verb = "used" if tuned.why == tune.LONE else "kept" if tuned.entry_kept_why else "chose"
         say(f"    {verb} {tuned.chosen}" + (f": {tuned.why}" if tuned.why else ""))
         if reused:
             # After the choice it is of (H53 read it, between the timing rows and "chose", as a reuse

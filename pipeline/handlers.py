@@ -345,7 +345,9 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
     if missing:
         there = wheels_there(Path(missing[0]))  # H63: reproduce named them, publish did not
         raise UsageError(
-            f"no such wheel: {', '.join(missing)}",
+            # a relative path with the folder it was looked for in (H68 ran it from /)
+            "no such wheel: "
+            + ", ".join(w if Path(w).is_absolute() else f"{w} (looked for {Path(w).absolute()})" for w in missing),
             f"build it first with {built_by(args.spec or args.model and f'models/{args.model}/spec.toml')}, or give "
             "the path of one it built" + (f"; {there}" if there else ""),
         )

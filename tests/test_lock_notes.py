@@ -42,7 +42,7 @@ def test_an_ignored_entry_says_the_choice_is_added_only_where_the_search_runs_to
     assert said[0].startswith("    --update-lock: the option search runs, and its choice replaces this build's entry")
     # and the entry stays where the search's choice is not faster than its options beyond the noise (H67)
     assert said[1:] == [
-        "    (only where the search decides, and its choice is faster than the entry's options beyond the noise: one "
-        "the noise stops before it compiles a candidate, one whose budget leaves room for no other candidate, or "
-        "whose rounds cannot tell the candidates apart, or one whose choice is not, replaces nothing)"
+        "    (it replaces nothing where the search does not decide (one the noise stops before it compiles a "
+        "candidate, one whose budget leaves room for no other candidate, or whose rounds cannot tell the candidates "
+        "apart), or where its choice is not faster than the entry's options beyond the noise)"
     ]

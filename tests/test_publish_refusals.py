@@ -61,6 +61,9 @@ def test_a_wheel_that_is_not_there_is_said_before_any_index(tmp_path, makelevel,
         f"hint: build it first with {build}, or give the path of one it built; the wheels in {tmp_path / 'dist'}: "
         "model_nope-1.0+cpu.torch2.13.0-py3-none-any.whl"
     ), ran.err
+    # a relative path: where it was looked for (H68 ran it from /)
+    ran = run_cli("publish", "--wheel", "dist/nope.whl", cwd=tmp_path, env={"MAKELEVEL": makelevel})
+    assert f"error: no such wheel: dist/nope.whl (looked for {tmp_path / 'dist' / 'nope.whl'})" in ran.err, ran.err
     # `make publish MODEL=unet ARGS="--wheel …"` (make gives --spec models/unet/spec.toml): that model named (H66)
     ran = run_cli(
         "publish",

@@ -1560,7 +1560,7 @@ def test_rounds_too_noisy_to_tell_keep_the_spec_options_and_lock_nothing():
     assert line == (
         "    too noisy to decide: spec-options's own rounds spread 1.57x (284-447 ms), wider than the 1.3x a candidate "
         "here is expected to gain at best, so no median here can be trusted; spec-options is kept, and this build "
-        "locks nothing"
+        "locks nothing; on a quieter machine, a build with --no-cache searches again"
     )
     # what other processes took of the cores meanwhile, said as the spread's cause: a newcomer read
     # rounds of 0.14 and 150 ms, timed while a test suite ran beside the build, as a fault of ours
@@ -1661,6 +1661,12 @@ def test_the_way_to_a_shorter_search_is_said_as_make_takes_it(monkeypatch, tmp_p
     assert tune.shorter(tmp_path).endswith(
         f"once this build is done, building again unchanged is quickest of all (its verified wheel comes from "
         f"the build cache, {tmp_path})"
+    )
+    # an --update-lock build asks for the search: --no-search beside it is refused, so not offered (H68)
+    monkeypatch.setattr(sys, "argv", ["pipeline", "build", "--spec", "models/unet/spec.toml", "--update-lock"])
+    assert tune.shorter(tmp_path) == (
+        "    to make it shorter: a smaller `[compile] search_budget_s` (fewer candidates); once this build is done, "
+        f"building again unchanged is quickest of all (its verified wheel comes from the build cache, {tmp_path})"
     )
 
 

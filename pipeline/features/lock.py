@@ -53,8 +53,8 @@ def only_at_the_end(does: str, entry: bool = False) -> str:
     )
     if entry:
         return (
-            f"    (only where the search decides, and its choice is faster than the entry's options beyond the noise: "
-            f"{cases}, or one whose choice is not, {does} nothing)"
+            f"    (it {does} nothing where the search does not decide ({cases}), or where its choice is not faster "
+            "than the entry's options beyond the noise)"
         )
     return f"    (only where the search decides: {cases}, {does} nothing)"
 

@@ -7,6 +7,7 @@ budget counts (payback.Budget refuses by the same measure, once the first compil
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,15 @@ def shorter(cache_dir: Path, own_spec: bool = True) -> str:
     # a --hf build without --spec has no spec to put it in (H64): an override spec holds it
     spec = "in the spec" if own_spec else "in an override spec that --spec gives"
     # H62 followed it on a second build: 97 s of doctor and verify again, where an unchanged build took 3 s
+    after = (
+        "once this build is done, building again unchanged is quickest of all (its verified wheel comes from the "
+        f"build cache, {cache_dir})"
+    )
+    if "--update-lock" in sys.argv[1:]:  # it asks for the search: --no-search beside it is refused (H68)
+        return f"    to make it shorter: a smaller `[compile] search_budget_s` (fewer candidates); {after}"
     return (
         f"    to make it shorter: {flag} or `[compile] search = false` {spec} (one compile, the "
-        "spec's options), or a smaller `[compile] search_budget_s` (fewer candidates); once this build is done, "
-        f"building again unchanged is quickest of all (its verified wheel comes from the build cache, {cache_dir})"
+        f"spec's options), or a smaller `[compile] search_budget_s` (fewer candidates); {after}"
     )
 
 

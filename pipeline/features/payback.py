@@ -191,7 +191,10 @@ def undecided(timed: dict[str, Timed], baseline: str, lockable: bool = True) -> 
         f"    too noisy to decide: {baseline}'s own rounds spread {ratio(needed)} ({figure(timed[baseline].low_ms)}-"
         f"{figure(timed[baseline].high_ms)} ms), wider than the {ratio(best)} a candidate here is expected to gain at "
         f"best, so no median here can be trusted{timed[baseline].busy()}; "
-        f"{baseline} is kept" + (", and this build locks nothing" if lockable else "")
+        f"{baseline} is kept"
+        + (", and this build locks nothing" if lockable else "")
+        # how to search again: an unchanged build reuses this one from the build cache (H68)
+        + "; on a quieter machine, a build with --no-cache searches again"
     )
 
 
