@@ -225,7 +225,14 @@ def _spec_from(args: argparse.Namespace, wheels: bool = False) -> SpecFile:
             f"e.g. modelwheel {args.command} --spec my_model/spec.toml, "
             f"or make {args.command} MODEL=unet in a checkout{built}",
         )
-    return load_spec(args.spec or Path("models") / args.model / "spec.toml")
+    spec = _spec_path(args)
+    assert spec is not None  # one of the two is given (checked above)
+    return load_spec(spec)
+
+
+def _spec_path(args: argparse.Namespace) -> str | None:
+    """--spec, or the checkout's spec of the model named (None: neither given)."""
+    return args.spec or (str(Path("models") / args.model / "spec.toml") if args.model else None)
 
 
 def _doctor(args: argparse.Namespace, progress: Progress) -> int:
@@ -348,7 +355,7 @@ def _publish(args: argparse.Namespace, progress: Progress) -> int:
             # a relative path with the folder it was looked for in (H68 ran it from /)
             "no such wheel: "
             + ", ".join(w if Path(w).is_absolute() else f"{w} (looked for {Path(w).absolute()})" for w in missing),
-            f"build it first with {built_by(args.spec or args.model and f'models/{args.model}/spec.toml')}, or give "
+            f"build it first with {built_by(_spec_path(args))}, or give "
             "the path of one it built" + (f"; {there}" if there else ""),
         )
     index = resolve_index(args.index, args.repository, dict(os.environ), allow_insecure_http=args.allow_insecure_http)

@@ -69,6 +69,11 @@ def not_kept(argv: list[str] | None = None) -> str:
 CHOICE_ONLY = ("compile_options", "compile_search")
 
 
+def _choice_only(differ: list[str]) -> bool:
+    """The manifests differ in what the build chose alone (the lines as differences() words them)."""
+    return bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
+
+
 @dataclass(frozen=True)
 class KeptAsIs:
     """dist/'s wheel, kept: the same model and options as this build's, its manifest other only in
@@ -136,7 +141,7 @@ def refuse_early(
             stopped = "it is left as it is, and this build stops here, before the doctor (it wrote nothing)"
             hashes = f"sha256 {sha256_file(existing)[:16]}…"
             refused = refusal(existing, hashes, differ, other_root(kept, made), stopped, checkpoint)
-            if choice_note and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ):
+            if choice_note and _choice_only(differ):
                 refused.hint += f"; {choice_note}"
             raise refused
 
@@ -173,7 +178,7 @@ def refusal(
     a --hf build's, told to bump --version (H66 was told "model.version in the spec", which it had not)."""
     # another CPU kind (--cpu-isa avx2 beside a native build): the same model, so not "bump the version"
     for_other_machines = any(line.split(":")[0] == "platform" for line in differ)
-    choice_only = bool(differ) and all(line.split(":")[0].split(" ")[0] in CHOICE_ONLY for line in differ)
+    choice_only = _choice_only(differ)
     if for_other_machines:
         lead = "the two are for other machines (another CPU kind): "
     elif choice_only:  # a lock entry, or a search on a noisy machine, chose other options
